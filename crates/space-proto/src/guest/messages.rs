@@ -1,0 +1,422 @@
+//! Messages of the host ↔ guest hop after framing.
+//!
+//! A connection starts with [`ClientFrame::Hello`] and the agent's
+//! [`AgentBody::HelloAck`]. Then the client sends one [`Request`] at a time; the agent
+//! answers with zero or more non-final bodies and exactly one final body
+//! ([`AgentBody::is_final`]). While a request runs, the client may send [`Input`]
+//! frames for it (stdin, signals, file data, close). Every agent frame names the
+//! execution that produced it and the request it answers, so a client can check each
+//! answer against the route it used.
+//!
+//! Variant order is part of the wire format: append, never reorder.
+
+use serde::{Deserialize, Serialize};
+use space_identity::ExecutionId;
+
+use super::handshake::{Hello, HelloAck};
+use crate::codec::wire;
+
+/// Client-chosen request number, echoed in every answer. `0` is reserved for answers
+/// about the connection itself (handshake, protocol errors).
+pub type RequestId = u64;
+
+/// The request id of connection-level answers.
+pub const CONNECTION: RequestId = 0;
+
+/// Largest data chunk the agent puts in one frame (output, file data, PTY output).
+/// Well under [`crate::frame::MAX_FRAME_LEN`] so that an envelope always fits.
+pub const MAX_CHUNK: usize = 64 * 1024;
+
+/// Every frame a client sends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClientFrame {
+    /// Opens the connection; must be first, and only first.
+    Hello(Hello),
+    /// Starts an operation; only when no other request is running on the connection.
+    Request(Request),
+    /// Feeds the running request.
+    Input(InputFrame),
+}
+
+/// One operation with its id.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    /// Echoed in every answer.
+    pub id: RequestId,
+    /// What to do.
+    pub op: Operation,
+}
+
+/// Input for a running request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputFrame {
+    /// The request the input is for. Input for the request that just finished is
+    /// dropped silently (it raced with the end); input for any other id is a protocol
+    /// error.
+    pub id: RequestId,
+    /// The input.
+    pub input: Input,
+}
+
+/// Operations the agent performs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Operation {
+    /// Run a process: `Started`, `Stdout`/`Stderr` chunks, then `Exited`.
+    Exec(ExecSpec),
+    /// Read a file: `FileData` chunks, then `ReadEnd`.
+    ReadFile {
+        /// Absolute, or relative to the agent's home.
+        path: String,
+        /// Byte offset to start at.
+        offset: u64,
+        /// Stop after this many bytes (`ReadEnd::truncated` tells if more existed).
+        max_bytes: u64,
+    },
+    /// Replace a file atomically with the data of the `Input::Data` frames that follow,
+    /// up to `Input::End`: `Written` once the new content is durable.
+    WriteFile {
+        /// Absolute, or relative to the agent's home.
+        path: String,
+        /// Permission bits of a new file; an existing file keeps its mode when `None`.
+        mode: Option<u32>,
+        /// Create missing parent directories.
+        parents: bool,
+    },
+    /// List a directory: `Entries` batches, then `Done`.
+    List {
+        /// The directory.
+        path: String,
+    },
+    /// Describe a path without following a final symlink: `Stat`.
+    Stat {
+        /// The path.
+        path: String,
+    },
+    /// Create a directory: `Done`.
+    Mkdir {
+        /// The directory.
+        path: String,
+        /// Create missing parents, and succeed if it already exists.
+        parents: bool,
+    },
+    /// Remove a file or directory: `Done`.
+    Remove {
+        /// The path.
+        path: String,
+        /// Remove a directory with its contents.
+        recursive: bool,
+    },
+    /// Rename (replacing an existing file at `to`): `Done`.
+    Rename {
+        /// Current path.
+        from: String,
+        /// New path.
+        to: String,
+    },
+    /// Watch a directory: `WatchStarted`, `WatchEvent`s, and `WatchEnded` after the
+    /// client sends `Input::Close`.
+    Watch {
+        /// The directory.
+        path: String,
+        /// Also watch subdirectories, including ones created later.
+        recursive: bool,
+    },
+}
+
+/// How to run a process.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecSpec {
+    /// Program and arguments; the program is looked up in `PATH`.
+    pub argv: Vec<String>,
+    /// Variables added to (and overriding) the agent's minimal default environment.
+    pub env: Vec<(String, String)>,
+    /// Working directory; the agent's home when `None`.
+    pub cwd: Option<String>,
+    /// `Some(bytes)`: the child's stdin gets these bytes and is then closed. `None`:
+    /// stdin stays open for `Input::Stdin` until `Input::CloseStdin`.
+    #[serde(with = "wire::opt_bytes")]
+    pub stdin: Option<Vec<u8>>,
+    /// Kill the process group after this many milliseconds.
+    pub timeout_ms: Option<u64>,
+    /// Run under a new pseudo-terminal of this size (stdout and stderr merge into
+    /// `Stdout`).
+    pub pty: Option<PtySize>,
+}
+
+/// Terminal size in character cells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtySize {
+    /// Rows.
+    pub rows: u16,
+    /// Columns.
+    pub cols: u16,
+}
+
+/// Input frames for a running request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Input {
+    /// Bytes for the process's stdin (or terminal).
+    Stdin(#[serde(with = "wire::bytes")] Vec<u8>),
+    /// Close the process's stdin (no effect under a PTY).
+    CloseStdin,
+    /// Resize the process's terminal.
+    Resize(PtySize),
+    /// Send a signal to the process group.
+    Signal(i32),
+    /// A chunk of a file being written.
+    Data(#[serde(with = "wire::bytes")] Vec<u8>),
+    /// The file being written is complete.
+    End,
+    /// Stop a watch.
+    Close,
+}
+
+/// Every frame the agent sends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentFrame {
+    /// The execution whose agent produced this frame.
+    #[serde(with = "wire::execution_id")]
+    pub execution_id: ExecutionId,
+    /// The request answered, or [`CONNECTION`].
+    pub request_id: RequestId,
+    /// The answer.
+    pub body: AgentBody,
+}
+
+/// Answers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AgentBody {
+    /// Handshake answer (final, request [`CONNECTION`]).
+    HelloAck(HelloAck),
+    /// The operation failed (final). On request [`CONNECTION`], the agent closes the
+    /// connection after it.
+    Error(WireError),
+    /// The process started.
+    Started {
+        /// Its PID (inside the sandbox), which is also its process group.
+        pid: u32,
+    },
+    /// Process output.
+    Stdout(#[serde(with = "wire::bytes")] Vec<u8>),
+    /// Process error output.
+    Stderr(#[serde(with = "wire::bytes")] Vec<u8>),
+    /// The process ended (final).
+    Exited(ExitStatus),
+    /// A chunk of a file being read.
+    FileData(#[serde(with = "wire::bytes")] Vec<u8>),
+    /// A file read ended (final).
+    ReadEnd {
+        /// Bytes sent.
+        bytes: u64,
+        /// Whether the read stopped at `max_bytes` with data left.
+        truncated: bool,
+    },
+    /// A file write is durable (final).
+    Written {
+        /// Bytes written.
+        bytes: u64,
+    },
+    /// A batch of directory entries.
+    Entries(Vec<DirEntry>),
+    /// A path's description (final).
+    Stat(FileStat),
+    /// The operation succeeded (final).
+    Done,
+    /// The watch is in place: events from now on are reported.
+    WatchStarted,
+    /// Something changed under a watched directory.
+    WatchEvent(WatchEvent),
+    /// The watch stopped (final).
+    WatchEnded {
+        /// Why.
+        reason: WatchEndReason,
+    },
+}
+
+impl AgentBody {
+    /// Whether this body ends its request.
+    pub fn is_final(&self) -> bool {
+        matches!(
+            self,
+            Self::HelloAck(_)
+                | Self::Error(_)
+                | Self::Exited(_)
+                | Self::ReadEnd { .. }
+                | Self::Written { .. }
+                | Self::Stat(_)
+                | Self::Done
+                | Self::WatchEnded { .. }
+        )
+    }
+}
+
+/// How a process ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitStatus {
+    /// Exit code or killing signal.
+    pub outcome: ExitOutcome,
+    /// Whether the agent killed it for exceeding `timeout_ms`.
+    pub timed_out: bool,
+}
+
+/// Exit code or killing signal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ExitOutcome {
+    /// Exited with this code.
+    Code(i32),
+    /// Killed by this signal number.
+    Signal(i32),
+}
+
+/// Kinds of filesystem objects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FileKind {
+    /// Regular file.
+    File,
+    /// Directory.
+    Dir,
+    /// Symbolic link (never followed by stat and list).
+    Symlink,
+    /// Anything else: socket, FIFO, device.
+    Other,
+}
+
+/// One entry of a directory listing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    /// File name (non-UTF-8 bytes replaced by U+FFFD).
+    pub name: String,
+    /// What it is.
+    pub kind: FileKind,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// Description of a path.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileStat {
+    /// What it is.
+    pub kind: FileKind,
+    /// Size in bytes.
+    pub size: u64,
+    /// Permission bits (`st_mode & 0o7777`).
+    pub mode: u32,
+    /// Modification time, seconds since the Unix epoch.
+    pub modified_secs: i64,
+    /// Nanoseconds part of the modification time.
+    pub modified_nanos: u32,
+    /// Target of a symlink.
+    pub symlink_target: Option<String>,
+}
+
+/// A change under a watched directory. Paths are relative to the watched directory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WatchEvent {
+    /// A file or directory appeared (created, or moved in).
+    Created {
+        /// Relative path.
+        path: String,
+        /// Whether it is a directory.
+        dir: bool,
+    },
+    /// A file's content changed.
+    Modified {
+        /// Relative path.
+        path: String,
+    },
+    /// A file or directory disappeared (removed, or moved out).
+    Removed {
+        /// Relative path.
+        path: String,
+        /// Whether it was a directory.
+        dir: bool,
+    },
+    /// Renamed within the watched tree.
+    Renamed {
+        /// Old relative path.
+        from: String,
+        /// New relative path.
+        to: String,
+    },
+    /// The kernel dropped events (its queue overflowed while the client read slowly);
+    /// the client should rescan.
+    Overflow,
+}
+
+/// Why a watch ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WatchEndReason {
+    /// The client sent `Input::Close`.
+    Closed,
+    /// The watched directory was removed or moved away.
+    RootGone,
+}
+
+/// A typed error with a human-readable message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{kind}: {message}")]
+pub struct WireError {
+    /// The class of failure, for programs.
+    pub kind: ErrorKind,
+    /// Details, for people.
+    pub message: String,
+}
+
+impl WireError {
+    /// An error of `kind` with `message`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+/// Classes of failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ErrorKind {
+    /// No such file, directory or program.
+    NotFound,
+    /// Not allowed.
+    PermissionDenied,
+    /// A directory where a file was expected.
+    IsADirectory,
+    /// A file where a directory was expected.
+    NotADirectory,
+    /// The target exists.
+    AlreadyExists,
+    /// The request is malformed or its arguments are out of range.
+    InvalidArgument,
+    /// Any other I/O failure.
+    Io,
+    /// The client's protocol version is not the agent's.
+    UnsupportedVersion,
+    /// The peer broke the protocol (garbage, oversized frame, out-of-order message).
+    Protocol,
+    /// The agent refuses more connections for now.
+    Busy,
+}
+
+impl ErrorKind {
+    /// Stable text form.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::NotFound => "not_found",
+            Self::PermissionDenied => "permission_denied",
+            Self::IsADirectory => "is_a_directory",
+            Self::NotADirectory => "not_a_directory",
+            Self::AlreadyExists => "already_exists",
+            Self::InvalidArgument => "invalid_argument",
+            Self::Io => "io",
+            Self::UnsupportedVersion => "unsupported_version",
+            Self::Protocol => "protocol",
+            Self::Busy => "busy",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

@@ -1,0 +1,2 @@
+//! Agent benchmarks.
+fn main() {}

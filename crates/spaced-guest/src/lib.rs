@@ -1,0 +1,1 @@
+//! The SPACE guest agent.

@@ -1,0 +1,2 @@
+//! `spaced-guest`: see the library.
+fn main() {}
