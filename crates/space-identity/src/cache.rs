@@ -7,11 +7,11 @@
 use std::collections::HashMap;
 
 use crate::capability::Claims;
-use crate::comparator::{check_time, compare, verify_capability, InstalledIdentity, Operation};
+use crate::comparator::{InstalledIdentity, Operation, check_time, compare, verify_capability};
+use crate::ids::WorkerId;
 use crate::keys::InstalledKeys;
 use crate::time::Timestamp;
 use crate::verdict::{DenyReason, Verdict};
-use crate::ids::WorkerId;
 use crate::{CLOCK_SKEW_SECS, MAX_CAPABILITY_BYTES};
 
 #[derive(Debug)]

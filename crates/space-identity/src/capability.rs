@@ -38,7 +38,7 @@ use ed25519_dalek::{Signer, SigningKey, VerifyingKey};
 
 use crate::codec::Reader;
 use crate::ids::{
-    Access, AccessSet, Execution, ExecutionId, Generation, PodUid, Placement, Protocol, Purpose,
+    Access, AccessSet, Execution, ExecutionId, Generation, Placement, PodUid, Protocol, Purpose,
     Route, SandboxId, ServicePort, Substrate, TokenId, WorkerId,
 };
 use crate::keys::{BundleKey, KeyId, KeyUses};
@@ -189,7 +189,8 @@ impl Claims {
                     worker = Some(name.parse::<WorkerId>().map_err(|_| Malformed)?);
                 }
                 tag::SUBSTRATE => {
-                    substrate = Some(Substrate::from_code(r.u8().ok_or(Malformed)?).ok_or(Malformed)?);
+                    substrate =
+                        Some(Substrate::from_code(r.u8().ok_or(Malformed)?).ok_or(Malformed)?);
                 }
                 tag::ACTIVATION => activation = Some(r.u32().ok_or(Malformed)?),
                 tag::POD_UID => pod_uid = Some(PodUid::from_bytes(r.array().ok_or(Malformed)?)),
@@ -211,10 +212,15 @@ impl Claims {
                     port = Some(p);
                 }
                 tag::PROTOCOL => {
-                    protocol = Some(Protocol::from_code(r.u8().ok_or(Malformed)?).ok_or(Malformed)?);
+                    protocol =
+                        Some(Protocol::from_code(r.u8().ok_or(Malformed)?).ok_or(Malformed)?);
                 }
-                tag::ISSUED_AT => issued_at = Some(Timestamp::from_unix_secs(r.u64().ok_or(Malformed)?)),
-                tag::EXPIRES_AT => expires_at = Some(Timestamp::from_unix_secs(r.u64().ok_or(Malformed)?)),
+                tag::ISSUED_AT => {
+                    issued_at = Some(Timestamp::from_unix_secs(r.u64().ok_or(Malformed)?))
+                }
+                tag::EXPIRES_AT => {
+                    expires_at = Some(Timestamp::from_unix_secs(r.u64().ok_or(Malformed)?))
+                }
                 tag::TOKEN_ID => token_id = Some(TokenId::from_bytes(r.array().ok_or(Malformed)?)),
                 _ => return Err(Malformed),
             }
@@ -228,7 +234,9 @@ impl Claims {
             return Err(Malformed);
         }
         let service_port = match (purpose, port, protocol) {
-            (Purpose::ServicePort, Some(port), Some(protocol)) => Some(ServicePort { port, protocol }),
+            (Purpose::ServicePort, Some(port), Some(protocol)) => {
+                Some(ServicePort { port, protocol })
+            }
             (Purpose::Control, None, None) => None,
             _ => return Err(Malformed),
         };
@@ -364,7 +372,12 @@ impl CapabilitySigner {
     }
 
     /// The bundle entry that publishes this key.
-    pub fn bundle_key(&self, uses: KeyUses, not_before: Timestamp, not_after: Timestamp) -> BundleKey {
+    pub fn bundle_key(
+        &self,
+        uses: KeyUses,
+        not_before: Timestamp,
+        not_after: Timestamp,
+    ) -> BundleKey {
         BundleKey {
             key_id: self.key_id,
             public: self.key.verifying_key(),
@@ -381,24 +394,34 @@ impl CapabilitySigner {
             return Err(SignError::KeyMismatch);
         }
         if claims.expires_at < claims.issued_at
-            || claims.expires_at.unix_secs() - claims.issued_at.unix_secs() > MAX_CAPABILITY_LIFETIME_SECS
+            || claims.expires_at.unix_secs() - claims.issued_at.unix_secs()
+                > MAX_CAPABILITY_LIFETIME_SECS
         {
             return Err(SignError::LifetimeTooLong);
         }
-        let mut bytes = claims.encode();
+        let bytes = claims.encode();
         if bytes.len() + SIGNATURE_LEN > MAX_CAPABILITY_BYTES || Claims::decode(&bytes).is_err() {
             return Err(SignError::Invalid);
         }
-        let sig = with_signed_message(&bytes, |msg| self.key.sign(msg));
-        bytes.extend_from_slice(&sig.to_bytes());
-        Ok(Token(bytes))
+        Ok(self.sign_region(bytes))
+    }
+
+    /// Signs an encoded claims region as it is.
+    pub(crate) fn sign_region(&self, mut region: Vec<u8>) -> Token {
+        let sig = with_signed_message(&region, |msg| self.key.sign(msg));
+        region.extend_from_slice(&sig.to_bytes());
+        Token(region)
     }
 }
 
-/// Runs `f` on the domain-separated message for a claims region, built on the stack.
+/// Runs `f` on the domain-separated message for a claims region, built on the stack
+/// (verifiers only see regions under the size cap; anything larger goes to the heap).
 pub(crate) fn with_signed_message<R>(region: &[u8], f: impl FnOnce(&[u8]) -> R) -> R {
     let mut buf = [0u8; DOMAIN_V1.len() + MAX_CAPABILITY_BYTES];
     let len = DOMAIN_V1.len() + region.len();
+    if len > buf.len() {
+        return f(&[DOMAIN_V1, region].concat());
+    }
     buf[..DOMAIN_V1.len()].copy_from_slice(DOMAIN_V1);
     buf[DOMAIN_V1.len()..len].copy_from_slice(region);
     f(&buf[..len])

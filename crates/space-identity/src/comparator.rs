@@ -7,7 +7,7 @@
 
 use ed25519_dalek::Signature;
 
-use crate::capability::{with_signed_message, Claims, SIGNATURE_LEN};
+use crate::capability::{Claims, SIGNATURE_LEN, with_signed_message};
 use crate::ids::{Access, Route, SandboxId, ServicePort, WorkerId};
 use crate::keys::InstalledKeys;
 use crate::time::Timestamp;
@@ -209,7 +209,10 @@ fn compare_identity(
     let (want, have) = (&selected.placement, &record.route.placement);
     // The record is this worker's own; a record naming another worker is not a
     // placement this receiver serves.
-    if want.worker != have.worker || want.substrate != have.substrate || want.pod_uid != have.pod_uid {
+    if want.worker != have.worker
+        || want.substrate != have.substrate
+        || want.pod_uid != have.pod_uid
+    {
         return RefreshReason::PlacementMismatch.into();
     }
     if want.activation != have.activation {

@@ -397,7 +397,15 @@ impl Access {
 crate::codec::text_enum!(
     Access,
     "access",
-    [Exec, FsRead, FsWrite, Terminal, Watch, Lifecycle, ServicePort]
+    [
+        Exec,
+        FsRead,
+        FsWrite,
+        Terminal,
+        Watch,
+        Lifecycle,
+        ServicePort
+    ]
 );
 
 /// A set of [`Access`] kinds. Never empty in a valid capability.
@@ -573,7 +581,11 @@ mod tests {
         let uid: PodUid = s.parse().unwrap();
         assert_eq!(uid.to_string(), s);
         assert!(s.to_uppercase().parse::<PodUid>().is_err());
-        assert!("0f1e2d3c4b5a-6978-8796-a5b4c3d2e1f0-".parse::<PodUid>().is_err());
+        assert!(
+            "0f1e2d3c4b5a-6978-8796-a5b4c3d2e1f0-"
+                .parse::<PodUid>()
+                .is_err()
+        );
     }
 
     #[test]
@@ -581,7 +593,10 @@ mod tests {
         assert!(AccessSet::from_bits(0x80).is_none());
         let set = AccessSet::of(&[Access::Exec, Access::Watch]);
         assert_eq!(AccessSet::from_bits(set.bits()), Some(set));
-        assert_eq!(set.iter().collect::<Vec<_>>(), [Access::Exec, Access::Watch]);
+        assert_eq!(
+            set.iter().collect::<Vec<_>>(),
+            [Access::Exec, Access::Watch]
+        );
     }
 
     #[test]

@@ -179,10 +179,16 @@ impl fmt::Display for BundleError {
             Self::WeakKey => f.write_str("key bundle lists a weak key"),
             Self::KeyIdMismatch => f.write_str("key bundle lists a key under a foreign id"),
             Self::Rollback { installed, offered } => {
-                write!(f, "key bundle version {offered} is older than installed {installed}")
+                write!(
+                    f,
+                    "key bundle version {offered} is older than installed {installed}"
+                )
             }
             Self::ConflictingVersion { version } => {
-                write!(f, "key bundle version {version} differs from the installed one")
+                write!(
+                    f,
+                    "key bundle version {version} differs from the installed one"
+                )
             }
         }
     }
@@ -199,7 +205,7 @@ pub const MAX_BUNDLE_KEYS: usize = 64;
 const MAX_BUNDLE_BYTES: usize = BUNDLE_HEADER + MAX_BUNDLE_KEYS * BUNDLE_KEY_LEN + 64;
 
 impl KeyBundle {
-    fn encode_body(&self) -> Vec<u8> {
+    pub(crate) fn encode_body(&self) -> Vec<u8> {
         let mut keys: Vec<&BundleKey> = self.keys.iter().collect();
         keys.sort_by_key(|k| k.key_id);
         let mut out = Vec::with_capacity(BUNDLE_HEADER + keys.len() * BUNDLE_KEY_LEN + 64);
@@ -346,13 +352,19 @@ impl BundleSigner {
         if bundle.keys.iter().any(|k| KeyId::of(&k.public) != k.key_id) {
             return Err(BundleError::KeyIdMismatch);
         }
-        let mut body = bundle.encode_body();
+        if bundle.keys.iter().any(|k| k.public.is_weak()) {
+            return Err(BundleError::WeakKey);
+        }
+        Ok(self.sign_body(bundle.encode_body()))
+    }
+
+    pub(crate) fn sign_body(&self, mut body: Vec<u8>) -> SignedKeyBundle {
         let mut msg = Vec::with_capacity(BUNDLE_DOMAIN.len() + body.len());
         msg.extend_from_slice(BUNDLE_DOMAIN);
         msg.extend_from_slice(&body);
         let sig = self.key.sign(&msg);
         body.extend_from_slice(&sig.to_bytes());
-        Ok(SignedKeyBundle(body))
+        SignedKeyBundle(body)
     }
 }
 
@@ -417,4 +429,3 @@ impl InstalledKeys {
         self.by_id.get(id)
     }
 }
-

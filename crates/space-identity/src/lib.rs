@@ -20,24 +20,25 @@ mod recovery;
 mod time;
 mod verdict;
 
+#[cfg(feature = "test-util")]
+pub mod test_util;
+
 pub use cache::VerifiedTokenCache;
-pub use capability::{CapabilitySigner, Claims, SignError, Token};
+pub use capability::{CapabilitySigner, Claims, MAX_CAPABILITY_TEXT, SignError, Token};
 pub use comparator::{
-    compare, verify, verify_capability, Endpoint, InstalledIdentity, Operation, RecordState,
-    StreamPhase,
+    Endpoint, InstalledIdentity, Operation, RecordState, StreamPhase, compare, verify,
+    verify_capability,
 };
 pub use ids::{
     Access, AccessSet, Execution, ExecutionId, Generation, ParseIdError, Placement, PodUid,
-    Protocol, Purpose, Route, RouteIdentity, SandboxId, ServicePort, Substrate, TokenId,
-    WorkerId,
+    Protocol, Purpose, Route, RouteIdentity, SandboxId, ServicePort, Substrate, TokenId, WorkerId,
 };
 pub use keys::{
-    BundleError, BundleKey, BundleSigner, InstalledKeys, KeyBundle, KeyId, KeyUses,
-    SignedKeyBundle,
+    BundleError, BundleKey, BundleSigner, InstalledKeys, KeyBundle, KeyId, KeyUses, SignedKeyBundle,
 };
 pub use recovery::{
-    AfterRefresh, CachedRoute, OperationClass, Progress, Recovery, RecoveryError, RecoveryStep, RouteCache,
-    Replacement,
+    AfterRefresh, CachedRoute, OperationClass, Progress, Recovery, RecoveryError, RecoveryStep,
+    Replacement, RouteCache,
 };
 pub use time::Timestamp;
 pub use verdict::{DenyReason, RefreshReason, Verdict};

@@ -230,8 +230,12 @@ impl fmt::Display for RecoveryError {
         match self {
             Self::Denied(r) => write!(f, "denied: {r}"),
             Self::NotEligible(r) => write!(f, "route changed ({r}) after the operation started"),
-            Self::RefreshAfterRebuild(r) => write!(f, "route still stale ({r}) after one rebuilt attempt"),
-            Self::ResolvedSameRoute => f.write_str("the control plane resolved the rejected route again"),
+            Self::RefreshAfterRebuild(r) => {
+                write!(f, "route still stale ({r}) after one rebuilt attempt")
+            }
+            Self::ResolvedSameRoute => {
+                f.write_str("the control plane resolved the rejected route again")
+            }
             Self::Transport => f.write_str("transport failure"),
         }
     }
@@ -297,7 +301,10 @@ impl Recovery {
     }
 
     /// The attempt failed in transport at `progress`.
-    pub fn on_transport_failure(&mut self, progress: Progress) -> Result<RecoveryStep, RecoveryError> {
+    pub fn on_transport_failure(
+        &mut self,
+        progress: Progress,
+    ) -> Result<RecoveryStep, RecoveryError> {
         if self.retried || !self.class.retryable_after_transport_failure(progress) {
             return Err(RecoveryError::Transport);
         }
