@@ -1,0 +1,78 @@
+//! The kernel's table of Unix sockets as evidence of who listens where.
+
+use std::fs;
+use std::path::Path;
+
+use crate::PeerError;
+
+/// `__SO_ACCEPTCON`: the socket is listening.
+const ACCEPTCON: u32 = 1 << 16;
+
+/// The inode of the listening Unix socket bound at `path`, from `/proc/net/unix` of this
+/// process's network namespace.
+pub fn listening_unix_inode(path: &Path) -> Result<u64, PeerError> {
+    let table = fs::read_to_string("/proc/net/unix")
+        .map_err(|e| PeerError::sys("read /proc/net/unix", e))?;
+    let want = path
+        .to_str()
+        .ok_or(PeerError::SocketTable("path is not UTF-8"))?;
+    let mut found = None;
+    // Num RefCount Protocol Flags Type St Inode [Path]
+    for line in table.lines().skip(1) {
+        let cols: Vec<&str> = line.split_ascii_whitespace().collect();
+        if cols.len() < 8 || cols[7] != want {
+            continue;
+        }
+        let flags = u32::from_str_radix(cols[3], 16).unwrap_or(0);
+        if flags & ACCEPTCON == 0 {
+            continue;
+        }
+        let inode: u64 = cols[6]
+            .parse()
+            .map_err(|_| PeerError::SocketTable("bad inode"))?;
+        if found.replace(inode).is_some() {
+            return Err(PeerError::SocketTable("two listeners claim the path"));
+        }
+    }
+    found.ok_or(PeerError::SocketTable("no listener at the path"))
+}
+
+/// Whether process `pid` holds socket `inode` among its open files.
+pub fn process_holds_socket(pid: u32, inode: u64) -> Result<bool, PeerError> {
+    let want = format!("socket:[{inode}]");
+    let dir = fs::read_dir(format!("/proc/{pid}/fd")).map_err(|_| PeerError::NoSuchProcess(pid))?;
+    for entry in dir.flatten() {
+        if fs::read_link(entry.path()).is_ok_and(|target| target.as_os_str() == want.as_str()) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+
+    #[test]
+    fn listener_is_found_in_the_socket_table_and_held_by_this_process() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("s");
+        let _l = UnixListener::bind(&path).unwrap();
+        let inode = listening_unix_inode(&path).unwrap();
+        assert!(process_holds_socket(std::process::id(), inode).unwrap());
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        assert!(!process_holds_socket(child.id(), inode).unwrap());
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn path_without_a_listener_is_not_in_the_table() {
+        let t = tempfile::tempdir().unwrap();
+        assert!(listening_unix_inode(&t.path().join("none")).is_err());
+    }
+}
