@@ -1,0 +1,131 @@
+//! The first `space-jail` process: reads the spec, builds the root filesystem in
+//! its private mount namespace, opens the agent binary while host paths still
+//! resolve, forks the init and reports the init's host PID.
+
+use std::fs::OpenOptions;
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::OpenOptionsExt;
+
+use crate::spec::{JailSpec, MAX_SPEC_BYTES, StatusEvent};
+use crate::sys::{self, Forked};
+use crate::{ACTIVATION_FD, JailError, LISTEN_FD, init, rootfs, seccomp_profile};
+
+/// Writes one status event on fd 1. A failed write means the worker is gone; the
+/// jail then carries on and the worker's sweep removes it, so errors are ignored.
+pub(crate) fn send_status(event: &StatusEvent) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(event.to_line().as_bytes());
+    let _ = out.flush();
+}
+
+/// Runs the launcher; returns the exit code of the first `space-jail` process.
+pub fn run() -> i32 {
+    match launch() {
+        Ok(()) => 0,
+        Err(err) => {
+            eprintln!("space-jail: {err}");
+            send_status(&err.to_event());
+            1
+        }
+    }
+}
+
+fn read_spec() -> Result<JailSpec, JailError> {
+    let mut bytes = Vec::new();
+    std::io::stdin()
+        .lock()
+        .take(MAX_SPEC_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| JailError::new("read spec", e.to_string()))?;
+    if bytes.len() > MAX_SPEC_BYTES {
+        return Err(JailError::new(
+            "read spec",
+            "spec larger than MAX_SPEC_BYTES",
+        ));
+    }
+    let spec: JailSpec =
+        serde_json::from_slice(&bytes).map_err(|e| JailError::new("parse spec", e.to_string()))?;
+    validate(&spec)?;
+    Ok(spec)
+}
+
+/// Checks what the kernel would otherwise reject late or interpret surprisingly.
+fn validate(spec: &JailSpec) -> Result<(), JailError> {
+    let hostname_ok = !spec.hostname.is_empty()
+        && spec.hostname.len() <= 64
+        && spec
+            .hostname
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+    if !hostname_ok {
+        return Err(JailError::new(
+            "validate spec",
+            "hostname must be 1-64 of [A-Za-z0-9.-]",
+        ));
+    }
+    for path in [
+        &spec.root_dir,
+        &spec.lower_dir,
+        &spec.upper_dir,
+        &spec.work_dir,
+        &spec.agent.path,
+    ] {
+        if !path.is_absolute() {
+            return Err(JailError::new(
+                "validate spec",
+                format!("{} is not absolute", path.display()),
+            ));
+        }
+    }
+    if !spec.agent.cwd.is_absolute() {
+        return Err(JailError::new("validate spec", "agent cwd is not absolute"));
+    }
+    Ok(())
+}
+
+/// Opens the agent executable by descriptor: after `pivot_root` its host path no
+/// longer resolves, and a descriptor cannot be swapped under us by anything in the
+/// jail.
+fn open_agent(spec: &JailSpec) -> Result<OwnedFd, JailError> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+        .open(&spec.agent.path)
+        .map(OwnedFd::from)
+        .map_err(|e| JailError::io("open agent", &spec.agent.path, e))
+}
+
+/// Fails unless fds 3 and 4 are open: otherwise the first file this process opens
+/// would take number 3 and be handed to the agent as its listener.
+fn check_inherited_fds() -> Result<(), JailError> {
+    for fd in [LISTEN_FD, ACTIVATION_FD] {
+        if !sys::is_open(fd) {
+            return Err(JailError::new(
+                "inherited fds",
+                format!("fd {fd} is not open"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn launch() -> Result<(), JailError> {
+    check_inherited_fds()?;
+    let spec = read_spec()?;
+    rootfs::build(&spec)?;
+    let agent = open_agent(&spec)?;
+    let filters =
+        seccomp_profile::compile().map_err(|e| JailError::new("compile seccomp", e.to_string()))?;
+    match sys::fork().map_err(|e| JailError::new("fork init", e.to_string()))? {
+        Forked::Child => {
+            // PID 1 of the new PID namespace; never returns into this function.
+            let code = init::run(&spec, agent, &filters);
+            sys::exit_now(code)
+        }
+        Forked::Parent(pid) => {
+            send_status(&StatusEvent::Init { pid });
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! What the worker tells `space-jail` (the jail spec, JSON on stdin) and what
+//! `space-jail` tells the worker back (status events, one JSON line each on stdout).
+//!
+//! The worker and the jail are built from the same workspace, so these types are
+//! the single definition of the protocol between them.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Largest spec the jail accepts on stdin: a spec is a few hundred bytes; anything
+/// bigger is a bug or an attack, refused before parsing.
+pub const MAX_SPEC_BYTES: usize = 256 * 1024;
+
+/// Largest activation payload: it is written into a pipe before the agent starts, so
+/// it must fit the pipe's default buffer or the worker would block.
+pub const MAX_ACTIVATION_BYTES: usize = 60 * 1024;
+
+/// Everything `space-jail` needs to build one sandbox's jail.
+///
+/// All host paths are absolute and resolved by the worker; `space-jail` refuses
+/// relative ones rather than guessing.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct JailSpec {
+    /// Empty directory on the host where the overlay root is mounted (only inside
+    /// the jail's private mount namespace).
+    pub root_dir: PathBuf,
+    /// Read-only template layer (the overlay's lower dir).
+    pub lower_dir: PathBuf,
+    /// Per-execution writable layer (the overlay's upper dir).
+    pub upper_dir: PathBuf,
+    /// Overlay work dir, on the same filesystem as `upper_dir`.
+    pub work_dir: PathBuf,
+    /// Host directories bound read-only over the overlay (the default template's
+    /// `/usr` and friends).
+    #[serde(default)]
+    pub read_only_binds: Vec<BindMount>,
+    /// Hostname inside the UTS namespace.
+    pub hostname: String,
+    /// Size cap of the private `/tmp` and `/dev/shm` tmpfs, in bytes.
+    pub tmpfs_bytes: u64,
+    /// The agent to start inside.
+    pub agent: AgentSpec,
+}
+
+/// One read-only bind mount of a host directory into the jail.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BindMount {
+    /// Host path.
+    pub source: PathBuf,
+    /// Path inside the jail, absolute (e.g. `/usr`).
+    pub target: PathBuf,
+}
+
+/// The agent command: resolved on the host and opened before `pivot_root`, then
+/// executed inside the jail through its file descriptor.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AgentSpec {
+    /// Host path of the executable (an ELF; scripts cannot be `fexecve`d from a
+    /// close-on-exec descriptor).
+    pub path: PathBuf,
+    /// `argv[1..]`; `argv[0]` is the file name of `path`.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Environment besides the defaults (`PATH`, `HOME`, `LANG`, `HOSTNAME`), which
+    /// these override.
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    /// Working directory inside the jail.
+    #[serde(default = "default_cwd")]
+    pub cwd: PathBuf,
+}
+
+fn default_cwd() -> PathBuf {
+    PathBuf::from("/root")
+}
+
+/// A status line from `space-jail` to the worker (stdout of the jail process).
+///
+/// The outer process sends [`StatusEvent::Init`] once the init is forked; the init
+/// sends [`StatusEvent::Ready`] once the agent is exec'd (or about to be: see
+/// [`StatusEvent::Ready`]), then closes the pipe. Any stage may send
+/// [`StatusEvent::Error`] instead and exit.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum StatusEvent {
+    /// The init (PID 1 of the new PID namespace) exists; `pid` is its host PID.
+    Init {
+        /// Host PID of the init.
+        pid: i32,
+    },
+    /// The agent process exists and is past every hardening step; `pid` is its PID
+    /// inside the jail's PID namespace. Sent by the init after the agent's child
+    /// confirmed (by closing its close-on-exec pipe) that `execveat` succeeded.
+    Ready {
+        /// PID of the agent inside the jail (normally 2).
+        pid_in_jail: i32,
+    },
+    /// Building the jail failed at `stage`.
+    Error {
+        /// Which step failed, e.g. `mount overlay`.
+        stage: String,
+        /// The OS error or reason.
+        message: String,
+    },
+}
+
+impl StatusEvent {
+    /// One JSON line, as written on the status pipe.
+    pub fn to_line(&self) -> String {
+        // Serializing this enum cannot fail: it holds only strings and integers.
+        let mut line = serde_json::to_string(self).unwrap_or_else(|_| {
+            r#"{"event":"error","stage":"status","message":"unserializable"}"#.to_owned()
+        });
+        line.push('\n');
+        line
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_events_round_trip_as_tagged_json_lines() {
+        let events = [
+            StatusEvent::Init { pid: 42 },
+            StatusEvent::Ready { pid_in_jail: 2 },
+            StatusEvent::Error {
+                stage: "mount overlay".into(),
+                message: "EINVAL".into(),
+            },
+        ];
+        for event in events {
+            let line = event.to_line();
+            assert!(line.ends_with('\n'));
+            let back: StatusEvent = serde_json::from_str(line.trim_end()).unwrap();
+            assert_eq!(back, event);
+        }
+        assert_eq!(
+            StatusEvent::Init { pid: 7 }.to_line(),
+            "{\"event\":\"init\",\"pid\":7}\n"
+        );
+    }
+
+    #[test]
+    fn agent_cwd_defaults_to_root_home() {
+        let agent: AgentSpec = serde_json::from_str(r#"{"path":"/bin/sh"}"#).unwrap();
+        assert_eq!(agent.cwd, PathBuf::from("/root"));
+        assert!(agent.args.is_empty());
+    }
+}
