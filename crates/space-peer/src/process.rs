@@ -12,7 +12,7 @@ use rustix::process::{Pid, PidfdFlags, pidfd_open};
 use crate::PeerError;
 
 /// Device and inode of a file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct FileId {
     /// `st_dev`.
     pub dev: u64,
@@ -33,7 +33,7 @@ impl FileId {
 
 /// What a worker records about a process it launched, and what it compares a peer
 /// against.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ProcessIdentity {
     /// PID in the reader's PID namespace.
     pub pid: u32,

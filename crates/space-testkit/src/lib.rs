@@ -218,3 +218,33 @@ impl CapabilityBuilder {
         }
     }
 }
+
+/// The path of binary `name` of workspace package `package`, built in the same profile
+/// as the running test. `cargo test --workspace` builds every binary before running
+/// any test; when a test runs alone, the binary is built here once.
+pub fn workspace_bin(package: &str, name: &str) -> std::path::PathBuf {
+    use std::sync::Mutex;
+    static BUILD: Mutex<()> = Mutex::new(());
+    // The test executable lives in <target>/<profile>/deps/.
+    let exe = std::env::current_exe().expect("test executable path");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("test executable under <target>/<profile>/deps");
+    let bin = profile_dir.join(name);
+    let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+    if !bin.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = std::process::Command::new(cargo);
+        cmd.args(["build", "--quiet", "-p", package, "--bin", name]);
+        if profile_dir.file_name().is_some_and(|p| p == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("run cargo build");
+        assert!(
+            status.success(),
+            "cargo build -p {package} --bin {name} failed"
+        );
+    }
+    bin
+}

@@ -1,0 +1,63 @@
+//! `spaced-host --spec-fd N`: reads a [`spaced_host::BridgeSpec`] as JSON from file
+//! descriptor N to EOF (0 for stdin; never argv, which any local user can read), binds the bridge socket, prints `ready` on stdout, and serves.
+
+use std::io::{Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::process::ExitCode;
+
+use spaced_host::BridgeSpec;
+
+fn main() -> ExitCode {
+    match real_main() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("spaced-host: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn real_main() -> Result<(), String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let spec_bytes = match args.as_slice() {
+        [flag, fd] if flag == "--spec-fd" => {
+            let fd: i32 = fd
+                .parse()
+                .map_err(|_| format!("--spec-fd: not a number: {fd}"))?;
+            if fd < 0 {
+                return Err("--spec-fd must not be negative".into());
+            }
+            read_fd(fd)?
+        }
+        [flag, path] if flag == "--spec-file" => {
+            std::fs::read(path).map_err(|e| format!("{path}: {e}"))?
+        }
+        _ => return Err("usage: spaced-host --spec-fd N | --spec-file PATH".into()),
+    };
+    let spec = BridgeSpec::decode(&spec_bytes)?;
+    let listener = space_peer::bind_listener(&spec.listen).map_err(|e| e.to_string())?;
+    let mut out = std::io::stdout();
+    writeln!(out, "ready")
+        .and_then(|()| out.flush())
+        .map_err(|e| e.to_string())?;
+    spaced_host::run(spec, listener).map_err(|e| format!("listener failed: {e}"))
+}
+
+#[allow(unsafe_code)]
+fn read_fd(fd: i32) -> Result<Vec<u8>, String> {
+    // Refuse fds that are not open rather than adopting a random number.
+    rustix::io::fcntl_getfd(
+        // SAFETY: only used for the duration of this call to test that `fd` is open.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
+    )
+    .map_err(|e| format!("--spec-fd {fd}: {e}"))?;
+    // SAFETY: the worker passed this fd to us for our exclusive use; it is open (checked
+    // above) and nothing else in this process owns it.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut buf = Vec::new();
+    std::fs::File::from(owned)
+        .take(spaced_host::spec::MAX_SPEC_LEN as u64 + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("--spec-fd {fd}: {e}"))?;
+    Ok(buf)
+}

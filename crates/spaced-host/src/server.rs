@@ -1,0 +1,183 @@
+//! The bridge: accept the worker, verify the guest transport and handshake, then relay.
+
+use std::io::{self, Write};
+use std::net::Shutdown;
+use std::os::fd::AsFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread;
+
+use rustix::net::sockopt::socket_peercred;
+use space_peer::{
+    PeerError, check_socket_path, listening_unix_inode, peer_process, process_holds_socket,
+};
+use space_proto::codec;
+use space_proto::frame::{self, FrameError};
+use space_proto::guest::{
+    self, AgentBody, AgentFrame, CONNECTION, ClientFrame, ErrorKind, WireError, verify_proof,
+};
+
+use crate::spec::BridgeSpec;
+
+/// Stack size of the bridge's threads: they only move bytes.
+const THREAD_STACK: usize = 64 * 1024;
+
+/// Why the bridge refused a connection (sent to the worker, and logged).
+#[derive(Debug, thiserror::Error)]
+pub enum BridgeError {
+    /// The connecting process is not the worker's uid.
+    #[error("client uid {0} is not the worker's")]
+    WrongClientUid(u32),
+    /// The worker did not open with a hello.
+    #[error("first frame is not a hello")]
+    NotHello,
+    /// The guest transport's path or peer is not the recorded one.
+    #[error("guest transport refused: {0}")]
+    Transport(#[from] PeerError),
+    /// The agent's handshake did not prove the expected execution.
+    #[error("agent handshake refused: {0}")]
+    Handshake(&'static str),
+    /// Framing or socket failure.
+    #[error("frame: {0}")]
+    Frame(#[from] FrameError),
+    /// Socket failure.
+    #[error("io: {0}")]
+    Io(#[from] io::Error),
+    /// Too many connections.
+    #[error("too many connections")]
+    Busy,
+}
+
+/// Serves the worker until the listener fails. Each connection gets its own thread.
+pub fn run(spec: BridgeSpec, listener: UnixListener) -> io::Result<()> {
+    let spec = Arc::new(spec);
+    let active = Arc::new(AtomicUsize::new(0));
+    for conn in listener.incoming() {
+        let conn = match conn {
+            Ok(c) => c,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        let spec = Arc::clone(&spec);
+        let active = Arc::clone(&active);
+        if active.fetch_add(1, Ordering::AcqRel) >= spec.max_connections {
+            active.fetch_sub(1, Ordering::AcqRel);
+            refuse(&conn, &spec, &BridgeError::Busy);
+            continue;
+        }
+        let spawned = thread::Builder::new()
+            .stack_size(THREAD_STACK)
+            .spawn(move || {
+                if let Err(e) = serve(&conn, &spec) {
+                    log_refusal(&spec, &e);
+                    refuse(&conn, &spec, &e);
+                }
+                active.fetch_sub(1, Ordering::AcqRel);
+            });
+        if let Err(e) = spawned {
+            eprintln!("spaced-host: cannot start a connection thread: {e}");
+        }
+    }
+    Ok(())
+}
+
+fn log_refusal(spec: &BridgeSpec, e: &BridgeError) {
+    eprintln!(
+        "spaced-host: refused connection sandbox={} generation={} reason=\"{e}\"",
+        spec.activation.sandbox, spec.activation.generation
+    );
+}
+
+/// Tells the worker why, as a connection-level agent error, then closes.
+fn refuse(conn: &UnixStream, spec: &BridgeSpec, e: &BridgeError) {
+    let kind = match e {
+        BridgeError::Busy => ErrorKind::Busy,
+        BridgeError::NotHello | BridgeError::Frame(_) => ErrorKind::Protocol,
+        _ => ErrorKind::PermissionDenied,
+    };
+    let frame = AgentFrame {
+        execution_id: spec.activation.execution_id,
+        request_id: CONNECTION,
+        body: AgentBody::Error(WireError::new(kind, format!("bridge: {e}"))),
+    };
+    let mut w = conn;
+    let _ = frame::write_frame(&mut w, &codec::encode(&frame));
+    let _ = conn.shutdown(Shutdown::Both);
+}
+
+fn serve(conn: &UnixStream, spec: &BridgeSpec) -> Result<(), BridgeError> {
+    let cred = socket_peercred(conn.as_fd()).map_err(io::Error::from)?;
+    if cred.uid.as_raw() != spec.worker_uid {
+        return Err(BridgeError::WrongClientUid(cred.uid.as_raw()));
+    }
+    let mut worker = conn;
+    let hello_body = frame::read_frame(&mut worker)?;
+    let nonce = match guest::decode_client_frame(&hello_body) {
+        Ok(ClientFrame::Hello(h)) => h.nonce,
+        _ => return Err(BridgeError::NotHello),
+    };
+
+    let mut agent = open_verified_transport(spec)?;
+    frame::write_frame(&mut agent, &hello_body)?;
+    let ack_body = frame::read_frame(&mut agent)?;
+    let ack = match guest::decode_agent_frame(&ack_body) {
+        Ok(AgentFrame {
+            execution_id,
+            request_id: CONNECTION,
+            body: AgentBody::HelloAck(ack),
+        }) if execution_id == ack.execution_id => ack,
+        _ => {
+            return Err(BridgeError::Handshake(
+                "the agent did not answer with a hello ack",
+            ));
+        }
+    };
+    if !verify_proof(&spec.activation.secret, &nonce, &ack) {
+        return Err(BridgeError::Handshake(
+            "proof does not verify with this activation's secret",
+        ));
+    }
+    if ack.identity() != spec.activation.identity() {
+        return Err(BridgeError::Handshake("the agent serves another execution"));
+    }
+    // The peer again, after the handshake: the same live process must still hold the
+    // transport.
+    let (_, peer) = peer_process(agent.as_fd())?;
+    spec.agent.verify(&peer.identity)?;
+
+    worker.write_all(&frame::frame_bytes(&ack_body)?)?;
+    relay(conn, &agent)
+}
+
+/// Connects to the agent and checks the transport: safe path, the peer is the recorded
+/// process, and the kernel's socket table shows that process holding the listener.
+fn open_verified_transport(spec: &BridgeSpec) -> Result<UnixStream, BridgeError> {
+    check_socket_path(&spec.agent_socket)?;
+    let agent = UnixStream::connect(&spec.agent_socket)?;
+    let (_, peer) = peer_process(agent.as_fd())?;
+    spec.agent.verify(&peer.identity)?;
+    let inode = listening_unix_inode(&spec.agent_socket)?;
+    if !process_holds_socket(spec.agent.pid, inode)? {
+        return Err(PeerError::SocketTable("the recorded agent does not hold the listener").into());
+    }
+    Ok(agent)
+}
+
+/// Moves bytes both ways until either side closes, then closes both.
+fn relay(worker: &UnixStream, agent: &UnixStream) -> Result<(), BridgeError> {
+    let (mut w_in, mut a_out) = (worker.try_clone()?, agent.try_clone()?);
+    let upstream = thread::Builder::new()
+        .stack_size(THREAD_STACK)
+        .spawn(move || {
+            let _ = io::copy(&mut w_in, &mut a_out);
+            let _ = a_out.shutdown(Shutdown::Both);
+            let _ = w_in.shutdown(Shutdown::Both);
+        })?;
+    let (mut a_in, mut w_out) = (agent, worker);
+    let _ = io::copy(&mut a_in, &mut w_out);
+    let _ = worker.shutdown(Shutdown::Both);
+    let _ = agent.shutdown(Shutdown::Both);
+    let _ = upstream.join();
+    Ok(())
+}

@@ -1,0 +1,49 @@
+//! What the worker tells a bridge at launch.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use space_peer::ProcessIdentity;
+use space_proto::guest::Activation;
+
+/// Largest spec a bridge reads.
+pub const MAX_SPEC_LEN: usize = 16 * 1024;
+
+/// A bridge's launch specification, passed as JSON on a file descriptor (never on the
+/// command line: it holds the activation secret).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BridgeSpec {
+    /// Where the bridge listens for the worker (inside a 0700 worker-owned directory).
+    pub listen: PathBuf,
+    /// The guest transport: the agent's listening socket.
+    pub agent_socket: PathBuf,
+    /// The only uid allowed to connect.
+    pub worker_uid: u32,
+    /// The recorded agent process that must be the transport's peer.
+    pub agent: ProcessIdentity,
+    /// The execution the agent must prove, with its secret.
+    pub activation: Activation,
+    /// Most connections served at once.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+}
+
+fn default_max_connections() -> usize {
+    256
+}
+
+impl BridgeSpec {
+    /// Parses a spec strictly.
+    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+        if bytes.len() > MAX_SPEC_LEN {
+            return Err(format!("bridge spec over {MAX_SPEC_LEN} bytes"));
+        }
+        serde_json::from_slice(bytes).map_err(|e| format!("invalid bridge spec: {e}"))
+    }
+
+    /// The JSON form.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
