@@ -1,2 +1,38 @@
-//! `spaced-guest`: see the library.
-fn main() {}
+//! `spaced-guest serve …`: the guest agent. See the library for what it does.
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let home = spaced_guest::config::default_home(
+        rustix::process::getuid().as_raw(),
+        std::env::var("HOME").ok().as_deref(),
+    );
+    let config = match spaced_guest::Config::parse(std::env::args().skip(1), home) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("spaced-guest: {e}\n{}", spaced_guest::config::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    let (agent, listener) = match spaced_guest::start(&config) {
+        Ok(started) => started,
+        Err(e) => {
+            eprintln!("spaced-guest: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    eprintln!(
+        "spaced-guest: serving sandbox {} execution {} (generation {}, activation {})",
+        agent.identity.sandbox,
+        agent.identity.execution_id,
+        agent.identity.generation,
+        agent.identity.activation
+    );
+    match spaced_guest::serve(agent, listener) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("spaced-guest: accept: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

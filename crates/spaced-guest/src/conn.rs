@@ -1,0 +1,260 @@
+//! One client connection: handshake, then one request at a time.
+
+use std::io::{self, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use space_proto::codec;
+use space_proto::frame::{self, FrameError};
+use space_proto::guest::{
+    self, AgentBody, AgentFrame, CONNECTION, ClientFrame, ErrorKind, HelloAck, Input, InputFrame,
+    Operation, PROTOCOL_VERSION, Request, RequestId, WireError,
+};
+
+use crate::server::Agent;
+use crate::{exec, files, watch};
+
+/// How long a new connection may take to say hello: a peer that connects and stays
+/// silent must not hold a connection slot forever.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a connection ends early. Either way the connection is dropped; the difference
+/// is only what gets logged.
+#[derive(Debug)]
+pub(crate) enum End {
+    /// The peer went away or the transport failed.
+    Gone,
+    /// The peer broke the protocol and was told so.
+    Refused,
+}
+
+/// What a request handler returns: `Err` ends the connection.
+pub(crate) type Flow = Result<(), End>;
+
+/// A connection after its handshake.
+pub(crate) struct Conn<'a> {
+    pub(crate) stream: UnixStream,
+    pub(crate) agent: &'a Agent,
+    /// The request that finished last: input that raced with its end is dropped.
+    last_finished: Option<RequestId>,
+}
+
+impl<'a> Conn<'a> {
+    /// Encodes an answer as a whole frame (header and body).
+    pub(crate) fn frame(&self, id: RequestId, body: AgentBody) -> Vec<u8> {
+        let msg = AgentFrame {
+            execution_id: self.agent.identity.execution_id,
+            request_id: id,
+            body,
+        };
+        // Our answers are built under the cap (chunks are at most MAX_CHUNK).
+        frame::frame_bytes(&codec::encode(&msg)).unwrap_or_default()
+    }
+
+    /// Sends an answer, blocking until the socket takes it: a slow reader slows the
+    /// producer rather than growing a buffer here.
+    pub(crate) fn send(&mut self, id: RequestId, body: AgentBody) -> Flow {
+        let bytes = self.frame(id, body);
+        self.stream.write_all(&bytes).map_err(|_| End::Gone)
+    }
+
+    /// Sends a final error for request `id`.
+    pub(crate) fn send_error(&mut self, id: RequestId, err: WireError) -> Flow {
+        self.send(id, AgentBody::Error(err))
+    }
+
+    /// Tells the peer it broke the protocol; the caller then drops the connection.
+    pub(crate) fn refuse(&mut self, kind: ErrorKind, msg: impl Into<String>) -> End {
+        let _ = self.send_error(CONNECTION, WireError::new(kind, msg));
+        End::Refused
+    }
+
+    /// Maps a failure to read a frame to the end of the connection, telling the peer
+    /// when it was at fault.
+    pub(crate) fn frame_failed(&mut self, e: FrameError) -> End {
+        match e {
+            FrameError::TooLarge(n) => self.refuse(
+                ErrorKind::Protocol,
+                format!("frame of {n} bytes is over the limit"),
+            ),
+            _ => End::Gone,
+        }
+    }
+
+    /// Decodes a client frame, refusing the connection if it is garbage.
+    pub(crate) fn decode(&mut self, body: &[u8]) -> Result<ClientFrame, End> {
+        guest::decode_client_frame(body)
+            .map_err(|e| self.refuse(ErrorKind::Protocol, format!("undecodable frame: {e}")))
+    }
+
+    /// Classifies input that arrived while request `current` runs: `Ok(Some)` for its
+    /// own input, `Ok(None)` for late input of the previous request (dropped), and an
+    /// error for anything else.
+    pub(crate) fn input_for(
+        &mut self,
+        current: Option<RequestId>,
+        frame: ClientFrame,
+    ) -> Result<Option<Input>, End> {
+        match frame {
+            ClientFrame::Input(InputFrame { id, input }) if Some(id) == current => Ok(Some(input)),
+            ClientFrame::Input(InputFrame { id, .. }) if Some(id) == self.last_finished => Ok(None),
+            ClientFrame::Input(InputFrame { id, .. }) => Err(self.refuse(
+                ErrorKind::Protocol,
+                format!("input for request {id}, which is not running"),
+            )),
+            ClientFrame::Request(Request { id, .. }) => Err(self.refuse(
+                ErrorKind::Protocol,
+                format!("request {id} while another request runs"),
+            )),
+            ClientFrame::Hello(_) => Err(self.refuse(ErrorKind::Protocol, "second hello")),
+        }
+    }
+
+    /// Blocks for the next input of request `current` (late input of the previous
+    /// request is skipped).
+    pub(crate) fn read_input(&mut self, current: RequestId) -> Result<Input, End> {
+        loop {
+            let body = frame::read_frame(&mut self.stream).map_err(|e| self.frame_failed(e))?;
+            let frame = self.decode(&body)?;
+            if let Some(input) = self.input_for(Some(current), frame)? {
+                return Ok(input);
+            }
+        }
+    }
+}
+
+/// Serves one connection until the peer closes it or breaks the protocol.
+pub(crate) fn serve(stream: UnixStream, agent: &Agent) -> End {
+    let mut conn = Conn {
+        stream,
+        agent,
+        last_finished: None,
+    };
+    if let Err(end) = handshake(&mut conn) {
+        return end;
+    }
+    loop {
+        let body = match frame::read_frame(&mut conn.stream) {
+            Ok(b) => b,
+            Err(e) => return conn.frame_failed(e),
+        };
+        let result = match conn.decode(&body) {
+            Ok(ClientFrame::Request(Request { id, op })) if id != CONNECTION => {
+                let r = dispatch(&mut conn, id, op);
+                conn.last_finished = Some(id);
+                r
+            }
+            Ok(ClientFrame::Request(_)) => {
+                Err(conn.refuse(ErrorKind::Protocol, "request id 0 is reserved"))
+            }
+            Ok(other) => {
+                // Input while idle: only late input of the last request is tolerated.
+                conn.input_for(None, other).map(|_| ())
+            }
+            Err(end) => Err(end),
+        };
+        if let Err(end) = result {
+            return end;
+        }
+    }
+}
+
+fn handshake(conn: &mut Conn<'_>) -> Flow {
+    conn.stream
+        .set_read_timeout(Some(HELLO_TIMEOUT))
+        .map_err(|_| End::Gone)?;
+    let body = frame::read_frame(&mut conn.stream).map_err(|e| conn.frame_failed(e))?;
+    match guest::peek_hello_version(&body) {
+        None => return Err(conn.refuse(ErrorKind::Protocol, "expected hello")),
+        Some(v) if v != PROTOCOL_VERSION => {
+            return Err(conn.refuse(
+                ErrorKind::UnsupportedVersion,
+                format!(
+                    "protocol version {v} is not supported; this agent speaks {PROTOCOL_VERSION}"
+                ),
+            ));
+        }
+        Some(_) => {}
+    }
+    let ClientFrame::Hello(hello) = conn.decode(&body)? else {
+        return Err(conn.refuse(ErrorKind::Protocol, "expected hello"));
+    };
+    conn.stream.set_read_timeout(None).map_err(|_| End::Gone)?;
+    let id = conn.agent.identity;
+    let ack = HelloAck {
+        protocol_version: PROTOCOL_VERSION,
+        sandbox: id.sandbox,
+        generation: id.generation,
+        execution_id: id.execution_id,
+        activation: id.activation,
+        proof: conn.agent.proof(&hello.nonce),
+    };
+    conn.send(CONNECTION, AgentBody::HelloAck(ack))
+}
+
+fn dispatch(conn: &mut Conn<'_>, id: RequestId, op: Operation) -> Flow {
+    match op {
+        Operation::Exec(spec) => exec::run(conn, id, spec),
+        Operation::Watch { path, recursive } => watch::run(conn, id, &path, recursive),
+        Operation::WriteFile {
+            path,
+            mode,
+            parents,
+        } => files::write(conn, id, &path, mode, parents),
+        Operation::ReadFile {
+            path,
+            offset,
+            max_bytes,
+        } => files::read(conn, id, &path, offset, max_bytes),
+        Operation::List { path } => files::list(conn, id, &path),
+        op => {
+            let body = files::simple(conn.agent, op).unwrap_or_else(AgentBody::Error);
+            conn.send(id, body)
+        }
+    }
+}
+
+/// Reads from a socket without blocking, for event loops that multiplex it with other
+/// descriptors (the socket itself stays blocking for plain request handling).
+pub(crate) struct DontWait<'s>(pub(crate) &'s UnixStream);
+
+impl Read for DontWait<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let (n, _) = rustix::net::recv(self.0, buf, rustix::net::RecvFlags::DONTWAIT)?;
+        Ok(n)
+    }
+}
+
+impl Write for DontWait<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let flags = rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL;
+        Ok(rustix::net::send(self.0, buf, flags)?)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Maps an I/O failure to a typed error naming what failed.
+pub(crate) fn io_error(what: &str, e: &io::Error) -> WireError {
+    let kind = match e.raw_os_error() {
+        Some(libc::ENOENT) => ErrorKind::NotFound,
+        Some(libc::EACCES | libc::EPERM) => ErrorKind::PermissionDenied,
+        Some(libc::EISDIR) => ErrorKind::IsADirectory,
+        Some(libc::ENOTDIR) => ErrorKind::NotADirectory,
+        Some(libc::EEXIST) => ErrorKind::AlreadyExists,
+        Some(libc::EINVAL | libc::ENAMETOOLONG) => ErrorKind::InvalidArgument,
+        Some(_) => ErrorKind::Io,
+        None => match e.kind() {
+            io::ErrorKind::NotFound => ErrorKind::NotFound,
+            io::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
+            io::ErrorKind::AlreadyExists => ErrorKind::AlreadyExists,
+            io::ErrorKind::InvalidInput | io::ErrorKind::InvalidFilename => {
+                ErrorKind::InvalidArgument
+            }
+            _ => ErrorKind::Io,
+        },
+    };
+    WireError::new(kind, format!("{what}: {e}"))
+}

@@ -1,0 +1,338 @@
+//! File operations. Paths are taken as given (absolute, or relative to the agent's
+//! home): containment is the sandbox's job, by its root filesystem, not the agent's.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use space_proto::guest::{
+    AgentBody, DirEntry, ErrorKind, FileKind, FileStat, Input, MAX_CHUNK, Operation, RequestId,
+    WireError,
+};
+
+use crate::conn::{Conn, Flow, io_error};
+use crate::server::Agent;
+
+/// Entries per `Entries` frame: a few hundred names stay far under the frame cap.
+const LIST_BATCH: usize = 256;
+
+/// Resolves a client path against the agent's home.
+pub(crate) fn resolve(agent: &Agent, path: &str) -> Result<PathBuf, WireError> {
+    if path.is_empty() {
+        return Err(WireError::new(ErrorKind::InvalidArgument, "empty path"));
+    }
+    if path.contains('\0') {
+        return Err(WireError::new(
+            ErrorKind::InvalidArgument,
+            "path contains NUL",
+        ));
+    }
+    Ok(agent.home.join(path))
+}
+
+fn kind_of(ft: fs::FileType) -> FileKind {
+    if ft.is_symlink() {
+        FileKind::Symlink
+    } else if ft.is_dir() {
+        FileKind::Dir
+    } else if ft.is_file() {
+        FileKind::File
+    } else {
+        FileKind::Other
+    }
+}
+
+/// Operations with one answer: stat, mkdir, remove, rename.
+pub(crate) fn simple(agent: &Agent, op: Operation) -> Result<AgentBody, WireError> {
+    match op {
+        Operation::Stat { path } => stat(&resolve(agent, &path)?).map(AgentBody::Stat),
+        Operation::Mkdir { path, parents } => {
+            let p = resolve(agent, &path)?;
+            let r = if parents {
+                fs::create_dir_all(&p)
+            } else {
+                fs::create_dir(&p)
+            };
+            r.map_err(|e| io_error(&format!("mkdir {path}"), &e))?;
+            Ok(AgentBody::Done)
+        }
+        Operation::Remove { path, recursive } => {
+            let p = resolve(agent, &path)?;
+            remove(&p, recursive).map_err(|e| io_error(&format!("remove {path}"), &e))?;
+            Ok(AgentBody::Done)
+        }
+        Operation::Rename { from, to } => {
+            let (f, t) = (resolve(agent, &from)?, resolve(agent, &to)?);
+            fs::rename(&f, &t).map_err(|e| io_error(&format!("rename {from} to {to}"), &e))?;
+            Ok(AgentBody::Done)
+        }
+        other => Err(WireError::new(
+            ErrorKind::InvalidArgument,
+            format!("not a single-answer operation: {other:?}"),
+        )),
+    }
+}
+
+fn stat(p: &Path) -> Result<FileStat, WireError> {
+    let shown = p.display().to_string();
+    let md = fs::symlink_metadata(p).map_err(|e| io_error(&format!("stat {shown}"), &e))?;
+    let kind = kind_of(md.file_type());
+    let symlink_target = if kind == FileKind::Symlink {
+        fs::read_link(p)
+            .ok()
+            .map(|t| t.to_string_lossy().into_owned())
+    } else {
+        None
+    };
+    Ok(FileStat {
+        kind,
+        size: md.len(),
+        mode: md.mode() & 0o7777,
+        modified_secs: md.mtime(),
+        modified_nanos: u32::try_from(md.mtime_nsec()).unwrap_or(0),
+        symlink_target,
+    })
+}
+
+fn remove(p: &Path, recursive: bool) -> io::Result<()> {
+    let md = fs::symlink_metadata(p)?;
+    if md.is_dir() {
+        if recursive {
+            // std's remove_dir_all does not follow symlinks inside the tree.
+            fs::remove_dir_all(p)
+        } else {
+            fs::remove_dir(p)
+        }
+    } else {
+        fs::remove_file(p)
+    }
+}
+
+/// Lists a directory in batches; an entry removed while listing is skipped.
+pub(crate) fn list(conn: &mut Conn<'_>, id: RequestId, path: &str) -> Flow {
+    let dir = match resolve(conn.agent, path)
+        .and_then(|p| fs::read_dir(&p).map_err(|e| io_error(&format!("list {path}"), &e)))
+    {
+        Ok(d) => d,
+        Err(e) => return conn.send_error(id, e),
+    };
+    let mut batch = Vec::with_capacity(LIST_BATCH);
+    for entry in dir {
+        let entry = match entry {
+            Ok(e) => e,
+            Err(e) => return conn.send_error(id, io_error(&format!("list {path}"), &e)),
+        };
+        let Ok(md) = entry.metadata() else { continue };
+        batch.push(DirEntry {
+            name: entry.file_name().to_string_lossy().into_owned(),
+            kind: kind_of(md.file_type()),
+            size: md.len(),
+        });
+        if batch.len() == LIST_BATCH {
+            conn.send(id, AgentBody::Entries(std::mem::take(&mut batch)))?;
+        }
+    }
+    if !batch.is_empty() {
+        conn.send(id, AgentBody::Entries(batch))?;
+    }
+    conn.send(id, AgentBody::Done)
+}
+
+/// Streams up to `max_bytes` of a file from `offset`. Each chunk is written to the
+/// socket before the next is read, so memory stays at one chunk whatever the size.
+pub(crate) fn read(
+    conn: &mut Conn<'_>,
+    id: RequestId,
+    path: &str,
+    offset: u64,
+    max_bytes: u64,
+) -> Flow {
+    let mut file = match open_for_read(conn.agent, path, offset) {
+        Ok(f) => f,
+        Err(e) => return conn.send_error(id, e),
+    };
+    let mut buf = vec![0u8; MAX_CHUNK];
+    let mut sent = 0u64;
+    while sent < max_bytes {
+        let want = (max_bytes - sent).min(MAX_CHUNK as u64) as usize;
+        let n = match file.read(&mut buf[..want]) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return conn.send_error(id, io_error(&format!("read {path}"), &e)),
+        };
+        conn.send(id, AgentBody::FileData(buf[..n].to_vec()))?;
+        sent += n as u64;
+    }
+    // One more byte tells whether the cap cut the file short.
+    let truncated = sent == max_bytes && matches!(file.read(&mut buf[..1]), Ok(1));
+    conn.send(
+        id,
+        AgentBody::ReadEnd {
+            bytes: sent,
+            truncated,
+        },
+    )
+}
+
+fn open_for_read(agent: &Agent, path: &str, offset: u64) -> Result<File, WireError> {
+    let p = resolve(agent, path)?;
+    let err = |e: io::Error| io_error(&format!("read {path}"), &e);
+    // O_NONBLOCK so that opening a FIFO cannot hang the connection.
+    let mut file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&p)
+        .map_err(err)?;
+    let ft = file.metadata().map_err(err)?.file_type();
+    if ft.is_dir() {
+        return Err(WireError::new(
+            ErrorKind::IsADirectory,
+            format!("read {path}: is a directory"),
+        ));
+    }
+    if ft.is_fifo() || ft.is_socket() {
+        return Err(WireError::new(
+            ErrorKind::InvalidArgument,
+            format!("read {path}: not a regular file"),
+        ));
+    }
+    if offset > 0 {
+        file.seek(SeekFrom::Start(offset)).map_err(err)?;
+    }
+    Ok(file)
+}
+
+/// Distinguishes temporary files of concurrent writes in one agent.
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A temporary file that removes itself unless it was renamed into place.
+struct TempFile {
+    path: PathBuf,
+    target: PathBuf,
+    file: File,
+    done: bool,
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Replaces a file atomically: the data goes to a temporary file in the same directory,
+/// which is fsynced and renamed over the target, and the directory is fsynced. A reader
+/// sees the old content or the new, never a mix, and a crash leaves one of the two.
+///
+/// The client sends all its data before reading the answer, so on failure the rest of
+/// the data is read and dropped, and the error is the one final answer.
+pub(crate) fn write(
+    conn: &mut Conn<'_>,
+    id: RequestId,
+    path: &str,
+    mode: Option<u32>,
+    parents: bool,
+) -> Flow {
+    let mut state = begin_write(conn.agent, path, mode, parents);
+    let mut written = 0u64;
+    loop {
+        match conn.read_input(id)? {
+            Input::Data(chunk) => {
+                if let Ok(tmp) = &mut state {
+                    match tmp.file.write_all(&chunk) {
+                        Ok(()) => written += chunk.len() as u64,
+                        Err(e) => state = Err(io_error(&format!("write {path}"), &e)),
+                    }
+                }
+            }
+            Input::End => break,
+            other => {
+                return Err(conn.refuse(
+                    ErrorKind::Protocol,
+                    format!("{other:?} during a file write"),
+                ));
+            }
+        }
+    }
+    let answer = state.and_then(|tmp| finish_write(tmp, path, mode));
+    match answer {
+        Ok(()) => conn.send(id, AgentBody::Written { bytes: written }),
+        Err(e) => conn.send_error(id, e),
+    }
+}
+
+fn begin_write(
+    agent: &Agent,
+    path: &str,
+    mode: Option<u32>,
+    parents: bool,
+) -> Result<TempFile, WireError> {
+    let target = resolve(agent, path)?;
+    let err = |e: io::Error| io_error(&format!("write {path}"), &e);
+    let (Some(dir), Some(name)) = (target.parent(), target.file_name()) else {
+        return Err(WireError::new(
+            ErrorKind::InvalidArgument,
+            format!("write {path}: not a file path"),
+        ));
+    };
+    if parents {
+        fs::create_dir_all(dir).map_err(err)?;
+    }
+    if fs::metadata(&target).is_ok_and(|m| m.is_dir()) {
+        return Err(WireError::new(
+            ErrorKind::IsADirectory,
+            format!("write {path}: is a directory"),
+        ));
+    }
+    if let Some(m) = mode {
+        if m > 0o7777 {
+            return Err(WireError::new(
+                ErrorKind::InvalidArgument,
+                format!("mode {m:o} out of range"),
+            ));
+        }
+    }
+    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let tmp = dir.join(format!(
+        ".{}.space-tmp.{}.{n}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(err)?;
+    Ok(TempFile {
+        path: tmp,
+        target,
+        file,
+        done: false,
+    })
+}
+
+fn finish_write(mut tmp: TempFile, path: &str, mode: Option<u32>) -> Result<(), WireError> {
+    let err = |e: io::Error| io_error(&format!("write {path}"), &e);
+    let target = tmp.target.clone();
+    // An existing file keeps its permissions unless the client names new ones.
+    let mode = mode.unwrap_or_else(|| {
+        fs::metadata(&target)
+            .map(|m| m.permissions().mode() & 0o7777)
+            .unwrap_or(0o644)
+    });
+    tmp.file
+        .set_permissions(fs::Permissions::from_mode(mode))
+        .map_err(err)?;
+    tmp.file.sync_all().map_err(err)?;
+    fs::rename(&tmp.path, &target).map_err(err)?;
+    tmp.done = true;
+    if let Some(dir) = target.parent() {
+        File::open(dir).and_then(|d| d.sync_all()).map_err(err)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,181 @@
+//! The accept loop: one thread per connection, a bounded number at once.
+
+use std::io::{self, Read};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use space_proto::guest::{
+    Activation, AgentBody, CONNECTION, ErrorKind, MAX_ACTIVATION_LEN, ServedIdentity, WireError,
+    compute_proof,
+};
+
+use crate::config::{ActivationSource, Config, ListenSource};
+use crate::{conn, sys};
+
+/// What every connection of this agent shares.
+pub struct Agent {
+    /// The execution this agent serves.
+    pub identity: ServedIdentity,
+    secret: [u8; 32],
+    /// Default working directory and base of relative paths.
+    pub home: PathBuf,
+    max_connections: usize,
+    active: AtomicUsize,
+}
+
+// The secret must never reach a log through `{:?}`.
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("identity", &self.identity)
+            .field("home", &self.home)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Agent {
+    /// An agent for `activation`.
+    pub fn new(activation: &Activation, home: PathBuf, max_connections: usize) -> Self {
+        Self {
+            identity: activation.identity(),
+            secret: activation.secret,
+            home,
+            max_connections,
+            active: AtomicUsize::new(0),
+        }
+    }
+
+    /// The handshake proof for a client's nonce.
+    pub(crate) fn proof(&self, nonce: &[u8; 32]) -> [u8; 32] {
+        compute_proof(&self.secret, nonce, &self.identity)
+    }
+}
+
+/// Why the agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The listening socket could not be set up.
+    #[error("listener: {0}")]
+    Listener(io::Error),
+    /// The activation record could not be read.
+    #[error("activation: {0}")]
+    ActivationIo(io::Error),
+    /// The activation record is invalid.
+    #[error(transparent)]
+    Activation(#[from] space_proto::guest::ActivationError),
+}
+
+/// Reads the activation record and sets up the listener, as `config` says.
+pub fn start(config: &Config) -> Result<(Arc<Agent>, OwnedFd), StartError> {
+    sys::close_inherited_on_exec().map_err(StartError::Listener)?;
+    let activation = read_activation(&config.activation)?;
+    let listener = open_listener(&config.listen).map_err(StartError::Listener)?;
+    let agent = Agent::new(&activation, config.home.clone(), config.max_connections);
+    Ok((Arc::new(agent), listener))
+}
+
+fn read_activation(source: &ActivationSource) -> Result<Activation, StartError> {
+    let reader: Box<dyn Read> = match source {
+        ActivationSource::Fd(fd) => Box::new(std::fs::File::from(
+            sys::adopt_inherited_fd(*fd).map_err(StartError::ActivationIo)?,
+        )),
+        ActivationSource::File(path) => {
+            Box::new(std::fs::File::open(path).map_err(StartError::ActivationIo)?)
+        }
+    };
+    // One byte over the cap is enough to know the record is too long.
+    let mut bytes = Vec::new();
+    reader
+        .take(MAX_ACTIVATION_LEN as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(StartError::ActivationIo)?;
+    // The reader (and with it an inherited descriptor) is closed here, so no child
+    // can ever inherit the secret's channel.
+    Ok(Activation::decode(&bytes)?)
+}
+
+fn open_listener(source: &ListenSource) -> io::Result<OwnedFd> {
+    let fd = match source {
+        ListenSource::Fd(fd) => sys::adopt_inherited_fd(*fd)?,
+        ListenSource::Path(path) => OwnedFd::from(UnixListener::bind(path)?),
+    };
+    // Inherited descriptors come without close-on-exec; without it every process the
+    // agent spawns would hold the listener.
+    rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC)?;
+    if !rustix::net::sockopt::socket_acceptconn(&fd)? {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "descriptor is not a listening socket",
+        ));
+    }
+    Ok(fd)
+}
+
+/// Decrements the connection count however the connection thread ends.
+struct Slot(Arc<Agent>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Accepts connections forever. Works with any stream listener (Unix or vsock):
+/// accepted sockets are used only through `read`/`write`.
+pub fn serve(agent: Arc<Agent>, listener: OwnedFd) -> io::Result<()> {
+    loop {
+        let fd = match rustix::net::accept_with(listener.as_fd(), rustix::net::SocketFlags::CLOEXEC)
+        {
+            Ok(fd) => fd,
+            Err(e) if e == rustix::io::Errno::INTR || e == rustix::io::Errno::CONNABORTED => {
+                continue;
+            }
+            Err(e)
+                if e == rustix::io::Errno::MFILE
+                    || e == rustix::io::Errno::NFILE
+                    || e == rustix::io::Errno::NOBUFS
+                    || e == rustix::io::Errno::NOMEM =>
+            {
+                // Out of descriptors or memory: back off instead of spinning; the
+                // pending connection waits in the backlog.
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let stream = UnixStream::from(fd);
+        if agent.active.fetch_add(1, Ordering::AcqRel) >= agent.max_connections {
+            agent.active.fetch_sub(1, Ordering::AcqRel);
+            refuse_busy(&agent, stream);
+            continue;
+        }
+        let slot = Slot(agent.clone());
+        let spawned = std::thread::Builder::new()
+            .name("conn".into())
+            .stack_size(256 * 1024)
+            .spawn(move || {
+                let _ = conn::serve(stream, &slot.0);
+            });
+        if spawned.is_err() {
+            // The closure (and with it the slot and stream) was dropped: the client
+            // sees the connection close.
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn refuse_busy(agent: &Agent, stream: UnixStream) {
+    let msg = space_proto::guest::AgentFrame {
+        execution_id: agent.identity.execution_id,
+        request_id: CONNECTION,
+        body: AgentBody::Error(WireError::new(ErrorKind::Busy, "too many connections")),
+    };
+    if let Ok(bytes) = space_proto::frame::frame_bytes(&space_proto::codec::encode(&msg)) {
+        // Never block the accept loop on a peer that does not read.
+        let _ = std::io::Write::write(&mut conn::DontWait(&stream), &bytes);
+    }
+}

@@ -1,0 +1,344 @@
+//! Running processes through the real agent.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::AgentProcess;
+use space_proto::client::ClientError;
+use space_proto::guest::{AgentBody, ErrorKind, ExecSpec, ExitOutcome, Input, Operation, PtySize};
+
+fn code(out: &space_proto::client::ExecOutput) -> ExitOutcome {
+    out.status.outcome
+}
+
+#[test]
+fn echo_prints_its_arguments() {
+    let agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    let out = conn
+        .exec(ExecSpec::command(["echo", "hello", "world"]))
+        .unwrap();
+    assert_eq!(out.stdout, b"hello world\n");
+    assert_eq!(out.stderr, b"");
+    assert_eq!(code(&out), ExitOutcome::Code(0));
+    assert!(!out.status.timed_out);
+}
+
+#[test]
+fn exit_code_and_stderr_are_reported() {
+    let agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    let out = conn
+        .exec(ExecSpec::shell("echo oops >&2; exit 42"))
+        .unwrap();
+    assert_eq!(out.stderr, b"oops\n");
+    assert_eq!(code(&out), ExitOutcome::Code(42));
+}
+
+#[test]
+fn a_process_killed_by_a_signal_reports_the_signal() {
+    let agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    let out = conn.exec(ExecSpec::shell("kill -TERM $$")).unwrap();
+    assert_eq!(code(&out), ExitOutcome::Signal(15));
+}
+
+#[test]
+fn signal_input_reaches_the_process_group() {
+    let agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    let id = conn
+        .send_request(Operation::Exec(ExecSpec::command(["sleep", "30"])))
+        .unwrap();
+    assert!(matches!(
+        conn.next_answer(id).unwrap(),
+        AgentBody::Started { .. }
+    ));
+    conn.send_input(id, Input::Signal(2)).unwrap();
+    let AgentBody::Exited(status) = conn.next_answer(id).unwrap() else {
+        panic!("expected exit");
+    };
+    assert_eq!(status.outcome, ExitOutcome::Signal(2));
+}
+
+#[test]
+fn stdin_bytes_in_the_spec_reach_the_process_and_are_closed() {
+    let agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    let mut spec = ExecSpec::command(["cat"]);
+    spec.stdin = Some(b"from the spec".to_vec());
+    let out = conn.exec(spec).unwrap();
+    assert_eq!(out.stdout, b"from the spec");
+}
+
+#[test]
+fn streamed_stdin_reaches_the_process_until_closed() {
+    let agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    let mut spec = ExecSpec::command(["sh", "-c", "while read l; do echo got:$l; done; echo eof"]);
+    spec.stdin = None;
+    let id = conn.send_request(Operation::Exec(spec)).unwrap();
+    assert!(matches!(
+        conn.next_answer(id).unwrap(),
+        AgentBody::Started { .. }
+    ));
+    conn.send_input(id, Input::Stdin(b"one\n".to_vec()))
+        .unwrap();
+    // Wait for the first answer before sending more: input and output interleave.
+    let AgentBody::Stdout(first) = conn.next_answer(id).unwrap() else {
+        panic!("expected output");
+    };
+    assert_eq!(first, b"got:one\n");
+    conn.send_input(id, Input::Stdin(b"two\n".to_vec()))
+        .unwrap();
+    conn.send_input(id, Input::CloseStdin).unwrap();
+    let mut rest = Vec::new();
+    loop {
+        match conn.next_answer(id).unwrap() {
+            AgentBody::Stdout(c) => rest.extend(c),
+            AgentBody::Exited(s) => {
+                assert_eq!(s.outcome, ExitOutcome::Code(0));
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(rest, b"got:two\neof\n");
+}
+
+#[test]
+fn timeout_kills_the_process_group() {
+    let agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    let marker = agent.path("grandchild-survived");
+    // The background grandchild would write the marker after 2 s if it survived.
+    let mut spec = ExecSpec::shell(&format!("(sleep 2; touch {marker}) & sleep 30"));
+    spec.timeout_ms = Some(300);
+    let start = Instant::now();
+    let out = conn.exec(spec).unwrap();
+    assert!(out.status.timed_out);
+    assert_eq!(code(&out), ExitOutcome::Signal(9));
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(
+        !std::path::Path::new(&marker).exists(),
+        "grandchild survived the timeout"
+    );
+}
+
+#[test]
+fn output_arrives_in_the_order_it_was_written() {
+    let agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    let out = conn
+        .exec(ExecSpec::shell(
+            "for i in $(seq 1 2000); do echo line $i; done",
+        ))
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let expected: String = (1..=2000).map(|i| format!("line {i}\n")).collect();
+    assert_eq!(text, expected);
+}
+
+#[test]
+fn output_is_streamed_before_the_process_ends() {
+    let agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    let id = conn
+        .send_request(Operation::Exec(ExecSpec::shell("echo early; sleep 30")))
+        .unwrap();
+    assert!(matches!(
+        conn.next_answer(id).unwrap(),
+        AgentBody::Started { .. }
+    ));
+    let start = Instant::now();
+    assert_eq!(
+        conn.next_answer(id).unwrap(),
+        AgentBody::Stdout(b"early\n".to_vec())
+    );
+    assert!(start.elapsed() < Duration::from_secs(10));
+    conn.send_input(id, Input::Signal(9)).unwrap();
+    assert!(matches!(
+        conn.next_answer(id).unwrap(),
+        AgentBody::Exited(_)
+    ));
+}
+
+#[test]
+fn default_environment_is_minimal_and_cwd_is_home() {
+    let agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    let out = conn.exec(ExecSpec::command(["env"])).unwrap();
+    let mut vars: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| l.split('=').next().unwrap().to_owned())
+        .collect();
+    vars.sort();
+    assert_eq!(vars, ["HOME", "LANG", "PATH"]);
+    let out = conn
+        .exec(ExecSpec::shell("pwd; echo $HOME; echo $LANG"))
+        .unwrap();
+    let home = agent.home_path().to_string_lossy().into_owned();
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        format!("{home}\n{home}\nC.UTF-8\n")
+    );
+}
+
+#[test]
+fn env_and_cwd_of_the_spec_apply() {
+    let agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    let mut spec = ExecSpec::shell("echo $GREETING; pwd");
+    spec.env = vec![("GREETING".into(), "hi".into())];
+    spec.cwd = Some("/tmp".into());
+    let out = conn.exec(spec).unwrap();
+    assert_eq!(out.stdout, b"hi\n/tmp\n");
+}
+
+#[test]
+fn missing_program_is_not_found_and_the_connection_stays_usable() {
+    let agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    let err = conn
+        .exec(ExecSpec::command(["/no/such/program"]))
+        .unwrap_err();
+    assert!(
+        matches!(err, ClientError::Agent(ref e) if e.kind == ErrorKind::NotFound),
+        "{err:?}"
+    );
+    let err = conn
+        .exec(ExecSpec::command(Vec::<String>::new()))
+        .unwrap_err();
+    assert!(
+        matches!(err, ClientError::Agent(ref e) if e.kind == ErrorKind::InvalidArgument),
+        "{err:?}"
+    );
+    assert_eq!(
+        conn.exec(ExecSpec::command(["true"]))
+            .unwrap()
+            .status
+            .outcome,
+        ExitOutcome::Code(0)
+    );
+}
+
+#[test]
+fn children_inherit_no_agent_descriptor() {
+    let agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    // Only stdin, stdout, stderr and the descriptor ls opens for the listing: not the
+    // agent's listener, nor its connections, nor what the agent itself inherited.
+    let out = conn
+        .exec(ExecSpec::shell("ls /proc/self/fd | wc -l"))
+        .unwrap();
+    let n: u32 = String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(n <= 4, "child sees {n} descriptors");
+}
+
+#[test]
+fn tty_under_a_pty_prints_a_dev_pts_path() {
+    let agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    let mut spec = ExecSpec::command(["tty"]);
+    spec.pty = Some(PtySize { rows: 24, cols: 80 });
+    let out = conn.exec(spec).unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("/dev/pts/"), "{text:?}");
+    assert_eq!(out.status.outcome, ExitOutcome::Code(0));
+    // Without a PTY, stdin is a pipe.
+    let out = conn.exec(ExecSpec::command(["tty"])).unwrap();
+    assert_eq!(out.stdout, b"not a tty\n");
+}
+
+#[test]
+fn pty_has_the_requested_size_and_term() {
+    let agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    let mut spec = ExecSpec::shell("stty size; echo $TERM");
+    spec.pty = Some(PtySize {
+        rows: 33,
+        cols: 101,
+    });
+    let out = conn.exec(spec).unwrap();
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        "33 101\r\nxterm-256color\r\n"
+    );
+}
+
+#[test]
+fn resize_is_seen_by_stty_size() {
+    let agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    let mut spec = ExecSpec::shell("stty -echo; echo ready; read x; stty size");
+    spec.pty = Some(PtySize { rows: 24, cols: 80 });
+    spec.stdin = None;
+    let id = conn.send_request(Operation::Exec(spec)).unwrap();
+    assert!(matches!(
+        conn.next_answer(id).unwrap(),
+        AgentBody::Started { .. }
+    ));
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("ready") {
+        match conn.next_answer(id).unwrap() {
+            AgentBody::Stdout(c) => seen.extend(c),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    conn.send_input(
+        id,
+        Input::Resize(PtySize {
+            rows: 50,
+            cols: 132,
+        }),
+    )
+    .unwrap();
+    conn.send_input(id, Input::Stdin(b"\n".to_vec())).unwrap();
+    let mut rest = Vec::new();
+    loop {
+        match conn.next_answer(id).unwrap() {
+            AgentBody::Stdout(c) => rest.extend(c),
+            AgentBody::Exited(_) => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(
+        String::from_utf8_lossy(&rest).contains("50 132"),
+        "{:?}",
+        String::from_utf8_lossy(&rest)
+    );
+}
+
+#[test]
+fn dropping_the_connection_kills_the_running_process() {
+    let agent = AgentProcess::start();
+    let marker = agent.path("survived");
+    {
+        let mut conn = agent.connect();
+        let id = conn
+            .send_request(Operation::Exec(ExecSpec::shell(&format!(
+                "sleep 1; touch {marker}"
+            ))))
+            .unwrap();
+        assert!(matches!(
+            conn.next_answer(id).unwrap(),
+            AgentBody::Started { .. }
+        ));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        !std::path::Path::new(&marker).exists(),
+        "process outlived its connection"
+    );
+}
