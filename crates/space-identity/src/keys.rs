@@ -338,6 +338,14 @@ impl BundleSigner {
         self.key.verifying_key()
     }
 
+    /// Signs a control update (install, retire, pause … for one worker) so the worker can
+    /// check it came from the control plane before it persists and acknowledges it.
+    /// Domain-separated from bundles and capabilities.
+    pub fn sign_update(&self, body: &[u8]) -> [u8; 64] {
+        let msg = [UPDATE_DOMAIN, body].concat();
+        self.key.sign(&msg).to_bytes()
+    }
+
     /// Signs a bundle. Panics never; refuses bundles no receiver would accept.
     pub fn sign(&self, bundle: &KeyBundle) -> Result<SignedKeyBundle, BundleError> {
         if bundle.keys.is_empty() || bundle.keys.len() > MAX_BUNDLE_KEYS {
@@ -368,6 +376,16 @@ impl BundleSigner {
     }
 }
 
+const UPDATE_DOMAIN: &[u8] = b"space/control-update/v1\0";
+
+/// Checks a control update's signature (strictly) against the trust anchor.
+pub fn verify_update(anchor: &VerifyingKey, body: &[u8], signature: &[u8; 64]) -> bool {
+    let msg = [UPDATE_DOMAIN, body].concat();
+    anchor
+        .verify_strict(&msg, &Signature::from_bytes(signature))
+        .is_ok()
+}
+
 /// A receiver's installed verification keys: one bundle, never rolled back.
 #[derive(Debug, Clone)]
 pub struct InstalledKeys {
@@ -377,6 +395,11 @@ pub struct InstalledKeys {
 }
 
 impl InstalledKeys {
+    /// The trust anchor this key set accepts bundles from.
+    pub fn anchor(&self) -> &VerifyingKey {
+        &self.anchor
+    }
+
     /// An empty key set that trusts bundles signed by `anchor`. It verifies nothing
     /// until a bundle is installed.
     pub fn new(anchor: VerifyingKey) -> Self {

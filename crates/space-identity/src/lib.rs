@@ -34,13 +34,17 @@ pub use ids::{
     Protocol, Purpose, Route, RouteIdentity, SandboxId, ServicePort, Substrate, TokenId, WorkerId,
 };
 pub use keys::{
-    BundleError, BundleKey, BundleSigner, InstalledKeys, KeyBundle, KeyId, KeyUses, SignedKeyBundle,
+    BundleError, BundleKey, BundleSigner, InstalledKeys, KeyBundle, KeyId, KeyUses,
+    SignedKeyBundle, verify_update,
 };
 pub use recovery::{
     AfterRefresh, CachedRoute, OperationClass, Progress, Recovery, RecoveryError, RecoveryStep,
     Replacement, RouteCache,
 };
 pub use time::Timestamp;
+
+/// Re-exported so receivers can hold a trust anchor without naming ed25519-dalek.
+pub use ed25519_dalek::VerifyingKey;
 pub use verdict::{DenyReason, RefreshReason, Verdict};
 
 /// Longest lifetime (`expires_at - issued_at`) a verifier accepts, in seconds.

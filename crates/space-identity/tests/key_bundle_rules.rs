@@ -147,3 +147,35 @@ fn signed_bundle_persists_and_reinstalls_after_a_restart() {
     assert_eq!(restarted.version(), 1);
     assert!(restarted.get(&keys.control.key_id()).is_some());
 }
+
+#[test]
+fn control_update_signed_by_the_anchor_verifies_and_nothing_else_does() {
+    let keys = TestKeys::new();
+    let body = br#"{"worker":"w1","update":"retire"}"#;
+    let sig = keys.anchor.sign_update(body);
+    assert!(space_identity::verify_update(
+        &keys.anchor.anchor(),
+        body,
+        &sig
+    ));
+    // Another body, another signer, or a bundle-domain signature: refused.
+    assert!(!space_identity::verify_update(
+        &keys.anchor.anchor(),
+        b"{}",
+        &sig
+    ));
+    let impostor = BundleSigner::from_seed([7; 32]);
+    assert!(!space_identity::verify_update(
+        &keys.anchor.anchor(),
+        body,
+        &impostor.sign_update(body)
+    ));
+    let bundle = keys.bundle(2, &[&keys.control]);
+    let b = bundle.as_bytes();
+    let (bundle_body, bundle_sig) = b.split_at(b.len() - 64);
+    assert!(!space_identity::verify_update(
+        &keys.anchor.anchor(),
+        bundle_body,
+        bundle_sig.try_into().unwrap()
+    ));
+}

@@ -8,6 +8,7 @@
 //!
 //! Nothing here does I/O beyond reading and writing frames on the streams it is given.
 
+pub mod api;
 pub mod client;
 pub mod codec;
 pub mod frame;

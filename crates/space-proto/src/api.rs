@@ -1,0 +1,403 @@
+//! JSON bodies of the HTTP hops: the public edge API (`API.md`), the worker's node-api
+//! (same sandbox-scoped shapes), and the control plane ↔ worker channel.
+//!
+//! Request bodies refuse unknown fields, so a typo is an error rather than a silently
+//! ignored option.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use space_identity::{
+    Access, ExecutionId, PodUid, Protocol, Purpose, SandboxId, Substrate, WorkerId,
+};
+
+/// Error body of every hop: `{"error": code, "message": text}`, plus the comparator's
+/// reason code for `refresh_route` and `deny`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// Stable machine-readable code (`not_found`, `refresh_route`, `deny` …).
+    pub error: String,
+    /// Human-readable text.
+    #[serde(default)]
+    pub message: String,
+    /// The comparator's reason code, for `refresh_route` and `deny`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Lifecycle state of a sandbox.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxState {
+    /// Its first execution is being launched.
+    Starting,
+    /// Serving.
+    Running,
+    /// Frozen in place.
+    Paused,
+    /// Moving to a new execution.
+    Migrating,
+    /// Gone.
+    Stopped,
+}
+
+impl SandboxState {
+    /// Stable text form.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Starting => "starting",
+            Self::Running => "running",
+            Self::Paused => "paused",
+            Self::Migrating => "migrating",
+            Self::Stopped => "stopped",
+        }
+    }
+}
+
+/// `POST /v1/sandboxes`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandbox {
+    /// Template name (`default`).
+    #[serde(default)]
+    pub template: Option<String>,
+    /// Lifetime in seconds.
+    #[serde(default)]
+    pub ttl_secs: Option<u64>,
+    /// Environment for every process.
+    #[serde(default)]
+    pub env: Option<BTreeMap<String, String>>,
+    /// Caller's metadata, returned as is.
+    #[serde(default)]
+    pub metadata: Option<serde_json::Value>,
+    /// Place on this worker.
+    #[serde(default)]
+    pub worker: Option<WorkerId>,
+}
+
+/// The execution serving a sandbox, as shown to users.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecutionView {
+    /// Generation.
+    pub generation: u64,
+    /// Execution ID.
+    pub execution_id: ExecutionId,
+    /// Worker.
+    pub worker: WorkerId,
+    /// Substrate.
+    pub substrate: Substrate,
+    /// Activation attempt.
+    pub activation: u32,
+}
+
+/// A sandbox.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Sandbox {
+    /// ID.
+    pub id: SandboxId,
+    /// State.
+    pub state: SandboxState,
+    /// Template.
+    pub template: String,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+    /// RFC 3339, UTC, when a TTL was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    /// The current execution, when one runs.
+    pub execution: Option<ExecutionView>,
+    /// Caller's metadata.
+    pub metadata: serde_json::Value,
+}
+
+/// `POST /v1/sandboxes/{id}/exec`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// argv.
+    pub cmd: Vec<String>,
+    /// Extra environment.
+    #[serde(default)]
+    pub env: Option<BTreeMap<String, String>>,
+    /// Working directory.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Text written to stdin, which is then closed.
+    #[serde(default)]
+    pub stdin: Option<String>,
+    /// Kill after this many seconds.
+    #[serde(default)]
+    pub timeout_secs: Option<u64>,
+}
+
+/// Answer to an exec.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecResponse {
+    /// Exit code; `128 + signal` when killed by a signal (as a shell reports it).
+    pub exit_code: i32,
+    /// Killing signal, when there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// Whether the timeout killed it.
+    #[serde(default)]
+    pub timed_out: bool,
+    /// stdout (lossy UTF-8).
+    pub stdout: String,
+    /// stderr (lossy UTF-8).
+    pub stderr: String,
+    /// The execution that ran it.
+    pub execution_id: ExecutionId,
+}
+
+/// One directory entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// Name within the directory.
+    pub name: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    pub kind: String,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// `POST /v1/sandboxes/{id}/capabilities`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapabilityRequest {
+    /// Access wanted.
+    pub access: Vec<Access>,
+    /// `control` or `service_port`.
+    pub purpose: Purpose,
+    /// For `service_port`.
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// For `service_port`.
+    #[serde(default)]
+    pub protocol: Option<Protocol>,
+}
+
+/// The route a capability selects, with where to send it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteView {
+    /// Sandbox.
+    pub sandbox: SandboxId,
+    /// Generation.
+    pub generation: u64,
+    /// Execution ID.
+    pub execution_id: ExecutionId,
+    /// Worker.
+    pub worker: WorkerId,
+    /// Substrate.
+    pub substrate: Substrate,
+    /// Activation attempt.
+    pub activation: u32,
+    /// Kubernetes only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<PodUid>,
+    /// The worker's node-api base URL (direct mode).
+    pub worker_url: String,
+}
+
+/// A capability as handed to a client.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapabilityResponse {
+    /// base64url token for `Authorization: SpaceCap …`.
+    pub token: String,
+    /// The route it selects.
+    pub route: RouteView,
+    /// Unix seconds.
+    pub expires_at: u64,
+}
+
+/// A registered worker, as listed by `GET /v1/workers`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerView {
+    /// ID.
+    pub id: WorkerId,
+    /// node-api base URL.
+    pub address: String,
+    /// `active`, `draining` or `dead`.
+    pub state: String,
+    /// Sandboxes placed there.
+    pub sandboxes: u32,
+    /// Capacity.
+    pub capacity: u32,
+    /// Substrate.
+    pub substrate: Substrate,
+}
+
+/// Control plane → worker: enrollment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnrollRequest {
+    /// The worker's ID.
+    pub worker: WorkerId,
+    /// Its node-api base URL.
+    pub url: String,
+    /// Its substrate.
+    pub substrate: Substrate,
+    /// How many sandboxes it takes.
+    pub capacity: u32,
+    /// The shared enrollment secret.
+    pub enroll_secret: String,
+}
+
+/// Enrollment answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnrollResponse {
+    /// The worker's credential for later calls (`Authorization: Bearer …`).
+    pub credential: String,
+    /// base64url of the trust anchor's public key: the only key whose bundles and
+    /// updates the worker accepts.
+    pub anchor: String,
+}
+
+/// Resource limits of one sandbox.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Memory in bytes.
+    pub memory_bytes: u64,
+    /// Most processes.
+    pub pids: u32,
+    /// CPU in milli-cores.
+    pub cpu_millis: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            memory_bytes: 512 << 20,
+            pids: 256,
+            cpu_millis: 1000,
+        }
+    }
+}
+
+/// What a worker must run for one execution.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstallExecution {
+    /// Sandbox.
+    pub sandbox: SandboxId,
+    /// Generation.
+    pub generation: u64,
+    /// Execution ID.
+    pub execution_id: ExecutionId,
+    /// Substrate.
+    pub substrate: Substrate,
+    /// Activation attempt.
+    pub activation: u32,
+    /// Template name.
+    pub template: String,
+    /// Environment for every process.
+    pub env: BTreeMap<String, String>,
+    /// Limits.
+    pub limits: Limits,
+}
+
+/// One identity update for one worker.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Update {
+    /// Install and launch an execution.
+    Install(InstallExecution),
+    /// Retire an execution (keep a tombstone).
+    Retire {
+        /// Sandbox.
+        sandbox: SandboxId,
+        /// Generation.
+        generation: u64,
+        /// Execution ID.
+        execution_id: ExecutionId,
+    },
+    /// Install a signed key bundle (base64url).
+    Bundle {
+        /// The signed bundle.
+        bundle: String,
+    },
+}
+
+/// The signed envelope: `body` is the JSON of an [`UpdateBody`], as signed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignedUpdate {
+    /// base64url of the body's bytes.
+    pub body: String,
+    /// base64url of the anchor's signature over them.
+    pub signature: String,
+}
+
+/// What the control plane signs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateBody {
+    /// The worker it is for; any other refuses it.
+    pub worker: WorkerId,
+    /// Unix seconds.
+    pub issued_at: u64,
+    /// The update.
+    pub update: Update,
+}
+
+/// The worker's acknowledgement, sent only after the update is durable.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpdateAck {
+    /// `running`, `retired`, `installed` (bundle) or `failed`.
+    pub state: String,
+    /// For a failed install, why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The worker's bundle version after the update.
+    pub bundle_version: u64,
+}
+
+/// Formats Unix seconds as RFC 3339 UTC (`2026-11-30T01:02:03Z`).
+pub fn rfc3339(unix_secs: u64) -> String {
+    let days = unix_secs / 86_400;
+    let rem = unix_secs % 86_400;
+    let (h, m, s) = (rem / 3600, rem % 3600 / 60, rem % 60);
+    // Civil-from-days (Howard Hinnant's algorithm), for days since 1970-01-01.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let mo = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(mo <= 2);
+    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{m:02}:{s:02}Z")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_formats_known_instants() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_795_996_800), "2026-11-30T00:00:00Z");
+        assert_eq!(rfc3339(4_102_444_799), "2099-12-31T23:59:59Z");
+    }
+
+    #[test]
+    fn request_bodies_refuse_unknown_fields() {
+        assert!(serde_json::from_str::<CreateSandbox>(r#"{"templte":"x"}"#).is_err());
+        assert!(serde_json::from_str::<ExecRequest>(r#"{"cmd":["ls"],"tmeout":1}"#).is_err());
+        let c: CreateSandbox = serde_json::from_str(r#"{"ttl_secs":60}"#).unwrap();
+        assert_eq!(c.ttl_secs, Some(60));
+    }
+
+    #[test]
+    fn updates_round_trip_with_a_kind_tag() {
+        let u = Update::Retire {
+            sandbox: SandboxId::from_bytes([1; 16]),
+            generation: 3,
+            execution_id: ExecutionId::from_bytes([2; 16]),
+        };
+        let text = serde_json::to_string(&u).unwrap();
+        assert!(text.contains(r#""kind":"retire""#), "{text}");
+        assert_eq!(serde_json::from_str::<Update>(&text).unwrap(), u);
+    }
+}
