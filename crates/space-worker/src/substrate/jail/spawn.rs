@@ -1,0 +1,83 @@
+//! Spawning `space-jail` with its descriptors in place and its namespaces new.
+//!
+//! The worker is multithreaded, so between `fork` and `exec` only
+//! async-signal-safe calls are allowed: `dup2` and `unshare`, nothing that
+//! allocates or takes a lock.
+#![allow(unsafe_code)]
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use nix::sched::CloneFlags;
+
+/// Namespaces `space-jail` starts in: its own mounts, PIDs (for its children),
+/// network (only loopback), hostname and System V IPC.
+pub const JAIL_NAMESPACES: CloneFlags = CloneFlags::CLONE_NEWNS
+    .union(CloneFlags::CLONE_NEWPID)
+    .union(CloneFlags::CLONE_NEWNET)
+    .union(CloneFlags::CLONE_NEWUTS)
+    .union(CloneFlags::CLONE_NEWIPC);
+
+/// Lowest descriptor number used while handing fds over: above 0–4, so that the
+/// `dup2`s into 3 and 4 can never overwrite a source not yet copied.
+const HANDOVER_MIN_FD: RawFd = 10;
+
+/// The descriptors `space-jail` gets.
+#[derive(Debug)]
+pub struct JailFds {
+    /// fd 0: read end of the spec pipe.
+    pub spec: OwnedFd,
+    /// fd 1: write end of the status pipe.
+    pub status: OwnedFd,
+    /// fd 2: the jail's log file.
+    pub log: File,
+    /// fd 3: the agent's listening socket.
+    pub listener: OwnedFd,
+    /// fd 4: read end of the activation pipe.
+    pub activation: OwnedFd,
+}
+
+/// A close-on-exec duplicate of `fd` numbered at least [`HANDOVER_MIN_FD`].
+fn dup_high(fd: &OwnedFd) -> io::Result<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC on a valid descriptor; no memory involved.
+    let raw = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, HANDOVER_MIN_FD) };
+    if raw == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` was just returned by fcntl and is owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// Starts `binary` (space-jail) in new namespaces with `fds` as 0–4.
+///
+/// The parent's copies of the descriptors are closed when this returns.
+pub fn spawn_jail(binary: &Path, fds: JailFds) -> io::Result<Child> {
+    let listener = dup_high(&fds.listener)?;
+    let activation = dup_high(&fds.activation)?;
+    let (listener_fd, activation_fd) = (listener.as_raw_fd(), activation.as_raw_fd());
+    let mut command = Command::new(binary);
+    command
+        .env_clear()
+        .stdin(Stdio::from(fds.spec))
+        .stdout(Stdio::from(fds.status))
+        .stderr(Stdio::from(fds.log));
+    // SAFETY: the closure runs in the forked child of a multithreaded process and
+    // calls only dup2 and unshare (async-signal-safe syscalls; building the error
+    // from errno does not allocate). The source fds are ≥ 10, so the targets 3 and
+    // 4 never alias a source, and dup2 clears close-on-exec on the targets.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::dup2(listener_fd, 3) == -1 || libc::dup2(activation_fd, 4) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            nix::sched::unshare(JAIL_NAMESPACES).map_err(io::Error::from)
+        });
+    }
+    let child = command.spawn();
+    drop((listener, activation, fds.listener, fds.activation));
+    child
+}

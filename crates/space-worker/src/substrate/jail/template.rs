@@ -1,0 +1,156 @@
+//! The default template: the host's system directories, read-only.
+//!
+//! Copying `/usr` per data dir would cost seconds and gigabytes, so the template
+//! is a tiny lower dir holding the skeleton (empty mount points, the host's
+//! `/bin → usr/bin`-style links) plus a list of host directories the jail binds
+//! read-only over it. Nothing else of the host (no `/etc`, `/root`, `/home`,
+//! `/var`, the data dir) is in it.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+
+use space_jail::spec::BindMount;
+
+use crate::substrate::SubstrateError;
+
+/// Host system directories the default template takes: each is either bound
+/// read-only (a directory) or recreated (a symlink such as `/bin → usr/bin`).
+pub const SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+
+/// Empty directories of the skeleton, with their modes.
+const SKELETON_DIRS: &[(&str, u32)] = &[
+    ("etc", 0o755),
+    ("proc", 0o555),
+    ("dev", 0o755),
+    ("tmp", 0o1777),
+    ("root", 0o700),
+    ("home", 0o755),
+    ("run", 0o755),
+    ("mnt", 0o755),
+    ("var", 0o755),
+    ("var/tmp", 0o1777),
+];
+
+/// A resolved template: the overlay's lower dir and the binds over it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    /// The overlay's read-only lower dir.
+    pub lower_dir: PathBuf,
+    /// Host directories bound read-only inside.
+    pub read_only_binds: Vec<BindMount>,
+}
+
+/// What to do with each system directory of `host_root`.
+enum Entry {
+    Bind(PathBuf),
+    Link(PathBuf),
+}
+
+fn system_entries(host_root: &Path) -> Vec<(&'static str, Entry)> {
+    SYSTEM_DIRS
+        .iter()
+        .filter_map(|&name| {
+            let path = host_root.join(name);
+            let meta = fs::symlink_metadata(&path).ok()?;
+            if meta.file_type().is_symlink() {
+                fs::read_link(&path).ok().map(|target| (name, Entry::Link(target)))
+            } else if meta.is_dir() {
+                Some((name, Entry::Bind(path)))
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// The binds the default template needs on this host (cheap: a few `lstat`s).
+pub fn default_binds(host_root: &Path) -> Vec<BindMount> {
+    system_entries(host_root)
+        .into_iter()
+        .filter_map(|(name, entry)| match entry {
+            Entry::Bind(source) => Some(BindMount { source, target: Path::new("/").join(name) }),
+            Entry::Link(_) => None,
+        })
+        .collect()
+}
+
+/// Writes the skeleton for `host_root`'s layout into the (new, empty) `dest`.
+pub fn write_skeleton(host_root: &Path, dest: &Path) -> io::Result<()> {
+    for (name, entry) in system_entries(host_root) {
+        match entry {
+            Entry::Bind(_) => fs::DirBuilder::new().mode(0o755).create(dest.join(name))?,
+            Entry::Link(target) => symlink(target, dest.join(name))?,
+        }
+    }
+    for &(name, mode) in SKELETON_DIRS {
+        let dir = dest.join(name);
+        fs::DirBuilder::new().recursive(true).create(&dir)?;
+        // Set explicitly: the umask would strip the sticky and write bits.
+        fs::set_permissions(&dir, fs::Permissions::from_mode(mode))?;
+    }
+    Ok(())
+}
+
+/// Ensures `<data>/templates/default` exists and returns the default template.
+///
+/// Built into a private temporary directory and renamed into place, so that
+/// concurrent launches never see a half-built skeleton.
+pub fn ensure_default(data_dir: &Path) -> Result<Template, SubstrateError> {
+    let host_root = Path::new("/");
+    let templates = data_dir.join("templates");
+    let lower_dir = templates.join("default");
+    if !lower_dir.is_dir() {
+        fs::create_dir_all(&templates)
+            .map_err(|e| SubstrateError::io(format!("create {}", templates.display()), e))?;
+        let unique = format!(
+            ".default.{}.{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        )
+        .replace(|c: char| !c.is_ascii_alphanumeric() && c != '.', "");
+        let staging = templates.join(unique);
+        let _ = fs::remove_dir_all(&staging);
+        fs::create_dir(&staging)
+            .and_then(|()| write_skeleton(host_root, &staging))
+            .map_err(|e| SubstrateError::io("build default template", e))?;
+        fs::set_permissions(&staging, fs::Permissions::from_mode(0o755))
+            .map_err(|e| SubstrateError::io("build default template", e))?;
+        if fs::rename(&staging, &lower_dir).is_err() {
+            // Another launch won the race; its skeleton is identical.
+            let _ = fs::remove_dir_all(&staging);
+        }
+    }
+    Ok(Template { lower_dir, read_only_binds: default_binds(host_root) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skeleton_follows_the_hosts_symlink_layout_and_binds_only_real_dirs() {
+        let host = tempfile::tempdir().unwrap();
+        fs::create_dir_all(host.path().join("usr/bin")).unwrap();
+        fs::create_dir_all(host.path().join("lib64")).unwrap();
+        symlink("usr/bin", host.path().join("bin")).unwrap();
+        fs::create_dir_all(host.path().join("etc")).unwrap();
+        fs::write(host.path().join("etc/shadow"), "root:secret").unwrap();
+        fs::create_dir_all(host.path().join("root")).unwrap();
+
+        let dest = tempfile::tempdir().unwrap();
+        write_skeleton(host.path(), dest.path()).unwrap();
+        assert_eq!(fs::read_link(dest.path().join("bin")).unwrap(), Path::new("usr/bin"));
+        assert!(dest.path().join("usr").is_dir());
+        assert_eq!(fs::read_dir(dest.path().join("usr")).unwrap().count(), 0);
+        assert!(!dest.path().join("etc/shadow").exists());
+        assert_eq!(fs::read_dir(dest.path().join("root")).unwrap().count(), 0);
+        let tmp_mode = fs::metadata(dest.path().join("tmp")).unwrap().permissions().mode();
+        assert_eq!(tmp_mode & 0o7777, 0o1777);
+
+        let binds = default_binds(host.path());
+        let targets: Vec<_> = binds.iter().map(|b| b.target.clone()).collect();
+        assert_eq!(targets, [PathBuf::from("/usr"), PathBuf::from("/lib64")]);
+    }
+}
