@@ -167,6 +167,8 @@ pub const DENIED_CLONE_FLAGS: &[(&str, u64)] = &[
 pub const ALLOWED_PERSONAS: &[u64] = &[0x0000, 0x0008, 0x0002_0000, 0x0002_0008, 0xffff_ffff];
 
 /// `ioctl` requests refused: pushing input into a terminal someone else reads.
+// The request type is `c_ulong` or `c_int` depending on the target.
+#[allow(clippy::unnecessary_cast)]
 pub const DENIED_IOCTLS: &[(&str, u64)] = &[
     ("TIOCSTI", libc::TIOCSTI as u64),
     ("TIOCLINUX", libc::TIOCLINUX as u64),
@@ -347,7 +349,7 @@ mod tests {
     fn each_denial_names_its_own_number_once_and_says_why() {
         let all: Vec<&Denial> = DENIED_SYSCALLS.iter().chain(DENIED_ARCH_SYSCALLS).collect();
         for (i, d) in all.iter().enumerate() {
-            assert!(!d.why.is_empty(), "{} has no reason", d.name()());
+            assert!(!d.why.is_empty(), "{} has no reason", d.name());
             assert!(
                 all.iter().skip(i + 1).all(|other| other.nr != d.nr),
                 "{} is listed twice",

@@ -47,8 +47,8 @@ fn the_handle_names_init_and_agent_by_pid_and_start_time() {
     assert_eq!(init_stat.ppid, std::process::id() as i32);
     // Peer credentials of a connection name the agent, not the worker that bound.
     let stream = UnixStream::connect(&handle.socket_path).unwrap();
-    let cred = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
-        .unwrap();
+    let cred =
+        nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials).unwrap();
     assert_eq!(cred.pid(), agent.pid);
 }
 
@@ -59,7 +59,10 @@ fn the_socket_dir_is_private_to_the_worker_and_outside_the_jail() {
     let jail = env.jail();
     use std::os::unix::fs::PermissionsExt;
     let dir = jail.handle.socket_path.parent().unwrap();
-    assert_eq!(fs::metadata(dir).unwrap().permissions().mode() & 0o777, 0o700);
+    assert_eq!(
+        fs::metadata(dir).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
     let found = jail.sh("find / -xdev -name agent.sock 2>/dev/null; ls /run");
     assert!(!found.stdout.contains("agent.sock"), "{found:?}");
 }
@@ -71,7 +74,10 @@ fn writes_land_in_the_upper_dir_and_the_template_stays_untouched() {
     let jail = env.jail();
     jail.ok("echo layered > /root/note && mkdir -p /opt/app && echo x > /opt/app/y");
     let upper = &jail.handle.upper_dir;
-    assert_eq!(fs::read_to_string(upper.join("root/note")).unwrap(), "layered\n");
+    assert_eq!(
+        fs::read_to_string(upper.join("root/note")).unwrap(),
+        "layered\n"
+    );
     assert!(upper.join("opt/app/y").exists());
     let template = env.data_dir().join("templates/default");
     assert!(!template.join("root/note").exists());
@@ -96,10 +102,15 @@ fn the_root_is_the_template_with_a_synthesized_etc_and_nothing_of_the_host() {
     assert!(!etc.contains("shadow"), "{etc}");
     assert!(!etc.contains("ssh"), "{etc}");
     assert_eq!(jail.ok("cat /etc/resolv.conf"), "");
-    assert_eq!(jail.ok("id -un; getent passwd user | cut -d: -f6"), "root\n/home/user\n");
+    assert_eq!(
+        jail.ok("id -un; getent passwd user | cut -d: -f6"),
+        "root\n/home/user\n"
+    );
     // Only the template's entries at the top level.
     let top: Vec<String> = jail.ok("ls -A /").lines().map(String::from).collect();
-    let allowed = ["etc", "proc", "dev", "tmp", "root", "home", "run", "mnt", "var"];
+    let allowed = [
+        "etc", "proc", "dev", "tmp", "root", "home", "run", "mnt", "var",
+    ];
     for entry in &top {
         assert!(
             allowed.contains(&entry.as_str()) || SYSTEM_DIRS.contains(&entry.as_str()),
@@ -127,7 +138,10 @@ fn destroy_leaves_no_process_mount_cgroup_or_directory() {
     let handle = jail.destroy();
     assert_eq!(leftovers(&handle), Vec::<String>::new());
     for pid in pids {
-        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "pid {pid} survived");
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "pid {pid} survived"
+        );
     }
     // Destroy is idempotent.
     env.driver.destroy(&handle).unwrap();
@@ -138,7 +152,11 @@ fn a_failed_launch_reports_the_stage_and_leaves_nothing() {
     require_jail_host!();
     let env = TestEnv::new();
     let mut spec = env.spec(Limits::default());
-    spec.agent = AgentCommand { path: "/nonexistent/agent".into(), args: vec![], env: vec![] };
+    spec.agent = AgentCommand {
+        path: "/nonexistent/agent".into(),
+        args: vec![],
+        env: vec![],
+    };
     let err = env.driver.launch(&spec).map(|_| ()).unwrap_err();
     match &err {
         SubstrateError::Jail { stage, .. } => assert_eq!(stage, "open agent"),
@@ -146,7 +164,10 @@ fn a_failed_launch_reports_the_stage_and_leaves_nothing() {
     }
     let sandboxes = env.data_dir().join("sandboxes");
     assert_eq!(fs::read_dir(&sandboxes).unwrap().count(), 0);
-    let cgroups = env.driver.hierarchy().set_for("space", &spec.key.dir_name());
+    let cgroups = env
+        .driver
+        .hierarchy()
+        .set_for("space", &spec.key.dir_name());
     assert!(!cgroups.exists());
 }
 
@@ -170,7 +191,11 @@ fn an_agent_that_exits_ends_the_jail_with_its_exit_code() {
         std::thread::sleep(std::time::Duration::from_millis(5));
     };
     assert_eq!(code, 7);
-    assert!(fs::read_to_string(&jail.handle.log_path).unwrap().contains("from-sh"));
+    assert!(
+        fs::read_to_string(&jail.handle.log_path)
+            .unwrap()
+            .contains("from-sh")
+    );
     let handle = jail.destroy();
     assert_eq!(leftovers(&handle), Vec::<String>::new());
 }

@@ -41,7 +41,11 @@ pub struct Limits {
 impl Default for Limits {
     /// Conservative defaults for an interactive sandbox: 512 MiB, 512 tasks, one core.
     fn default() -> Self {
-        Self { memory_bytes: Some(512 << 20), pids_max: Some(512), cpu_millis: Some(1000) }
+        Self {
+            memory_bytes: Some(512 << 20),
+            pids_max: Some(512),
+            cpu_millis: Some(1000),
+        }
     }
 }
 
@@ -80,7 +84,9 @@ impl AgentCommand {
     pub fn spaced_guest(path: impl Into<PathBuf>) -> Self {
         Self {
             path: path.into(),
-            args: ["serve", "--listen-fd", "3", "--activation-fd", "4"].map(String::from).to_vec(),
+            args: ["serve", "--listen-fd", "3", "--activation-fd", "4"]
+                .map(String::from)
+                .to_vec(),
             env: Vec::new(),
         }
     }
@@ -99,15 +105,23 @@ pub struct ExecutionKey {
 impl ExecutionKey {
     /// A key from its two parts.
     pub fn new(sandbox_id: impl Into<String>, execution_id: impl Into<String>) -> Self {
-        Self { sandbox_id: sandbox_id.into(), execution_id: execution_id.into() }
+        Self {
+            sandbox_id: sandbox_id.into(),
+            execution_id: execution_id.into(),
+        }
     }
 
     /// Checks both parts are 1–64 characters of `[A-Za-z0-9_-]`.
     pub fn validate(&self) -> Result<(), SubstrateError> {
-        for (what, id) in [("sandbox id", &self.sandbox_id), ("execution id", &self.execution_id)] {
+        for (what, id) in [
+            ("sandbox id", &self.sandbox_id),
+            ("execution id", &self.execution_id),
+        ] {
             let ok = !id.is_empty()
                 && id.len() <= 64
-                && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
             if !ok {
                 return Err(SubstrateError::InvalidSpec(format!(
                     "{what} {id:?} must be 1-64 characters of [A-Za-z0-9_-]"
@@ -233,7 +247,10 @@ pub enum SubstrateError {
 impl SubstrateError {
     /// An I/O error with what was being done.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        Self::Io { context: context.into(), source }
+        Self::Io {
+            context: context.into(),
+            source,
+        }
     }
 }
 
@@ -270,7 +287,13 @@ mod tests {
     #[test]
     fn execution_keys_that_could_escape_a_directory_are_refused() {
         assert!(ExecutionKey::new("sbx_1", "00ff").validate().is_ok());
-        for (s, e) in [("../x", "1"), ("a/b", "1"), ("a", ""), ("a.b", "1"), ("a", "1 2")] {
+        for (s, e) in [
+            ("../x", "1"),
+            ("a/b", "1"),
+            ("a", ""),
+            ("a.b", "1"),
+            ("a", "1 2"),
+        ] {
             assert!(ExecutionKey::new(s, e).validate().is_err(), "{s:?} {e:?}");
         }
         assert!(ExecutionKey::new("a".repeat(65), "1").validate().is_err());
@@ -288,6 +311,9 @@ mod tests {
     #[test]
     fn the_real_agent_is_started_with_its_fd_convention() {
         let agent = AgentCommand::spaced_guest("/usr/bin/spaced-guest");
-        assert_eq!(agent.args, ["serve", "--listen-fd", "3", "--activation-fd", "4"]);
+        assert_eq!(
+            agent.args,
+            ["serve", "--listen-fd", "3", "--activation-fd", "4"]
+        );
     }
 }

@@ -48,7 +48,10 @@ pub fn read_stat(pid: i32) -> io::Result<ProcStat> {
 impl ProcessIdentity {
     /// The identity of the process now holding `pid`.
     pub fn of(pid: i32) -> io::Result<Self> {
-        Ok(Self { pid, start_time: read_stat(pid)?.start_time })
+        Ok(Self {
+            pid,
+            start_time: read_stat(pid)?.start_time,
+        })
     }
 
     /// Whether this very process still exists and has not exited (a zombie has
@@ -66,7 +69,10 @@ impl ProcessIdentity {
 /// Children of `pid` (its main thread's), from `/proc/PID/task/PID/children`.
 pub fn children(pid: i32) -> io::Result<Vec<i32>> {
     let text = fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))?;
-    Ok(text.split_whitespace().filter_map(|p| p.parse().ok()).collect())
+    Ok(text
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect())
 }
 
 #[cfg(test)]
@@ -77,7 +83,14 @@ mod tests {
     fn stat_is_parsed_from_the_last_parenthesis() {
         let text = "4242 (a (weird) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
         let stat = parse_stat(text).unwrap();
-        assert_eq!(stat, ProcStat { state: 'S', ppid: 1, start_time: 987_654 });
+        assert_eq!(
+            stat,
+            ProcStat {
+                state: 'S',
+                ppid: 1,
+                start_time: 987_654
+            }
+        );
         assert!(parse_stat("garbage").is_none());
     }
 
@@ -85,7 +98,10 @@ mod tests {
     fn own_identity_is_alive_and_a_changed_start_time_is_not() {
         let me = ProcessIdentity::of(std::process::id() as i32).unwrap();
         assert!(me.is_alive());
-        let reused = ProcessIdentity { start_time: me.start_time + 1, ..me };
+        let reused = ProcessIdentity {
+            start_time: me.start_time + 1,
+            ..me
+        };
         assert!(!reused.is_alive());
     }
 }

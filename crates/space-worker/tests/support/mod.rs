@@ -32,8 +32,19 @@ pub fn jail_binary() -> PathBuf {
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut build = Command::new(cargo);
-        build.args(["build", "--quiet", "-p", "space-jail", "--bin", "space-jail"]);
-        build.arg("--manifest-path").arg(&manifest).arg("--target-dir").arg(target_dir);
+        build.args([
+            "build",
+            "--quiet",
+            "-p",
+            "space-jail",
+            "--bin",
+            "space-jail",
+        ]);
+        build
+            .arg("--manifest-path")
+            .arg(&manifest)
+            .arg("--target-dir")
+            .arg(target_dir);
         if profile_dir.file_name().is_some_and(|n| n == "release") {
             build.arg("--release");
         }
@@ -50,7 +61,9 @@ pub fn missing_requirement() -> Option<String> {
         return Some("needs root (mount, PID and network namespaces; cgroups)".into());
     }
     if let Err(e) = space_worker::substrate::jail::cgroup::CgroupHierarchy::detect() {
-        return Some(format!("needs cgroup v1 memory+pids+freezer or cgroup v2 with memory+pids: {e}"));
+        return Some(format!(
+            "needs cgroup v1 memory+pids+freezer or cgroup v2 with memory+pids: {e}"
+        ));
     }
     None
 }
@@ -78,8 +91,14 @@ impl TestEnv {
     /// A new environment (each test gets its own data dir).
     pub fn new() -> Self {
         let driver = JailDriver::new(JailConfig::new(jail_binary())).expect("jail driver");
-        let data = tempfile::Builder::new().prefix("spw").tempdir().expect("data dir");
-        Self { driver: Arc::new(driver), data }
+        let data = tempfile::Builder::new()
+            .prefix("spw")
+            .tempdir()
+            .expect("data dir");
+        Self {
+            driver: Arc::new(driver),
+            data,
+        }
     }
 
     /// The data dir.
@@ -107,13 +126,18 @@ impl TestEnv {
 
     /// Launches the probe agent with default limits.
     pub fn jail(&self) -> Jail {
-        self.launch(self.spec(Limits::default())).expect("launch jail")
+        self.launch(self.spec(Limits::default()))
+            .expect("launch jail")
     }
 
     /// Launches `spec`, guarded.
     pub fn launch(&self, spec: LaunchSpec) -> Result<Jail, SubstrateError> {
         let handle = self.driver.launch(&spec)?;
-        Ok(Jail { driver: self.driver.clone(), handle, destroyed: false })
+        Ok(Jail {
+            driver: self.driver.clone(),
+            handle,
+            destroyed: false,
+        })
     }
 }
 
@@ -156,7 +180,9 @@ impl Drop for Jail {
 /// One probe-agent request.
 pub fn request(socket: &Path, line: &str) -> ProbeReply {
     let mut stream = UnixStream::connect(socket).expect("connect to agent");
-    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
     stream.write_all(line.as_bytes()).unwrap();
     stream.write_all(b"\n").unwrap();
     let mut body = Vec::new();
@@ -186,7 +212,10 @@ pub fn leftovers(handle: &SandboxHandle) -> Vec<String> {
         }
     }
     let needle = handle.sandbox_dir.to_string_lossy().into_owned();
-    if std::fs::read_to_string("/proc/self/mountinfo").unwrap().contains(&needle) {
+    if std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .contains(&needle)
+    {
         found.push("mount in the host namespace".into());
     }
     found

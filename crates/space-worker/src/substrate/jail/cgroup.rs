@@ -81,7 +81,10 @@ pub struct CgroupStats {
 }
 
 fn cg_err(path: &Path, err: io::Error) -> SubstrateError {
-    SubstrateError::Cgroup { path: path.to_path_buf(), source: err }
+    SubstrateError::Cgroup {
+        path: path.to_path_buf(),
+        source: err,
+    }
 }
 
 fn write_file(path: &Path, value: &str) -> Result<(), SubstrateError> {
@@ -99,7 +102,10 @@ fn read_u64(path: &Path) -> Result<u64, SubstrateError> {
         return Ok(u64::MAX);
     }
     text.parse().map_err(|_| {
-        cg_err(path, io::Error::new(io::ErrorKind::InvalidData, format!("not a number: {text}")))
+        cg_err(
+            path,
+            io::Error::new(io::ErrorKind::InvalidData, format!("not a number: {text}")),
+        )
     })
 }
 
@@ -126,7 +132,11 @@ fn cgroup_mounts(mountinfo: &str) -> Vec<(String, PathBuf, String)> {
             let _source = right.next()?;
             let options = right.next().unwrap_or("");
             fstype.starts_with("cgroup").then(|| {
-                (fstype.to_owned(), PathBuf::from(mount_point.replace("\\040", " ")), options.to_owned())
+                (
+                    fstype.to_owned(),
+                    PathBuf::from(mount_point.replace("\\040", " ")),
+                    options.to_owned(),
+                )
             })
         })
         .collect()
@@ -155,7 +165,9 @@ impl CgroupHierarchy {
             let controllers = read(&mount_point.join("cgroup.controllers")).unwrap_or_default();
             let has = |c: &str| controllers.split_whitespace().any(|x| x == c);
             if has("memory") && has("pids") {
-                return Ok(Self::V2 { root: mount_point.clone() });
+                return Ok(Self::V2 {
+                    root: mount_point.clone(),
+                });
             }
         }
         let v1 = |controller: &str| {
@@ -186,13 +198,22 @@ impl CgroupHierarchy {
     pub fn set_for(&self, parent: &str, name: &str) -> CgroupSet {
         let at = |mount: &Path| mount.join(parent).join(name);
         match self {
-            Self::V1 { memory, pids, freezer, cpu, cpuacct } => CgroupSet::V1 {
+            Self::V1 {
+                memory,
+                pids,
+                freezer,
+                cpu,
+                cpuacct,
+            } => CgroupSet::V1 {
                 memory: at(memory),
                 pids: at(pids),
                 freezer: at(freezer),
                 cpu: cpu.as_deref().map(at),
                 // A combined cpu,cpuacct mount is one directory: list it once.
-                cpuacct: cpuacct.as_deref().filter(|a| Some(*a) != cpu.as_deref()).map(at),
+                cpuacct: cpuacct
+                    .as_deref()
+                    .filter(|a| Some(*a) != cpu.as_deref())
+                    .map(at),
             },
             Self::V2 { root } => CgroupSet::V2 { dir: at(root) },
         }
@@ -202,7 +223,13 @@ impl CgroupHierarchy {
     /// hierarchy.
     pub fn parent_dirs(&self, parent: &str) -> Vec<PathBuf> {
         match self {
-            Self::V1 { memory, pids, freezer, cpu, cpuacct } => {
+            Self::V1 {
+                memory,
+                pids,
+                freezer,
+                cpu,
+                cpuacct,
+            } => {
                 let mut dirs = vec![memory.join(parent), pids.join(parent), freezer.join(parent)];
                 for mount in [cpu, cpuacct].into_iter().flatten() {
                     let dir = mount.join(parent);
@@ -227,9 +254,10 @@ impl CgroupHierarchy {
             enable_v2_controllers(root, &root.join(parent))?;
         }
         let set = self.set_for(parent, name);
-        let made = set.dirs().iter().try_for_each(|dir| {
-            fs::create_dir_all(dir).map_err(|e| cg_err(dir, e))
-        });
+        let made = set
+            .dirs()
+            .iter()
+            .try_for_each(|dir| fs::create_dir_all(dir).map_err(|e| cg_err(dir, e)));
         if let Err(err) = made.and_then(|()| set.apply_limits(limits)) {
             let _ = set.remove();
             return Err(err);
@@ -255,7 +283,11 @@ fn enable_v2_controllers(root: &Path, parent: &Path) -> Result<(), SubstrateErro
             .filter(|w| !enabled.split_whitespace().any(|e| e == &w[1..]))
             .collect();
         if !missing.is_empty() {
-            let line = missing.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" ");
+            let line = missing
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(" ");
             write_file(&control, &line)?;
         }
     }
@@ -266,7 +298,13 @@ impl CgroupSet {
     /// Every directory of the set.
     pub fn dirs(&self) -> Vec<&Path> {
         match self {
-            Self::V1 { memory, pids, freezer, cpu, cpuacct } => {
+            Self::V1 {
+                memory,
+                pids,
+                freezer,
+                cpu,
+                cpuacct,
+            } => {
                 let mut dirs = vec![memory.as_path(), pids.as_path(), freezer.as_path()];
                 dirs.extend(cpu.as_deref());
                 dirs.extend(cpuacct.as_deref());
@@ -283,7 +321,9 @@ impl CgroupSet {
 
     fn apply_limits(&self, limits: &Limits) -> Result<(), SubstrateError> {
         match self {
-            Self::V1 { memory, pids, cpu, .. } => {
+            Self::V1 {
+                memory, pids, cpu, ..
+            } => {
                 if let Some(bytes) = limits.memory_bytes {
                     write_file(&memory.join("memory.limit_in_bytes"), &bytes.to_string())?;
                     // Without swap accounting the limit can be dodged into swap.
@@ -324,7 +364,9 @@ impl CgroupSet {
     /// Moves `pid` (and, being a process, all its threads) into every cgroup of
     /// the set. Its future children are born inside.
     pub fn add_process(&self, pid: i32) -> Result<(), SubstrateError> {
-        self.dirs().iter().try_for_each(|dir| write_file(&dir.join("cgroup.procs"), &pid.to_string()))
+        self.dirs()
+            .iter()
+            .try_for_each(|dir| write_file(&dir.join("cgroup.procs"), &pid.to_string()))
     }
 
     /// PIDs in the sandbox (host PID namespace).
@@ -394,10 +436,8 @@ impl CgroupSet {
         let pids = self.procs()?;
         for &pid in &pids {
             // ESRCH only means it is already gone.
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::SIGKILL,
-            );
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
         }
         self.thaw()?;
         Ok(pids.len())
@@ -418,7 +458,9 @@ impl CgroupSet {
                     Ok(()) => break,
                     Err(e) if e.kind() == io::ErrorKind::NotFound => break,
                     // Exiting tasks leave the cgroup a moment after cgroup.procs empties.
-                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
+                    Err(e)
+                        if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline =>
+                    {
                         sleep(Duration::from_millis(1));
                     }
                     Err(e) => return Err(cg_err(dir, e)),
@@ -431,7 +473,13 @@ impl CgroupSet {
     /// Current usage.
     pub fn stats(&self) -> Result<CgroupStats, SubstrateError> {
         match self {
-            Self::V1 { memory, pids, freezer, cpu, cpuacct } => {
+            Self::V1 {
+                memory,
+                pids,
+                freezer,
+                cpu,
+                cpuacct,
+            } => {
                 let cpu_usage_ns = match cpuacct.as_ref().or(cpu.as_ref()) {
                     Some(dir) if dir.join("cpuacct.usage").exists() => {
                         read_u64(&dir.join("cpuacct.usage"))?
@@ -470,7 +518,10 @@ fn wait_until(
             return Ok(());
         }
         if start.elapsed() > SETTLE_TIMEOUT {
-            return Err(SubstrateError::Timeout(format!("cgroup {} did not settle", what.display())));
+            return Err(SubstrateError::Timeout(format!(
+                "cgroup {} did not settle",
+                what.display()
+            )));
         }
         polls += 1;
         if polls < 50 {
@@ -498,23 +549,45 @@ mod tests {
     #[test]
     fn hybrid_layout_without_v2_memory_is_driven_as_v1() {
         let h = CgroupHierarchy::from_mountinfo(HYBRID, |_| Some("cpu io".into())).unwrap();
-        let CgroupHierarchy::V1 { memory, cpu, cpuacct, .. } = &h else { panic!("{h:?}") };
+        let CgroupHierarchy::V1 {
+            memory,
+            cpu,
+            cpuacct,
+            ..
+        } = &h
+        else {
+            panic!("{h:?}")
+        };
         assert_eq!(memory, Path::new("/sys/fs/cgroup/memory"));
         assert_eq!(cpu.as_deref(), Some(Path::new("/sys/fs/cgroup/cpu")));
-        assert_eq!(cpuacct.as_deref(), Some(Path::new("/sys/fs/cgroup/cpuacct")));
+        assert_eq!(
+            cpuacct.as_deref(),
+            Some(Path::new("/sys/fs/cgroup/cpuacct"))
+        );
         let set = h.set_for("space", "sbx.1");
         assert_eq!(set.dirs().len(), 5);
-        assert!(set.dirs().contains(&Path::new("/sys/fs/cgroup/freezer/space/sbx.1")));
+        assert!(
+            set.dirs()
+                .contains(&Path::new("/sys/fs/cgroup/freezer/space/sbx.1"))
+        );
     }
 
     #[test]
     fn unified_hierarchy_with_memory_and_pids_is_driven_as_v2() {
         let info = "36 30 0:32 / /sys/fs/cgroup rw,relatime - cgroup2 cgroup2 rw\n";
-        let h = CgroupHierarchy::from_mountinfo(info, |_| Some("cpu memory pids io".into())).unwrap();
-        assert_eq!(h, CgroupHierarchy::V2 { root: "/sys/fs/cgroup".into() });
+        let h =
+            CgroupHierarchy::from_mountinfo(info, |_| Some("cpu memory pids io".into())).unwrap();
+        assert_eq!(
+            h,
+            CgroupHierarchy::V2 {
+                root: "/sys/fs/cgroup".into()
+            }
+        );
         assert_eq!(
             h.set_for("space", "a.b"),
-            CgroupSet::V2 { dir: "/sys/fs/cgroup/space/a.b".into() }
+            CgroupSet::V2 {
+                dir: "/sys/fs/cgroup/space/a.b".into()
+            }
         );
     }
 

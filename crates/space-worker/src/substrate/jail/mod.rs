@@ -85,7 +85,9 @@ pub fn locate_jail_binary() -> Option<PathBuf> {
     }
     let exe = std::env::current_exe().ok()?;
     let dir = exe.parent()?;
-    [dir.join("space-jail"), dir.parent()?.join("space-jail")].into_iter().find(|p| p.is_file())
+    [dir.join("space-jail"), dir.parent()?.join("space-jail")]
+        .into_iter()
+        .find(|p| p.is_file())
 }
 
 /// The jail substrate driver.
@@ -186,14 +188,20 @@ impl JailDriver {
     ) -> Result<Template, SubstrateError> {
         match template {
             TemplateSpec::Default => template::ensure_default(data_dir),
-            TemplateSpec::Directory { lower_dir, read_only_binds } => {
+            TemplateSpec::Directory {
+                lower_dir,
+                read_only_binds,
+            } => {
                 if !lower_dir.is_dir() {
                     return Err(SubstrateError::InvalidSpec(format!(
                         "template {} is not a directory",
                         lower_dir.display()
                     )));
                 }
-                Ok(Template { lower_dir: lower_dir.clone(), read_only_binds: read_only_binds.clone() })
+                Ok(Template {
+                    lower_dir: lower_dir.clone(),
+                    read_only_binds: read_only_binds.clone(),
+                })
             }
         }
     }
@@ -247,7 +255,9 @@ impl JailDriver {
         let _ = fs::remove_file(&layout.socket);
         let listener = UnixListener::bind(&layout.socket)
             .map_err(io_err(format!("bind {}", layout.socket.display())))?;
-        let socket_inode = fs::metadata(&layout.socket).map_err(io_err("stat socket"))?.ino();
+        let socket_inode = fs::metadata(&layout.socket)
+            .map_err(io_err("stat socket"))?
+            .ino();
         cleanup.socket = Some((layout.socket.clone(), socket_inode));
 
         let cgroups = self.hierarchy.create(
@@ -263,7 +273,10 @@ impl JailDriver {
             upper_dir: layout.upper.clone(),
             work_dir: layout.work.clone(),
             read_only_binds: template.read_only_binds,
-            hostname: spec.hostname.clone().unwrap_or_else(|| spec.key.sandbox_id.replace('_', "-")),
+            hostname: spec
+                .hostname
+                .clone()
+                .unwrap_or_else(|| spec.key.sandbox_id.replace('_', "-")),
             tmpfs_bytes: spec.limits.memory_bytes.map(|m| m / 2).unwrap_or(256 << 20),
             agent: AgentSpec {
                 path: spec.agent.path.clone(),
@@ -275,7 +288,9 @@ impl JailDriver {
         let spec_json = serde_json::to_vec(&jail_spec)
             .map_err(|e| SubstrateError::InvalidSpec(format!("spec: {e}")))?;
 
-        let pipe = || pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| SubstrateError::io("pipe", e.into()));
+        let pipe = || {
+            pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| SubstrateError::io("pipe", e.into()))
+        };
         let (spec_read, spec_write) = pipe()?;
         let (status_read, status_write) = pipe()?;
         let (activation_read, activation_write) = pipe()?;
@@ -294,14 +309,21 @@ impl JailDriver {
                 activation: activation_read,
             },
         )
-        .map_err(io_err(format!("spawn {}", self.config.jail_binary.display())))?;
+        .map_err(io_err(format!(
+            "spawn {}",
+            self.config.jail_binary.display()
+        )))?;
         let launcher_pid = child.id() as i32;
         cleanup.child = Some(child);
 
         // space-jail is blocked reading its spec: move it into the cgroups first.
         cgroups.add_process(launcher_pid)?;
-        File::from(activation_write).write_all(&spec.activation).map_err(io_err("write activation"))?;
-        File::from(spec_write).write_all(&spec_json).map_err(io_err("write jail spec"))?;
+        File::from(activation_write)
+            .write_all(&spec.activation)
+            .map_err(io_err("write activation"))?;
+        File::from(spec_write)
+            .write_all(&spec_json)
+            .map_err(io_err("write jail spec"))?;
 
         let deadline = Instant::now() + self.config.launch_timeout;
         let report = read_status(status_read, deadline)?;
@@ -315,7 +337,10 @@ impl JailDriver {
         let (Some(init_pid), Some(_)) = (report.init_pid, report.agent_pid_in_jail) else {
             return Err(SubstrateError::Jail {
                 stage: "status".into(),
-                message: format!("space-jail exited without reporting readiness; see {}", layout.log.display()),
+                message: format!(
+                    "space-jail exited without reporting readiness; see {}",
+                    layout.log.display()
+                ),
             });
         };
         let init = ProcessIdentity::of(init_pid).map_err(io_err("read init identity"))?;
@@ -371,7 +396,9 @@ fn read_status(pipe: OwnedFd, deadline: Instant) -> Result<StatusReport, Substra
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(SubstrateError::Timeout("space-jail did not report readiness".into()));
+            return Err(SubstrateError::Timeout(
+                "space-jail did not report readiness".into(),
+            ));
         }
         let millis = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
         let mut fds = [PollFd::new(file.as_fd(), PollFlags::POLLIN)];
@@ -395,10 +422,9 @@ fn read_status(pipe: OwnedFd, deadline: Instant) -> Result<StatusReport, Substra
                 report.error.get_or_insert((stage, message));
             }
             Err(e) => {
-                report.error.get_or_insert((
-                    "status".into(),
-                    format!("unparseable status line: {e}"),
-                ));
+                report
+                    .error
+                    .get_or_insert(("status".into(), format!("unparseable status line: {e}")));
             }
         }
     }
@@ -478,8 +504,14 @@ impl Substrate for JailDriver {
     fn launch(&self, spec: &LaunchSpec) -> Result<SandboxHandle, SubstrateError> {
         Self::validate(spec)?;
         fs::create_dir_all(&spec.data_dir).map_err(io_err("create data dir"))?;
-        let data_dir = spec.data_dir.canonicalize().map_err(io_err("resolve data dir"))?;
-        let spec = LaunchSpec { data_dir, ..spec.clone() };
+        let data_dir = spec
+            .data_dir
+            .canonicalize()
+            .map_err(io_err("resolve data dir"))?;
+        let spec = LaunchSpec {
+            data_dir,
+            ..spec.clone()
+        };
         let layout = Layout::new(&spec.data_dir, &spec.key);
         let mut cleanup = LaunchCleanup::default();
         let handle = self.launch_inner(&spec, &layout, &mut cleanup)?;
@@ -519,14 +551,22 @@ impl Substrate for JailDriver {
         match fs::remove_dir_all(&handle.sandbox_dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(SubstrateError::io(format!("remove {}", handle.sandbox_dir.display()), e)),
+            Err(e) => {
+                return Err(SubstrateError::io(
+                    format!("remove {}", handle.sandbox_dir.display()),
+                    e,
+                ));
+            }
         }
         tracing::debug!(sandbox = %handle.key.sandbox_id, execution = %handle.key.execution_id, "jail destroyed");
         Ok(())
     }
 
     fn stats(&self, handle: &SandboxHandle) -> Result<SandboxStats, SubstrateError> {
-        Ok(SandboxStats { cgroup: handle.cgroups.stats()?, running: handle.init.is_alive() })
+        Ok(SandboxStats {
+            cgroup: handle.cgroups.stats()?,
+            running: handle.init.is_alive(),
+        })
     }
 
     fn try_wait(&self, handle: &SandboxHandle) -> Result<Option<i32>, SubstrateError> {

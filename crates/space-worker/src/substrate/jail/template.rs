@@ -55,7 +55,9 @@ fn system_entries(host_root: &Path) -> Vec<(&'static str, Entry)> {
             let path = host_root.join(name);
             let meta = fs::symlink_metadata(&path).ok()?;
             if meta.file_type().is_symlink() {
-                fs::read_link(&path).ok().map(|target| (name, Entry::Link(target)))
+                fs::read_link(&path)
+                    .ok()
+                    .map(|target| (name, Entry::Link(target)))
             } else if meta.is_dir() {
                 Some((name, Entry::Bind(path)))
             } else {
@@ -70,7 +72,10 @@ pub fn default_binds(host_root: &Path) -> Vec<BindMount> {
     system_entries(host_root)
         .into_iter()
         .filter_map(|(name, entry)| match entry {
-            Entry::Bind(source) => Some(BindMount { source, target: Path::new("/").join(name) }),
+            Entry::Bind(source) => Some(BindMount {
+                source,
+                target: Path::new("/").join(name),
+            }),
             Entry::Link(_) => None,
         })
         .collect()
@@ -122,7 +127,10 @@ pub fn ensure_default(data_dir: &Path) -> Result<Template, SubstrateError> {
             let _ = fs::remove_dir_all(&staging);
         }
     }
-    Ok(Template { lower_dir, read_only_binds: default_binds(host_root) })
+    Ok(Template {
+        lower_dir,
+        read_only_binds: default_binds(host_root),
+    })
 }
 
 #[cfg(test)]
@@ -141,12 +149,18 @@ mod tests {
 
         let dest = tempfile::tempdir().unwrap();
         write_skeleton(host.path(), dest.path()).unwrap();
-        assert_eq!(fs::read_link(dest.path().join("bin")).unwrap(), Path::new("usr/bin"));
+        assert_eq!(
+            fs::read_link(dest.path().join("bin")).unwrap(),
+            Path::new("usr/bin")
+        );
         assert!(dest.path().join("usr").is_dir());
         assert_eq!(fs::read_dir(dest.path().join("usr")).unwrap().count(), 0);
         assert!(!dest.path().join("etc/shadow").exists());
         assert_eq!(fs::read_dir(dest.path().join("root")).unwrap().count(), 0);
-        let tmp_mode = fs::metadata(dest.path().join("tmp")).unwrap().permissions().mode();
+        let tmp_mode = fs::metadata(dest.path().join("tmp"))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(tmp_mode & 0o7777, 0o1777);
 
         let binds = default_binds(host.path());
