@@ -4,7 +4,7 @@
 //! everything left in the namespace, so the agent's lifetime is the jail's.
 
 use std::ffi::CString;
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -43,9 +43,12 @@ pub fn run(spec: &JailSpec, agent: OwnedFd, filters: &[BpfProgram]) -> i32 {
     for &sig in FORWARDED {
         handled.add(sig);
     }
+    // Hardened once, before the fork: the agent inherits the empty capability
+    // sets, no_new_privs and the very same filter (one kernel copy per jail).
     let started = finish_jail(spec)
         .and_then(|()| block(&handled))
-        .and_then(|()| start_agent(spec, &agent, filters));
+        .and_then(|()| harden(filters))
+        .and_then(|()| start_agent(spec, &agent));
     let agent_pid = match started {
         Ok(pid) => pid,
         Err(err) => {
@@ -55,14 +58,6 @@ pub fn run(spec: &JailSpec, agent: OwnedFd, filters: &[BpfProgram]) -> i32 {
         }
     };
     drop(agent);
-    if let Err(err) = harden(filters) {
-        // The agent already runs hardened; an init that cannot harden itself must
-        // not stay around with privileges.
-        eprintln!("space-jail init: {err}");
-        send_status(&err.to_event());
-        let _ = kill(agent_pid, Signal::SIGKILL);
-        return 1;
-    }
     send_status(&StatusEvent::Ready {
         pid_in_jail: agent_pid.as_raw(),
     });
@@ -99,20 +94,7 @@ fn finish_jail(spec: &JailSpec) -> Result<(), JailError> {
         .map_err(|e| JailError::new("detach old root", e.to_string()))?;
     chdir("/").map_err(|e| JailError::new("chdir /", e.to_string()))?;
     sethostname(&spec.hostname).map_err(|e| JailError::new("sethostname", e.to_string()))?;
-    sys::bring_up_loopback().map_err(|e| JailError::new("loopback up", e.to_string()))?;
-    // The init is tiny; an OOM kill of it would end the sandbox instead of the hog.
-    set_oom_score_adj("-1000")
-}
-
-/// Writes the OOM score adjustment. Lowering it needs CAP_SYS_RESOURCE, which some
-/// container runtimes withhold from the worker; then the init keeps the default
-/// score, which for its few hundred KiB of memory makes it the last victim anyway.
-fn set_oom_score_adj(value: &str) -> Result<(), JailError> {
-    match fs::write("/proc/self/oom_score_adj", value) {
-        Ok(()) => Ok(()),
-        Err(e) if e.raw_os_error() == Some(libc::EACCES) => Ok(()),
-        Err(e) => Err(JailError::new("oom_score_adj", e.to_string())),
-    }
+    sys::bring_up_loopback().map_err(|e| JailError::new("loopback up", e.to_string()))
 }
 
 /// `/proc` entries that reach the host kernel. The agent is uid 0 without
@@ -233,7 +215,7 @@ fn agent_env(spec: &JailSpec) -> Result<Vec<CString>, JailError> {
 
 /// Forks and execs the agent; returns its PID once `execveat` succeeded (the
 /// close-on-exec pipe closes without a word) or the reason it did not.
-fn start_agent(spec: &JailSpec, agent: &OwnedFd, filters: &[BpfProgram]) -> Result<Pid, JailError> {
+fn start_agent(spec: &JailSpec, agent: &OwnedFd) -> Result<Pid, JailError> {
     let argv = agent_argv(spec)?;
     let env = agent_env(spec)?;
     let cwd = spec.agent.cwd.clone();
@@ -242,7 +224,7 @@ fn start_agent(spec: &JailSpec, agent: &OwnedFd, filters: &[BpfProgram]) -> Resu
     match sys::fork().map_err(|e| JailError::new("fork agent", e.to_string()))? {
         Forked::Child => {
             drop(confirm_read);
-            let err = exec_agent(agent, &argv, &env, &cwd, filters);
+            let err = exec_agent(agent, &argv, &env, &cwd);
             let mut confirm = File::from(confirm_write);
             let _ = std::io::Write::write_all(&mut confirm, err.to_string().as_bytes());
             sys::exit_now(127)
@@ -266,22 +248,18 @@ fn start_agent(spec: &JailSpec, agent: &OwnedFd, filters: &[BpfProgram]) -> Resu
     }
 }
 
-/// In the agent's child: calling convention, hardening, exec. Returns only on
+/// In the agent's child (already hardened by the init): calling convention, exec. Returns only on
 /// failure.
 fn exec_agent(
     agent: &OwnedFd,
     argv: &[CString],
     env: &[CString],
     cwd: &std::path::Path,
-    filters: &[BpfProgram],
 ) -> JailError {
     let prepared = (|| {
         sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
             .map_err(|e| JailError::new("unblock signals", e.to_string()))?;
         setsid().map_err(|e| JailError::new("setsid", e.to_string()))?;
-        // Written while CAP_SYS_RESOURCE is still held, which also resets the floor
-        // so the agent cannot later make itself unkillable by the OOM killer.
-        set_oom_score_adj("0")?;
         let listener = sys::take_inherited_fd(LISTEN_FD)
             .ok_or_else(|| JailError::new("listener", "fd 3 is not open"))?;
         // listen() again from the agent's own process: a connecting peer's
@@ -300,7 +278,6 @@ fn exec_agent(
         sys::dup2(null.as_fd(), 0).map_err(|e| JailError::new("stdin", e.to_string()))?;
         let stderr = std::io::stderr();
         sys::dup2(stderr.as_fd(), 1).map_err(|e| JailError::new("stdout", e.to_string()))?;
-        harden(filters)?;
         chdir(cwd).map_err(|e| JailError::new("agent cwd", format!("{}: {e}", cwd.display())))?;
         sys::cloexec_from(5).map_err(|e| JailError::new("close descriptors", e.to_string()))?;
         Ok(())
