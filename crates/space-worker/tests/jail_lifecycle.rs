@@ -199,3 +199,49 @@ fn an_agent_that_exits_ends_the_jail_with_its_exit_code() {
     let handle = jail.destroy();
     assert_eq!(leftovers(&handle), Vec::<String>::new());
 }
+
+#[test]
+fn sigterm_to_the_init_is_forwarded_to_the_agent() {
+    require_jail_host!();
+    let env = TestEnv::new();
+    let mut spec = env.spec(Limits::default());
+    spec.agent = AgentCommand {
+        path: "/bin/sh".into(),
+        args: vec![
+            "-c".into(),
+            "trap 'echo got-term; exit 3' TERM; echo armed; while :; do sleep 0.02; done".into(),
+        ],
+        env: vec![],
+    };
+    let jail = env.launch(spec).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    // Wait until the trap is installed before signalling.
+    while !fs::read_to_string(&jail.handle.log_path)
+        .unwrap()
+        .contains("armed")
+    {
+        assert!(std::time::Instant::now() < deadline, "agent never started");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(jail.handle.init.pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let code = loop {
+        if let Some(code) = env.driver.try_wait(&jail.handle).unwrap() {
+            break code;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the jail ignored SIGTERM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    assert_eq!(code, 3, "the init exits with the agent's code");
+    assert!(
+        fs::read_to_string(&jail.handle.log_path)
+            .unwrap()
+            .contains("got-term")
+    );
+}
