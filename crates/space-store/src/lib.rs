@@ -1,0 +1,428 @@
+//! The control plane's durable store: tenants, API keys, workers, sandboxes, their
+//! executions, signing keys, key bundles and a few settings.
+//!
+//! Two backends behind one enum: SQLite for the embedded single-machine default and
+//! PostgreSQL when several control-plane replicas share state. Both run the same SQL
+//! (see `sql.rs`) and pass the same conformance suite (`tests/conformance.rs`).
+//!
+//! The invariant that matters most lives in [`Store::allocate_execution`]: a sandbox's
+//! generations are handed out by one atomic increment on its row, so they only grow,
+//! are never shared, and a failed start still consumes its number — also with two
+//! control planes on one PostgreSQL database.
+//!
+//! Times are Unix seconds passed in by the caller; the store reads no clock.
+
+mod postgres;
+mod records;
+mod rows;
+mod sql;
+mod sqlite;
+#[cfg(feature = "pg-harness")]
+pub mod testing;
+
+use std::collections::BTreeMap;
+
+use space_identity::{ExecutionId, PodUid, SandboxId, Substrate, WorkerId};
+
+pub use postgres::PgStore;
+pub use records::{
+    ApiKeyRecord, ExecutionRecord, ExecutionState, KeyState, ParseStateError, SandboxRecord,
+    SandboxState, SigningKeyRecord, Tenant, WorkerRecord, WorkerState,
+};
+pub use sqlite::SqliteStore;
+
+/// Why a store call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The named row does not exist (or a row it refers to does not).
+    #[error("{0} not found")]
+    NotFound(String),
+    /// A unique key is taken, or a compare-and-set found another value.
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// The database failed or holds something this build cannot read.
+    #[error("database: {0}")]
+    Backend(String),
+}
+
+/// A store on one of the two backends.
+#[derive(Clone, Debug)]
+pub enum Store {
+    /// Embedded, one file.
+    Sqlite(SqliteStore),
+    /// Shared by several control-plane replicas.
+    Postgres(PgStore),
+}
+
+/// Calls the same method on whichever backend `self` holds.
+macro_rules! dispatch {
+    ($self:ident . $method:ident ( $($arg:expr),* )) => {
+        match $self {
+            Store::Sqlite(s) => s.$method($($arg),*).await,
+            Store::Postgres(s) => s.$method($($arg),*).await,
+        }
+    };
+}
+
+impl Store {
+    /// Opens and migrates a store: `postgres://…`/`postgresql://…` is PostgreSQL
+    /// (a pool of [`PgStore::DEFAULT_POOL_SIZE`] connections); `sqlite:PATH`,
+    /// `sqlite://PATH` or a bare path is a SQLite file.
+    pub async fn open(url_or_path: &str) -> Result<Self, StoreError> {
+        if url_or_path.starts_with("postgres://") || url_or_path.starts_with("postgresql://") {
+            return Ok(Self::Postgres(
+                PgStore::connect(url_or_path, PgStore::DEFAULT_POOL_SIZE).await?,
+            ));
+        }
+        let path = url_or_path
+            .strip_prefix("sqlite://")
+            .or_else(|| url_or_path.strip_prefix("sqlite:"))
+            .unwrap_or(url_or_path);
+        if path.is_empty() {
+            return Err(StoreError::Backend("empty database path".into()));
+        }
+        Ok(Self::Sqlite(SqliteStore::open(path).await?))
+    }
+
+    /// Applies missing schema migrations; a no-op when the schema is current. [`open`]
+    /// already calls it. Fails if the database was migrated by a newer build.
+    ///
+    /// [`open`]: Store::open
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        dispatch!(self.migrate())
+    }
+
+    /// Applied schema versions, oldest first.
+    pub async fn schema_versions(&self) -> Result<Vec<i64>, StoreError> {
+        dispatch!(self.schema_versions())
+    }
+
+    /// Creates a tenant; `Conflict` if the ID exists.
+    pub async fn create_tenant(&self, tenant: &Tenant) -> Result<(), StoreError> {
+        dispatch!(self.create_tenant(tenant))
+    }
+
+    /// One tenant; `NotFound` if absent.
+    pub async fn get_tenant(&self, id: &str) -> Result<Tenant, StoreError> {
+        dispatch!(self.get_tenant(id))
+    }
+
+    /// Every tenant, oldest first.
+    pub async fn list_tenants(&self) -> Result<Vec<Tenant>, StoreError> {
+        dispatch!(self.list_tenants())
+    }
+
+    /// Stores an API key; `Conflict` if the ID exists, `NotFound` if its tenant does not.
+    pub async fn insert_api_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError> {
+        dispatch!(self.insert_api_key(key))
+    }
+
+    /// The key with this public ID, revoked or not; `None` if there is none. The caller
+    /// compares the presented secret's hash and checks `revoked_at`.
+    pub async fn find_api_key(&self, id: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
+        dispatch!(self.find_api_key(id))
+    }
+
+    /// A tenant's keys, oldest first.
+    pub async fn list_api_keys(&self, tenant: &str) -> Result<Vec<ApiKeyRecord>, StoreError> {
+        dispatch!(self.list_api_keys(tenant))
+    }
+
+    /// Revokes a key at `now`. Idempotent: `Ok(true)` if this call revoked it,
+    /// `Ok(false)` if it was already revoked (the first revocation time stays);
+    /// `NotFound` if there is no such key.
+    pub async fn revoke_api_key(&self, id: &str, now: i64) -> Result<bool, StoreError> {
+        dispatch!(self.revoke_api_key(id, now))
+    }
+
+    /// Registers a worker, or re-enrolls it: every field is replaced except
+    /// `registered_at`, which keeps the first registration. Returns the stored record.
+    pub async fn upsert_worker(&self, worker: &WorkerRecord) -> Result<WorkerRecord, StoreError> {
+        dispatch!(self.upsert_worker(worker))
+    }
+
+    /// One worker; `NotFound` if absent.
+    pub async fn get_worker(&self, id: &WorkerId) -> Result<WorkerRecord, StoreError> {
+        dispatch!(self.get_worker(id))
+    }
+
+    /// Every worker, by ID.
+    pub async fn list_workers(&self) -> Result<Vec<WorkerRecord>, StoreError> {
+        dispatch!(self.list_workers())
+    }
+
+    /// Changes a worker's state; `NotFound` if absent.
+    pub async fn set_worker_state(
+        &self,
+        id: &WorkerId,
+        state: WorkerState,
+    ) -> Result<(), StoreError> {
+        dispatch!(self.set_worker_state(id, state))
+    }
+
+    /// Records a heartbeat at `now`; `NotFound` if absent.
+    pub async fn touch_worker(&self, id: &WorkerId, now: i64) -> Result<(), StoreError> {
+        dispatch!(self.touch_worker(id, now))
+    }
+
+    /// Creates a sandbox as given (normally with `generation` 0); `Conflict` if the ID
+    /// exists, `NotFound` if its tenant does not.
+    pub async fn create_sandbox(&self, sandbox: &SandboxRecord) -> Result<(), StoreError> {
+        dispatch!(self.create_sandbox(sandbox))
+    }
+
+    /// One sandbox; `NotFound` if absent.
+    pub async fn get_sandbox(&self, id: &SandboxId) -> Result<SandboxRecord, StoreError> {
+        dispatch!(self.get_sandbox(id))
+    }
+
+    /// A tenant's sandboxes, oldest first (stopped ones included).
+    pub async fn list_sandboxes(&self, tenant: &str) -> Result<Vec<SandboxRecord>, StoreError> {
+        dispatch!(self.list_sandboxes(tenant))
+    }
+
+    /// Sets a sandbox's state. With `expected`, a compare-and-set: `Conflict` unless the
+    /// stored state is `expected`, so two replicas cannot both win a transition.
+    /// `NotFound` if absent.
+    pub async fn set_sandbox_state(
+        &self,
+        id: &SandboxId,
+        state: SandboxState,
+        expected: Option<SandboxState>,
+    ) -> Result<(), StoreError> {
+        dispatch!(self.set_sandbox_state(id, state, expected))
+    }
+
+    /// For capacity-aware placement: per worker, the number of sandboxes that are not
+    /// stopped and whose current execution (see [`Store::current_execution`]) runs
+    /// there. Workers with none are absent from the map.
+    pub async fn count_active_by_worker(&self) -> Result<BTreeMap<WorkerId, u64>, StoreError> {
+        dispatch!(self.count_active_by_worker())
+    }
+
+    /// Atomically takes the sandbox's next generation and records a `Pending`
+    /// execution for it (activation 1, no pod UID). Generations start at 1, only grow,
+    /// and are never handed out twice, also to concurrent callers in other processes;
+    /// a generation stays consumed whatever becomes of its execution. `NotFound` if
+    /// the sandbox does not exist, `Conflict` if it is stopped or the execution ID is
+    /// taken (nothing is consumed then).
+    pub async fn allocate_execution(
+        &self,
+        sandbox: &SandboxId,
+        execution_id: ExecutionId,
+        worker: &WorkerId,
+        substrate: Substrate,
+        now: i64,
+    ) -> Result<ExecutionRecord, StoreError> {
+        dispatch!(self.allocate_execution(sandbox, execution_id, worker, substrate, now))
+    }
+
+    /// Sets an execution's state and `updated_at`. With `expected`, a compare-and-set:
+    /// `Conflict` unless the stored state is `expected`. `NotFound` if absent.
+    pub async fn set_execution_state(
+        &self,
+        sandbox: &SandboxId,
+        generation: u64,
+        state: ExecutionState,
+        expected: Option<ExecutionState>,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        dispatch!(self.set_execution_state(sandbox, generation, state, expected, now))
+    }
+
+    /// Records a new activation attempt of an execution (a VMM restarted under the same
+    /// generation) and, on Kubernetes, its pod UID. `NotFound` if absent.
+    pub async fn set_execution_activation(
+        &self,
+        sandbox: &SandboxId,
+        generation: u64,
+        activation: u32,
+        pod_uid: Option<PodUid>,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        dispatch!(self.set_execution_activation(sandbox, generation, activation, pod_uid, now))
+    }
+
+    /// One execution; `NotFound` if absent.
+    pub async fn get_execution(
+        &self,
+        sandbox: &SandboxId,
+        generation: u64,
+    ) -> Result<ExecutionRecord, StoreError> {
+        dispatch!(self.get_execution(sandbox, generation))
+    }
+
+    /// The sandbox's current execution: its highest generation that is `Pending` or
+    /// `Running`. Failed and retired executions are never current.
+    pub async fn current_execution(
+        &self,
+        sandbox: &SandboxId,
+    ) -> Result<Option<ExecutionRecord>, StoreError> {
+        dispatch!(self.current_execution(sandbox))
+    }
+
+    /// Every execution of a sandbox, by generation.
+    pub async fn list_executions(
+        &self,
+        sandbox: &SandboxId,
+    ) -> Result<Vec<ExecutionRecord>, StoreError> {
+        dispatch!(self.list_executions(sandbox))
+    }
+
+    /// Executions placed on `worker` whose state is one of `states` (every state when
+    /// `states` is empty), by sandbox and generation.
+    pub async fn executions_on_worker(
+        &self,
+        worker: &WorkerId,
+        states: &[ExecutionState],
+    ) -> Result<Vec<ExecutionRecord>, StoreError> {
+        dispatch!(self.executions_on_worker(worker, states))
+    }
+
+    /// Stores a signing key; `Conflict` if the ID exists.
+    pub async fn insert_signing_key(&self, key: &SigningKeyRecord) -> Result<(), StoreError> {
+        dispatch!(self.insert_signing_key(key))
+    }
+
+    /// Every signing key, oldest first.
+    pub async fn list_signing_keys(&self) -> Result<Vec<SigningKeyRecord>, StoreError> {
+        dispatch!(self.list_signing_keys())
+    }
+
+    /// Moves a signing key to `state`; `NotFound` if absent.
+    pub async fn set_signing_key_state(
+        &self,
+        key_id: &str,
+        state: KeyState,
+    ) -> Result<(), StoreError> {
+        dispatch!(self.set_signing_key_state(key_id, state))
+    }
+
+    /// Stores a key bundle. Bundles never roll back: `Conflict` unless `version` is
+    /// greater than the stored one. Only the newest bundle is kept.
+    pub async fn store_bundle(&self, version: u64, bytes: Vec<u8>) -> Result<(), StoreError> {
+        dispatch!(self.store_bundle(version, bytes))
+    }
+
+    /// The newest bundle and its version, if any was stored.
+    pub async fn latest_bundle(&self) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
+        dispatch!(self.latest_bundle())
+    }
+
+    /// A setting (such as the trust-anchor seed).
+    pub async fn kv_get(&self, name: &str) -> Result<Option<String>, StoreError> {
+        dispatch!(self.kv_get(name))
+    }
+
+    /// Sets a setting, replacing any value.
+    pub async fn kv_set(&self, name: &str, value: &str) -> Result<(), StoreError> {
+        dispatch!(self.kv_set(name, value))
+    }
+
+    /// Sets a setting only if it has none; `Ok(true)` if this call set it. Lets two
+    /// replicas that each generated a value agree on one: the loser reads the winner's.
+    pub async fn kv_insert_if_absent(&self, name: &str, value: &str) -> Result<bool, StoreError> {
+        dispatch!(self.kv_insert_if_absent(name, value))
+    }
+}
+
+// Outcome rules shared by both backends, so they answer alike.
+
+/// Refuses a database migrated by a newer build: its schema may mean something this
+/// build does not know.
+fn check_not_newer(applied: &[i64]) -> Result<(), StoreError> {
+    let latest = sql::latest_version();
+    match applied.iter().max() {
+        Some(&v) if v > latest => Err(StoreError::Backend(format!(
+            "database schema version {v} is newer than this build's {latest}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// After an update of a row that may be guarded by an expected state: changed → done;
+/// unchanged but present → the guard failed; absent → not found.
+fn cas_outcome(changed: u64, found: bool, what: impl FnOnce() -> String) -> Result<(), StoreError> {
+    match (changed, found) {
+        (1.., _) => Ok(()),
+        (0, true) => Err(StoreError::Conflict(format!(
+            "{} is not in the expected state",
+            what()
+        ))),
+        (0, false) => Err(StoreError::NotFound(what())),
+    }
+}
+
+/// Why the generation counter did not move.
+fn no_generation(sandbox_exists: bool, sandbox: &str) -> StoreError {
+    if sandbox_exists {
+        StoreError::Conflict(format!("sandbox {sandbox} is stopped"))
+    } else {
+        StoreError::NotFound(format!("sandbox {sandbox}"))
+    }
+}
+
+fn new_execution(
+    sandbox: SandboxId,
+    generation: i64,
+    execution_id: ExecutionId,
+    worker: WorkerId,
+    substrate: Substrate,
+    now: i64,
+) -> Result<ExecutionRecord, StoreError> {
+    let generation = u64::try_from(generation)
+        .map_err(|_| StoreError::Backend(format!("generation {generation} is negative")))?;
+    Ok(ExecutionRecord {
+        sandbox,
+        generation,
+        execution_id,
+        worker,
+        substrate,
+        activation: 1,
+        pod_uid: None,
+        state: ExecutionState::Pending,
+        created_at: now,
+        updated_at: now,
+    })
+}
+
+fn worker_counts(pairs: Vec<(String, i64)>) -> Result<BTreeMap<WorkerId, u64>, StoreError> {
+    pairs
+        .into_iter()
+        .map(|(worker, n)| {
+            let id = worker
+                .parse()
+                .map_err(|e| StoreError::Backend(format!("stored worker id is invalid: {e}")))?;
+            let n =
+                u64::try_from(n).map_err(|_| StoreError::Backend(format!("negative count {n}")))?;
+            Ok((id, n))
+        })
+        .collect()
+}
+
+fn bundle_outcome(changed: u64, version: u64) -> Result<(), StoreError> {
+    if changed == 0 {
+        Err(StoreError::Conflict(format!(
+            "key bundle {version} is not newer than the stored one"
+        )))
+    } else {
+        Ok(())
+    }
+}
+
+fn bundle_version(v: i64) -> Result<u64, StoreError> {
+    u64::try_from(v).map_err(|_| StoreError::Backend(format!("stored bundle version {v}")))
+}
+
+fn executions_on_worker_sql(n_states: usize) -> String {
+    let filter = if n_states == 0 {
+        String::new()
+    } else {
+        format!(" AND {}", sql::state_in(2, n_states))
+    };
+    sql::select(
+        rows::EXECUTION_COLUMNS,
+        "executions",
+        &format!("WHERE worker = $1{filter} ORDER BY sandbox, generation"),
+    )
+}

@@ -1,0 +1,155 @@
+//! Decoding rows into records, written once for both backends.
+//!
+//! Each backend exposes its row type through [`Cols`]; the decoders below turn the
+//! primitive columns into typed records and refuse anything that does not parse, so a
+//! corrupted or hand-edited row surfaces as an error instead of a wrong identity.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+
+use crate::StoreError;
+use crate::records::{
+    ApiKeyRecord, ExecutionRecord, SandboxRecord, SigningKeyRecord, Tenant, WorkerRecord,
+};
+
+/// Column access by position, with the primitive types the schema uses.
+pub(crate) trait Cols {
+    fn text(&self, i: usize) -> Result<String, StoreError>;
+    fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError>;
+    fn int(&self, i: usize) -> Result<i64, StoreError>;
+    fn opt_int(&self, i: usize) -> Result<Option<i64>, StoreError>;
+    fn blob(&self, i: usize) -> Result<Vec<u8>, StoreError>;
+    fn boolean(&self, i: usize) -> Result<bool, StoreError>;
+}
+
+fn corrupt(what: &str, detail: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(format!("stored {what} is invalid: {detail}"))
+}
+
+fn parsed<T: FromStr>(what: &str, text: String) -> Result<T, StoreError>
+where
+    T::Err: std::fmt::Display,
+{
+    text.parse().map_err(|e| corrupt(what, e))
+}
+
+fn hash32(what: &str, bytes: Vec<u8>) -> Result<[u8; 32], StoreError> {
+    <[u8; 32]>::try_from(bytes.as_slice())
+        .map_err(|_| corrupt(what, format_args!("{} bytes, expected 32", bytes.len())))
+}
+
+fn unsigned<T: TryFrom<i64>>(what: &str, value: i64) -> Result<T, StoreError> {
+    T::try_from(value).map_err(|_| corrupt(what, format_args!("{value} is out of range")))
+}
+
+/// A `u64` as the signed 64-bit integer both databases store; values past `i64::MAX`
+/// are refused rather than wrapped.
+pub(crate) fn to_sql_int(what: &str, value: u64) -> Result<i64, StoreError> {
+    i64::try_from(value)
+        .map_err(|_| StoreError::Backend(format!("{what} {value} does not fit the database")))
+}
+
+/// Columns of `tenants`, in the order [`tenant`] reads them.
+pub(crate) const TENANT_COLUMNS: &str = "id, name, created_at";
+
+pub(crate) fn tenant(r: &impl Cols) -> Result<Tenant, StoreError> {
+    Ok(Tenant {
+        id: r.text(0)?,
+        name: r.text(1)?,
+        created_at: r.int(2)?,
+    })
+}
+
+/// Columns of `api_keys`, in the order [`api_key`] reads them.
+pub(crate) const API_KEY_COLUMNS: &str = "id, tenant, hash, admin, created_at, revoked_at";
+
+pub(crate) fn api_key(r: &impl Cols) -> Result<ApiKeyRecord, StoreError> {
+    Ok(ApiKeyRecord {
+        id: r.text(0)?,
+        tenant: r.text(1)?,
+        hash: hash32("api key hash", r.blob(2)?)?,
+        admin: r.boolean(3)?,
+        created_at: r.int(4)?,
+        revoked_at: r.opt_int(5)?,
+    })
+}
+
+/// Columns of `workers`, in the order [`worker`] reads them.
+pub(crate) const WORKER_COLUMNS: &str =
+    "id, url, substrate, capacity, state, credential_hash, registered_at, last_seen";
+
+pub(crate) fn worker(r: &impl Cols) -> Result<WorkerRecord, StoreError> {
+    Ok(WorkerRecord {
+        id: parsed("worker id", r.text(0)?)?,
+        url: r.text(1)?,
+        substrate: parsed("substrate", r.text(2)?)?,
+        capacity: unsigned("worker capacity", r.int(3)?)?,
+        state: parsed("worker state", r.text(4)?)?,
+        credential_hash: hash32("worker credential hash", r.blob(5)?)?,
+        registered_at: r.int(6)?,
+        last_seen: r.int(7)?,
+    })
+}
+
+/// Columns of `sandboxes`, in the order [`sandbox`] reads them.
+pub(crate) const SANDBOX_COLUMNS: &str =
+    "id, tenant, template, state, created_at, expires_at, metadata, env, generation";
+
+pub(crate) fn sandbox(r: &impl Cols) -> Result<SandboxRecord, StoreError> {
+    let metadata = serde_json::from_str(&r.text(6)?).map_err(|e| corrupt("metadata", e))?;
+    let env: BTreeMap<String, String> =
+        serde_json::from_str(&r.text(7)?).map_err(|e| corrupt("environment", e))?;
+    Ok(SandboxRecord {
+        id: parsed("sandbox id", r.text(0)?)?,
+        tenant: r.text(1)?,
+        template: r.text(2)?,
+        state: parsed("sandbox state", r.text(3)?)?,
+        created_at: r.int(4)?,
+        expires_at: r.opt_int(5)?,
+        metadata,
+        env,
+        generation: unsigned("sandbox generation", r.int(8)?)?,
+    })
+}
+
+/// Columns of `executions`, in the order [`execution`] reads them.
+pub(crate) const EXECUTION_COLUMNS: &str = "sandbox, generation, execution_id, worker, substrate, activation, pod_uid, state, created_at, updated_at";
+
+pub(crate) fn execution(r: &impl Cols) -> Result<ExecutionRecord, StoreError> {
+    Ok(ExecutionRecord {
+        sandbox: parsed("sandbox id", r.text(0)?)?,
+        generation: unsigned("generation", r.int(1)?)?,
+        execution_id: parsed("execution id", r.text(2)?)?,
+        worker: parsed("worker id", r.text(3)?)?,
+        substrate: parsed("substrate", r.text(4)?)?,
+        activation: unsigned("activation", r.int(5)?)?,
+        pod_uid: r.opt_text(6)?.map(|t| parsed("pod uid", t)).transpose()?,
+        state: parsed("execution state", r.text(7)?)?,
+        created_at: r.int(8)?,
+        updated_at: r.int(9)?,
+    })
+}
+
+/// Columns of `signing_keys`, in the order [`signing_key`] reads them.
+pub(crate) const SIGNING_KEY_COLUMNS: &str =
+    "key_id, seed, state, created_at, not_before, not_after";
+
+pub(crate) fn signing_key(r: &impl Cols) -> Result<SigningKeyRecord, StoreError> {
+    Ok(SigningKeyRecord {
+        key_id: r.text(0)?,
+        seed: hash32("signing key seed", r.blob(1)?)?,
+        state: parsed("key state", r.text(2)?)?,
+        created_at: r.int(3)?,
+        not_before: r.int(4)?,
+        not_after: r.int(5)?,
+    })
+}
+
+/// Sandbox metadata and environment as the JSON text both databases store.
+pub(crate) fn sandbox_json(s: &SandboxRecord) -> Result<(String, String), StoreError> {
+    let metadata = serde_json::to_string(&s.metadata)
+        .map_err(|e| StoreError::Backend(format!("metadata does not serialize: {e}")))?;
+    let env = serde_json::to_string(&s.env)
+        .map_err(|e| StoreError::Backend(format!("environment does not serialize: {e}")))?;
+    Ok((metadata, env))
+}

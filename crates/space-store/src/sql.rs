@@ -1,0 +1,251 @@
+//! SQL shared by both backends, and the schema migrations.
+//!
+//! Statements use PostgreSQL's `$n` placeholders; the SQLite backend rewrites them to
+//! `?n`, which SQLite reads as the same numbered parameter. Everything else here is
+//! the common subset of both dialects (`RETURNING`, `ON CONFLICT … DO UPDATE … WHERE`),
+//! so one text serves both and the two backends cannot drift apart.
+
+/// One schema step. The two texts create the same tables with each database's types.
+#[derive(Debug)]
+pub(crate) struct Migration {
+    pub version: i64,
+    pub name: &'static str,
+    pub sqlite: &'static str,
+    pub postgres: &'static str,
+}
+
+/// Every migration, in order. Append only: a released step is never edited, because
+/// databases that already applied it would not see the change.
+pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "initial schema",
+    sqlite: r#"
+CREATE TABLE tenants (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE TABLE api_keys (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL REFERENCES tenants (id),
+    hash BLOB NOT NULL,
+    admin INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    revoked_at INTEGER
+);
+CREATE INDEX api_keys_by_tenant ON api_keys (tenant);
+CREATE TABLE workers (
+    id TEXT PRIMARY KEY,
+    url TEXT NOT NULL,
+    substrate TEXT NOT NULL,
+    capacity INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    credential_hash BLOB NOT NULL,
+    registered_at INTEGER NOT NULL,
+    last_seen INTEGER NOT NULL
+);
+CREATE TABLE sandboxes (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL REFERENCES tenants (id),
+    template TEXT NOT NULL,
+    state TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER,
+    metadata TEXT NOT NULL,
+    env TEXT NOT NULL,
+    generation INTEGER NOT NULL CHECK (generation >= 0)
+);
+CREATE INDEX sandboxes_by_tenant ON sandboxes (tenant);
+CREATE TABLE executions (
+    sandbox TEXT NOT NULL REFERENCES sandboxes (id),
+    generation INTEGER NOT NULL CHECK (generation > 0),
+    execution_id TEXT NOT NULL UNIQUE,
+    worker TEXT NOT NULL,
+    substrate TEXT NOT NULL,
+    activation INTEGER NOT NULL,
+    pod_uid TEXT,
+    state TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (sandbox, generation)
+);
+CREATE INDEX executions_by_worker ON executions (worker, state);
+CREATE TABLE signing_keys (
+    key_id TEXT PRIMARY KEY,
+    seed BLOB NOT NULL,
+    state TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    not_before INTEGER NOT NULL,
+    not_after INTEGER NOT NULL
+);
+CREATE TABLE key_bundle (
+    singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+    version INTEGER NOT NULL,
+    bytes BLOB NOT NULL
+);
+CREATE TABLE kv (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"#,
+    postgres: r#"
+CREATE TABLE tenants (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    created_at BIGINT NOT NULL
+);
+CREATE TABLE api_keys (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL REFERENCES tenants (id),
+    hash BYTEA NOT NULL,
+    admin BOOLEAN NOT NULL,
+    created_at BIGINT NOT NULL,
+    revoked_at BIGINT
+);
+CREATE INDEX api_keys_by_tenant ON api_keys (tenant);
+CREATE TABLE workers (
+    id TEXT PRIMARY KEY,
+    url TEXT NOT NULL,
+    substrate TEXT NOT NULL,
+    capacity BIGINT NOT NULL,
+    state TEXT NOT NULL,
+    credential_hash BYTEA NOT NULL,
+    registered_at BIGINT NOT NULL,
+    last_seen BIGINT NOT NULL
+);
+CREATE TABLE sandboxes (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL REFERENCES tenants (id),
+    template TEXT NOT NULL,
+    state TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    expires_at BIGINT,
+    metadata TEXT NOT NULL,
+    env TEXT NOT NULL,
+    generation BIGINT NOT NULL CHECK (generation >= 0)
+);
+CREATE INDEX sandboxes_by_tenant ON sandboxes (tenant);
+CREATE TABLE executions (
+    sandbox TEXT NOT NULL REFERENCES sandboxes (id),
+    generation BIGINT NOT NULL CHECK (generation > 0),
+    execution_id TEXT NOT NULL UNIQUE,
+    worker TEXT NOT NULL,
+    substrate TEXT NOT NULL,
+    activation BIGINT NOT NULL,
+    pod_uid TEXT,
+    state TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    updated_at BIGINT NOT NULL,
+    PRIMARY KEY (sandbox, generation)
+);
+CREATE INDEX executions_by_worker ON executions (worker, state);
+CREATE TABLE signing_keys (
+    key_id TEXT PRIMARY KEY,
+    seed BYTEA NOT NULL,
+    state TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    not_before BIGINT NOT NULL,
+    not_after BIGINT NOT NULL
+);
+CREATE TABLE key_bundle (
+    singleton BIGINT PRIMARY KEY CHECK (singleton = 1),
+    version BIGINT NOT NULL,
+    bytes BYTEA NOT NULL
+);
+CREATE TABLE kv (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"#,
+}];
+
+/// The newest schema version this build knows.
+pub(crate) fn latest_version() -> i64 {
+    MIGRATIONS.last().map_or(0, |m| m.version)
+}
+
+pub(crate) const CREATE_MIGRATIONS_TABLE: &str =
+    "CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, name TEXT NOT NULL)";
+pub(crate) const APPLIED_VERSIONS: &str = "SELECT version FROM schema_migrations ORDER BY version";
+pub(crate) const RECORD_MIGRATION: &str =
+    "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)";
+
+pub(crate) const INSERT_TENANT: &str =
+    "INSERT INTO tenants (id, name, created_at) VALUES ($1, $2, $3)";
+
+pub(crate) const INSERT_API_KEY: &str = "INSERT INTO api_keys (id, tenant, hash, admin, created_at, revoked_at) VALUES ($1, $2, $3, $4, $5, $6)";
+pub(crate) const REVOKE_API_KEY: &str =
+    "UPDATE api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL";
+pub(crate) const API_KEY_EXISTS: &str = "SELECT 1 FROM api_keys WHERE id = $1";
+
+/// Re-enrolment replaces everything the worker reports but keeps the time it first
+/// registered.
+pub(crate) const UPSERT_WORKER: &str = "INSERT INTO workers (id, url, substrate, capacity, state, credential_hash, registered_at, last_seen) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+     ON CONFLICT (id) DO UPDATE SET url = excluded.url, substrate = excluded.substrate, \
+     capacity = excluded.capacity, state = excluded.state, \
+     credential_hash = excluded.credential_hash, last_seen = excluded.last_seen";
+pub(crate) const SET_WORKER_STATE: &str = "UPDATE workers SET state = $2 WHERE id = $1";
+pub(crate) const TOUCH_WORKER: &str = "UPDATE workers SET last_seen = $2 WHERE id = $1";
+
+pub(crate) const INSERT_SANDBOX: &str = "INSERT INTO sandboxes (id, tenant, template, state, created_at, expires_at, metadata, env, generation) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+pub(crate) const SET_SANDBOX_STATE: &str = "UPDATE sandboxes SET state = $2 WHERE id = $1";
+pub(crate) const SET_SANDBOX_STATE_IF: &str =
+    "UPDATE sandboxes SET state = $2 WHERE id = $1 AND state = $3";
+pub(crate) const SANDBOX_EXISTS: &str = "SELECT 1 FROM sandboxes WHERE id = $1";
+
+/// Counts, per worker, the sandboxes that are not stopped and whose current execution
+/// (the highest pending or running generation) is there.
+pub(crate) const COUNT_ACTIVE_BY_WORKER: &str = "SELECT e.worker, COUNT(*) FROM sandboxes s \
+     JOIN executions e ON e.sandbox = s.id \
+     WHERE s.state <> 'stopped' AND e.state IN ('pending', 'running') \
+     AND e.generation = (SELECT MAX(x.generation) FROM executions x \
+         WHERE x.sandbox = s.id AND x.state IN ('pending', 'running')) \
+     GROUP BY e.worker ORDER BY e.worker";
+
+/// The one statement that hands out generations: the row lock it takes serialises
+/// concurrent allocations for a sandbox (across processes on PostgreSQL, across
+/// connections on SQLite), and the counter lives on the sandbox row, so a generation
+/// whose execution failed is never handed out again. Stopped sandboxes get nothing.
+pub(crate) const NEXT_GENERATION: &str = "UPDATE sandboxes SET generation = generation + 1 \
+     WHERE id = $1 AND state <> 'stopped' RETURNING generation";
+pub(crate) const INSERT_EXECUTION: &str = "INSERT INTO executions (sandbox, generation, execution_id, worker, substrate, activation, pod_uid, state, created_at, updated_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+pub(crate) const SET_EXECUTION_STATE: &str =
+    "UPDATE executions SET state = $3, updated_at = $4 WHERE sandbox = $1 AND generation = $2";
+pub(crate) const SET_EXECUTION_STATE_IF: &str = "UPDATE executions SET state = $3, updated_at = $4 \
+     WHERE sandbox = $1 AND generation = $2 AND state = $5";
+pub(crate) const SET_EXECUTION_ACTIVATION: &str = "UPDATE executions SET activation = $3, pod_uid = $4, updated_at = $5 \
+     WHERE sandbox = $1 AND generation = $2";
+pub(crate) const EXECUTION_EXISTS: &str =
+    "SELECT 1 FROM executions WHERE sandbox = $1 AND generation = $2";
+
+pub(crate) const INSERT_SIGNING_KEY: &str = "INSERT INTO signing_keys (key_id, seed, state, created_at, not_before, not_after) \
+     VALUES ($1, $2, $3, $4, $5, $6)";
+pub(crate) const SET_SIGNING_KEY_STATE: &str =
+    "UPDATE signing_keys SET state = $2 WHERE key_id = $1";
+
+/// One row holds the newest bundle; the `WHERE` turns an older or equal version into a
+/// no-op under the row lock, so two writers cannot roll it back between them.
+pub(crate) const STORE_BUNDLE: &str = "INSERT INTO key_bundle (singleton, version, bytes) VALUES (1, $1, $2) \
+     ON CONFLICT (singleton) DO UPDATE SET version = excluded.version, bytes = excluded.bytes \
+     WHERE key_bundle.version < excluded.version";
+pub(crate) const LATEST_BUNDLE: &str = "SELECT version, bytes FROM key_bundle WHERE singleton = 1";
+
+pub(crate) const KV_GET: &str = "SELECT value FROM kv WHERE name = $1";
+pub(crate) const KV_SET: &str = "INSERT INTO kv (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = excluded.value";
+pub(crate) const KV_INSERT_IF_ABSENT: &str =
+    "INSERT INTO kv (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING";
+
+/// `SELECT <columns> FROM <table> <tail>`, for the reads whose column list lives in
+/// [`crate::rows`].
+pub(crate) fn select(columns: &str, table: &str, tail: &str) -> String {
+    format!("SELECT {columns} FROM {table} {tail}")
+}
+
+/// `state IN ($first, $first+1, …)` for a filter of `n` states.
+pub(crate) fn state_in(first: usize, n: usize) -> String {
+    let list: Vec<String> = (first..first + n).map(|i| format!("${i}")).collect();
+    format!("state IN ({})", list.join(", "))
+}

@@ -1,0 +1,718 @@
+//! The embedded backend: one SQLite file in WAL mode.
+//!
+//! One connection sits behind a mutex and every call runs on tokio's blocking pool, so
+//! the async callers never stall a runtime thread on disk I/O or on SQLite's busy wait.
+//! Several `SqliteStore`s (or processes) may open the same file: writes that read
+//! before they write run in `BEGIN IMMEDIATE` transactions, which take SQLite's write
+//! lock up front and wait on the busy timeout instead of failing on a stale snapshot.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use rusqlite::{Connection, ErrorCode, OptionalExtension, Row, ToSql, TransactionBehavior};
+use space_identity::{ExecutionId, PodUid, SandboxId, Substrate, WorkerId};
+
+use crate::StoreError;
+use crate::records::{
+    ApiKeyRecord, ExecutionRecord, ExecutionState, KeyState, SandboxRecord, SandboxState,
+    SigningKeyRecord, Tenant, WorkerRecord, WorkerState,
+};
+use crate::rows::{self, Cols, to_sql_int};
+use crate::sql::{self, MIGRATIONS};
+
+/// How long a statement waits for another connection's write lock before failing.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A store in one SQLite file.
+#[derive(Clone, Debug)]
+pub struct SqliteStore {
+    conn: Arc<Mutex<Connection>>,
+    path: Arc<Path>,
+}
+
+type Params<'a> = &'a [&'a dyn ToSql];
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path` with WAL, `synchronous=FULL`
+    /// (a commit is on disk before it returns) and foreign keys on, then migrates it.
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let path: PathBuf = path.as_ref().to_owned();
+        let conn = {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || open_connection(&path))
+                .await
+                .map_err(|e| StoreError::Backend(format!("open task failed: {e}")))??
+        };
+        let store = Self {
+            conn: Arc::new(Mutex::new(conn)),
+            path: path.into(),
+        };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `f` with the connection on the blocking pool.
+    async fn call<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let conn = Arc::clone(&self.conn);
+        tokio::task::spawn_blocking(move || {
+            // A panic inside a transaction rolls it back while unwinding, so the
+            // connection behind a poisoned lock is still consistent.
+            let mut conn = conn.lock().unwrap_or_else(PoisonError::into_inner);
+            f(&mut conn)
+        })
+        .await
+        .map_err(|e| StoreError::Backend(format!("database task failed: {e}")))?
+    }
+
+    /// Applies every migration the database lacks, in one immediate transaction.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        self.call(|c| {
+            let tx = c
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(sqlite_err)?;
+            tx.execute(sql::CREATE_MIGRATIONS_TABLE, [])
+                .map_err(sqlite_err)?;
+            let applied: Vec<i64> = query_all(&tx, sql::APPLIED_VERSIONS, &[], |r| r.int(0))?;
+            crate::check_not_newer(&applied)?;
+            for m in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
+                tx.execute_batch(m.sqlite).map_err(|e| {
+                    StoreError::Backend(format!("migration {} ({}): {e}", m.version, m.name))
+                })?;
+                exec(&tx, sql::RECORD_MIGRATION, &[&m.version, &m.name])?;
+            }
+            tx.commit().map_err(sqlite_err)
+        })
+        .await
+    }
+
+    /// Applied schema versions, oldest first.
+    pub async fn schema_versions(&self) -> Result<Vec<i64>, StoreError> {
+        self.call(|c| query_all(c, sql::APPLIED_VERSIONS, &[], |r| r.int(0)))
+            .await
+    }
+
+    /// Creates a tenant; `Conflict` if the ID exists.
+    pub async fn create_tenant(&self, t: &Tenant) -> Result<(), StoreError> {
+        let t = t.clone();
+        self.call(move |c| exec(c, sql::INSERT_TENANT, &[&t.id, &t.name, &t.created_at]).map(drop))
+            .await
+    }
+
+    /// One tenant.
+    pub async fn get_tenant(&self, id: &str) -> Result<Tenant, StoreError> {
+        let id = id.to_owned();
+        self.call(move |c| {
+            let q = sql::select(rows::TENANT_COLUMNS, "tenants", "WHERE id = $1");
+            query_one(c, &q, &[&id], |r| rows::tenant(r))?
+                .ok_or_else(|| StoreError::NotFound(format!("tenant {id}")))
+        })
+        .await
+    }
+
+    /// Every tenant, oldest first.
+    pub async fn list_tenants(&self) -> Result<Vec<Tenant>, StoreError> {
+        self.call(|c| {
+            let q = sql::select(rows::TENANT_COLUMNS, "tenants", "ORDER BY created_at, id");
+            query_all(c, &q, &[], |r| rows::tenant(r))
+        })
+        .await
+    }
+
+    /// Stores an API key; `Conflict` if the ID exists, `NotFound` if the tenant does not.
+    pub async fn insert_api_key(&self, k: &ApiKeyRecord) -> Result<(), StoreError> {
+        let k = k.clone();
+        self.call(move |c| {
+            let params: Params = &[
+                &k.id,
+                &k.tenant,
+                &k.hash.as_slice(),
+                &k.admin,
+                &k.created_at,
+                &k.revoked_at,
+            ];
+            exec(c, sql::INSERT_API_KEY, params).map(drop)
+        })
+        .await
+    }
+
+    /// The key with this public ID, revoked or not.
+    pub async fn find_api_key(&self, id: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
+        let id = id.to_owned();
+        self.call(move |c| {
+            let q = sql::select(rows::API_KEY_COLUMNS, "api_keys", "WHERE id = $1");
+            query_one(c, &q, &[&id], |r| rows::api_key(r))
+        })
+        .await
+    }
+
+    /// A tenant's keys, oldest first.
+    pub async fn list_api_keys(&self, tenant: &str) -> Result<Vec<ApiKeyRecord>, StoreError> {
+        let tenant = tenant.to_owned();
+        self.call(move |c| {
+            let q = sql::select(
+                rows::API_KEY_COLUMNS,
+                "api_keys",
+                "WHERE tenant = $1 ORDER BY created_at, id",
+            );
+            query_all(c, &q, &[&tenant], |r| rows::api_key(r))
+        })
+        .await
+    }
+
+    /// Revokes a key; `Ok(false)` if it already was.
+    pub async fn revoke_api_key(&self, id: &str, now: i64) -> Result<bool, StoreError> {
+        let id = id.to_owned();
+        self.call(move |c| {
+            if exec(c, sql::REVOKE_API_KEY, &[&id, &now])? == 1 {
+                return Ok(true);
+            }
+            if exists(c, sql::API_KEY_EXISTS, &[&id])? {
+                Ok(false)
+            } else {
+                Err(StoreError::NotFound(format!("api key {id}")))
+            }
+        })
+        .await
+    }
+
+    /// Registers or re-enrolls a worker and returns the stored record.
+    pub async fn upsert_worker(&self, w: &WorkerRecord) -> Result<WorkerRecord, StoreError> {
+        let w = w.clone();
+        self.call(move |c| {
+            let id = w.id.to_string();
+            let capacity = i64::from(w.capacity);
+            let params: Params = &[
+                &id,
+                &w.url,
+                &w.substrate.as_str(),
+                &capacity,
+                &w.state.as_str(),
+                &w.credential_hash.as_slice(),
+                &w.registered_at,
+                &w.last_seen,
+            ];
+            exec(c, sql::UPSERT_WORKER, params)?;
+            get_worker(c, &id)
+        })
+        .await
+    }
+
+    /// One worker.
+    pub async fn get_worker(&self, id: &WorkerId) -> Result<WorkerRecord, StoreError> {
+        let id = id.to_string();
+        self.call(move |c| get_worker(c, &id)).await
+    }
+
+    /// Every worker, by ID.
+    pub async fn list_workers(&self) -> Result<Vec<WorkerRecord>, StoreError> {
+        self.call(|c| {
+            let q = sql::select(rows::WORKER_COLUMNS, "workers", "ORDER BY id");
+            query_all(c, &q, &[], |r| rows::worker(r))
+        })
+        .await
+    }
+
+    /// Changes a worker's state.
+    pub async fn set_worker_state(
+        &self,
+        id: &WorkerId,
+        state: WorkerState,
+    ) -> Result<(), StoreError> {
+        let id = id.to_string();
+        self.call(move |c| {
+            one_row(
+                exec(c, sql::SET_WORKER_STATE, &[&id, &state.as_str()])?,
+                || format!("worker {id}"),
+            )
+        })
+        .await
+    }
+
+    /// Records a heartbeat.
+    pub async fn touch_worker(&self, id: &WorkerId, now: i64) -> Result<(), StoreError> {
+        let id = id.to_string();
+        self.call(move |c| {
+            one_row(exec(c, sql::TOUCH_WORKER, &[&id, &now])?, || {
+                format!("worker {id}")
+            })
+        })
+        .await
+    }
+
+    /// Creates a sandbox; `Conflict` if the ID exists, `NotFound` if the tenant does not.
+    pub async fn create_sandbox(&self, s: &SandboxRecord) -> Result<(), StoreError> {
+        let (metadata, env) = rows::sandbox_json(s)?;
+        let generation = to_sql_int("generation", s.generation)?;
+        let s = s.clone();
+        self.call(move |c| {
+            let id = s.id.to_string();
+            let params: Params = &[
+                &id,
+                &s.tenant,
+                &s.template,
+                &s.state.as_str(),
+                &s.created_at,
+                &s.expires_at,
+                &metadata,
+                &env,
+                &generation,
+            ];
+            exec(c, sql::INSERT_SANDBOX, params).map(drop)
+        })
+        .await
+    }
+
+    /// One sandbox.
+    pub async fn get_sandbox(&self, id: &SandboxId) -> Result<SandboxRecord, StoreError> {
+        let id = id.to_string();
+        self.call(move |c| {
+            let q = sql::select(rows::SANDBOX_COLUMNS, "sandboxes", "WHERE id = $1");
+            query_one(c, &q, &[&id], |r| rows::sandbox(r))?
+                .ok_or_else(|| StoreError::NotFound(format!("sandbox {id}")))
+        })
+        .await
+    }
+
+    /// A tenant's sandboxes, oldest first.
+    pub async fn list_sandboxes(&self, tenant: &str) -> Result<Vec<SandboxRecord>, StoreError> {
+        let tenant = tenant.to_owned();
+        self.call(move |c| {
+            let q = sql::select(
+                rows::SANDBOX_COLUMNS,
+                "sandboxes",
+                "WHERE tenant = $1 ORDER BY created_at, id",
+            );
+            query_all(c, &q, &[&tenant], |r| rows::sandbox(r))
+        })
+        .await
+    }
+
+    /// Sets a sandbox's state, only from `expected` when given.
+    pub async fn set_sandbox_state(
+        &self,
+        id: &SandboxId,
+        state: SandboxState,
+        expected: Option<SandboxState>,
+    ) -> Result<(), StoreError> {
+        let id = id.to_string();
+        self.call(move |c| {
+            let changed = match expected {
+                None => exec(c, sql::SET_SANDBOX_STATE, &[&id, &state.as_str()])?,
+                Some(from) => exec(
+                    c,
+                    sql::SET_SANDBOX_STATE_IF,
+                    &[&id, &state.as_str(), &from.as_str()],
+                )?,
+            };
+            let found = changed > 0 || exists(c, sql::SANDBOX_EXISTS, &[&id])?;
+            crate::cas_outcome(changed, found, || format!("sandbox {id}"))
+        })
+        .await
+    }
+
+    /// Active sandboxes per worker; workers with none are absent.
+    pub async fn count_active_by_worker(&self) -> Result<BTreeMap<WorkerId, u64>, StoreError> {
+        self.call(|c| {
+            let pairs = query_all(c, sql::COUNT_ACTIVE_BY_WORKER, &[], |r| {
+                Ok((r.text(0)?, r.int(1)?))
+            })?;
+            crate::worker_counts(pairs)
+        })
+        .await
+    }
+
+    /// Takes the sandbox's next generation and records a pending execution for it.
+    pub async fn allocate_execution(
+        &self,
+        sandbox: &SandboxId,
+        execution_id: ExecutionId,
+        worker: &WorkerId,
+        substrate: Substrate,
+        now: i64,
+    ) -> Result<ExecutionRecord, StoreError> {
+        let (sandbox, worker) = (sandbox.clone(), worker.clone());
+        self.call(move |c| {
+            let sbx = sandbox.to_string();
+            let tx = c
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(sqlite_err)?;
+            let next: Option<i64> = tx
+                .query_row(&dollar_to_question(sql::NEXT_GENERATION), [&sbx], |r| {
+                    r.get(0)
+                })
+                .optional()
+                .map_err(sqlite_err)?;
+            let Some(generation) = next else {
+                let found = exists(&tx, sql::SANDBOX_EXISTS, &[&sbx])?;
+                return Err(crate::no_generation(found, &sbx));
+            };
+            let rec =
+                crate::new_execution(sandbox, generation, execution_id, worker, substrate, now)?;
+            let params: Params = &[
+                &sbx,
+                &generation,
+                &rec.execution_id.to_string(),
+                &rec.worker.to_string(),
+                &rec.substrate.as_str(),
+                &i64::from(rec.activation),
+                &None::<String>,
+                &rec.state.as_str(),
+                &now,
+                &now,
+            ];
+            exec(&tx, sql::INSERT_EXECUTION, params)?;
+            tx.commit().map_err(sqlite_err)?;
+            Ok(rec)
+        })
+        .await
+    }
+
+    /// Sets an execution's state, only from `expected` when given.
+    pub async fn set_execution_state(
+        &self,
+        sandbox: &SandboxId,
+        generation: u64,
+        state: ExecutionState,
+        expected: Option<ExecutionState>,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let sbx = sandbox.to_string();
+        let generation = to_sql_int("generation", generation)?;
+        self.call(move |c| {
+            let changed = match expected {
+                None => exec(
+                    c,
+                    sql::SET_EXECUTION_STATE,
+                    &[&sbx, &generation, &state.as_str(), &now],
+                )?,
+                Some(from) => exec(
+                    c,
+                    sql::SET_EXECUTION_STATE_IF,
+                    &[&sbx, &generation, &state.as_str(), &now, &from.as_str()],
+                )?,
+            };
+            let found = changed > 0 || exists(c, sql::EXECUTION_EXISTS, &[&sbx, &generation])?;
+            crate::cas_outcome(changed, found, || format!("execution {sbx}@{generation}"))
+        })
+        .await
+    }
+
+    /// Records a new activation attempt (and the pod UID on Kubernetes).
+    pub async fn set_execution_activation(
+        &self,
+        sandbox: &SandboxId,
+        generation: u64,
+        activation: u32,
+        pod_uid: Option<PodUid>,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let sbx = sandbox.to_string();
+        let generation = to_sql_int("generation", generation)?;
+        let pod_uid = pod_uid.map(|p| p.to_string());
+        self.call(move |c| {
+            let params: Params = &[&sbx, &generation, &i64::from(activation), &pod_uid, &now];
+            one_row(exec(c, sql::SET_EXECUTION_ACTIVATION, params)?, || {
+                format!("execution {sbx}@{generation}")
+            })
+        })
+        .await
+    }
+
+    /// One execution.
+    pub async fn get_execution(
+        &self,
+        sandbox: &SandboxId,
+        generation: u64,
+    ) -> Result<ExecutionRecord, StoreError> {
+        let sbx = sandbox.to_string();
+        let generation = to_sql_int("generation", generation)?;
+        self.call(move |c| {
+            let q = sql::select(
+                rows::EXECUTION_COLUMNS,
+                "executions",
+                "WHERE sandbox = $1 AND generation = $2",
+            );
+            query_one(c, &q, &[&sbx, &generation], |r| rows::execution(r))?
+                .ok_or_else(|| StoreError::NotFound(format!("execution {sbx}@{generation}")))
+        })
+        .await
+    }
+
+    /// The highest pending or running execution of a sandbox.
+    pub async fn current_execution(
+        &self,
+        sandbox: &SandboxId,
+    ) -> Result<Option<ExecutionRecord>, StoreError> {
+        let sbx = sandbox.to_string();
+        self.call(move |c| {
+            let q = sql::select(
+                rows::EXECUTION_COLUMNS,
+                "executions",
+                "WHERE sandbox = $1 AND state IN ('pending', 'running') \
+                 ORDER BY generation DESC LIMIT 1",
+            );
+            query_one(c, &q, &[&sbx], |r| rows::execution(r))
+        })
+        .await
+    }
+
+    /// Every execution of a sandbox, by generation.
+    pub async fn list_executions(
+        &self,
+        sandbox: &SandboxId,
+    ) -> Result<Vec<ExecutionRecord>, StoreError> {
+        let sbx = sandbox.to_string();
+        self.call(move |c| {
+            let q = sql::select(
+                rows::EXECUTION_COLUMNS,
+                "executions",
+                "WHERE sandbox = $1 ORDER BY generation",
+            );
+            query_all(c, &q, &[&sbx], |r| rows::execution(r))
+        })
+        .await
+    }
+
+    /// Executions on a worker in any of `states` (all states when empty).
+    pub async fn executions_on_worker(
+        &self,
+        worker: &WorkerId,
+        states: &[ExecutionState],
+    ) -> Result<Vec<ExecutionRecord>, StoreError> {
+        let worker = worker.to_string();
+        let states: Vec<&'static str> = states.iter().map(|s| s.as_str()).collect();
+        self.call(move |c| {
+            let q = crate::executions_on_worker_sql(states.len());
+            let mut params: Vec<&dyn ToSql> = vec![&worker];
+            params.extend(states.iter().map(|s| s as &dyn ToSql));
+            query_all(c, &q, &params, |r| rows::execution(r))
+        })
+        .await
+    }
+
+    /// Stores a signing key; `Conflict` if the ID exists.
+    pub async fn insert_signing_key(&self, k: &SigningKeyRecord) -> Result<(), StoreError> {
+        let k = k.clone();
+        self.call(move |c| {
+            let params: Params = &[
+                &k.key_id,
+                &k.seed.as_slice(),
+                &k.state.as_str(),
+                &k.created_at,
+                &k.not_before,
+                &k.not_after,
+            ];
+            exec(c, sql::INSERT_SIGNING_KEY, params).map(drop)
+        })
+        .await
+    }
+
+    /// Every signing key, oldest first.
+    pub async fn list_signing_keys(&self) -> Result<Vec<SigningKeyRecord>, StoreError> {
+        self.call(|c| {
+            let q = sql::select(
+                rows::SIGNING_KEY_COLUMNS,
+                "signing_keys",
+                "ORDER BY created_at, key_id",
+            );
+            query_all(c, &q, &[], |r| rows::signing_key(r))
+        })
+        .await
+    }
+
+    /// Moves a signing key to `state`.
+    pub async fn set_signing_key_state(
+        &self,
+        key_id: &str,
+        state: KeyState,
+    ) -> Result<(), StoreError> {
+        let key_id = key_id.to_owned();
+        self.call(move |c| {
+            one_row(
+                exec(c, sql::SET_SIGNING_KEY_STATE, &[&key_id, &state.as_str()])?,
+                || format!("signing key {key_id}"),
+            )
+        })
+        .await
+    }
+
+    /// Stores a key bundle if its version is newer than the stored one.
+    pub async fn store_bundle(&self, version: u64, bytes: Vec<u8>) -> Result<(), StoreError> {
+        let v = to_sql_int("bundle version", version)?;
+        self.call(move |c| {
+            crate::bundle_outcome(exec(c, sql::STORE_BUNDLE, &[&v, &bytes])?, version)
+        })
+        .await
+    }
+
+    /// The newest bundle.
+    pub async fn latest_bundle(&self) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
+        self.call(|c| {
+            query_one(c, sql::LATEST_BUNDLE, &[], |r| {
+                Ok((crate::bundle_version(r.int(0)?)?, r.blob(1)?))
+            })
+        })
+        .await
+    }
+
+    /// A setting.
+    pub async fn kv_get(&self, name: &str) -> Result<Option<String>, StoreError> {
+        let name = name.to_owned();
+        self.call(move |c| query_one(c, sql::KV_GET, &[&name], |r| r.text(0)))
+            .await
+    }
+
+    /// Sets a setting, replacing any value.
+    pub async fn kv_set(&self, name: &str, value: &str) -> Result<(), StoreError> {
+        let (name, value) = (name.to_owned(), value.to_owned());
+        self.call(move |c| exec(c, sql::KV_SET, &[&name, &value]).map(drop))
+            .await
+    }
+
+    /// Sets a setting only if it has no value; `Ok(true)` if this call set it.
+    pub async fn kv_insert_if_absent(&self, name: &str, value: &str) -> Result<bool, StoreError> {
+        let (name, value) = (name.to_owned(), value.to_owned());
+        self.call(move |c| Ok(exec(c, sql::KV_INSERT_IF_ABSENT, &[&name, &value])? == 1))
+            .await
+    }
+}
+
+fn open_connection(path: &Path) -> Result<Connection, StoreError> {
+    let conn = Connection::open(path).map_err(sqlite_err)?;
+    // Set first: switching to WAL itself may have to wait for another connection.
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(sqlite_err)?;
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .map_err(sqlite_err)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::Backend(format!(
+            "{} refused WAL mode (journal mode is {mode})",
+            path.display()
+        )));
+    }
+    conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")
+        .map_err(sqlite_err)?;
+    Ok(conn)
+}
+
+fn get_worker(c: &Connection, id: &str) -> Result<WorkerRecord, StoreError> {
+    let q = sql::select(rows::WORKER_COLUMNS, "workers", "WHERE id = $1");
+    query_one(c, &q, &[&id], |r| rows::worker(r))?
+        .ok_or_else(|| StoreError::NotFound(format!("worker {id}")))
+}
+
+/// `$n` → `?n`: the same numbered parameter in SQLite's syntax. The shared SQL has no
+/// `$` anywhere else.
+fn dollar_to_question(sql: &str) -> Cow<'_, str> {
+    if sql.contains('$') {
+        Cow::Owned(sql.replace('$', "?"))
+    } else {
+        Cow::Borrowed(sql)
+    }
+}
+
+/// Runs a statement; the number of rows it changed.
+fn exec(c: &Connection, sql: &str, params: Params) -> Result<u64, StoreError> {
+    c.prepare_cached(&dollar_to_question(sql))
+        .and_then(|mut s| s.execute(params))
+        .map(|n| n as u64)
+        .map_err(sqlite_err)
+}
+
+fn exists(c: &Connection, sql: &str, params: Params) -> Result<bool, StoreError> {
+    c.prepare_cached(&dollar_to_question(sql))
+        .and_then(|mut s| s.exists(params))
+        .map_err(sqlite_err)
+}
+
+fn query_all<T>(
+    c: &Connection,
+    sql: &str,
+    params: Params,
+    decode: impl Fn(&Row<'_>) -> Result<T, StoreError>,
+) -> Result<Vec<T>, StoreError> {
+    let mut stmt = c
+        .prepare_cached(&dollar_to_question(sql))
+        .map_err(sqlite_err)?;
+    let mut rows = stmt.query(params).map_err(sqlite_err)?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().map_err(sqlite_err)? {
+        out.push(decode(row)?);
+    }
+    Ok(out)
+}
+
+fn query_one<T>(
+    c: &Connection,
+    sql: &str,
+    params: Params,
+    decode: impl Fn(&Row<'_>) -> Result<T, StoreError>,
+) -> Result<Option<T>, StoreError> {
+    let mut stmt = c
+        .prepare_cached(&dollar_to_question(sql))
+        .map_err(sqlite_err)?;
+    let mut rows = stmt.query(params).map_err(sqlite_err)?;
+    rows.next().map_err(sqlite_err)?.map(decode).transpose()
+}
+
+fn one_row(changed: u64, what: impl FnOnce() -> String) -> Result<(), StoreError> {
+    if changed == 0 {
+        Err(StoreError::NotFound(what()))
+    } else {
+        Ok(())
+    }
+}
+
+/// Unique and primary-key violations are `Conflict`; a missing referenced row (foreign
+/// key) is `NotFound`; everything else is the backend's business.
+fn sqlite_err(e: rusqlite::Error) -> StoreError {
+    let rusqlite::Error::SqliteFailure(f, msg) = &e else {
+        return StoreError::Backend(e.to_string());
+    };
+    if f.code != ErrorCode::ConstraintViolation {
+        return StoreError::Backend(e.to_string());
+    }
+    let detail = msg.clone().unwrap_or_else(|| e.to_string());
+    match f.extended_code {
+        rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE | rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY => {
+            StoreError::Conflict(detail)
+        }
+        rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY => {
+            StoreError::NotFound(format!("referenced row ({detail})"))
+        }
+        _ => StoreError::Backend(detail),
+    }
+}
+
+impl Cols for Row<'_> {
+    fn text(&self, i: usize) -> Result<String, StoreError> {
+        self.get(i).map_err(sqlite_err)
+    }
+    fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError> {
+        self.get(i).map_err(sqlite_err)
+    }
+    fn int(&self, i: usize) -> Result<i64, StoreError> {
+        self.get(i).map_err(sqlite_err)
+    }
+    fn opt_int(&self, i: usize) -> Result<Option<i64>, StoreError> {
+        self.get(i).map_err(sqlite_err)
+    }
+    fn blob(&self, i: usize) -> Result<Vec<u8>, StoreError> {
+        self.get(i).map_err(sqlite_err)
+    }
+    fn boolean(&self, i: usize) -> Result<bool, StoreError> {
+        self.get(i).map_err(sqlite_err)
+    }
+}

@@ -1,0 +1,57 @@
+//! The store conformance suite: every case runs once on SQLite (a file in a temporary
+//! directory) and once on PostgreSQL (a throwaway server per case), so the two backends
+//! cannot drift apart. PostgreSQL cases skip with a message when no PostgreSQL is
+//! installed, unless `SPACE_REQUIRE_POSTGRES` is set.
+
+mod executions;
+mod fixture;
+mod records;
+
+use fixture::Fixture;
+
+macro_rules! conformance {
+    ($($module:ident :: $case:ident),+ $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let fixture = super::Fixture::sqlite();
+                    super::$module::$case(&fixture).await;
+                }
+            )+
+        }
+
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let Some(fixture) = super::Fixture::postgres() else {
+                        return;
+                    };
+                    super::$module::$case(&fixture).await;
+                }
+            )+
+        }
+    };
+}
+
+conformance!(
+    records::migrations_are_idempotent_and_reopening_a_store_keeps_its_data,
+    records::every_record_type_round_trips,
+    records::duplicate_ids_conflict_and_missing_references_are_not_found,
+    records::revoking_an_api_key_is_idempotent_and_keeps_the_first_revocation_time,
+    records::worker_state_changes_and_heartbeats_are_stored_and_re_enrolment_keeps_registered_at,
+    records::sandbox_state_change_with_a_stale_expected_state_is_refused,
+    records::signing_key_state_changes_are_stored,
+    records::bundles_never_roll_back,
+    records::kv_insert_if_absent_keeps_the_first_value,
+    executions::allocate_execution_gives_1_2_3_and_a_failed_execution_keeps_its_number,
+    executions::an_execution_id_used_twice_conflicts_and_consumes_no_generation,
+    executions::a_stopped_or_missing_sandbox_gets_no_generation,
+    executions::execution_state_change_with_a_stale_expected_state_is_refused,
+    executions::current_execution_ignores_failed_and_retired_executions,
+    executions::executions_on_worker_filters_by_state,
+    executions::activation_and_pod_uid_updates_are_stored,
+    executions::count_active_by_worker_counts_only_current_executions_of_live_sandboxes,
+    executions::two_control_planes_allocating_concurrently_for_one_sandbox_never_share_a_generation,
+);

@@ -1,0 +1,373 @@
+//! Tenants, API keys, workers, sandboxes, signing keys, bundles, settings, migrations.
+
+use space_identity::Substrate;
+use space_store::{
+    ApiKeyRecord, KeyState, SandboxState, SigningKeyRecord, StoreError, WorkerState,
+};
+
+use crate::fixture::{self, Fixture, NOW, sandbox, sandbox_id, tenant, worker, worker_id};
+
+pub async fn migrations_are_idempotent_and_reopening_a_store_keeps_its_data(f: &Fixture) {
+    let store = f.open().await;
+    let versions = store.schema_versions().await.unwrap();
+    assert_eq!(versions, vec![1]);
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap();
+    assert_eq!(store.schema_versions().await.unwrap(), versions);
+
+    store.create_tenant(&tenant("ten_keep")).await.unwrap();
+    store.kv_set("trust-anchor", "seed").await.unwrap();
+    drop(store);
+
+    // A reopen runs the migrations again over the existing schema.
+    let reopened = f.open().await;
+    assert_eq!(reopened.schema_versions().await.unwrap(), versions);
+    assert_eq!(
+        reopened.get_tenant("ten_keep").await.unwrap(),
+        tenant("ten_keep")
+    );
+    assert_eq!(
+        reopened.kv_get("trust-anchor").await.unwrap().as_deref(),
+        Some("seed")
+    );
+}
+
+pub async fn every_record_type_round_trips(f: &Fixture) {
+    let store = f.open().await;
+
+    store.create_tenant(&tenant("ten_b")).await.unwrap();
+    store.create_tenant(&tenant("ten_a")).await.unwrap();
+    let tenants = store.list_tenants().await.unwrap();
+    assert_eq!(tenants, vec![tenant("ten_a"), tenant("ten_b")]);
+    assert_eq!(store.get_tenant("ten_b").await.unwrap(), tenant("ten_b"));
+
+    let key = ApiKeyRecord {
+        id: "ak_1".into(),
+        tenant: "ten_a".into(),
+        hash: *b"0123456789abcdef0123456789abcdef",
+        admin: true,
+        created_at: NOW,
+        revoked_at: None,
+    };
+    let revoked = ApiKeyRecord {
+        id: "ak_2".into(),
+        admin: false,
+        created_at: NOW + 1,
+        revoked_at: Some(NOW + 5),
+        hash: [0xff; 32],
+        ..key.clone()
+    };
+    store.insert_api_key(&key).await.unwrap();
+    store.insert_api_key(&revoked).await.unwrap();
+    assert_eq!(store.find_api_key("ak_1").await.unwrap(), Some(key.clone()));
+    assert_eq!(store.find_api_key("ak_nope").await.unwrap(), None);
+    assert_eq!(
+        store.list_api_keys("ten_a").await.unwrap(),
+        vec![key, revoked]
+    );
+    assert!(store.list_api_keys("ten_b").await.unwrap().is_empty());
+
+    let mut w = worker("worker-b");
+    w.substrate = Substrate::Firecracker;
+    w.capacity = u32::MAX;
+    w.state = WorkerState::Draining;
+    assert_eq!(store.upsert_worker(&w).await.unwrap(), w);
+    assert_eq!(store.get_worker(&w.id).await.unwrap(), w);
+    store.upsert_worker(&worker("worker-a")).await.unwrap();
+    assert_eq!(
+        store.list_workers().await.unwrap(),
+        vec![worker("worker-a"), w]
+    );
+
+    let s1 = sandbox(1, "ten_a");
+    let mut s2 = sandbox(2, "ten_a");
+    s2.expires_at = None;
+    s2.metadata = serde_json::Value::Null;
+    s2.env.clear();
+    s2.state = SandboxState::Paused;
+    store.create_sandbox(&s2).await.unwrap();
+    store.create_sandbox(&s1).await.unwrap();
+    assert_eq!(store.get_sandbox(&s1.id).await.unwrap(), s1);
+    assert_eq!(store.get_sandbox(&s2.id).await.unwrap(), s2);
+    assert_eq!(store.list_sandboxes("ten_a").await.unwrap(), vec![s1, s2]);
+    assert!(store.list_sandboxes("ten_b").await.unwrap().is_empty());
+
+    let exec = store
+        .allocate_execution(
+            &sandbox_id(1),
+            fixture::execution_id(),
+            &worker_id("worker-a"),
+            Substrate::Kubernetes,
+            NOW + 10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.get_execution(&sandbox_id(1), 1).await.unwrap(), exec);
+
+    let k1 = SigningKeyRecord {
+        key_id: "key-1".into(),
+        seed: [42; 32],
+        state: KeyState::Active,
+        created_at: NOW,
+        not_before: NOW,
+        not_after: NOW + 86_400,
+    };
+    let k2 = SigningKeyRecord {
+        key_id: "key-2".into(),
+        seed: [43; 32],
+        state: KeyState::Published,
+        created_at: NOW + 1,
+        ..k1.clone()
+    };
+    store.insert_signing_key(&k2).await.unwrap();
+    store.insert_signing_key(&k1).await.unwrap();
+    assert_eq!(store.list_signing_keys().await.unwrap(), vec![k1, k2]);
+
+    assert_eq!(store.latest_bundle().await.unwrap(), None);
+    store.store_bundle(1, vec![0, 1, 2, 255]).await.unwrap();
+    assert_eq!(
+        store.latest_bundle().await.unwrap(),
+        Some((1, vec![0, 1, 2, 255]))
+    );
+
+    assert_eq!(store.kv_get("a").await.unwrap(), None);
+    store.kv_set("a", "1").await.unwrap();
+    store.kv_set("a", "2 ünïcode").await.unwrap();
+    assert_eq!(
+        store.kv_get("a").await.unwrap().as_deref(),
+        Some("2 ünïcode")
+    );
+}
+
+pub async fn duplicate_ids_conflict_and_missing_references_are_not_found(f: &Fixture) {
+    let store = f.open().await;
+    store.create_tenant(&tenant("ten_a")).await.unwrap();
+    assert!(matches!(
+        store.create_tenant(&tenant("ten_a")).await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert!(matches!(
+        store.get_tenant("ten_zz").await,
+        Err(StoreError::NotFound(_))
+    ));
+
+    // A sandbox or key of a tenant that does not exist is refused.
+    assert!(matches!(
+        store.create_sandbox(&sandbox(1, "ten_ghost")).await,
+        Err(StoreError::NotFound(_))
+    ));
+    store.create_sandbox(&sandbox(1, "ten_a")).await.unwrap();
+    assert!(matches!(
+        store.create_sandbox(&sandbox(1, "ten_a")).await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert!(matches!(
+        store.get_sandbox(&sandbox_id(9)).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(matches!(
+        store.get_worker(&worker_id("nobody")).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(matches!(
+        store.get_execution(&sandbox_id(1), 1).await,
+        Err(StoreError::NotFound(_))
+    ));
+
+    let key = SigningKeyRecord {
+        key_id: "k".into(),
+        seed: [1; 32],
+        state: KeyState::Published,
+        created_at: NOW,
+        not_before: NOW,
+        not_after: NOW + 1,
+    };
+    store.insert_signing_key(&key).await.unwrap();
+    assert!(matches!(
+        store.insert_signing_key(&key).await,
+        Err(StoreError::Conflict(_))
+    ));
+}
+
+pub async fn revoking_an_api_key_is_idempotent_and_keeps_the_first_revocation_time(f: &Fixture) {
+    let store = f.open().await;
+    store.create_tenant(&tenant("ten_a")).await.unwrap();
+    let key = ApiKeyRecord {
+        id: "ak_r".into(),
+        tenant: "ten_a".into(),
+        hash: [9; 32],
+        admin: false,
+        created_at: NOW,
+        revoked_at: None,
+    };
+    store.insert_api_key(&key).await.unwrap();
+    assert!(matches!(
+        store.insert_api_key(&key).await,
+        Err(StoreError::Conflict(_))
+    ));
+
+    assert!(store.revoke_api_key("ak_r", NOW + 10).await.unwrap());
+    assert!(!store.revoke_api_key("ak_r", NOW + 20).await.unwrap());
+    let stored = store.find_api_key("ak_r").await.unwrap().unwrap();
+    assert_eq!(stored.revoked_at, Some(NOW + 10));
+    assert!(matches!(
+        store.revoke_api_key("ak_missing", NOW).await,
+        Err(StoreError::NotFound(_))
+    ));
+}
+
+pub async fn worker_state_changes_and_heartbeats_are_stored_and_re_enrolment_keeps_registered_at(
+    f: &Fixture,
+) {
+    let store = f.open().await;
+    let w = worker("worker-a");
+    store.upsert_worker(&w).await.unwrap();
+
+    store
+        .set_worker_state(&w.id, WorkerState::Draining)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get_worker(&w.id).await.unwrap().state,
+        WorkerState::Draining
+    );
+    store
+        .set_worker_state(&w.id, WorkerState::Dead)
+        .await
+        .unwrap();
+    store.touch_worker(&w.id, NOW + 30).await.unwrap();
+    let stored = store.get_worker(&w.id).await.unwrap();
+    assert_eq!(
+        (stored.state, stored.last_seen),
+        (WorkerState::Dead, NOW + 30)
+    );
+
+    // Re-enrolment after a restart: new URL, credential and state, same first registration.
+    let mut again = worker("worker-a");
+    again.url = "http://127.0.0.1:7200".into();
+    again.credential_hash = [8; 32];
+    again.registered_at = NOW + 100;
+    again.last_seen = NOW + 100;
+    let stored = store.upsert_worker(&again).await.unwrap();
+    assert_eq!(stored.registered_at, NOW);
+    assert_eq!(
+        (
+            stored.url.as_str(),
+            stored.credential_hash,
+            stored.state,
+            stored.last_seen
+        ),
+        (
+            "http://127.0.0.1:7200",
+            [8; 32],
+            WorkerState::Active,
+            NOW + 100
+        )
+    );
+    assert_eq!(store.get_worker(&w.id).await.unwrap(), stored);
+
+    let ghost = worker_id("ghost");
+    assert!(matches!(
+        store.set_worker_state(&ghost, WorkerState::Active).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(matches!(
+        store.touch_worker(&ghost, NOW).await,
+        Err(StoreError::NotFound(_))
+    ));
+}
+
+pub async fn sandbox_state_change_with_a_stale_expected_state_is_refused(f: &Fixture) {
+    let store = f.open().await;
+    let id = fixture::with_sandbox(&store, 1).await;
+
+    store
+        .set_sandbox_state(&id, SandboxState::Running, Some(SandboxState::Starting))
+        .await
+        .unwrap();
+    // A second replica still believing the sandbox is starting loses.
+    let stale = store
+        .set_sandbox_state(&id, SandboxState::Stopped, Some(SandboxState::Starting))
+        .await;
+    assert!(matches!(stale, Err(StoreError::Conflict(_))), "{stale:?}");
+    assert_eq!(
+        store.get_sandbox(&id).await.unwrap().state,
+        SandboxState::Running
+    );
+
+    store
+        .set_sandbox_state(&id, SandboxState::Paused, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get_sandbox(&id).await.unwrap().state,
+        SandboxState::Paused
+    );
+    assert!(matches!(
+        store
+            .set_sandbox_state(
+                &sandbox_id(77),
+                SandboxState::Paused,
+                Some(SandboxState::Running)
+            )
+            .await,
+        Err(StoreError::NotFound(_))
+    ));
+}
+
+pub async fn signing_key_state_changes_are_stored(f: &Fixture) {
+    let store = f.open().await;
+    let key = SigningKeyRecord {
+        key_id: "key-r".into(),
+        seed: [5; 32],
+        state: KeyState::Published,
+        created_at: NOW,
+        not_before: NOW,
+        not_after: NOW + 10,
+    };
+    store.insert_signing_key(&key).await.unwrap();
+    for state in [KeyState::Active, KeyState::Retiring, KeyState::Retired] {
+        store.set_signing_key_state("key-r", state).await.unwrap();
+        assert_eq!(store.list_signing_keys().await.unwrap()[0].state, state);
+    }
+    assert!(matches!(
+        store.set_signing_key_state("key-x", KeyState::Active).await,
+        Err(StoreError::NotFound(_))
+    ));
+}
+
+pub async fn bundles_never_roll_back(f: &Fixture) {
+    let store = f.open().await;
+    store.store_bundle(5, b"five".to_vec()).await.unwrap();
+    for older in [5, 4, 0] {
+        let res = store.store_bundle(older, b"old".to_vec()).await;
+        assert!(
+            matches!(res, Err(StoreError::Conflict(_))),
+            "{older}: {res:?}"
+        );
+    }
+    assert_eq!(
+        store.latest_bundle().await.unwrap(),
+        Some((5, b"five".to_vec()))
+    );
+    store.store_bundle(7, b"seven".to_vec()).await.unwrap();
+
+    // Another replica's store sees the same newest bundle and cannot go back either.
+    let other = f.open().await;
+    assert!(matches!(
+        other.store_bundle(6, b"six".to_vec()).await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert_eq!(
+        other.latest_bundle().await.unwrap(),
+        Some((7, b"seven".to_vec()))
+    );
+}
+
+pub async fn kv_insert_if_absent_keeps_the_first_value(f: &Fixture) {
+    let a = f.open().await;
+    let b = f.open().await;
+    assert!(a.kv_insert_if_absent("anchor", "from-a").await.unwrap());
+    assert!(!b.kv_insert_if_absent("anchor", "from-b").await.unwrap());
+    assert_eq!(b.kv_get("anchor").await.unwrap().as_deref(), Some("from-a"));
+}
