@@ -427,7 +427,7 @@ impl PgStore {
         };
         let generation = row.int(0)?;
         let rec = crate::new_execution(
-            sandbox.clone(),
+            *sandbox,
             generation,
             execution_id,
             worker.clone(),

@@ -342,7 +342,7 @@ impl SqliteStore {
         substrate: Substrate,
         now: i64,
     ) -> Result<ExecutionRecord, StoreError> {
-        let (sandbox, worker) = (sandbox.clone(), worker.clone());
+        let (sandbox, worker) = (*sandbox, worker.clone());
         self.call(move |c| {
             let sbx = sandbox.to_string();
             let tx = c
@@ -716,3 +716,7 @@ impl Cols for Row<'_> {
         self.get(i).map_err(sqlite_err)
     }
 }
+
+#[cfg(test)]
+#[path = "sqlite_tests.rs"]
+mod tests;

@@ -227,11 +227,15 @@ impl Drop for PgServer {
     }
 }
 
-/// Where `initdb` and `pg_ctl` live, or a description of what is missing.
+/// Where `initdb` and `pg_ctl` live ([`BIN_DIR_ENV`] first), or a description of what
+/// is missing.
 pub fn find_bin_dir() -> Result<PathBuf, String> {
+    locate(std::env::var_os(BIN_DIR_ENV).map(PathBuf::from))
+}
+
+fn locate(bin_override: Option<PathBuf>) -> Result<PathBuf, String> {
     let has_both = |d: &Path| d.join("initdb").is_file() && d.join("pg_ctl").is_file();
-    if let Some(dir) = std::env::var_os(BIN_DIR_ENV) {
-        let dir = PathBuf::from(dir);
+    if let Some(dir) = bin_override {
         return if has_both(&dir) {
             Ok(dir)
         } else {
@@ -306,4 +310,22 @@ fn check(program: &str, out: Output) -> io::Result<()> {
 
 fn shell_quote(s: &std::ffi::OsStr) -> String {
     format!("'{}'", s.to_string_lossy().replace('\'', r"'\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bin_dir_override_without_the_binaries_names_what_is_missing() {
+        let empty = tempfile::tempdir().unwrap();
+        let err = locate(Some(empty.path().to_owned())).unwrap_err();
+        assert!(err.contains("initdb and pg_ctl"), "{err}");
+        assert!(err.contains(&empty.path().display().to_string()), "{err}");
+    }
+
+    #[test]
+    fn shell_quoting_survives_single_quotes() {
+        assert_eq!(shell_quote("a'b c".as_ref()), r"'a'\''b c'");
+    }
 }

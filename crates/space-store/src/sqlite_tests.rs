@@ -1,0 +1,82 @@
+//! SQLite-only behaviour: connection settings, and refusing what this build cannot read.
+
+use super::*;
+
+async fn store() -> (tempfile::TempDir, SqliteStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("s.db")).await.unwrap();
+    (dir, store)
+}
+
+fn raw<T: Send + 'static>(store: &SqliteStore, f: impl FnOnce(&Connection) -> T) -> T {
+    f(&store.conn.lock().unwrap())
+}
+
+#[tokio::test]
+async fn the_connection_uses_wal_full_sync_foreign_keys_and_a_busy_timeout() {
+    let (_dir, store) = store().await;
+    let (mode, sync, fk, timeout) = raw(&store, |c| {
+        let get = |p: &str| -> String {
+            c.query_row(&format!("PRAGMA {p}"), [], |r| {
+                r.get::<_, rusqlite::types::Value>(0)
+            })
+            .map(|v| format!("{v:?}"))
+            .unwrap()
+        };
+        (
+            get("journal_mode"),
+            get("synchronous"),
+            get("foreign_keys"),
+            get("busy_timeout"),
+        )
+    });
+    assert_eq!(mode, r#"Text("wal")"#);
+    assert_eq!(sync, "Integer(2)", "synchronous must be FULL");
+    assert_eq!(fk, "Integer(1)");
+    assert_eq!(timeout, format!("Integer({})", BUSY_TIMEOUT.as_millis()));
+}
+
+#[tokio::test]
+async fn a_database_migrated_by_a_newer_build_is_refused() {
+    let (_dir, store) = store().await;
+    raw(&store, |c| {
+        c.execute(
+            "INSERT INTO schema_migrations (version, name) VALUES (999, 'future')",
+            [],
+        )
+        .unwrap()
+    });
+    let err = store.migrate().await.unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Backend(m) if m.contains("999")),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_row_with_an_unknown_state_is_an_error_not_a_guess() {
+    let (_dir, store) = store().await;
+    raw(&store, |c| {
+        c.execute_batch(
+            "INSERT INTO tenants VALUES ('ten_a', 'a', 0);
+             INSERT INTO sandboxes VALUES ('sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa', 'ten_a', 'default',
+                 'exploded', 0, NULL, 'null', '{}', 0);",
+        )
+        .unwrap()
+    });
+    let id: SandboxId = "sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa".parse().unwrap();
+    let err = store.get_sandbox(&id).await.unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Backend(m) if m.contains("sandbox state")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn placeholders_become_sqlite_numbered_parameters() {
+    assert_eq!(
+        dollar_to_question("UPDATE t SET a = $2 WHERE b = $1 AND c = $10"),
+        "UPDATE t SET a = ?2 WHERE b = ?1 AND c = ?10"
+    );
+    assert!(matches!(dollar_to_question("SELECT 1"), Cow::Borrowed(_)));
+}
