@@ -6,7 +6,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use space_proto::codec;
-use space_proto::frame::{read_frame, FrameReader};
+use space_proto::frame::{FrameReader, read_frame};
 use space_proto::guest::{self, Activation};
 
 fuzz_target!(|data: &[u8]| {

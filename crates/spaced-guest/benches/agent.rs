@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use space_identity::{ExecutionId, SandboxId};
 use space_proto::client::AgentConnection;
 use space_proto::guest::{Activation, ExecSpec};
@@ -65,7 +65,10 @@ fn start_agent() -> Agent {
         .expect("spawn spaced-guest");
     let start = Instant::now();
     while !Path::new(&socket).exists() {
-        assert!(start.elapsed() < Duration::from_secs(10), "agent did not listen");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "agent did not listen"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     Agent {

@@ -100,14 +100,45 @@ fn remove(p: &Path, recursive: bool) -> io::Result<()> {
     let md = fs::symlink_metadata(p)?;
     if md.is_dir() {
         if recursive {
-            // std's remove_dir_all does not follow symlinks inside the tree.
-            fs::remove_dir_all(p)
+            remove_tree(p)
         } else {
             fs::remove_dir(p)
         }
     } else {
         fs::remove_file(p)
     }
+}
+
+/// Subdirectories queued per visit of a directory in [`remove_tree`].
+const REMOVE_BATCH: usize = 256;
+
+/// Removes a directory tree without recursion: std's `remove_dir_all` recurses once
+/// per level, and a workload can build a tree deep enough to overflow a connection
+/// thread's stack, which would abort the whole agent. Memory stays at most
+/// `REMOVE_BATCH` paths per level: a directory with more subdirectories is visited
+/// again after the first batch is gone. Symlinks are removed, never followed.
+fn remove_tree(root: &Path) -> io::Result<()> {
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.last().cloned() {
+        let mut subdirs = Vec::new();
+        for entry in fs::read_dir(&dir)? {
+            let entry = entry?;
+            if entry.file_type()?.is_dir() {
+                if subdirs.len() < REMOVE_BATCH {
+                    subdirs.push(entry.path());
+                }
+            } else {
+                fs::remove_file(entry.path())?;
+            }
+        }
+        if subdirs.is_empty() {
+            fs::remove_dir(&dir)?;
+            stack.pop();
+        } else {
+            stack.extend(subdirs);
+        }
+    }
+    Ok(())
 }
 
 /// Lists a directory in batches; an entry removed while listing is skipped.

@@ -156,7 +156,9 @@ pub fn serve(agent: Arc<Agent>, listener: OwnedFd) -> io::Result<()> {
         let slot = Slot(agent.clone());
         let spawned = std::thread::Builder::new()
             .name("conn".into())
-            .stack_size(256 * 1024)
+            // Address space, not memory: only touched pages count. Enough for std's
+            // per-component recursion in `create_dir_all` on the longest paths.
+            .stack_size(2 << 20)
             .spawn(move || {
                 let _ = conn::serve(stream, &slot.0);
             });

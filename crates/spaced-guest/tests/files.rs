@@ -364,3 +364,24 @@ fn watch_of_a_missing_directory_is_not_found() {
         ErrorKind::NotFound
     );
 }
+
+#[test]
+fn removing_a_very_deep_tree_succeeds_and_the_agent_keeps_serving() {
+    let mut agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    // 2000 levels: near PATH_MAX, far deeper than a recursive removal should need.
+    let out = conn
+        .exec(ExecSpec::shell(
+            "mkdir deep && cd deep && i=0; while [ $i -lt 2000 ]; do mkdir d && cd d && touch f; i=$((i+1)); done",
+        ))
+        .unwrap();
+    assert_eq!(
+        out.status.outcome,
+        space_proto::guest::ExitOutcome::Code(0),
+        "{:?}",
+        out
+    );
+    conn.remove("deep", true).unwrap();
+    assert!(agent.is_running());
+    assert!(conn.list(".").unwrap().is_empty());
+}
