@@ -36,7 +36,7 @@ pub struct SqliteStore {
 type Params<'a> = &'a [&'a dyn ToSql];
 
 impl SqliteStore {
-    /// Opens (creating if needed) the database at `path` with WAL, `synchronous=FULL`
+    /// Opens (creating it and its directory if needed) the database at `path` with WAL, `synchronous=FULL`
     /// (a commit is on disk before it returns) and foreign keys on, then migrates it.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         let path: PathBuf = path.as_ref().to_owned();
@@ -590,6 +590,11 @@ impl SqliteStore {
 }
 
 fn open_connection(path: &Path) -> Result<Connection, StoreError> {
+    // A fresh data directory is the normal first start of `space up`.
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| StoreError::Backend(format!("create {}: {e}", parent.display())))?;
+    }
     let conn = Connection::open(path).map_err(sqlite_err)?;
     // Set first: switching to WAL itself may have to wait for another connection.
     conn.busy_timeout(BUSY_TIMEOUT).map_err(sqlite_err)?;

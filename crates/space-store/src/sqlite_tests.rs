@@ -80,3 +80,16 @@ fn placeholders_become_sqlite_numbered_parameters() {
     );
     assert!(matches!(dollar_to_question("SELECT 1"), Cow::Borrowed(_)));
 }
+
+#[tokio::test]
+async fn opening_creates_the_data_directory_and_reopening_finds_the_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("new/data/dir/store.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    store.kv_set("k", "v").await.unwrap();
+    drop(store);
+    let again = crate::Store::open(&format!("sqlite:{}", path.display()))
+        .await
+        .unwrap();
+    assert_eq!(again.kv_get("k").await.unwrap().as_deref(), Some("v"));
+}
