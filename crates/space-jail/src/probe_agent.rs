@@ -61,7 +61,9 @@ pub fn run() -> i32 {
 
 fn serve(stream: UnixStream, activation: &str) {
     let mut line = String::new();
-    if BufReader::new(&stream).read_line(&mut line).is_err() {
+    // A client that connects and leaves (a liveness or credentials check) sent
+    // no request: there is nothing to run.
+    if !matches!(BufReader::new(&stream).read_line(&mut line), Ok(n) if n > 0) {
         return;
     }
     let line = line.trim_end_matches('\n');

@@ -119,6 +119,35 @@ fn pause_freezes_the_sandbox_and_resume_continues_it() {
 }
 
 #[test]
+fn pause_and_destroy_succeed_while_the_sandbox_keeps_spawning_processes() {
+    require_jail_host!();
+    let env = TestEnv::new();
+    let jail = env.jail();
+    // posix_spawn uses vfork: a parent waiting for a child frozen before its exec
+    // cannot be frozen itself, so a naive freeze would hang in FREEZING.
+    jail.ok(
+        "printf 'import subprocess\\nwhile True:\\n    subprocess.run([\"/bin/true\"])\\n' > /root/spawner.py \
+         && python3 /root/spawner.py >/dev/null 2>&1 &",
+    );
+    sleep(Duration::from_millis(50));
+    for _ in 0..30 {
+        env.driver.pause(&jail.handle).expect("pause");
+        assert!(env.driver.stats(&jail.handle).unwrap().cgroup.frozen);
+        env.driver.resume(&jail.handle).expect("resume");
+    }
+    assert!(
+        jail.ok("ps -e -o comm= 2>/dev/null || cat /proc/[0-9]*/comm")
+            .contains("python3")
+    );
+    let handle = jail.destroy();
+    assert!(
+        support::leftovers(&handle).is_empty(),
+        "{:?}",
+        support::leftovers(&handle)
+    );
+}
+
+#[test]
 fn a_paused_sandbox_can_be_destroyed() {
     require_jail_host!();
     let env = TestEnv::new();

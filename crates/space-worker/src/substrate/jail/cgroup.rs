@@ -2,6 +2,7 @@
 //! for killing without races, and statistics. Supports cgroup v1 (one hierarchy
 //! per controller) and v2 (one unified hierarchy), detected at runtime.
 
+use std::collections::HashSet;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -17,6 +18,12 @@ const CPU_PERIOD_US: u64 = 100_000;
 
 /// How long to wait for a freeze, a thaw or an emptied cgroup before giving up.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long one freeze attempt may stay in FREEZING. A task waiting for its
+/// `vfork` child (as `posix_spawn` does) cannot be frozen while that child is
+/// frozen before its `exec`; the freeze then never completes, so it is undone and
+/// retried, letting the spawn finish in between.
+const FREEZE_ATTEMPT: Duration = Duration::from_millis(50);
 
 /// The cgroup hierarchies of this machine, found in `/proc/self/mountinfo`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -383,19 +390,46 @@ impl CgroupSet {
         }
     }
 
-    /// Freezes every process and waits until the kernel reports them frozen.
+    /// Freezes every process and waits until the kernel reports them frozen,
+    /// retrying (thaw, then freeze again) when an attempt is stuck; on failure the
+    /// sandbox is left thawed.
     pub fn freeze(&self) -> Result<(), SubstrateError> {
+        let deadline = Instant::now() + SETTLE_TIMEOUT;
+        loop {
+            self.request_freeze(true)?;
+            let attempt = (Instant::now() + FREEZE_ATTEMPT).min(deadline);
+            if poll_until(attempt, || self.is_frozen())? {
+                return Ok(());
+            }
+            self.thaw()?;
+            if Instant::now() >= deadline {
+                return Err(SubstrateError::Timeout(format!(
+                    "cgroup {} did not freeze",
+                    self.dirs()[0].display()
+                )));
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    fn request_freeze(&self, frozen: bool) -> Result<(), SubstrateError> {
+        match self {
+            Self::V1 { freezer, .. } => write_file(
+                &freezer.join("freezer.state"),
+                if frozen { "FROZEN" } else { "THAWED" },
+            ),
+            Self::V2 { dir } => {
+                write_file(&dir.join("cgroup.freeze"), if frozen { "1" } else { "0" })
+            }
+        }
+    }
+
+    fn is_frozen(&self) -> Result<bool, SubstrateError> {
         match self {
             Self::V1 { freezer, .. } => {
-                let state = freezer.join("freezer.state");
-                write_file(&state, "FROZEN")?;
-                wait_until(&state, || Ok(read_file(&state)?.trim() == "FROZEN"))
+                Ok(read_file(&freezer.join("freezer.state"))?.trim() == "FROZEN")
             }
-            Self::V2 { dir } => {
-                write_file(&dir.join("cgroup.freeze"), "1")?;
-                let events = dir.join("cgroup.events");
-                wait_until(&events, || Ok(keyed_u64(&events, "frozen")? == 1))
-            }
+            Self::V2 { dir } => Ok(keyed_u64(&dir.join("cgroup.events"), "frozen")? == 1),
         }
     }
 
@@ -432,15 +466,33 @@ impl CgroupSet {
                 return Ok(count);
             }
         }
-        self.freeze()?;
-        let pids = self.procs()?;
-        for &pid in &pids {
-            // ESRCH only means it is already gone.
-            let _ =
-                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+        // Frozen, nothing can fork between reading the list and the kill. If the
+        // freeze cannot complete, kill anyway and repeat until the list is empty:
+        // the tasks are bounded by pids.max, so new forks run out.
+        let frozen = self.freeze().is_ok();
+        let mut killed = HashSet::new();
+        let deadline = Instant::now() + SETTLE_TIMEOUT;
+        loop {
+            let pids = self.procs()?;
+            if pids.is_empty() || Instant::now() >= deadline {
+                break;
+            }
+            for &pid in &pids {
+                // ESRCH only means it is already gone.
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::SIGKILL,
+                );
+                killed.insert(pid);
+            }
+            if frozen {
+                // The kills land as the tasks thaw; what is left is zombies to reap.
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
-        self.thaw()?;
-        Ok(pids.len())
+        self.request_freeze(false)?;
+        Ok(killed.len())
     }
 
     /// Waits until no process is left in the sandbox's cgroups.
@@ -505,23 +557,20 @@ impl CgroupSet {
     }
 }
 
-/// Polls `done` until it holds: spins briefly (freezing usually takes well under
-/// a millisecond), then sleeps in short steps.
-fn wait_until(
-    what: &Path,
+/// Polls `done` until it holds or `deadline` passes; returns whether it held.
+/// Spins briefly first (freezing usually takes well under a millisecond), then
+/// sleeps in short steps.
+fn poll_until(
+    deadline: Instant,
     mut done: impl FnMut() -> Result<bool, SubstrateError>,
-) -> Result<(), SubstrateError> {
-    let start = Instant::now();
+) -> Result<bool, SubstrateError> {
     let mut polls = 0u32;
     loop {
         if done()? {
-            return Ok(());
+            return Ok(true);
         }
-        if start.elapsed() > SETTLE_TIMEOUT {
-            return Err(SubstrateError::Timeout(format!(
-                "cgroup {} did not settle",
-                what.display()
-            )));
+        if Instant::now() >= deadline {
+            return Ok(false);
         }
         polls += 1;
         if polls < 50 {
@@ -529,6 +578,21 @@ fn wait_until(
         } else {
             sleep(Duration::from_micros(200));
         }
+    }
+}
+
+/// Polls `done` until it holds, or fails after [`SETTLE_TIMEOUT`].
+fn wait_until(
+    what: &Path,
+    done: impl FnMut() -> Result<bool, SubstrateError>,
+) -> Result<(), SubstrateError> {
+    if poll_until(Instant::now() + SETTLE_TIMEOUT, done)? {
+        Ok(())
+    } else {
+        Err(SubstrateError::Timeout(format!(
+            "cgroup {} did not settle",
+            what.display()
+        )))
     }
 }
 
