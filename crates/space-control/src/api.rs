@@ -1,0 +1,422 @@
+//! The HTTP API of the control plane and edge (`API.md`), and the internal endpoints
+//! workers call. Requests are parsed into typed values here; handlers never see raw
+//! input, and bad input is a 4xx with a JSON error, never a 500.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use serde::de::DeserializeOwned;
+use space_identity::{AccessSet, OperationClass, SandboxId, WorkerId};
+use space_proto::api::{CapabilityRequest, CreateSandbox, EnrollRequest};
+
+use crate::auth::Caller;
+use crate::edge::{Authority, Edge};
+use crate::error::ApiError;
+use crate::service::ControlPlane;
+
+/// Largest request body (file uploads).
+pub const MAX_BODY: usize = 64 << 20;
+
+/// Shared state of the handlers.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The control plane (absent in a standalone edge).
+    pub cp: Option<Arc<ControlPlane>>,
+    /// The edge.
+    pub edge: Arc<Edge>,
+}
+
+fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+}
+
+fn bearer(headers: &HeaderMap) -> Result<String, ApiError> {
+    let v = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(ApiError::unauthorized)?;
+    v.strip_prefix("Bearer ")
+        .map(|s| s.trim().to_owned())
+        .ok_or_else(ApiError::unauthorized)
+}
+
+async fn caller(st: &AppState, headers: &HeaderMap) -> Result<(Caller, String), ApiError> {
+    let b = bearer(headers)?;
+    let c = st.edge.authenticate(&b).await?;
+    Ok((c, b))
+}
+
+fn cp(st: &AppState) -> Result<&Arc<ControlPlane>, ApiError> {
+    st.cp.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "not_here",
+            "served by the control plane, not this edge",
+        )
+    })
+}
+
+fn sandbox_id(s: &str) -> Result<SandboxId, ApiError> {
+    s.parse().map_err(|_| ApiError::not_found("sandbox"))
+}
+
+/// The router.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/sandboxes", post(create_sandbox).get(list_sandboxes))
+        .route(
+            "/v1/sandboxes/{id}",
+            get(get_sandbox).delete(delete_sandbox),
+        )
+        .route("/v1/sandboxes/{id}/capabilities", post(capability))
+        .route("/v1/sandboxes/{id}/exec", post(forward_exec))
+        .route(
+            "/v1/sandboxes/{id}/files",
+            get(forward_files).put(forward_files).delete(forward_files),
+        )
+        .route("/v1/sandboxes/{id}/files/list", get(forward_list))
+        .route("/v1/workers", get(workers))
+        .route("/v1/whoami", get(whoami))
+        .route("/v1/tenants", post(create_tenant))
+        .route("/v1/keys", post(create_key))
+        .route("/v1/keys/{id}", delete(revoke_key))
+        .route("/v1/signing-keys/rotate", post(rotate))
+        .route("/metrics", get(metrics))
+        .route("/internal/v1/enroll", post(enroll))
+        .route("/internal/v1/workers/{id}/sync", post(sync))
+        .route("/internal/v1/workers/{id}/lost", post(lost))
+        .fallback(|| async { ApiError::not_found("route") })
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(middleware::from_fn_with_state(state.clone(), observe))
+        .with_state(state)
+}
+
+async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let start = Instant::now();
+    let resp = next.run(req).await;
+    if let Some(cp) = &st.cp {
+        cp.metrics.observe(
+            &route,
+            resp.status().as_u16(),
+            start.elapsed().as_secs_f64(),
+        );
+    }
+    resp
+}
+
+async fn create_sandbox(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let (c, _) = caller(&st, &headers).await?;
+    let req: CreateSandbox = if body.is_empty() {
+        CreateSandbox::default()
+    } else {
+        parse(&body)?
+    };
+    let cp = cp(&st)?;
+    let s = cp.create_sandbox(&c, req).await?;
+    Ok((StatusCode::CREATED, Json(cp.view(&s).await?)).into_response())
+}
+
+async fn list_sandboxes(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let (c, _) = caller(&st, &headers).await?;
+    let cp = cp(&st)?;
+    let mut out = Vec::new();
+    for s in cp.store.list_sandboxes(&c.tenant).await? {
+        out.push(cp.view(&s).await?);
+    }
+    Ok(Json(out).into_response())
+}
+
+async fn get_sandbox(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let (c, _) = caller(&st, &headers).await?;
+    let cp = cp(&st)?;
+    let s = cp.sandbox_for(&c, &sandbox_id(&id)?).await?;
+    Ok(Json(cp.view(&s).await?).into_response())
+}
+
+async fn delete_sandbox(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let (c, _) = caller(&st, &headers).await?;
+    let cp = cp(&st)?;
+    let s = cp.sandbox_for(&c, &sandbox_id(&id)?).await?;
+    cp.delete_sandbox(&s).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn capability(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let (c, _) = caller(&st, &headers).await?;
+    let req: CapabilityRequest = parse(&body)?;
+    let cp = cp(&st)?;
+    let s = cp.sandbox_for(&c, &sandbox_id(&id)?).await?;
+    let port = match (req.port, req.protocol) {
+        (Some(p), Some(proto)) => Some((p, proto)),
+        (None, None) => None,
+        _ => return Err(ApiError::bad_request("port and protocol go together")),
+    };
+    let cap = cp
+        .issue_capability(&s, AccessSet::of(&req.access), req.purpose, port)
+        .await?;
+    Ok(Json(cap).into_response())
+}
+
+async fn forward(
+    st: &AppState,
+    headers: &HeaderMap,
+    id: &str,
+    method: Method,
+    path_and_query: String,
+    body: Bytes,
+    class: OperationClass,
+) -> Result<Response, ApiError> {
+    let (c, b) = caller(st, headers).await?;
+    let sandbox = sandbox_id(id)?;
+    let f = st
+        .edge
+        .forward(
+            &c,
+            &b,
+            &sandbox,
+            method,
+            &path_and_query,
+            headers,
+            body,
+            class,
+        )
+        .await?;
+    let mut resp = (f.status, f.body).into_response();
+    if let Some(ct) = f.content_type.and_then(|v| HeaderValue::from_str(&v).ok()) {
+        resp.headers_mut().insert(header::CONTENT_TYPE, ct);
+    }
+    if let Some(e) = f.execution.and_then(|v| HeaderValue::from_str(&v).ok()) {
+        resp.headers_mut().insert("space-execution", e);
+    }
+    Ok(resp)
+}
+
+fn mutation(headers: &HeaderMap) -> OperationClass {
+    OperationClass::Mutation {
+        idempotency_key: headers.contains_key("idempotency-key"),
+    }
+}
+
+async fn forward_exec(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let pq = path_and_query(&req);
+    let body = axum::body::to_bytes(req.into_body(), MAX_BODY)
+        .await
+        .map_err(|_| ApiError::bad_request("body too large"))?;
+    let class = mutation(&headers);
+    forward(&st, &headers, &id, Method::POST, pq, body, class).await
+}
+
+async fn forward_files(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let method = req.method().clone();
+    let pq = path_and_query(&req);
+    let body = axum::body::to_bytes(req.into_body(), MAX_BODY)
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                "body over 64 MiB",
+            )
+        })?;
+    let class = if method == Method::GET {
+        OperationClass::Read
+    } else {
+        mutation(&headers)
+    };
+    forward(&st, &headers, &id, method, pq, body, class).await
+}
+
+async fn forward_list(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let pq = path_and_query(&req);
+    forward(
+        &st,
+        &headers,
+        &id,
+        Method::GET,
+        pq,
+        Bytes::new(),
+        OperationClass::Read,
+    )
+    .await
+}
+
+fn path_and_query(req: &Request) -> String {
+    req.uri()
+        .path_and_query()
+        .map_or_else(|| req.uri().path().to_owned(), |p| p.as_str().to_owned())
+}
+
+async fn workers(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let _ = caller(&st, &headers).await?;
+    Ok(Json(cp(&st)?.workers().await?).into_response())
+}
+
+async fn whoami(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let (c, _) = caller(&st, &headers).await?;
+    Ok(
+        Json(serde_json::json!({"tenant": c.tenant, "key_id": c.key_id, "admin": c.admin}))
+            .into_response(),
+    )
+}
+
+async fn create_tenant(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let (c, _) = caller(&st, &headers).await?;
+    if !c.admin {
+        return Err(ApiError::forbidden("only an admin key may create tenants"));
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Req {
+        name: String,
+    }
+    let req: Req = parse(&body)?;
+    let (t, key) = cp(&st)?.create_tenant(&req.name, false).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(serde_json::json!({"tenant": t.id, "name": t.name, "key_id": key.id, "api_key": key.text})),
+    )
+        .into_response())
+}
+
+async fn create_key(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let (c, _) = caller(&st, &headers).await?;
+    let key = cp(&st)?.create_key(&c.tenant, false).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(serde_json::json!({"key_id": key.id, "api_key": key.text})),
+    )
+        .into_response())
+}
+
+async fn revoke_key(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let (c, _) = caller(&st, &headers).await?;
+    cp(&st)?.revoke_key(&c, &id).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn rotate(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let (c, _) = caller(&st, &headers).await?;
+    if !c.admin {
+        return Err(ApiError::forbidden(
+            "only an admin key may rotate signing keys",
+        ));
+    }
+    let key_id = cp(&st)?.rotate_keys().await?;
+    st.edge.clear();
+    Ok(Json(serde_json::json!({"active_key": key_id})).into_response())
+}
+
+async fn metrics(State(st): State<AppState>) -> Result<Response, ApiError> {
+    let text = cp(&st)?.metrics.encode();
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}
+
+async fn enroll(State(st): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let req: EnrollRequest = parse(&body)?;
+    Ok(Json(cp(&st)?.enroll(&req).await?).into_response())
+}
+
+async fn worker_caller(
+    st: &AppState,
+    headers: &HeaderMap,
+    id: &str,
+) -> Result<space_store::WorkerRecord, ApiError> {
+    let id: WorkerId = id.parse().map_err(|_| ApiError::unauthorized())?;
+    let b = bearer(headers)?;
+    cp(st)?.authenticate_worker(&id, &b).await
+}
+
+async fn sync(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let w = worker_caller(&st, &headers, &id).await?;
+    Ok(Json(cp(&st)?.sync_for(&w).await?).into_response())
+}
+
+async fn lost(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let w = worker_caller(&st, &headers, &id).await?;
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Req {
+        sandbox: SandboxId,
+        generation: u64,
+    }
+    let req: Req = parse(&body)?;
+    cp(&st)?
+        .execution_lost(&w, &req.sandbox, req.generation)
+        .await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// A standalone edge's state (no control plane in process).
+pub fn edge_only(url: String) -> AppState {
+    AppState {
+        cp: None,
+        edge: Edge::new(Authority::Remote {
+            url,
+            http: crate::http::HttpClient::new(std::time::Duration::from_secs(30)),
+        }),
+    }
+}

@@ -1,0 +1,418 @@
+//! The edge: forwards sandbox-scoped operations to the worker named by the route, with
+//! the route cache and the recovery rules of `IDENTITY.md` §4.
+//!
+//! RefreshRoute from a worker → one coalesced resolve → one rebuilt attempt for an
+//! eligible operation. Deny is surfaced. Cache replacement is compare-and-swap on the
+//! rejected route and keeps the original authorization expiry.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::http::{HeaderMap, Method, StatusCode};
+use bytes::Bytes;
+use space_identity::{
+    Access, AccessSet, AfterRefresh, Execution, Generation, OperationClass, Placement, Progress,
+    Purpose, Recovery, RecoveryError, RecoveryStep, RefreshReason, Route, RouteCache,
+    RouteIdentity, SandboxId, Timestamp,
+};
+use space_proto::api::{CapabilityResponse, ErrorBody};
+
+use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::http::{CallError, HttpClient};
+use crate::metrics::RecoveryLabels;
+use crate::now_secs;
+use crate::service::ControlPlane;
+
+/// Where the edge gets callers and capabilities from.
+#[derive(Debug, Clone)]
+pub enum Authority {
+    /// In the control-plane process (`space up`, `space control`).
+    Local(Arc<ControlPlane>),
+    /// A control plane over HTTP (`space edge`).
+    Remote {
+        /// Its base URL.
+        url: String,
+        /// Client.
+        http: HttpClient,
+    },
+}
+
+/// What the cache keeps per sandbox.
+#[derive(Debug, Clone)]
+struct Grant {
+    token: String,
+    worker_url: String,
+    /// The tenant whose authorization produced it (`None`: an admin's).
+    owner: Option<String>,
+}
+
+/// Access the edge asks for: every control operation it forwards.
+fn edge_access() -> AccessSet {
+    AccessSet::of(&[
+        Access::Exec,
+        Access::FsRead,
+        Access::FsWrite,
+        Access::Terminal,
+        Access::Watch,
+        Access::Lifecycle,
+    ])
+}
+
+/// Renew a cached grant this long before its capability expires.
+const RENEW_MARGIN_SECS: u64 = 10;
+
+/// The edge's state.
+#[derive(Debug)]
+pub struct Edge {
+    authority: Authority,
+    http: HttpClient,
+    routes: Mutex<RouteCache<Grant>>,
+    /// One async lock per sandbox so concurrent refreshes share one resolve.
+    resolving: Mutex<HashMap<SandboxId, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// A forwarded answer.
+#[derive(Debug)]
+pub struct Forwarded {
+    /// Status.
+    pub status: StatusCode,
+    /// Content type, if any.
+    pub content_type: Option<String>,
+    /// The execution that answered (`space-execution` header of the worker).
+    pub execution: Option<String>,
+    /// Body.
+    pub body: Bytes,
+}
+
+fn route_of(c: &CapabilityResponse) -> Route {
+    Route {
+        sandbox: c.route.sandbox,
+        execution: Execution {
+            generation: Generation(c.route.generation),
+            id: c.route.execution_id,
+        },
+        placement: Placement {
+            worker: c.route.worker.clone(),
+            substrate: c.route.substrate,
+            activation: c.route.activation,
+            pod_uid: c.route.pod_uid,
+        },
+    }
+}
+
+impl Edge {
+    /// An edge using `authority`.
+    pub fn new(authority: Authority) -> Arc<Self> {
+        Arc::new(Self {
+            authority,
+            http: HttpClient::new(Duration::from_secs(300)),
+            routes: Mutex::new(RouteCache::new(100_000)),
+            resolving: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The authority.
+    pub fn authority(&self) -> &Authority {
+        &self.authority
+    }
+
+    /// Resolves an API key.
+    pub async fn authenticate(&self, bearer: &str) -> Result<Caller, ApiError> {
+        match &self.authority {
+            Authority::Local(cp) => cp.authenticate(bearer).await,
+            Authority::Remote { url, http } => {
+                let auth = format!("Bearer {bearer}");
+                let a = http
+                    .call(
+                        Method::GET,
+                        &format!("{url}/v1/whoami"),
+                        &[("authorization", &auth)],
+                        Bytes::new(),
+                    )
+                    .await
+                    .map_err(|e| ApiError::unavailable(format!("control plane: {e}")))?;
+                if a.status == StatusCode::UNAUTHORIZED {
+                    return Err(ApiError::unauthorized());
+                }
+                let v: serde_json::Value = serde_json::from_slice(&a.body)
+                    .map_err(|_| ApiError::bad_gateway("control plane: bad whoami answer"))?;
+                Ok(Caller {
+                    tenant: v["tenant"].as_str().unwrap_or_default().to_owned(),
+                    key_id: v["key_id"].as_str().unwrap_or_default().to_owned(),
+                    admin: v["admin"].as_bool().unwrap_or(false),
+                })
+            }
+        }
+    }
+
+    /// A fresh capability for `sandbox` under `caller`'s authorization.
+    async fn authorize(
+        &self,
+        caller: &Caller,
+        bearer: &str,
+        sandbox: &SandboxId,
+    ) -> Result<CapabilityResponse, ApiError> {
+        match &self.authority {
+            Authority::Local(cp) => {
+                let s = cp.sandbox_for(caller, sandbox).await?;
+                cp.issue_capability(&s, edge_access(), Purpose::Control, None)
+                    .await
+            }
+            Authority::Remote { url, http } => {
+                let auth = format!("Bearer {bearer}");
+                let body = serde_json::json!({
+                    "access": edge_access().iter().map(|a| a.as_str()).collect::<Vec<_>>(),
+                    "purpose": "control",
+                });
+                let a = http
+                    .post_json(
+                        &format!("{url}/v1/sandboxes/{sandbox}/capabilities"),
+                        &[("authorization", &auth)],
+                        &body,
+                    )
+                    .await
+                    .map_err(|e| ApiError::unavailable(format!("control plane: {e}")))?;
+                if !a.status.is_success() {
+                    let e: ErrorBody = serde_json::from_slice(&a.body).unwrap_or(ErrorBody {
+                        error: "bad_gateway".into(),
+                        message: String::from_utf8_lossy(&a.body).into_owned(),
+                        reason: None,
+                    });
+                    return Err(ApiError {
+                        status: a.status,
+                        code: leak_code(&e.error),
+                        message: e.message,
+                        reason: e.reason,
+                    });
+                }
+                serde_json::from_slice(&a.body)
+                    .map_err(|_| ApiError::bad_gateway("control plane: bad capability answer"))
+            }
+        }
+    }
+
+    fn cached(&self, caller: &Caller, sandbox: &SandboxId) -> Option<(Route, Grant)> {
+        let now = Timestamp::from_unix_secs(now_secs());
+        let routes = self.routes.lock().ok()?;
+        let e = routes.get(sandbox, now)?;
+        let allowed = caller.admin || e.value.owner.as_deref() == Some(caller.tenant.as_str());
+        allowed.then(|| (e.route.clone(), e.value.clone()))
+    }
+
+    async fn fresh(
+        &self,
+        caller: &Caller,
+        bearer: &str,
+        sandbox: &SandboxId,
+    ) -> Result<(Route, Grant), ApiError> {
+        let cap = self.authorize(caller, bearer, sandbox).await?;
+        let route = route_of(&cap);
+        let grant = Grant {
+            token: cap.token,
+            worker_url: cap.route.worker_url,
+            owner: (!caller.admin).then(|| caller.tenant.clone()),
+        };
+        let until = Timestamp::from_unix_secs(cap.expires_at.saturating_sub(RENEW_MARGIN_SECS));
+        if let Ok(mut routes) = self.routes.lock() {
+            routes.insert(
+                route.clone(),
+                grant.clone(),
+                until,
+                Timestamp::from_unix_secs(now_secs()),
+            );
+        }
+        Ok((route, grant))
+    }
+
+    /// After a RefreshRoute for `rejected`: one resolve per sandbox at a time; later
+    /// arrivals use the repaired entry.
+    async fn repair(
+        &self,
+        caller: &Caller,
+        bearer: &str,
+        rejected: &RouteIdentity,
+    ) -> Result<(Route, Grant), ApiError> {
+        let lock = {
+            let mut map = self
+                .resolving
+                .lock()
+                .map_err(|_| ApiError::internal("edge lock poisoned"))?;
+            if map.len() > 10_000 {
+                map.retain(|_, l| Arc::strong_count(l) > 1);
+            }
+            Arc::clone(map.entry(rejected.sandbox).or_default())
+        };
+        let _guard = lock.lock().await;
+        let now = Timestamp::from_unix_secs(now_secs());
+        if let Ok(routes) = self.routes.lock() {
+            if let AfterRefresh::UseCurrent(e) = routes.after_refresh(rejected, now) {
+                let allowed =
+                    caller.admin || e.value.owner.as_deref() == Some(caller.tenant.as_str());
+                if allowed {
+                    return Ok((e.route.clone(), e.value.clone()));
+                }
+            }
+        }
+        let cap = self.authorize(caller, bearer, &rejected.sandbox).await?;
+        let route = route_of(&cap);
+        let grant = Grant {
+            token: cap.token,
+            worker_url: cap.route.worker_url,
+            owner: (!caller.admin).then(|| caller.tenant.clone()),
+        };
+        if let Ok(mut routes) = self.routes.lock() {
+            // Conditional on the rejected route; keeps the original expiry. Missing (the
+            // entry expired meanwhile) is fine: the next request authorizes afresh.
+            let _ = routes.replace_if_current(rejected, route.clone(), grant.clone(), now);
+        }
+        Ok((route, grant))
+    }
+
+    /// Forwards one operation with recovery.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn forward(
+        &self,
+        caller: &Caller,
+        bearer: &str,
+        sandbox: &SandboxId,
+        method: Method,
+        path_and_query: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+        class: OperationClass,
+    ) -> Result<Forwarded, ApiError> {
+        let (mut route, mut grant) = match self.cached(caller, sandbox) {
+            Some(hit) => hit,
+            None => self.fresh(caller, bearer, sandbox).await?,
+        };
+        let mut recovery = Recovery::new(class);
+        loop {
+            let auth = format!("SpaceCap {}", grant.token);
+            let mut h: Vec<(&str, &str)> = vec![("authorization", &auth)];
+            for name in ["content-type", "idempotency-key"] {
+                if let Some(v) = headers.get(name).and_then(|v| v.to_str().ok()) {
+                    h.push((name, v));
+                }
+            }
+            let url = format!("{}{}", grant.worker_url, path_and_query);
+            let answer = match self.http.call(method.clone(), &url, &h, body.clone()).await {
+                Ok(a) => a,
+                Err(e) => {
+                    let progress = match e {
+                        CallError::Transport(ref m) if m.contains("connect") => {
+                            Progress::NotStarted
+                        }
+                        _ => Progress::Started,
+                    };
+                    match recovery.on_transport_failure(progress) {
+                        Ok(RecoveryStep::RetrySameRoute) => continue,
+                        _ => return Err(ApiError::bad_gateway(format!("worker unreachable: {e}"))),
+                    }
+                }
+            };
+            match answer.status {
+                StatusCode::MISDIRECTED_REQUEST => {
+                    let reason: RefreshReason = serde_json::from_slice::<ErrorBody>(&answer.body)
+                        .ok()
+                        .and_then(|e| e.reason)
+                        .and_then(|r| r.parse().ok())
+                        .unwrap_or(RefreshReason::NotRunning);
+                    let used = route.identity();
+                    match recovery.on_refresh(used.clone(), reason, Progress::NotStarted) {
+                        Ok(_) => {}
+                        Err(e) => {
+                            self.count(reason.as_str(), "failed");
+                            return Err(recovery_error(e));
+                        }
+                    }
+                    let (r, g) = self.repair(caller, bearer, &used).await?;
+                    if let Err(e) = recovery.on_resolved(&r.identity()) {
+                        self.count(reason.as_str(), "failed");
+                        return Err(recovery_error(e));
+                    }
+                    self.count(reason.as_str(), "rebuilt");
+                    (route, grant) = (r, g);
+                }
+                StatusCode::FORBIDDEN => {
+                    let reason = serde_json::from_slice::<ErrorBody>(&answer.body)
+                        .ok()
+                        .and_then(|e| e.reason)
+                        .unwrap_or_default();
+                    self.count(&reason, "denied");
+                    if let Ok(mut routes) = self.routes.lock() {
+                        routes.remove_if_current(&route.identity());
+                    }
+                    return Ok(passthrough(answer));
+                }
+                _ => return Ok(passthrough(answer)),
+            }
+        }
+    }
+
+    fn count(&self, reason: &str, outcome: &str) {
+        if let Authority::Local(cp) = &self.authority {
+            cp.metrics
+                .recoveries
+                .get_or_create(&RecoveryLabels {
+                    reason: reason.to_owned(),
+                    outcome: outcome.to_owned(),
+                })
+                .inc();
+        }
+    }
+
+    /// Drops every cached route (tests, key rotation).
+    pub fn clear(&self) {
+        if let Ok(mut routes) = self.routes.lock() {
+            *routes = RouteCache::new(100_000);
+        }
+    }
+}
+
+fn passthrough(a: crate::http::Answer) -> Forwarded {
+    Forwarded {
+        status: a.status,
+        content_type: a
+            .headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        execution: a
+            .headers
+            .get("space-execution")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        body: a.body,
+    }
+}
+
+fn recovery_error(e: RecoveryError) -> ApiError {
+    match e {
+        RecoveryError::Denied(r) => ApiError {
+            status: StatusCode::FORBIDDEN,
+            code: "deny",
+            message: "denied".into(),
+            reason: Some(r.as_str().into()),
+        },
+        other => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "route_unavailable",
+            other.to_string(),
+        ),
+    }
+}
+
+/// Error codes from a remote control plane, mapped onto our static set.
+fn leak_code(code: &str) -> &'static str {
+    match code {
+        "not_found" => "not_found",
+        "unauthorized" => "unauthorized",
+        "forbidden" => "forbidden",
+        "conflict" => "conflict",
+        "not_running" => "not_running",
+        "bad_request" => "bad_request",
+        _ => "bad_gateway",
+    }
+}

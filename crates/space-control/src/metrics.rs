@@ -1,0 +1,110 @@
+//! Prometheus metrics of the control plane and edge (`space_control_*`, `space_edge_*`).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels of a request.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// Route template (`/v1/sandboxes/{id}/exec`).
+    pub route: String,
+    /// Status class (`2xx`, `4xx` …).
+    pub status: String,
+}
+
+/// Labels of a state gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    /// The state.
+    pub state: String,
+}
+
+/// Labels of an edge recovery.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RecoveryLabels {
+    /// What the worker said (`refresh_route` reason or `deny` reason).
+    pub reason: String,
+    /// `rebuilt_ok`, `failed`, `denied`.
+    pub outcome: String,
+}
+
+/// The metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Requests by route and status class.
+    pub requests: Family<RequestLabels, Counter>,
+    /// Request latency by route.
+    pub latency: Family<RequestLabels, Histogram>,
+    /// Sandboxes by state (refreshed periodically).
+    pub sandboxes: Family<StateLabels, Gauge>,
+    /// Capabilities issued.
+    pub capabilities_issued: Counter,
+    /// Route recoveries at the edge.
+    pub recoveries: Family<RecoveryLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        let latency = Family::<RequestLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.000_1, 2.0, 18))
+        });
+        let sandboxes = Family::<StateLabels, Gauge>::default();
+        let capabilities_issued = Counter::default();
+        let recoveries = Family::<RecoveryLabels, Counter>::default();
+        registry.register("space_control_requests", "HTTP requests", requests.clone());
+        registry.register(
+            "space_control_request_duration_seconds",
+            "HTTP request latency",
+            latency.clone(),
+        );
+        registry.register(
+            "space_control_sandboxes",
+            "Sandboxes by state",
+            sandboxes.clone(),
+        );
+        registry.register(
+            "space_control_capabilities_issued",
+            "Capabilities signed",
+            capabilities_issued.clone(),
+        );
+        registry.register(
+            "space_edge_route_recoveries",
+            "Route recoveries after a worker rejected a capability",
+            recoveries.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            latency,
+            sandboxes,
+            capabilities_issued,
+            recoveries,
+        }
+    }
+}
+
+impl Metrics {
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// Records one request.
+    pub fn observe(&self, route: &str, status: u16, seconds: f64) {
+        let labels = RequestLabels {
+            route: route.to_owned(),
+            status: format!("{}xx", status / 100),
+        };
+        self.requests.get_or_create(&labels).inc();
+        self.latency.get_or_create(&labels).observe(seconds);
+    }
+}

@@ -1,0 +1,194 @@
+//! Starting and stopping the control plane (with its edge).
+
+use std::net::SocketAddr;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use space_store::Store;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::api::{AppState, router};
+use crate::edge::{Authority, Edge};
+use crate::service::ControlPlane;
+
+/// Control-plane settings, validated before anything binds.
+#[derive(Debug, Clone)]
+pub struct ControlConfig {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// Data directory (SQLite store, admin and enrollment keys).
+    pub data_dir: PathBuf,
+    /// `postgres://…` to use PostgreSQL instead of SQLite.
+    pub database_url: Option<String>,
+}
+
+impl ControlConfig {
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(url) = &self.database_url {
+            if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+                return Err(format!(
+                    "--database-url must be a postgres:// URL, got {url:?}"
+                ));
+            }
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            return Err("--data-dir must not be empty".into());
+        }
+        Ok(())
+    }
+}
+
+/// A running control plane.
+#[derive(Debug)]
+pub struct ServerHandle {
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    /// The control plane.
+    pub cp: Arc<ControlPlane>,
+    /// The admin API key, when this start created it (also in `admin.key`).
+    pub admin_key_path: PathBuf,
+    /// The enrollment secret workers present.
+    pub enroll_secret: String,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl ServerHandle {
+    /// Stops serving and waits for in-flight requests.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}
+
+/// Writes `contents` to `path` with mode 0600 unless the file exists; returns the
+/// file's contents either way.
+pub fn read_or_create_secret(
+    path: &Path,
+    make: impl FnOnce() -> String,
+) -> std::io::Result<String> {
+    match std::fs::read_to_string(path) {
+        Ok(s) => return Ok(s.trim().to_owned()),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        Err(_) => {}
+    }
+    let value = make();
+    let tmp = path.with_extension("tmp");
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        writeln!(f, "{value}")?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(value)
+}
+
+/// Opens the store, loads keys, writes `admin.key` and `enroll.key` on first start, and
+/// serves until [`ServerHandle::shutdown`].
+pub async fn serve(config: ControlConfig) -> Result<ServerHandle, String> {
+    config.validate()?;
+    std::fs::create_dir_all(&config.data_dir)
+        .map_err(|e| format!("{}: {e}", config.data_dir.display()))?;
+    let url = match &config.database_url {
+        Some(u) => u.clone(),
+        None => config.data_dir.join("control.db").display().to_string(),
+    };
+    let store = Store::open(&url)
+        .await
+        .map_err(|e| format!("store {url}: {e}"))?;
+    let enroll_secret = read_or_create_secret(&config.data_dir.join("enroll.key"), || {
+        crate::auth::issue_key().text
+    })
+    .map_err(|e| format!("enroll.key: {e}"))?;
+    let cp = ControlPlane::new(store, enroll_secret.clone())
+        .await
+        .map_err(|e| format!("control plane: {}", e.message))?;
+
+    let admin_key_path = config.data_dir.join("admin.key");
+    if !admin_key_path.exists() {
+        let first = cp
+            .store
+            .kv_insert_if_absent("admin_bootstrapped", "1")
+            .await
+            .map_err(|e| format!("store: {e}"))?;
+        if first {
+            let (_, key) = cp
+                .create_tenant("admin", true)
+                .await
+                .map_err(|e| format!("admin tenant: {}", e.message))?;
+            read_or_create_secret(&admin_key_path, || key.text.clone())
+                .map_err(|e| format!("admin.key: {e}"))?;
+        } else {
+            tracing::warn!(
+                "an admin key exists already (written by the replica that first started on this database)"
+            );
+        }
+    }
+
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| format!("listen on {}: {e}", config.listen))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let state = AppState {
+        cp: Some(Arc::clone(&cp)),
+        edge: Edge::new(Authority::Local(Arc::clone(&cp))),
+    };
+    let app = router(state);
+    let (stop, mut stopped) = watch::channel(false);
+    let background = spawn_background(Arc::clone(&cp), stop.subscribe());
+    let task = tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        };
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+        {
+            tracing::error!(error = %e, "server failed");
+        }
+        background.abort();
+    });
+    Ok(ServerHandle {
+        addr,
+        cp,
+        admin_key_path,
+        enroll_secret,
+        stop,
+        task,
+    })
+}
+
+/// Periodic work: TTL expiry, key retirement, key reload, state gauges.
+fn spawn_background(cp: Arc<ControlPlane>, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.changed() => return,
+            }
+            if let Err(e) = cp.expire_sandboxes().await {
+                tracing::warn!(error = %e.message, "ttl sweep failed");
+            }
+            if let Err(e) = cp.retire_old_keys().await {
+                tracing::warn!(error = %e.message, "key retirement failed");
+            }
+            if let Err(e) = cp.reload_keys().await {
+                tracing::warn!(error = %e.message, "key reload failed");
+            }
+            cp.refresh_gauges().await;
+        }
+    })
+}

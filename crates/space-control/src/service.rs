@@ -1,0 +1,808 @@
+//! The control plane's operations, independent of HTTP: tenants and keys, sandboxes and
+//! their executions, placement, capability issuance, key rotation, and the signed
+//! identity updates it pushes to workers.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use space_identity::{
+    Access, AccessSet, Claims, Execution, ExecutionId, Generation, Placement, Protocol, Purpose,
+    Route, SandboxId, ServicePort, Timestamp, TokenId, WorkerId,
+};
+use space_proto::api::{
+    self, CapabilityResponse, CreateSandbox, ExecutionView, InstallExecution, Limits, RouteView,
+    SignedUpdate, Update, UpdateAck, UpdateBody, WorkerView,
+};
+use space_store::{
+    ApiKeyRecord, ExecutionRecord, ExecutionState, SandboxRecord, SandboxState, Store, Tenant,
+    WorkerRecord, WorkerState,
+};
+use tokio::sync::RwLock;
+
+use crate::auth::{self, Caller, IssuedKey, KeyCache};
+use crate::error::ApiError;
+use crate::http::HttpClient;
+use crate::keyring::{self, Keyring};
+use crate::metrics::Metrics;
+use crate::placement::{self, Candidate};
+use crate::{now_secs, random_bytes};
+
+/// How long issued capabilities live (the verifier caps it at 120 s).
+pub const CAPABILITY_LIFETIME_SECS: u64 = 60;
+/// Longest TTL a sandbox may ask for.
+pub const MAX_TTL_SECS: u64 = 30 * 86_400;
+
+/// The control plane: shared by every request handler.
+#[derive(Debug)]
+pub struct ControlPlane {
+    /// Durable state.
+    pub store: Store,
+    keys: RwLock<Arc<Keyring>>,
+    http: HttpClient,
+    key_cache: KeyCache,
+    enroll_secret: String,
+    /// Prometheus metrics.
+    pub metrics: Metrics,
+}
+
+fn b64(bytes: &[u8]) -> String {
+    B64.encode(bytes)
+}
+
+impl ControlPlane {
+    /// Opens the control plane on `store`, creating keys on first start.
+    pub async fn new(store: Store, enroll_secret: String) -> Result<Arc<Self>, ApiError> {
+        let keys = Keyring::load(&store, now_secs() as i64).await?;
+        Ok(Arc::new(Self {
+            store,
+            keys: RwLock::new(Arc::new(keys)),
+            http: HttpClient::new(Duration::from_secs(30)),
+            key_cache: KeyCache::new(Duration::from_secs(5)),
+            enroll_secret,
+            metrics: Metrics::default(),
+        }))
+    }
+
+    /// The current keys.
+    pub async fn keys(&self) -> Arc<Keyring> {
+        Arc::clone(&*self.keys.read().await)
+    }
+
+    /// Re-reads keys from the store (other replicas may have rotated).
+    pub async fn reload_keys(&self) -> Result<(), ApiError> {
+        let fresh = self.keys().await.reload(&self.store).await?;
+        *self.keys.write().await = Arc::new(fresh);
+        Ok(())
+    }
+
+    // ---- callers -------------------------------------------------------------------
+
+    /// Resolves an `Authorization: Bearer` API key to its caller.
+    pub async fn authenticate(&self, bearer: &str) -> Result<Caller, ApiError> {
+        let (id, hash) = auth::parse_key(bearer).ok_or_else(ApiError::unauthorized)?;
+        if let Some(c) = self.key_cache.get(id, &hash) {
+            return Ok(c);
+        }
+        let record = self
+            .store
+            .find_api_key(id)
+            .await?
+            .filter(|k| k.revoked_at.is_none() && auth::hashes_equal(&k.hash, &hash))
+            .ok_or_else(ApiError::unauthorized)?;
+        let caller = Caller {
+            tenant: record.tenant,
+            key_id: record.id,
+            admin: record.admin,
+        };
+        self.key_cache.put(id, hash, caller.clone());
+        Ok(caller)
+    }
+
+    /// Creates a tenant with a first key.
+    pub async fn create_tenant(
+        &self,
+        name: &str,
+        admin: bool,
+    ) -> Result<(Tenant, IssuedKey), ApiError> {
+        if name.is_empty() || name.len() > 64 {
+            return Err(ApiError::bad_request(
+                "tenant name must be 1 to 64 characters",
+            ));
+        }
+        let tenant = Tenant {
+            id: format!(
+                "ten_{}",
+                SandboxId::from_bytes(random_bytes())
+                    .to_string()
+                    .trim_start_matches("sbx_")
+            ),
+            name: name.to_owned(),
+            created_at: now_secs() as i64,
+        };
+        self.store.create_tenant(&tenant).await?;
+        let key = self.create_key(&tenant.id, admin).await?;
+        Ok((tenant, key))
+    }
+
+    /// Issues a new API key for `tenant`.
+    pub async fn create_key(&self, tenant: &str, admin: bool) -> Result<IssuedKey, ApiError> {
+        let key = auth::issue_key();
+        self.store
+            .insert_api_key(&ApiKeyRecord {
+                id: key.id.clone(),
+                tenant: tenant.to_owned(),
+                hash: key.hash,
+                admin,
+                created_at: now_secs() as i64,
+                revoked_at: None,
+            })
+            .await?;
+        Ok(key)
+    }
+
+    /// Revokes a key of `tenant` (admins may revoke any).
+    pub async fn revoke_key(&self, caller: &Caller, id: &str) -> Result<(), ApiError> {
+        let key = self
+            .store
+            .find_api_key(id)
+            .await?
+            .filter(|k| caller.admin || k.tenant == caller.tenant)
+            .ok_or_else(|| ApiError::not_found("api key"))?;
+        self.store
+            .revoke_api_key(&key.id, now_secs() as i64)
+            .await?;
+        self.key_cache.forget(&key.id);
+        Ok(())
+    }
+
+    // ---- sandboxes -----------------------------------------------------------------
+
+    /// The sandbox `id` if `caller` may see it (404 otherwise, revealing nothing).
+    pub async fn sandbox_for(
+        &self,
+        caller: &Caller,
+        id: &SandboxId,
+    ) -> Result<SandboxRecord, ApiError> {
+        match self.store.get_sandbox(id).await {
+            Ok(s) if s.tenant == caller.tenant || caller.admin => Ok(s),
+            Ok(_) | Err(space_store::StoreError::NotFound(_)) => {
+                Err(ApiError::not_found("sandbox"))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The user-facing view of a sandbox.
+    pub async fn view(&self, s: &SandboxRecord) -> Result<api::Sandbox, ApiError> {
+        let execution = match s.state {
+            SandboxState::Stopped => None,
+            _ => self
+                .store
+                .current_execution(&s.id)
+                .await?
+                .map(|e| ExecutionView {
+                    generation: e.generation,
+                    execution_id: e.execution_id,
+                    worker: e.worker,
+                    substrate: e.substrate,
+                    activation: e.activation,
+                }),
+        };
+        Ok(api::Sandbox {
+            id: s.id,
+            state: api_state(s.state),
+            template: s.template.clone(),
+            created_at: api::rfc3339(s.created_at.max(0) as u64),
+            expires_at: s.expires_at.map(|t| api::rfc3339(t.max(0) as u64)),
+            execution,
+            metadata: s.metadata.clone(),
+        })
+    }
+
+    /// Creates a sandbox and launches its first execution.
+    pub async fn create_sandbox(
+        &self,
+        caller: &Caller,
+        req: CreateSandbox,
+    ) -> Result<SandboxRecord, ApiError> {
+        let template = req.template.unwrap_or_else(|| "default".into());
+        if template != "default" {
+            return Err(ApiError::bad_request(format!(
+                "unknown template {template:?}"
+            )));
+        }
+        if let Some(ttl) = req.ttl_secs {
+            if ttl == 0 || ttl > MAX_TTL_SECS {
+                return Err(ApiError::bad_request(format!(
+                    "ttl_secs must be 1 to {MAX_TTL_SECS}"
+                )));
+            }
+        }
+        let env = req.env.unwrap_or_default();
+        validate_env(&env)?;
+        let metadata = req
+            .metadata
+            .unwrap_or(serde_json::Value::Object(Default::default()));
+        if metadata.to_string().len() > 16 * 1024 {
+            return Err(ApiError::bad_request("metadata is over 16 KiB"));
+        }
+        let worker = self.place(req.worker.as_ref(), None).await?;
+        let now = now_secs() as i64;
+        let record = SandboxRecord {
+            id: SandboxId::from_bytes(random_bytes()),
+            tenant: caller.tenant.clone(),
+            template,
+            state: SandboxState::Starting,
+            created_at: now,
+            expires_at: req.ttl_secs.map(|t| now + t as i64),
+            metadata,
+            env,
+            generation: 0,
+        };
+        self.store.create_sandbox(&record).await?;
+        if let Err(e) = self.start_execution(&record, &worker).await {
+            let _ = self
+                .store
+                .set_sandbox_state(
+                    &record.id,
+                    SandboxState::Stopped,
+                    Some(SandboxState::Starting),
+                )
+                .await;
+            return Err(e);
+        }
+        self.store
+            .set_sandbox_state(
+                &record.id,
+                SandboxState::Running,
+                Some(SandboxState::Starting),
+            )
+            .await?;
+        Ok(self.store.get_sandbox(&record.id).await?)
+    }
+
+    /// Chooses a worker.
+    pub async fn place(
+        &self,
+        requested: Option<&WorkerId>,
+        exclude: Option<&WorkerId>,
+    ) -> Result<WorkerId, ApiError> {
+        let workers = self.store.list_workers().await?;
+        let load = self.store.count_active_by_worker().await?;
+        let candidates: Vec<Candidate> = workers
+            .iter()
+            .map(|w| Candidate {
+                id: w.id.clone(),
+                active: w.state == WorkerState::Active,
+                capacity: w.capacity,
+                load: load.get(&w.id).copied().unwrap_or(0) as u32,
+            })
+            .collect();
+        placement::choose(&candidates, requested, exclude).map_err(|e| match e {
+            placement::PlacementError::UnknownWorker(_) => ApiError::bad_request(e.to_string()),
+            _ => ApiError::unavailable(e.to_string()),
+        })
+    }
+
+    /// Allocates the next generation on `worker`, installs it there and waits for the
+    /// worker to acknowledge it running. A failed start consumes its generation.
+    pub async fn start_execution(
+        &self,
+        s: &SandboxRecord,
+        worker: &WorkerId,
+    ) -> Result<ExecutionRecord, ApiError> {
+        let w = self.store.get_worker(worker).await?;
+        let now = now_secs() as i64;
+        let exe = self
+            .store
+            .allocate_execution(
+                &s.id,
+                ExecutionId::from_bytes(random_bytes()),
+                worker,
+                w.substrate,
+                now,
+            )
+            .await?;
+        let install = InstallExecution {
+            sandbox: s.id,
+            generation: exe.generation,
+            execution_id: exe.execution_id,
+            substrate: exe.substrate,
+            activation: exe.activation,
+            template: s.template.clone(),
+            env: s.env.clone(),
+            limits: Limits::default(),
+        };
+        let outcome = self.deliver(&w, Update::Install(install)).await;
+        match outcome {
+            Ok(ack) if ack.state == "running" => {
+                self.store
+                    .set_execution_state(
+                        &s.id,
+                        exe.generation,
+                        ExecutionState::Running,
+                        Some(ExecutionState::Pending),
+                        now_secs() as i64,
+                    )
+                    .await?;
+                Ok(self.store.get_execution(&s.id, exe.generation).await?)
+            }
+            other => {
+                let _ = self
+                    .store
+                    .set_execution_state(
+                        &s.id,
+                        exe.generation,
+                        ExecutionState::Failed,
+                        None,
+                        now_secs() as i64,
+                    )
+                    .await;
+                let why = match other {
+                    Ok(ack) => ack.message.unwrap_or(ack.state),
+                    Err(e) => e.message,
+                };
+                tracing::warn!(sandbox = %s.id, generation = exe.generation, worker = %worker, reason = %why, "execution failed to start");
+                Err(ApiError::bad_gateway(format!(
+                    "worker {worker} could not start the sandbox: {why}"
+                )))
+            }
+        }
+    }
+
+    /// Stops a sandbox: its execution is retired on its worker (which keeps a
+    /// tombstone), and it is never served again.
+    pub async fn delete_sandbox(&self, s: &SandboxRecord) -> Result<(), ApiError> {
+        self.store
+            .set_sandbox_state(&s.id, SandboxState::Stopped, None)
+            .await?;
+        if let Some(exe) = self.store.current_execution(&s.id).await? {
+            self.retire(&exe).await?;
+        }
+        Ok(())
+    }
+
+    /// Retires one execution on its worker and records it.
+    pub async fn retire(&self, exe: &ExecutionRecord) -> Result<(), ApiError> {
+        let w = self.store.get_worker(&exe.worker).await?;
+        let update = Update::Retire {
+            sandbox: exe.sandbox,
+            generation: exe.generation,
+            execution_id: exe.execution_id,
+        };
+        match self.deliver(&w, update).await {
+            Ok(_) => {}
+            // A worker that is down learns of the retirement at its next sync, and the
+            // capabilities for the execution expire; the record is retired either way.
+            Err(e) => {
+                tracing::warn!(sandbox = %exe.sandbox, worker = %exe.worker, error = %e.message, "retirement not delivered")
+            }
+        }
+        self.store
+            .set_execution_state(
+                &exe.sandbox,
+                exe.generation,
+                ExecutionState::Retired,
+                None,
+                now_secs() as i64,
+            )
+            .await?;
+        Ok(())
+    }
+
+    // ---- capabilities --------------------------------------------------------------
+
+    /// Issues a capability for the running execution of `s`.
+    pub async fn issue_capability(
+        &self,
+        s: &SandboxRecord,
+        access: AccessSet,
+        purpose: Purpose,
+        port: Option<(u16, Protocol)>,
+    ) -> Result<CapabilityResponse, ApiError> {
+        if access.is_empty() {
+            return Err(ApiError::bad_request("access must not be empty"));
+        }
+        let service_port = match (purpose, port) {
+            (Purpose::ServicePort, Some((port, protocol))) if port != 0 => {
+                Some(ServicePort { port, protocol })
+            }
+            (Purpose::ServicePort, _) => {
+                return Err(ApiError::bad_request(
+                    "service_port capabilities need a port and a protocol",
+                ));
+            }
+            (Purpose::Control, None) => None,
+            (Purpose::Control, Some(_)) => {
+                return Err(ApiError::bad_request(
+                    "port and protocol are only for service_port",
+                ));
+            }
+        };
+        if purpose == Purpose::ServicePort && access != AccessSet::of(&[Access::ServicePort]) {
+            return Err(ApiError::bad_request(
+                "a service_port capability grants service_port only",
+            ));
+        }
+        if purpose == Purpose::Control && access.contains(Access::ServicePort) {
+            return Err(ApiError::bad_request(
+                "service_port access needs purpose service_port",
+            ));
+        }
+        if matches!(s.state, SandboxState::Stopped) {
+            return Err(ApiError::conflict("the sandbox is stopped"));
+        }
+        // Only an execution its worker acknowledged as running gets capabilities.
+        let exe = self
+            .store
+            .current_execution(&s.id)
+            .await?
+            .filter(|e| e.state == ExecutionState::Running)
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::CONFLICT,
+                    "not_running",
+                    "the sandbox has no running execution",
+                )
+            })?;
+        let worker = self.store.get_worker(&exe.worker).await?;
+        let keys = self.keys().await;
+        let now = now_secs();
+        let route = Route {
+            sandbox: s.id,
+            execution: Execution {
+                generation: Generation(exe.generation),
+                id: exe.execution_id,
+            },
+            placement: Placement {
+                worker: exe.worker.clone(),
+                substrate: exe.substrate,
+                activation: exe.activation,
+                pod_uid: exe.pod_uid,
+            },
+        };
+        let claims = Claims {
+            key_id: keys.signer.key_id(),
+            route,
+            access,
+            purpose,
+            service_port,
+            issued_at: Timestamp::from_unix_secs(now),
+            expires_at: Timestamp::from_unix_secs(now + CAPABILITY_LIFETIME_SECS),
+            token_id: TokenId::from_bytes(random_bytes()),
+        };
+        let token = keys
+            .signer
+            .sign(&claims)
+            .map_err(|e| ApiError::internal(format!("cannot sign capability: {e}")))?;
+        self.metrics.capabilities_issued.inc();
+        Ok(CapabilityResponse {
+            token: token.to_text(),
+            route: RouteView {
+                sandbox: s.id,
+                generation: exe.generation,
+                execution_id: exe.execution_id,
+                worker: exe.worker,
+                substrate: exe.substrate,
+                activation: exe.activation,
+                pod_uid: exe.pod_uid,
+                worker_url: worker.url,
+            },
+            expires_at: now + CAPABILITY_LIFETIME_SECS,
+        })
+    }
+
+    // ---- workers -------------------------------------------------------------------
+
+    /// Registers (or re-registers) a worker presenting the enrollment secret.
+    pub async fn enroll(&self, req: &api::EnrollRequest) -> Result<api::EnrollResponse, ApiError> {
+        let expected = blake3::hash(self.enroll_secret.as_bytes());
+        if blake3::hash(req.enroll_secret.as_bytes()) != expected {
+            return Err(ApiError::forbidden("wrong enrollment secret"));
+        }
+        if !(req.url.starts_with("http://") || req.url.starts_with("https://"))
+            || req.url.len() > 512
+        {
+            return Err(ApiError::bad_request("url must be an http(s) URL"));
+        }
+        let credential = b64(&random_bytes::<32>());
+        let now = now_secs() as i64;
+        self.store
+            .upsert_worker(&WorkerRecord {
+                id: req.worker.clone(),
+                url: req.url.trim_end_matches('/').to_owned(),
+                substrate: req.substrate,
+                capacity: req.capacity.clamp(1, 100_000),
+                state: WorkerState::Active,
+                credential_hash: *blake3::hash(credential.as_bytes()).as_bytes(),
+                registered_at: now,
+                last_seen: now,
+            })
+            .await?;
+        let keys = self.keys().await;
+        Ok(api::EnrollResponse {
+            credential,
+            anchor: b64(keys.anchor.anchor().as_bytes()),
+        })
+    }
+
+    /// Checks a worker's credential.
+    pub async fn authenticate_worker(
+        &self,
+        id: &WorkerId,
+        credential: &str,
+    ) -> Result<WorkerRecord, ApiError> {
+        let w = self
+            .store
+            .get_worker(id)
+            .await
+            .map_err(|_| ApiError::unauthorized())?;
+        if !auth::hashes_equal(
+            &w.credential_hash,
+            blake3::hash(credential.as_bytes()).as_bytes(),
+        ) {
+            return Err(ApiError::unauthorized());
+        }
+        Ok(w)
+    }
+
+    /// Signs an update for `worker`.
+    pub async fn sign_update(&self, worker: &WorkerId, update: Update) -> SignedUpdate {
+        let body = serde_json::to_vec(&UpdateBody {
+            worker: worker.clone(),
+            issued_at: now_secs(),
+            update,
+        })
+        .unwrap_or_default();
+        let keys = self.keys().await;
+        let signature = keys.anchor.sign_update(&body);
+        SignedUpdate {
+            body: b64(&body),
+            signature: b64(&signature),
+        }
+    }
+
+    /// Pushes one signed update to a worker and returns its acknowledgement, which the
+    /// worker sends only after the update is durable.
+    pub async fn deliver(&self, w: &WorkerRecord, update: Update) -> Result<UpdateAck, ApiError> {
+        let signed = self.sign_update(&w.id, update).await;
+        let url = format!("{}/internal/v1/updates", w.url);
+        let answer = self
+            .http
+            .post_json(&url, &[], &signed)
+            .await
+            .map_err(|e| ApiError::bad_gateway(format!("worker {}: {e}", w.id)))?;
+        if !answer.status.is_success() {
+            let text = String::from_utf8_lossy(&answer.body);
+            return Err(ApiError::bad_gateway(format!(
+                "worker {} answered {}: {text}",
+                w.id, answer.status
+            )));
+        }
+        serde_json::from_slice(&answer.body)
+            .map_err(|e| ApiError::bad_gateway(format!("worker {}: bad ack: {e}", w.id)))
+    }
+
+    /// What a (re)starting worker must hold: the newest bundle, then an install for each
+    /// execution the control plane believes runs there.
+    pub async fn sync_for(&self, w: &WorkerRecord) -> Result<Vec<SignedUpdate>, ApiError> {
+        self.store.touch_worker(&w.id, now_secs() as i64).await?;
+        let keys = self.keys().await;
+        let mut out = vec![
+            self.sign_update(
+                &w.id,
+                Update::Bundle {
+                    bundle: b64(keys.bundle.as_bytes()),
+                },
+            )
+            .await,
+        ];
+        for exe in self
+            .store
+            .executions_on_worker(&w.id, &[ExecutionState::Pending, ExecutionState::Running])
+            .await?
+        {
+            let Ok(s) = self.store.get_sandbox(&exe.sandbox).await else {
+                continue;
+            };
+            let install = InstallExecution {
+                sandbox: s.id,
+                generation: exe.generation,
+                execution_id: exe.execution_id,
+                substrate: exe.substrate,
+                activation: exe.activation,
+                template: s.template.clone(),
+                env: s.env.clone(),
+                limits: Limits::default(),
+            };
+            out.push(self.sign_update(&w.id, Update::Install(install)).await);
+        }
+        Ok(out)
+    }
+
+    /// A worker reports that an execution it was told to run is gone (its processes did
+    /// not survive a restart). The execution fails; a sandbox that should be running
+    /// gets a new execution — a new generation, never the old identity.
+    pub async fn execution_lost(
+        &self,
+        w: &WorkerRecord,
+        sandbox: &SandboxId,
+        generation: u64,
+    ) -> Result<(), ApiError> {
+        let exe = self.store.get_execution(sandbox, generation).await?;
+        if exe.worker != w.id {
+            return Err(ApiError::forbidden("not this worker's execution"));
+        }
+        self.store
+            .set_execution_state(
+                sandbox,
+                generation,
+                ExecutionState::Failed,
+                None,
+                now_secs() as i64,
+            )
+            .await?;
+        let s = self.store.get_sandbox(sandbox).await?;
+        let current = self.store.current_execution(sandbox).await?;
+        let superseded = current.is_some_and(|c| c.generation > generation);
+        if matches!(s.state, SandboxState::Running | SandboxState::Starting) && !superseded {
+            self.start_execution(&s, &w.id).await?;
+        }
+        Ok(())
+    }
+
+    /// Lists workers with their load.
+    pub async fn workers(&self) -> Result<Vec<WorkerView>, ApiError> {
+        let load = self.store.count_active_by_worker().await?;
+        Ok(self
+            .store
+            .list_workers()
+            .await?
+            .into_iter()
+            .map(|w| WorkerView {
+                sandboxes: load.get(&w.id).copied().unwrap_or(0) as u32,
+                address: w.url,
+                state: w.state.as_str().to_owned(),
+                capacity: w.capacity,
+                substrate: w.substrate,
+                id: w.id,
+            })
+            .collect())
+    }
+
+    /// Pushes the newest bundle to every active worker; returns the workers that did
+    /// not acknowledge it.
+    pub async fn push_bundle(
+        &self,
+        bundle: &space_identity::SignedKeyBundle,
+    ) -> Result<Vec<WorkerId>, ApiError> {
+        let mut failed = Vec::new();
+        for w in self.store.list_workers().await? {
+            if w.state != WorkerState::Active {
+                continue;
+            }
+            let update = Update::Bundle {
+                bundle: b64(bundle.as_bytes()),
+            };
+            if let Err(e) = self.deliver(&w, update).await {
+                tracing::warn!(worker = %w.id, error = %e.message, "bundle not acknowledged");
+                failed.push(w.id);
+            }
+        }
+        Ok(failed)
+    }
+
+    /// Rotates the capability signing key: publish the new key to every receiver, and
+    /// only then sign with it; the old key retires after the maximum capability
+    /// lifetime plus skew.
+    pub async fn rotate_keys(&self) -> Result<String, ApiError> {
+        let now = now_secs() as i64;
+        let keys = self.keys().await;
+        let (record, _, bundle) = keyring::begin_rotation(&self.store, &keys.anchor, now).await?;
+        let failed = self.push_bundle(&bundle).await?;
+        if !failed.is_empty() {
+            let names: Vec<String> = failed.iter().map(ToString::to_string).collect();
+            return Err(ApiError::unavailable(format!(
+                "new key {} published but not acknowledged by {}; it is not used yet — retry when they are back or drain them",
+                record.key_id,
+                names.join(", ")
+            )));
+        }
+        keyring::activate(&self.store, &record.key_id, now).await?;
+        // The retiring key's shortened validity must reach verifiers too.
+        let (_, bundle) = keyring::publish_bundle(&self.store, &keys.anchor, now).await?;
+        self.push_bundle(&bundle).await?;
+        self.reload_keys().await?;
+        Ok(record.key_id)
+    }
+
+    /// Drops keys whose retirement grace has passed, and pushes the smaller bundle.
+    pub async fn retire_old_keys(&self) -> Result<(), ApiError> {
+        let now = now_secs() as i64;
+        if keyring::retire_expired(&self.store, now).await? {
+            let keys = self.keys().await;
+            let (_, bundle) = keyring::publish_bundle(&self.store, &keys.anchor, now).await?;
+            self.push_bundle(&bundle).await?;
+            self.reload_keys().await?;
+        }
+        Ok(())
+    }
+
+    /// Stops sandboxes past their TTL.
+    pub async fn expire_sandboxes(&self) -> Result<(), ApiError> {
+        let now = now_secs() as i64;
+        for t in self.store.list_tenants().await? {
+            for s in self.store.list_sandboxes(&t.id).await? {
+                if s.state != SandboxState::Stopped && s.expires_at.is_some_and(|e| e <= now) {
+                    tracing::info!(sandbox = %s.id, "ttl reached");
+                    self.delete_sandbox(&s).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ControlPlane {
+    /// Refreshes the sandboxes-by-state gauges.
+    pub async fn refresh_gauges(&self) {
+        let mut counts: BTreeMap<&'static str, i64> = BTreeMap::new();
+        for st in SandboxState::ALL {
+            counts.insert(st.as_str(), 0);
+        }
+        let Ok(tenants) = self.store.list_tenants().await else {
+            return;
+        };
+        for t in tenants {
+            if let Ok(list) = self.store.list_sandboxes(&t.id).await {
+                for s in list {
+                    *counts.entry(s.state.as_str()).or_default() += 1;
+                }
+            }
+        }
+        for (state, n) in counts {
+            self.metrics
+                .sandboxes
+                .get_or_create(&crate::metrics::StateLabels {
+                    state: state.to_owned(),
+                })
+                .set(n);
+        }
+    }
+}
+
+fn validate_env(env: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    if env.len() > 256 {
+        return Err(ApiError::bad_request("at most 256 environment variables"));
+    }
+    for (k, v) in env {
+        let ok_name = !k.is_empty()
+            && k.len() <= 256
+            && !k.starts_with(|c: char| c.is_ascii_digit())
+            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !ok_name {
+            return Err(ApiError::bad_request(format!(
+                "invalid environment variable name {k:?}"
+            )));
+        }
+        if v.len() > 32 * 1024 || v.contains('\0') {
+            return Err(ApiError::bad_request(format!("invalid value for {k}")));
+        }
+    }
+    Ok(())
+}
+
+/// Maps the store's state to the API's.
+pub fn api_state(s: SandboxState) -> api::SandboxState {
+    match s {
+        SandboxState::Starting => api::SandboxState::Starting,
+        SandboxState::Running => api::SandboxState::Running,
+        SandboxState::Paused => api::SandboxState::Paused,
+        SandboxState::Migrating => api::SandboxState::Migrating,
+        SandboxState::Stopped => api::SandboxState::Stopped,
+    }
+}

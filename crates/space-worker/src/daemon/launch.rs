@@ -1,0 +1,225 @@
+//! Launching an execution (jail + bridge) and tearing it down, blocking: called from
+//! `spawn_blocking`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use space_identity::{ExecutionId, SandboxId};
+use space_peer::{FileId, LiveProcess, ProcessIdentity};
+use space_proto::guest::Activation;
+use spaced_host::{BridgeSpec, BridgeTarget};
+
+use super::records::BridgeRecord;
+use crate::substrate::{
+    AgentCommand, ExecutionKey, LaunchSpec, Limits, SandboxHandle, Substrate, TemplateSpec,
+};
+
+/// Where the worker's binaries are.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    /// `spaced-guest`.
+    pub agent: PathBuf,
+    /// `spaced-host`.
+    pub bridge: PathBuf,
+}
+
+/// Why a launch failed (nothing of it is left running).
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// The substrate failed.
+    #[error("substrate: {0}")]
+    Substrate(#[from] crate::substrate::SubstrateError),
+    /// The agent is not the binary the worker meant to run, or exited.
+    #[error("agent: {0}")]
+    Agent(String),
+    /// The bridge failed to start.
+    #[error("bridge: {0}")]
+    Bridge(String),
+}
+
+/// The key naming an execution's directories.
+pub fn execution_key(sandbox: &SandboxId, execution: &ExecutionId) -> ExecutionKey {
+    ExecutionKey::new(sandbox.to_string(), execution.to_string())
+}
+
+/// Launches the jail with `activation`, checks the agent is the recorded binary, then
+/// launches and records the bridge.
+pub fn launch(
+    substrate: &dyn Substrate,
+    bins: &Binaries,
+    data_dir: &Path,
+    activation: &Activation,
+    limits: Limits,
+) -> Result<(SandboxHandle, BridgeRecord), LaunchError> {
+    let spec = LaunchSpec {
+        key: execution_key(&activation.sandbox, &activation.execution_id),
+        data_dir: data_dir.to_path_buf(),
+        template: TemplateSpec::Default,
+        limits,
+        agent: AgentCommand::spaced_guest(&bins.agent),
+        activation: activation.encode(),
+        hostname: None,
+    };
+    let handle = substrate.launch(&spec)?;
+    match start_bridge(bins, &handle, activation) {
+        Ok(bridge) => Ok((handle, bridge)),
+        Err(e) => {
+            let _ = substrate.destroy(&handle);
+            Err(e)
+        }
+    }
+}
+
+fn start_bridge(
+    bins: &Binaries,
+    handle: &SandboxHandle,
+    activation: &Activation,
+) -> Result<BridgeRecord, LaunchError> {
+    let agent_pid = handle
+        .agent
+        .map(|a| a.pid as u32)
+        .ok_or_else(|| LaunchError::Agent("the agent exited during launch".into()))?;
+    let agent = LiveProcess::open(agent_pid)
+        .map_err(|e| LaunchError::Agent(e.to_string()))?
+        .identity;
+    // The agent must run the binary the worker meant to start.
+    let want = FileId::of_path(&bins.agent).map_err(|e| LaunchError::Agent(e.to_string()))?;
+    if agent.exe != want {
+        return Err(LaunchError::Agent(
+            "the running agent is not the configured binary".into(),
+        ));
+    }
+    let run_dir = handle
+        .socket_path
+        .parent()
+        .ok_or_else(|| LaunchError::Bridge("socket path has no directory".into()))?;
+    let socket = run_dir.join(format!("bridge-{}.sock", activation.generation));
+    let spec = BridgeSpec {
+        listen: socket.clone(),
+        agent_socket: handle.socket_path.clone(),
+        worker_uid: rustix::process::geteuid().as_raw(),
+        agent,
+        activation: activation.clone(),
+        max_connections: 256,
+    };
+    let bridge_exe =
+        FileId::of_path(&bins.bridge).map_err(|e| LaunchError::Bridge(e.to_string()))?;
+    let mut child = Command::new(&bins.bridge)
+        .args(["--spec-fd", "0"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| LaunchError::Bridge(format!("spawn {}: {e}", bins.bridge.display())))?;
+    let kill = |child: &mut std::process::Child, why: String| {
+        let _ = child.kill();
+        let _ = child.wait();
+        LaunchError::Bridge(why)
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        if let Err(e) = stdin.write_all(&spec.encode()) {
+            return Err(kill(&mut child, format!("spec: {e}")));
+        }
+    }
+    let mut line = String::new();
+    let ready = child
+        .stdout
+        .take()
+        .map(|out| BufReader::new(out).read_line(&mut line));
+    if !matches!(ready, Some(Ok(_))) || line.trim() != "ready" {
+        return Err(kill(&mut child, "did not report ready".into()));
+    }
+    let mut process = match LiveProcess::open(child.id()) {
+        Ok(p) => p.identity,
+        Err(e) => return Err(kill(&mut child, e.to_string())),
+    };
+    if process.exe != bridge_exe {
+        return Err(kill(
+            &mut child,
+            "the running bridge is not the configured binary".into(),
+        ));
+    }
+    // Record the executable the worker meant to launch.
+    process.exe = bridge_exe;
+    // Dropping the handle neither kills nor waits: the worker's reaper collects the
+    // bridge when it exits.
+    drop(child);
+    Ok(BridgeRecord { socket, process })
+}
+
+/// The worker-side target of a recorded bridge.
+pub fn bridge_target(bridge: &BridgeRecord, activation: &Activation) -> BridgeTarget {
+    BridgeTarget {
+        socket: bridge.socket.clone(),
+        bridge: bridge.process,
+        served: activation.identity(),
+        secret: activation.secret,
+    }
+}
+
+/// Whether a recorded process is still the same live process.
+pub fn still_alive(p: &ProcessIdentity) -> bool {
+    LiveProcess::open(p.pid)
+        .ok()
+        .is_some_and(|live| p.verify(&live.identity).is_ok())
+}
+
+/// Whether `pid` is still the process that started at `start_time`.
+pub fn still_alive_pid(pid: i32, start_time: u64) -> bool {
+    crate::substrate::ProcessIdentity { pid, start_time }.is_alive()
+}
+
+/// Stops the bridge (if it is still the recorded process) and destroys the jail.
+pub fn teardown(
+    substrate: &dyn Substrate,
+    handle: Option<&SandboxHandle>,
+    bridge: Option<&BridgeRecord>,
+) {
+    if let Some(b) = bridge {
+        if let Ok(live) = LiveProcess::open(b.process.pid) {
+            // Signal through the pidfd: it can only reach the recorded process.
+            if b.process.start_time == live.identity.start_time {
+                let _ =
+                    rustix::process::pidfd_send_signal(&live.pidfd, rustix::process::Signal::KILL);
+            }
+        }
+        let _ = std::fs::remove_file(&b.socket);
+    }
+    if let Some(h) = handle {
+        if let Err(e) = substrate.destroy(h) {
+            tracing::warn!(sandbox = %h.key.sandbox_id, error = %e, "destroy failed");
+        }
+    }
+}
+
+/// Reaps exited children (bridges, jail inits reparented to this subreaper) so they
+/// never linger as zombies. Children the substrate waits for itself are unaffected:
+/// only processes that are already zombies *and* not a jail init are reaped here.
+pub fn spawn_reaper(is_jail_init: impl Fn(i32) -> bool + Send + 'static) {
+    std::thread::Builder::new()
+        .name("reaper".into())
+        .stack_size(64 * 1024)
+        .spawn(move || {
+            loop {
+                std::thread::sleep(Duration::from_millis(200));
+                let Ok(children) = crate::substrate::process::children(std::process::id() as i32)
+                else {
+                    continue;
+                };
+                for pid in children {
+                    let zombie =
+                        crate::substrate::process::read_stat(pid).is_ok_and(|s| s.state == 'Z');
+                    if zombie && !is_jail_init(pid) {
+                        let _ = nix::sys::wait::waitpid(
+                            nix::unistd::Pid::from_raw(pid),
+                            Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+                        );
+                    }
+                }
+            }
+        })
+        .map(|_| ())
+        .unwrap_or_else(|e| tracing::error!(error = %e, "cannot start the reaper"));
+}

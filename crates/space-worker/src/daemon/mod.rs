@@ -1,0 +1,243 @@
+//! The worker daemon (`space worker`): node-api + sbx-manager.
+//!
+//! - Enrolls with the control plane and applies its signed identity updates (install,
+//!   retire, key bundle), each verified, persisted with fsync, then acknowledged.
+//! - Serves the sandbox-scoped operations with `Authorization: SpaceCap …`, admitting
+//!   each through `space-identity` against its persisted records (local state only),
+//!   then forwarding through the verified bridge.
+//! - After a restart, re-adopts executions whose processes survived and verify, and
+//!   reports the others lost; nothing is ever served under a retired identity.
+
+pub mod launch;
+pub mod node_api;
+pub mod records;
+pub mod state;
+pub mod updates;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use space_http::HttpClient;
+use space_identity::{InstalledKeys, VerifyingKey, WorkerId};
+use space_proto::api::{EnrollRequest, EnrollResponse, SignedUpdate};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use launch::Binaries;
+pub use state::Worker;
+
+/// Worker settings, validated before anything binds.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// This worker's ID.
+    pub id: WorkerId,
+    /// Control-plane base URL.
+    pub control_url: String,
+    /// Enrollment secret.
+    pub enroll_secret: String,
+    /// node-api listen address.
+    pub listen: SocketAddr,
+    /// URL the control plane and clients use to reach node-api (default: from `listen`).
+    pub advertise_url: Option<String>,
+    /// Data directory (records, layers, sockets).
+    pub data_dir: PathBuf,
+    /// Most sandboxes.
+    pub capacity: u32,
+    /// Binaries.
+    pub binaries: Binaries,
+    /// `space-jail`.
+    pub jail_binary: PathBuf,
+    /// cgroup parent directory (distinct per worker on one host).
+    pub cgroup_parent: String,
+}
+
+impl WorkerConfig {
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.control_url.starts_with("http://") || self.control_url.starts_with("https://")) {
+            return Err(format!(
+                "--control must be an http(s) URL, got {:?}",
+                self.control_url
+            ));
+        }
+        for (what, p) in [
+            ("spaced-guest", &self.binaries.agent),
+            ("spaced-host", &self.binaries.bridge),
+            ("space-jail", &self.jail_binary),
+        ] {
+            if !p.is_file() {
+                return Err(format!("{what} binary not found at {}", p.display()));
+            }
+        }
+        if self.capacity == 0 {
+            return Err("--capacity must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// A running worker.
+#[derive(Debug)]
+pub struct WorkerHandle {
+    /// node-api address.
+    pub addr: SocketAddr,
+    /// The worker.
+    pub worker: Arc<Worker>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl WorkerHandle {
+    /// Stops serving. Sandboxes keep running (a restarted worker re-adopts them)
+    /// unless `stop_sandboxes`, which stops their processes but keeps their records
+    /// and writable layers.
+    pub async fn shutdown(self, stop_sandboxes: bool) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+        if stop_sandboxes {
+            self.worker.stop_all().await;
+        }
+    }
+}
+
+/// Starts a worker: open records, bind node-api, enroll, sync with the control plane.
+pub async fn run(config: WorkerConfig) -> Result<WorkerHandle, String> {
+    config.validate()?;
+    std::fs::create_dir_all(&config.data_dir)
+        .map_err(|e| format!("{}: {e}", config.data_dir.display()))?;
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| format!("listen on {}: {e}", config.listen))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let url = config
+        .advertise_url
+        .clone()
+        .unwrap_or_else(|| format!("http://{addr}"));
+    let worker = Worker::open(&config, url.clone())?;
+
+    // Serve first: the control plane pushes installs while this worker syncs.
+    let app = node_api::router(Arc::clone(&worker));
+    let (stop, mut stopped) = watch::channel(false);
+    let task = tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        };
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+        {
+            tracing::error!(error = %e, "node-api failed");
+        }
+    });
+
+    let http = HttpClient::new(Duration::from_secs(30));
+    let enrolled = enroll(&http, &config, &url).await?;
+    let anchor = decode_anchor(&enrolled.anchor)?;
+    worker.set_enrollment(anchor, &enrolled.credential)?;
+    let updates = sync(&http, &config, &enrolled.credential).await?;
+    worker
+        .reconcile(updates, &http, &config.control_url, &enrolled.credential)
+        .await?;
+    tracing::info!(worker = %config.id, url = %url, "worker ready");
+    Ok(WorkerHandle {
+        addr,
+        worker,
+        stop,
+        task,
+    })
+}
+
+fn decode_anchor(text: &str) -> Result<VerifyingKey, String> {
+    let bytes: [u8; 32] = B64
+        .decode(text)
+        .ok()
+        .and_then(|b| b.try_into().ok())
+        .ok_or("enrollment answer holds no valid anchor")?;
+    let key = VerifyingKey::from_bytes(&bytes).map_err(|e| format!("anchor: {e}"))?;
+    if key.is_weak() {
+        return Err("anchor is a weak key".into());
+    }
+    Ok(key)
+}
+
+async fn enroll(
+    http: &HttpClient,
+    config: &WorkerConfig,
+    url: &str,
+) -> Result<EnrollResponse, String> {
+    let req = EnrollRequest {
+        worker: config.id.clone(),
+        url: url.to_owned(),
+        substrate: space_identity::Substrate::Jail,
+        capacity: config.capacity,
+        enroll_secret: config.enroll_secret.clone(),
+    };
+    let endpoint = format!(
+        "{}/internal/v1/enroll",
+        config.control_url.trim_end_matches('/')
+    );
+    // The control plane may still be starting (space up starts everything at once).
+    let mut delay = Duration::from_millis(50);
+    for attempt in 0.. {
+        match http.post_json(&endpoint, &[], &req).await {
+            Ok(a) if a.status.is_success() => {
+                return serde_json::from_slice(&a.body)
+                    .map_err(|e| format!("enrollment answer: {e}"));
+            }
+            Ok(a) if a.status.is_client_error() => {
+                return Err(format!(
+                    "enrollment refused ({}): {}",
+                    a.status,
+                    String::from_utf8_lossy(&a.body)
+                ));
+            }
+            Ok(_) | Err(_) if attempt < 40 => {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+            Ok(a) => return Err(format!("enrollment failed: {}", a.status)),
+            Err(e) => return Err(format!("enrollment failed: {e}")),
+        }
+    }
+    unreachable!("the loop returns")
+}
+
+async fn sync(
+    http: &HttpClient,
+    config: &WorkerConfig,
+    credential: &str,
+) -> Result<Vec<SignedUpdate>, String> {
+    let endpoint = format!(
+        "{}/internal/v1/workers/{}/sync",
+        config.control_url.trim_end_matches('/'),
+        config.id
+    );
+    let auth = format!("Bearer {credential}");
+    let a = http
+        .call(
+            hyper::Method::POST,
+            &endpoint,
+            &[("authorization", &auth)],
+            bytes::Bytes::new(),
+        )
+        .await
+        .map_err(|e| format!("sync: {e}"))?;
+    if !a.status.is_success() {
+        return Err(format!(
+            "sync refused ({}): {}",
+            a.status,
+            String::from_utf8_lossy(&a.body)
+        ));
+    }
+    serde_json::from_slice(&a.body).map_err(|e| format!("sync answer: {e}"))
+}
+
+/// The keys a worker trusts before it holds any bundle.
+pub fn empty_keys(anchor: VerifyingKey) -> InstalledKeys {
+    InstalledKeys::new(anchor)
+}

@@ -1,0 +1,642 @@
+//! node-api: the worker's HTTP entry. Every sandbox-scoped request is parsed into a
+//! typed operation, admitted (capability verified and compared with the persisted
+//! record — local state only), and only then forwarded through the verified bridge.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use space_identity::{Access, Endpoint, Operation, SandboxId, Token, Verdict};
+use space_proto::api::{ErrorBody, ExecRequest, ExecResponse, FileEntry, SignedUpdate};
+use space_proto::client::{AgentConnection, ClientError};
+use space_proto::guest::{ErrorKind, ExecSpec, ExitOutcome, FileKind};
+
+use super::state::{Slot, Worker};
+use super::updates;
+
+/// Largest file accepted in one PUT, and read in one GET.
+pub const MAX_FILE: usize = 64 << 20;
+/// Default exec timeout when the request names none.
+const DEFAULT_EXEC_TIMEOUT_SECS: u64 = 300;
+
+/// Labels of an admission.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdmissionLabels {
+    /// `allow`, `refresh_route`, `deny`.
+    pub verdict: String,
+    /// Reason code.
+    pub reason: String,
+}
+
+/// Labels of a request.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabels {
+    /// Operation.
+    pub op: String,
+}
+
+/// The worker's metrics (`space_worker_*`).
+#[derive(Debug)]
+pub struct WorkerMetrics {
+    registry: Registry,
+    /// Admissions by verdict and reason.
+    pub admissions: Family<AdmissionLabels, Counter>,
+    /// Latency of admitted operations.
+    pub latency: Family<OpLabels, Histogram>,
+    /// Executions launched.
+    pub launches: Counter,
+    /// Executions retired.
+    pub retirements: Counter,
+}
+
+impl Default for WorkerMetrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let admissions = Family::<AdmissionLabels, Counter>::default();
+        let latency = Family::<OpLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.000_05, 2.0, 20))
+        });
+        let launches = Counter::default();
+        let retirements = Counter::default();
+        registry.register(
+            "space_worker_admissions",
+            "Capability admissions by verdict and reason",
+            admissions.clone(),
+        );
+        registry.register(
+            "space_worker_operation_duration_seconds",
+            "Latency of admitted operations",
+            latency.clone(),
+        );
+        registry.register(
+            "space_worker_launches",
+            "Executions launched",
+            launches.clone(),
+        );
+        registry.register(
+            "space_worker_retirements",
+            "Executions retired",
+            retirements.clone(),
+        );
+        Self {
+            registry,
+            admissions,
+            latency,
+            launches,
+            retirements,
+        }
+    }
+}
+
+/// A response remembered under an idempotency key.
+#[derive(Debug, Clone)]
+struct Stored {
+    status: StatusCode,
+    execution: String,
+    body: Bytes,
+    content_type: &'static str,
+    at: Instant,
+}
+
+/// Responses of non-idempotent operations by (sandbox, idempotency key), kept at least
+/// as long as a capability lives, so a replay has no second effect.
+#[derive(Debug, Default)]
+pub struct IdempotencyCache {
+    entries: Mutex<HashMap<(SandboxId, String), StoredCell>>,
+}
+
+type StoredCell = Arc<tokio::sync::OnceCell<Stored>>;
+
+/// A rejection answered instead of the operation (boxed: responses are large).
+type Rejection = Box<Response>;
+
+fn reject(
+    status: StatusCode,
+    code: &str,
+    message: impl Into<String>,
+    reason: Option<&str>,
+) -> Rejection {
+    Box::new(error(status, code, message, reason))
+}
+
+/// How long responses are remembered.
+const IDEMPOTENCY_TTL: Duration = Duration::from_secs(600);
+
+impl IdempotencyCache {
+    fn cell(&self, sandbox: SandboxId, key: &str) -> Arc<tokio::sync::OnceCell<Stored>> {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if entries.len() > 50_000 {
+            entries.retain(|_, c| c.get().is_none_or(|s| s.at.elapsed() < IDEMPOTENCY_TTL));
+        }
+        let cell = entries.entry((sandbox, key.to_owned())).or_default();
+        if cell
+            .get()
+            .is_some_and(|s| s.at.elapsed() >= IDEMPOTENCY_TTL)
+        {
+            *cell = Arc::default();
+        }
+        Arc::clone(cell)
+    }
+}
+
+fn error(
+    status: StatusCode,
+    code: &str,
+    message: impl Into<String>,
+    reason: Option<&str>,
+) -> Response {
+    (
+        status,
+        Json(ErrorBody {
+            error: code.to_owned(),
+            message: message.into(),
+            reason: reason.map(str::to_owned),
+        }),
+    )
+        .into_response()
+}
+
+/// The router.
+pub fn router(worker: Arc<Worker>) -> Router {
+    Router::new()
+        .route("/v1/sandboxes/{id}/exec", post(exec))
+        .route(
+            "/v1/sandboxes/{id}/files",
+            get(read_file).put(write_file).delete(remove_file),
+        )
+        .route("/v1/sandboxes/{id}/files/list", get(list_files))
+        .route("/internal/v1/updates", post(apply_update))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok" }))
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "not_found", "no such route", None) })
+        .layer(DefaultBodyLimit::max(MAX_FILE))
+        .with_state(worker)
+}
+
+/// Admits a request or answers the rejection (401, 421, 403).
+fn admit(
+    w: &Worker,
+    headers: &HeaderMap,
+    id: &str,
+    access: Access,
+) -> Result<(SandboxId, Arc<Slot>), Rejection> {
+    let text = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("SpaceCap "))
+        .ok_or_else(|| {
+            reject(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "a SpaceCap capability is required",
+                None,
+            )
+        })?;
+    let token = Token::from_text(text.trim()).map_err(|r| {
+        reject(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "unparseable capability",
+            Some(r.as_str()),
+        )
+    })?;
+    // An unparseable path names no sandbox this worker could serve.
+    let sandbox: SandboxId = id.parse().map_err(|_| {
+        reject(
+            StatusCode::FORBIDDEN,
+            "deny",
+            "denied",
+            Some("sandbox_mismatch"),
+        )
+    })?;
+    let op = Operation {
+        path_sandbox: &sandbox,
+        bound_sandbox: None,
+        endpoint: Endpoint::Control { access },
+    };
+    let (verdict, slot) = w.admit(token.as_bytes(), &op);
+    w.metrics
+        .admissions
+        .get_or_create(&AdmissionLabels {
+            verdict: verdict.kind_str().to_owned(),
+            reason: verdict.reason_str().to_owned(),
+        })
+        .inc();
+    match verdict {
+        Verdict::Allow => {}
+        Verdict::RefreshRoute { reason } => {
+            return Err(reject(
+                StatusCode::MISDIRECTED_REQUEST,
+                "refresh_route",
+                "route is stale",
+                Some(reason.as_str()),
+            ));
+        }
+        Verdict::Deny { reason } => {
+            return Err(reject(
+                StatusCode::FORBIDDEN,
+                "deny",
+                "denied",
+                Some(reason.as_str()),
+            ));
+        }
+    }
+    match slot {
+        Some(s) if s.pool.is_some() => Ok((sandbox, s)),
+        _ => Err(reject(
+            StatusCode::MISDIRECTED_REQUEST,
+            "refresh_route",
+            "execution not running",
+            Some("not_running"),
+        )),
+    }
+}
+
+/// Runs `f` on a pooled, verified bridge connection, off the async runtime. The
+/// connection goes back to the pool only after a clean answer.
+async fn with_conn<T: Send + 'static>(
+    slot: &Arc<Slot>,
+    f: impl FnOnce(&mut AgentConnection) -> Result<T, ClientError> + Send + 'static,
+) -> Result<T, Rejection> {
+    let Some(pool) = slot.pool.clone() else {
+        return Err(reject(
+            StatusCode::MISDIRECTED_REQUEST,
+            "refresh_route",
+            "execution not running",
+            Some("not_running"),
+        ));
+    };
+    tokio::task::spawn_blocking(move || {
+        let mut conn = pool
+            .take()
+            .map_err(|e| reject(StatusCode::BAD_GATEWAY, "bridge", e.to_string(), None))?;
+        match f(&mut conn) {
+            Ok(v) => {
+                pool.give_back(conn);
+                Ok(v)
+            }
+            Err(ClientError::Agent(e)) => {
+                // An operation error leaves the connection usable.
+                pool.give_back(conn);
+                Err(Box::new(agent_error(&e)))
+            }
+            Err(e) => Err(reject(
+                StatusCode::BAD_GATEWAY,
+                "bridge",
+                e.to_string(),
+                None,
+            )),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(reject(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            e.to_string(),
+            None,
+        ))
+    })
+}
+
+fn agent_error(e: &space_proto::guest::WireError) -> Response {
+    let (status, code) = match e.kind {
+        ErrorKind::NotFound => (StatusCode::NOT_FOUND, "not_found"),
+        ErrorKind::PermissionDenied => (StatusCode::FORBIDDEN, "permission_denied"),
+        ErrorKind::IsADirectory => (StatusCode::BAD_REQUEST, "is_a_directory"),
+        ErrorKind::NotADirectory => (StatusCode::BAD_REQUEST, "not_a_directory"),
+        ErrorKind::AlreadyExists => (StatusCode::CONFLICT, "already_exists"),
+        ErrorKind::InvalidArgument => (StatusCode::BAD_REQUEST, "invalid_argument"),
+        ErrorKind::Busy => (StatusCode::SERVICE_UNAVAILABLE, "busy"),
+        _ => (StatusCode::BAD_GATEWAY, "agent"),
+    };
+    error(status, code, e.message.clone(), None)
+}
+
+fn with_execution(mut resp: Response, slot: &Slot) -> Response {
+    if let Ok(v) = HeaderValue::from_str(&slot.record.execution_id.to_string()) {
+        resp.headers_mut().insert("space-execution", v);
+    }
+    resp
+}
+
+fn observe(w: &Worker, op: &str, start: Instant) {
+    w.metrics
+        .latency
+        .get_or_create(&OpLabels { op: op.to_owned() })
+        .observe(start.elapsed().as_secs_f64());
+}
+
+/// Runs a non-idempotent operation once per idempotency key.
+async fn once<F, Fut>(w: &Worker, sandbox: SandboxId, headers: &HeaderMap, run: F) -> Response
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Response>,
+{
+    let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) else {
+        return run().await;
+    };
+    if key.is_empty() || key.len() > 255 {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "idempotency key must be 1 to 255 characters",
+            None,
+        );
+    }
+    let cell = w.idempotency.cell(sandbox, key);
+    let stored = cell
+        .get_or_init(|| async {
+            let resp = run().await;
+            let status = resp.status();
+            let execution = resp
+                .headers()
+                .get("space-execution")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            let content_type = if resp
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .is_some_and(|v| v == "application/json")
+            {
+                "application/json"
+            } else {
+                "application/octet-stream"
+            };
+            let body = axum::body::to_bytes(resp.into_body(), MAX_FILE)
+                .await
+                .unwrap_or_default();
+            Stored {
+                status,
+                execution,
+                body,
+                content_type,
+                at: Instant::now(),
+            }
+        })
+        .await
+        .clone();
+    let mut resp = (
+        stored.status,
+        [(header::CONTENT_TYPE, stored.content_type)],
+        stored.body,
+    )
+        .into_response();
+    if let Ok(v) = HeaderValue::from_str(&stored.execution) {
+        resp.headers_mut().insert("space-execution", v);
+    }
+    resp.headers_mut()
+        .insert("idempotent-replay", HeaderValue::from_static("checked"));
+    resp
+}
+
+async fn exec(
+    State(w): State<Arc<Worker>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let start = Instant::now();
+    let (sandbox, slot) = match admit(&w, &headers, &id, Access::Exec) {
+        Ok(v) => v,
+        Err(r) => return *r,
+    };
+    let req: ExecRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("invalid exec body: {e}"),
+                None,
+            );
+        }
+    };
+    if req.cmd.is_empty() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "cmd must not be empty",
+            None,
+        );
+    }
+    let spec = ExecSpec {
+        argv: req.cmd,
+        env: req.env.unwrap_or_default().into_iter().collect(),
+        cwd: req.cwd,
+        stdin: Some(req.stdin.unwrap_or_default().into_bytes()),
+        timeout_ms: Some(
+            req.timeout_secs
+                .unwrap_or(DEFAULT_EXEC_TIMEOUT_SECS)
+                .saturating_mul(1000),
+        ),
+        pty: None,
+    };
+    let execution_id = slot.record.execution_id;
+    let resp = once(&w, sandbox, &headers, || async {
+        match with_conn(&slot, move |c| c.exec(spec)).await {
+            Ok(out) => {
+                let (exit_code, signal) = match out.status.outcome {
+                    ExitOutcome::Code(c) => (c, None),
+                    ExitOutcome::Signal(s) => (128 + s, Some(s)),
+                };
+                with_execution(
+                    Json(ExecResponse {
+                        exit_code,
+                        signal,
+                        timed_out: out.status.timed_out,
+                        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+                        execution_id,
+                    })
+                    .into_response(),
+                    &slot,
+                )
+            }
+            Err(r) => *r,
+        }
+    })
+    .await;
+    observe(&w, "exec", start);
+    resp
+}
+
+#[derive(serde::Deserialize)]
+struct PathQuery {
+    path: Option<String>,
+}
+
+fn required_path(q: &PathQuery) -> Result<String, Rejection> {
+    match q.path.as_deref() {
+        Some(p) if !p.is_empty() && p.len() <= 4096 && !p.contains('\0') => Ok(p.to_owned()),
+        _ => Err(reject(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "query parameter `path` is required",
+            None,
+        )),
+    }
+}
+
+async fn read_file(
+    State(w): State<Arc<Worker>>,
+    Path(id): Path<String>,
+    Query(q): Query<PathQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let start = Instant::now();
+    let (_, slot) = match admit(&w, &headers, &id, Access::FsRead) {
+        Ok(v) => v,
+        Err(r) => return *r,
+    };
+    let path = match required_path(&q) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    let resp = match with_conn(&slot, move |c| c.read_file(&path, MAX_FILE as u64)).await {
+        Ok(data) => with_execution(
+            ([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response(),
+            &slot,
+        ),
+        Err(r) => *r,
+    };
+    observe(&w, "read_file", start);
+    resp
+}
+
+async fn write_file(
+    State(w): State<Arc<Worker>>,
+    Path(id): Path<String>,
+    Query(q): Query<PathQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let start = Instant::now();
+    let (sandbox, slot) = match admit(&w, &headers, &id, Access::FsWrite) {
+        Ok(v) => v,
+        Err(r) => return *r,
+    };
+    let path = match required_path(&q) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    let resp = once(&w, sandbox, &headers, || async {
+        match with_conn(&slot, move |c| c.write_file(&path, &body, None)).await {
+            Ok(_) => with_execution(StatusCode::NO_CONTENT.into_response(), &slot),
+            Err(r) => *r,
+        }
+    })
+    .await;
+    observe(&w, "write_file", start);
+    resp
+}
+
+async fn remove_file(
+    State(w): State<Arc<Worker>>,
+    Path(id): Path<String>,
+    Query(q): Query<PathQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let start = Instant::now();
+    let (sandbox, slot) = match admit(&w, &headers, &id, Access::FsWrite) {
+        Ok(v) => v,
+        Err(r) => return *r,
+    };
+    let path = match required_path(&q) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    let resp = once(&w, sandbox, &headers, || async {
+        match with_conn(&slot, move |c| c.remove(&path, true)).await {
+            Ok(()) => with_execution(StatusCode::NO_CONTENT.into_response(), &slot),
+            Err(r) => *r,
+        }
+    })
+    .await;
+    observe(&w, "remove_file", start);
+    resp
+}
+
+async fn list_files(
+    State(w): State<Arc<Worker>>,
+    Path(id): Path<String>,
+    Query(q): Query<PathQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let start = Instant::now();
+    let (_, slot) = match admit(&w, &headers, &id, Access::FsRead) {
+        Ok(v) => v,
+        Err(r) => return *r,
+    };
+    let path = match required_path(&q) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    let resp = match with_conn(&slot, move |c| c.list(&path)).await {
+        Ok(entries) => {
+            let out: Vec<FileEntry> = entries
+                .into_iter()
+                .map(|e| FileEntry {
+                    name: e.name,
+                    kind: match e.kind {
+                        FileKind::File => "file",
+                        FileKind::Dir => "dir",
+                        FileKind::Symlink => "symlink",
+                        FileKind::Other => "other",
+                    }
+                    .to_owned(),
+                    size: e.size,
+                })
+                .collect();
+            with_execution(Json(out).into_response(), &slot)
+        }
+        Err(r) => *r,
+    };
+    observe(&w, "list", start);
+    resp
+}
+
+async fn apply_update(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
+    let signed: SignedUpdate = match serde_json::from_slice(&body) {
+        Ok(s) => s,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("invalid update: {e}"),
+                None,
+            );
+        }
+    };
+    let result = match updates::verify(&w, &signed) {
+        Ok((body, update)) => updates::apply(&w, body, update).await,
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(ack) => Json(ack).into_response(),
+        Err(e) => error(
+            StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST),
+            "update_refused",
+            e.message,
+            None,
+        ),
+    }
+}
+
+async fn metrics(State(w): State<Arc<Worker>>) -> Response {
+    let mut out = String::new();
+    let _ = prometheus_client::encoding::text::encode(&mut out, &w.metrics.registry);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}

@@ -1,0 +1,303 @@
+//! The worker's durable runtime records: what it has installed (or retired) for each
+//! sandbox it hosts, its key bundle and its enrollment. SQLite with `synchronous=FULL`:
+//! a write returns only once it is on disk, so an acknowledgement sent after it never
+//! promises more than a crash leaves.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+use space_identity::{ExecutionId, SandboxId, Substrate};
+use space_peer::ProcessIdentity;
+
+use crate::substrate::SandboxHandle;
+
+/// Where a recorded execution is in its life on this worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordState {
+    /// Installed, launching.
+    Starting,
+    /// Serving.
+    Running,
+    /// Frozen in place.
+    Paused,
+    /// Retired: a tombstone.
+    Retired,
+    /// Failed to start, or lost in a crash.
+    Failed,
+}
+
+impl RecordState {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Starting => "starting",
+            Self::Running => "running",
+            Self::Paused => "paused",
+            Self::Retired => "retired",
+            Self::Failed => "failed",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "starting" => Self::Starting,
+            "running" => Self::Running,
+            "paused" => Self::Paused,
+            "retired" => Self::Retired,
+            "failed" => Self::Failed,
+            _ => return None,
+        })
+    }
+}
+
+/// The recorded bridge of an execution.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BridgeRecord {
+    /// Its socket.
+    pub socket: std::path::PathBuf,
+    /// Its process as launched.
+    pub process: ProcessIdentity,
+}
+
+/// One execution as this worker recorded it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecutionRecord {
+    /// Sandbox.
+    pub sandbox: SandboxId,
+    /// Generation.
+    pub generation: u64,
+    /// Execution ID.
+    pub execution_id: ExecutionId,
+    /// Substrate.
+    pub substrate: Substrate,
+    /// Activation attempt.
+    pub activation: u32,
+    /// State.
+    pub state: RecordState,
+    /// The activation secret (never leaves the worker and the agent).
+    pub secret: [u8; 32],
+    /// What the substrate launched.
+    pub handle: Option<SandboxHandle>,
+    /// The bridge.
+    pub bridge: Option<BridgeRecord>,
+    /// Unix seconds of the last change.
+    pub updated_at: i64,
+}
+
+/// Why a record operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// SQLite failed.
+    #[error("runtime records: {0}")]
+    Db(#[from] rusqlite::Error),
+    /// A stored value did not decode.
+    #[error("runtime records: corrupt {0}")]
+    Corrupt(&'static str),
+}
+
+/// The records database.
+#[derive(Debug)]
+pub struct Records {
+    conn: Mutex<Connection>,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS executions (
+    sandbox TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    body TEXT NOT NULL,
+    state TEXT NOT NULL,
+    PRIMARY KEY (sandbox, generation)
+);
+CREATE TABLE IF NOT EXISTS generations (
+    sandbox TEXT PRIMARY KEY,
+    max_generation INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS settings (
+    name TEXT PRIMARY KEY,
+    value BLOB NOT NULL
+);
+";
+
+impl Records {
+    /// Opens (creating) the records at `path`.
+    pub fn open(path: &Path) -> Result<Self, RecordError> {
+        let conn = Connection::open(path)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        conn.execute_batch(SCHEMA)?;
+        Ok(Self {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, RecordError>,
+    ) -> Result<T, RecordError> {
+        let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        f(&conn)
+    }
+
+    /// Highest generation ever recorded for `sandbox` (0 if none). Never decreases,
+    /// even when tombstones are pruned, so a replayed install of an old generation is
+    /// refused forever.
+    pub fn max_generation(&self, sandbox: &SandboxId) -> Result<u64, RecordError> {
+        self.with(|c| {
+            let v: Option<i64> = c
+                .query_row(
+                    "SELECT max_generation FROM generations WHERE sandbox = ?1",
+                    params![sandbox.to_string()],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            Ok(v.map_or(0, |g| g as u64))
+        })
+    }
+
+    /// Writes `record` (insert or replace) and raises the sandbox's max generation,
+    /// durably, in one transaction.
+    pub fn put(&self, record: &ExecutionRecord) -> Result<(), RecordError> {
+        let body = serde_json::to_string(record).map_err(|_| RecordError::Corrupt("record"))?;
+        self.with(|c| {
+            let tx = c.unchecked_transaction()?;
+            tx.execute(
+                "INSERT INTO executions (sandbox, generation, body, state) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (sandbox, generation) DO UPDATE SET body = excluded.body, state = excluded.state",
+                params![
+                    record.sandbox.to_string(),
+                    record.generation as i64,
+                    body,
+                    record.state.as_str()
+                ],
+            )?;
+            tx.execute(
+                "INSERT INTO generations (sandbox, max_generation) VALUES (?1, ?2)
+                 ON CONFLICT (sandbox) DO UPDATE SET max_generation = MAX(max_generation, excluded.max_generation)",
+                params![record.sandbox.to_string(), record.generation as i64],
+            )?;
+            tx.commit()?;
+            Ok(())
+        })
+    }
+
+    /// Every recorded execution.
+    pub fn all(&self) -> Result<Vec<ExecutionRecord>, RecordError> {
+        self.with(|c| {
+            let mut stmt =
+                c.prepare("SELECT body, state FROM executions ORDER BY sandbox, generation")?;
+            let rows =
+                stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (body, state) = row?;
+                let mut rec: ExecutionRecord =
+                    serde_json::from_str(&body).map_err(|_| RecordError::Corrupt("record"))?;
+                rec.state = RecordState::parse(&state).ok_or(RecordError::Corrupt("state"))?;
+                out.push(rec);
+            }
+            Ok(out)
+        })
+    }
+
+    /// Drops tombstones and failures older than `before` (the max generation stays).
+    pub fn prune(&self, before: i64) -> Result<usize, RecordError> {
+        let all = self.all()?;
+        self.with(|c| {
+            let mut n = 0;
+            for r in all {
+                if matches!(r.state, RecordState::Retired | RecordState::Failed)
+                    && r.updated_at < before
+                {
+                    n += c.execute(
+                        "DELETE FROM executions WHERE sandbox = ?1 AND generation = ?2",
+                        params![r.sandbox.to_string(), r.generation as i64],
+                    )?;
+                }
+            }
+            Ok(n)
+        })
+    }
+
+    /// A setting.
+    pub fn setting(&self, name: &str) -> Result<Option<Vec<u8>>, RecordError> {
+        self.with(|c| {
+            Ok(c.query_row(
+                "SELECT value FROM settings WHERE name = ?1",
+                params![name],
+                |r| r.get(0),
+            )
+            .optional()?)
+        })
+    }
+
+    /// Stores a setting durably.
+    pub fn set_setting(&self, name: &str, value: &[u8]) -> Result<(), RecordError> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO settings (name, value) VALUES (?1, ?2)
+                 ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                params![name, value],
+            )?;
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(generation: u64, state: RecordState) -> ExecutionRecord {
+        ExecutionRecord {
+            sandbox: SandboxId::from_bytes([1; 16]),
+            generation,
+            execution_id: ExecutionId::from_bytes([generation as u8; 16]),
+            substrate: Substrate::Jail,
+            activation: 1,
+            state,
+            secret: [7; 32],
+            handle: None,
+            bridge: None,
+            updated_at: 100,
+        }
+    }
+
+    #[test]
+    fn records_survive_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("records.db");
+        {
+            let r = Records::open(&path).unwrap();
+            r.put(&rec(3, RecordState::Running)).unwrap();
+            r.set_setting("credential", b"abc").unwrap();
+        }
+        let r = Records::open(&path).unwrap();
+        assert_eq!(r.all().unwrap(), vec![rec(3, RecordState::Running)]);
+        assert_eq!(
+            r.setting("credential").unwrap().as_deref(),
+            Some(&b"abc"[..])
+        );
+    }
+
+    #[test]
+    fn max_generation_never_decreases_even_after_pruning() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Records::open(&dir.path().join("r.db")).unwrap();
+        r.put(&rec(5, RecordState::Retired)).unwrap();
+        r.put(&rec(2, RecordState::Retired)).unwrap();
+        assert_eq!(
+            r.max_generation(&SandboxId::from_bytes([1; 16])).unwrap(),
+            5
+        );
+        assert_eq!(r.prune(1_000).unwrap(), 2);
+        assert!(r.all().unwrap().is_empty());
+        assert_eq!(
+            r.max_generation(&SandboxId::from_bytes([1; 16])).unwrap(),
+            5
+        );
+    }
+}

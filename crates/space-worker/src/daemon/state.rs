@@ -1,0 +1,436 @@
+//! The worker's state: records, installed keys, the verified-token cache, and one slot
+//! per sandbox holding its current (or retired) execution and its bridge pool.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use space_http::HttpClient;
+use space_identity::{
+    Execution, Generation, InstalledIdentity, InstalledKeys, Operation, Placement,
+    RecordState as IdState, Route, SandboxId, SignedKeyBundle, Timestamp, Verdict,
+    VerifiedTokenCache, VerifyingKey, WorkerId,
+};
+use space_proto::api::{SignedUpdate, Update};
+use space_proto::guest::Activation;
+use spaced_host::BridgePool;
+
+use super::launch::{self, Binaries};
+use super::records::{ExecutionRecord, RecordState, Records};
+use super::{WorkerConfig, updates};
+use crate::substrate::jail::{JailConfig, JailDriver};
+
+/// One sandbox as this worker holds it.
+#[derive(Debug)]
+pub struct Slot {
+    /// The durable record.
+    pub record: ExecutionRecord,
+    /// The identity the comparator checks against.
+    pub installed: InstalledIdentity,
+    /// Verified connections to the bridge, while running.
+    pub pool: Option<Arc<BridgePool>>,
+}
+
+/// Unix seconds now.
+pub fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// 32 bytes from the kernel's CSPRNG.
+pub fn random32() -> [u8; 32] {
+    let mut out = [0u8; 32];
+    let mut filled = 0;
+    while filled < 32 {
+        if let Ok(n) =
+            rustix::rand::getrandom(&mut out[filled..], rustix::rand::GetRandomFlags::empty())
+        {
+            filled += n;
+        }
+    }
+    out
+}
+
+/// The worker.
+pub struct Worker {
+    /// This worker's ID.
+    pub id: WorkerId,
+    /// Its node-api URL.
+    pub url: String,
+    /// Durable records.
+    pub records: Records,
+    /// The substrate (the jail driver; other drivers plug in behind the same trait).
+    pub substrate: Arc<JailDriver>,
+    /// Binaries.
+    pub binaries: Binaries,
+    /// Data directory.
+    pub data_dir: std::path::PathBuf,
+    /// Installed verification keys (`None` until enrolled).
+    pub keys: RwLock<Option<InstalledKeys>>,
+    /// Tokens verified before (signature work only).
+    pub cache: Mutex<VerifiedTokenCache>,
+    /// Sandboxes.
+    pub slots: RwLock<HashMap<SandboxId, Arc<Slot>>>,
+    /// Updates apply one at a time, in arrival order.
+    pub update_lock: tokio::sync::Mutex<()>,
+    /// Idempotency keys of non-idempotent operations.
+    pub idempotency: super::node_api::IdempotencyCache,
+    /// Metrics.
+    pub metrics: super::node_api::WorkerMetrics,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("id", &self.id)
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The comparator's view of a record.
+pub fn installed_of(worker: &WorkerId, r: &ExecutionRecord) -> InstalledIdentity {
+    InstalledIdentity {
+        route: Route {
+            sandbox: r.sandbox,
+            execution: Execution {
+                generation: Generation(r.generation),
+                id: r.execution_id,
+            },
+            placement: Placement {
+                worker: worker.clone(),
+                substrate: r.substrate,
+                activation: r.activation,
+                pod_uid: None,
+            },
+        },
+        state: match r.state {
+            RecordState::Starting => IdState::Starting,
+            RecordState::Running => IdState::Running,
+            RecordState::Paused => IdState::Paused,
+            RecordState::Retired | RecordState::Failed => IdState::Retired,
+        },
+    }
+}
+
+/// The activation of a record.
+pub fn activation_of(r: &ExecutionRecord) -> Activation {
+    Activation {
+        sandbox: r.sandbox,
+        generation: r.generation,
+        execution_id: r.execution_id,
+        activation: r.activation,
+        secret: r.secret,
+    }
+}
+
+impl Worker {
+    /// Opens the records and the substrate; loads installed keys and slots.
+    pub fn open(config: &WorkerConfig, url: String) -> Result<Arc<Self>, String> {
+        let records =
+            Records::open(&config.data_dir.join("records.db")).map_err(|e| e.to_string())?;
+        let mut jail = JailConfig::new(&config.jail_binary);
+        jail.cgroup_parent = config.cgroup_parent.clone();
+        let substrate = Arc::new(JailDriver::new(jail).map_err(|e| e.to_string())?);
+        let worker = Arc::new(Self {
+            id: config.id.clone(),
+            url,
+            records,
+            substrate,
+            binaries: config.binaries.clone(),
+            data_dir: config.data_dir.clone(),
+            keys: RwLock::new(None),
+            cache: Mutex::new(VerifiedTokenCache::new(10_000)),
+            slots: RwLock::new(HashMap::new()),
+            update_lock: tokio::sync::Mutex::new(()),
+            idempotency: super::node_api::IdempotencyCache::default(),
+            metrics: super::node_api::WorkerMetrics::default(),
+        });
+        // Keys persisted from before a restart: the worker comes back with what it
+        // acknowledged, never with less.
+        if let (Some(anchor), Some(bundle)) = (
+            worker
+                .records
+                .setting("anchor")
+                .map_err(|e| e.to_string())?,
+            worker
+                .records
+                .setting("bundle")
+                .map_err(|e| e.to_string())?,
+        ) {
+            let anchor = VerifyingKey::from_bytes(
+                &anchor.try_into().map_err(|_| "stored anchor is corrupt")?,
+            )
+            .map_err(|e| e.to_string())?;
+            let mut keys = InstalledKeys::new(anchor);
+            keys.install(&SignedKeyBundle::from_bytes(bundle))
+                .map_err(|e| format!("stored bundle: {e}"))?;
+            *worker.keys.write().map_err(|_| "poisoned")? = Some(keys);
+        }
+        for r in worker.records.all().map_err(|e| e.to_string())? {
+            worker.put_slot(r, None);
+        }
+        let me = Arc::downgrade(&worker);
+        launch::spawn_reaper(move |pid| {
+            me.upgrade().is_some_and(|w| {
+                w.slots.read().is_ok_and(|slots| {
+                    slots
+                        .values()
+                        .any(|s| s.record.handle.as_ref().is_some_and(|h| h.init.pid == pid))
+                })
+            })
+        });
+        Ok(worker)
+    }
+
+    /// Makes `record` the sandbox's current slot if it is not older than the one held.
+    pub fn put_slot(&self, record: ExecutionRecord, pool: Option<Arc<BridgePool>>) {
+        let installed = installed_of(&self.id, &record);
+        let Ok(mut slots) = self.slots.write() else {
+            return;
+        };
+        let newer = slots
+            .get(&record.sandbox)
+            .is_none_or(|s| s.record.generation <= record.generation);
+        if newer {
+            slots.insert(
+                record.sandbox,
+                Arc::new(Slot {
+                    record,
+                    installed,
+                    pool,
+                }),
+            );
+        }
+    }
+
+    /// The current slot of a sandbox.
+    pub fn slot(&self, sandbox: &SandboxId) -> Option<Arc<Slot>> {
+        self.slots.read().ok()?.get(sandbox).cloned()
+    }
+
+    /// Stores the enrollment's anchor (refusing a different one than before) and
+    /// credential.
+    pub fn set_enrollment(&self, anchor: VerifyingKey, credential: &str) -> Result<(), String> {
+        if let Some(old) = self.records.setting("anchor").map_err(|e| e.to_string())? {
+            if old != anchor.as_bytes() {
+                return Err("the control plane presents another trust anchor than at first enrollment; refusing".into());
+            }
+        }
+        self.records
+            .set_setting("anchor", anchor.as_bytes())
+            .map_err(|e| e.to_string())?;
+        self.records
+            .set_setting("credential", credential.as_bytes())
+            .map_err(|e| e.to_string())?;
+        let mut keys = self.keys.write().map_err(|_| "poisoned")?;
+        if keys.is_none() {
+            *keys = Some(InstalledKeys::new(anchor));
+        }
+        Ok(())
+    }
+
+    /// Admission: the comparator against this worker's records, with the signature
+    /// work cached. Local state only.
+    pub fn admit(&self, token: &[u8], op: &Operation<'_>) -> (Verdict, Option<Arc<Slot>>) {
+        let now = Timestamp::from_unix_secs(now_secs());
+        let Ok(keys) = self.keys.read() else {
+            return (
+                Verdict::Deny {
+                    reason: space_identity::DenyReason::UnknownKey,
+                },
+                None,
+            );
+        };
+        let Some(keys) = keys.as_ref() else {
+            return (
+                Verdict::Deny {
+                    reason: space_identity::DenyReason::UnknownKey,
+                },
+                None,
+            );
+        };
+        let slot = self.slot(op.path_sandbox);
+        let verdict = match self.cache.lock() {
+            Ok(mut cache) => cache.admit(
+                token,
+                keys,
+                now,
+                op,
+                &self.id,
+                slot.as_ref().map(|s| &s.installed),
+            ),
+            Err(_) => space_identity::verify(
+                token,
+                keys,
+                now,
+                op,
+                &self.id,
+                slot.as_ref().map(|s| &s.installed),
+            ),
+        };
+        (verdict, slot)
+    }
+
+    /// Applies the control plane's sync: bundle first, then re-adopt each execution it
+    /// lists if its processes survived and verify, report it lost otherwise, and retire
+    /// every local execution it does not list.
+    pub async fn reconcile(
+        self: &Arc<Self>,
+        list: Vec<SignedUpdate>,
+        http: &HttpClient,
+        control_url: &str,
+        credential: &str,
+    ) -> Result<(), String> {
+        let mut wanted = Vec::new();
+        for signed in &list {
+            let (body, update) = updates::verify(self, signed).map_err(|e| e.message)?;
+            match update {
+                Update::Bundle { .. } => {
+                    updates::apply(self, body, update)
+                        .await
+                        .map_err(|e| e.message)?;
+                }
+                Update::Install(i) => wanted.push(i),
+                Update::Retire { .. } => {
+                    updates::apply(self, body, update)
+                        .await
+                        .map_err(|e| e.message)?;
+                }
+            }
+        }
+        let mut lost = Vec::new();
+        for i in &wanted {
+            if !self.readopt(i).await {
+                lost.push((i.sandbox, i.generation));
+            }
+        }
+        // Everything live here that the control plane did not list is retired.
+        let live: Vec<ExecutionRecord> = self
+            .records
+            .all()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|r| {
+                matches!(
+                    r.state,
+                    RecordState::Starting | RecordState::Running | RecordState::Paused
+                )
+            })
+            .collect();
+        for r in live {
+            if !wanted
+                .iter()
+                .any(|i| i.sandbox == r.sandbox && i.generation == r.generation)
+            {
+                updates::retire_local(self, &r.sandbox, r.generation, r.execution_id).await;
+            }
+        }
+        let keep: Vec<_> = self
+            .records
+            .all()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|r| matches!(r.state, RecordState::Running | RecordState::Paused))
+            .map(|r| launch::execution_key(&r.sandbox, &r.execution_id))
+            .collect();
+        let jail = Arc::clone(&self.substrate);
+        let data_dir = self.data_dir.clone();
+        // No install may create directories while the sweep decides what is left over.
+        let _applying = self.update_lock.lock().await;
+        match tokio::task::spawn_blocking(move || jail.sweep_leftovers(&data_dir, &keep)).await {
+            Ok(Ok(report)) => tracing::info!(?report, "startup sweep"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "startup sweep failed"),
+            Err(e) => tracing::warn!(error = %e, "startup sweep panicked"),
+        }
+        drop(_applying);
+        for (sandbox, generation) in lost {
+            let url = format!(
+                "{}/internal/v1/workers/{}/lost",
+                control_url.trim_end_matches('/'),
+                self.id
+            );
+            let auth = format!("Bearer {credential}");
+            let body = serde_json::json!({"sandbox": sandbox, "generation": generation});
+            if let Err(e) = http
+                .post_json(&url, &[("authorization", &auth)], &body)
+                .await
+            {
+                tracing::warn!(sandbox = %sandbox, error = %e, "could not report a lost execution");
+            }
+        }
+        Ok(())
+    }
+
+    /// Re-adopts an execution after a restart if its record is running and its jail,
+    /// agent and bridge are the recorded live processes. Otherwise marks it failed.
+    async fn readopt(self: &Arc<Self>, i: &space_proto::api::InstallExecution) -> bool {
+        let Some(slot) = self.slot(&i.sandbox) else {
+            return false;
+        };
+        let r = &slot.record;
+        let same = r.generation == i.generation && r.execution_id == i.execution_id;
+        let alive = same
+            && matches!(r.state, RecordState::Running | RecordState::Paused)
+            && r.bridge
+                .as_ref()
+                .is_some_and(|b| launch::still_alive(&b.process))
+            && r.handle.as_ref().is_some_and(|h| {
+                h.agent
+                    .is_some_and(|a| launch::still_alive_pid(a.pid, a.start_time))
+            });
+        if alive {
+            if let Some(b) = &r.bridge {
+                let pool = Arc::new(BridgePool::new(
+                    launch::bridge_target(b, &activation_of(r)),
+                    32,
+                ));
+                self.put_slot(r.clone(), Some(pool));
+            }
+            tracing::info!(sandbox = %r.sandbox, generation = r.generation, "re-adopted after restart");
+            return true;
+        }
+        if same {
+            let mut failed = r.clone();
+            failed.state = RecordState::Failed;
+            failed.updated_at = now_secs() as i64;
+            let _ = self.records.put(&failed);
+            let substrate = Arc::clone(&self.substrate);
+            let (h, b) = (r.handle.clone(), r.bridge.clone());
+            let _ = tokio::task::spawn_blocking(move || {
+                launch::teardown(&*substrate, h.as_ref(), b.as_ref())
+            })
+            .await;
+            self.put_slot(failed, None);
+        }
+        false
+    }
+
+    /// Stops every sandbox's processes (clean shutdown); records stay as they are, so
+    /// a restart reports them lost and the control plane starts new executions.
+    pub async fn stop_all(&self) {
+        let slots: Vec<Arc<Slot>> = self
+            .slots
+            .read()
+            .map(|s| s.values().cloned().collect())
+            .unwrap_or_default();
+        for s in slots {
+            if let Some(pool) = &s.pool {
+                pool.clear();
+            }
+            let substrate = Arc::clone(&self.substrate);
+            let (h, b) = (s.record.handle.clone(), s.record.bridge.clone());
+            let _ = tokio::task::spawn_blocking(move || {
+                launch::teardown(&*substrate, h.as_ref(), b.as_ref())
+            })
+            .await;
+        }
+    }
+
+    /// Encodes a bundle for persistence.
+    pub fn b64(bytes: &[u8]) -> String {
+        B64.encode(bytes)
+    }
+}

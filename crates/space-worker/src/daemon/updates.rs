@@ -1,0 +1,284 @@
+//! Signed identity updates from the control plane: verified, persisted with fsync,
+//! applied, and only then acknowledged.
+
+use std::sync::Arc;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use space_identity::{ExecutionId, SandboxId, SignedKeyBundle};
+use space_proto::api::{InstallExecution, SignedUpdate, Update, UpdateAck, UpdateBody};
+use spaced_host::BridgePool;
+
+use super::launch;
+use super::records::{ExecutionRecord, RecordState};
+use super::state::{Worker, activation_of, now_secs, random32};
+use crate::substrate::Limits;
+
+/// A refused update.
+#[derive(Debug, Clone)]
+pub struct UpdateError {
+    /// HTTP status.
+    pub status: u16,
+    /// Why.
+    pub message: String,
+}
+
+fn refuse(status: u16, message: impl Into<String>) -> UpdateError {
+    UpdateError {
+        status,
+        message: message.into(),
+    }
+}
+
+/// Checks the anchor's signature and that the update is for this worker.
+pub fn verify(worker: &Worker, signed: &SignedUpdate) -> Result<(Vec<u8>, Update), UpdateError> {
+    let body = B64
+        .decode(&signed.body)
+        .map_err(|_| refuse(400, "update body is not base64url"))?;
+    let sig: [u8; 64] = B64
+        .decode(&signed.signature)
+        .ok()
+        .and_then(|s| s.try_into().ok())
+        .ok_or_else(|| refuse(400, "update signature is not 64 bytes of base64url"))?;
+    let anchor = {
+        let keys = worker.keys.read().map_err(|_| refuse(500, "poisoned"))?;
+        *keys
+            .as_ref()
+            .ok_or_else(|| refuse(503, "not enrolled yet"))?
+            .anchor()
+    };
+    if !space_identity::verify_update(&anchor, &body, &sig) {
+        return Err(refuse(403, "update not signed by the trust anchor"));
+    }
+    let parsed: UpdateBody =
+        serde_json::from_slice(&body).map_err(|e| refuse(400, format!("update body: {e}")))?;
+    if parsed.worker != worker.id {
+        return Err(refuse(
+            403,
+            format!("update is for worker {}", parsed.worker),
+        ));
+    }
+    Ok((body, parsed.update))
+}
+
+fn bundle_version(worker: &Worker) -> u64 {
+    worker
+        .keys
+        .read()
+        .ok()
+        .and_then(|k| k.as_ref().map(|k| k.version()))
+        .unwrap_or(0)
+}
+
+fn ack(worker: &Worker, state: &str, message: Option<String>) -> UpdateAck {
+    UpdateAck {
+        state: state.to_owned(),
+        message,
+        bundle_version: bundle_version(worker),
+    }
+}
+
+/// Applies a verified update. One at a time.
+pub async fn apply(
+    worker: &Arc<Worker>,
+    _body: Vec<u8>,
+    update: Update,
+) -> Result<UpdateAck, UpdateError> {
+    let _applying = worker.update_lock.lock().await;
+    match update {
+        Update::Bundle { bundle } => {
+            let bytes = B64
+                .decode(&bundle)
+                .map_err(|_| refuse(400, "bundle is not base64url"))?;
+            let signed = SignedKeyBundle::from_bytes(bytes);
+            let mut staged = worker
+                .keys
+                .read()
+                .map_err(|_| refuse(500, "poisoned"))?
+                .clone()
+                .ok_or_else(|| refuse(503, "not enrolled yet"))?;
+            let changed = staged
+                .install(&signed)
+                .map_err(|e| refuse(409, e.to_string()))?;
+            if changed {
+                // Durable first, then in effect, then acknowledged.
+                worker
+                    .records
+                    .set_setting("bundle", signed.as_bytes())
+                    .map_err(|e| refuse(500, e.to_string()))?;
+                *worker.keys.write().map_err(|_| refuse(500, "poisoned"))? = Some(staged);
+            }
+            Ok(ack(worker, "installed", None))
+        }
+        Update::Retire {
+            sandbox,
+            generation,
+            execution_id,
+        } => {
+            retire_local(worker, &sandbox, generation, execution_id).await;
+            Ok(ack(worker, "retired", None))
+        }
+        Update::Install(install) => install_execution(worker, install).await,
+    }
+}
+
+/// Retires one execution: tombstone first (durable), then its processes go.
+pub async fn retire_local(
+    worker: &Arc<Worker>,
+    sandbox: &SandboxId,
+    generation: u64,
+    execution_id: ExecutionId,
+) {
+    let existing = worker.records.all().ok().and_then(|all| {
+        all.into_iter()
+            .find(|r| r.sandbox == *sandbox && r.generation == generation)
+    });
+    let mut tomb = existing.clone().unwrap_or(ExecutionRecord {
+        sandbox: *sandbox,
+        generation,
+        execution_id,
+        substrate: space_identity::Substrate::Jail,
+        activation: 1,
+        state: RecordState::Retired,
+        secret: [0; 32],
+        handle: None,
+        bridge: None,
+        updated_at: 0,
+    });
+    if tomb.execution_id != execution_id {
+        tracing::warn!(sandbox = %sandbox, generation, "retire names another execution id than recorded; retiring the generation");
+    }
+    tomb.state = RecordState::Retired;
+    tomb.updated_at = now_secs() as i64;
+    if let Err(e) = worker.records.put(&tomb) {
+        tracing::error!(sandbox = %sandbox, error = %e, "cannot persist retirement");
+        return;
+    }
+    if let Some(slot) = worker.slot(sandbox) {
+        if let Some(pool) = &slot.pool {
+            if slot.record.generation == generation {
+                pool.clear();
+            }
+        }
+    }
+    worker.put_slot(tomb.clone(), None);
+    worker.metrics.retirements.inc();
+    if let Some(r) = existing {
+        let substrate = Arc::clone(&worker.substrate);
+        let _ = tokio::task::spawn_blocking(move || {
+            launch::teardown(&*substrate, r.handle.as_ref(), r.bridge.as_ref());
+        })
+        .await;
+    }
+}
+
+async fn install_execution(
+    worker: &Arc<Worker>,
+    i: InstallExecution,
+) -> Result<UpdateAck, UpdateError> {
+    let max = worker
+        .records
+        .max_generation(&i.sandbox)
+        .map_err(|e| refuse(500, e.to_string()))?;
+    if i.generation <= max {
+        // The same install again (a retried delivery) is answered with its state;
+        // anything older is a replay and is refused.
+        if let Some(slot) = worker.slot(&i.sandbox) {
+            let r = &slot.record;
+            if r.generation == i.generation && r.execution_id == i.execution_id {
+                let state = match r.state {
+                    RecordState::Running | RecordState::Paused => "running",
+                    RecordState::Retired => "retired",
+                    _ => "failed",
+                };
+                return Ok(ack(worker, state, None));
+            }
+        }
+        return Err(refuse(
+            409,
+            format!(
+                "generation {} is not newer than {max} already recorded",
+                i.generation
+            ),
+        ));
+    }
+    // A newer execution supersedes whatever ran before on this worker.
+    if let Some(old) = worker.slot(&i.sandbox) {
+        if matches!(
+            old.record.state,
+            RecordState::Starting | RecordState::Running | RecordState::Paused
+        ) {
+            retire_local(
+                worker,
+                &i.sandbox,
+                old.record.generation,
+                old.record.execution_id,
+            )
+            .await;
+        }
+    }
+    let mut record = ExecutionRecord {
+        sandbox: i.sandbox,
+        generation: i.generation,
+        execution_id: i.execution_id,
+        substrate: i.substrate,
+        activation: i.activation,
+        state: RecordState::Starting,
+        secret: random32(),
+        handle: None,
+        bridge: None,
+        updated_at: now_secs() as i64,
+    };
+    worker
+        .records
+        .put(&record)
+        .map_err(|e| refuse(500, e.to_string()))?;
+    worker.put_slot(record.clone(), None);
+
+    let substrate = Arc::clone(&worker.substrate);
+    let bins = worker.binaries.clone();
+    let data_dir = worker.data_dir.clone();
+    let activation = activation_of(&record);
+    let limits = Limits {
+        memory_bytes: Some(i.limits.memory_bytes),
+        pids_max: Some(u64::from(i.limits.pids)),
+        cpu_millis: Some(i.limits.cpu_millis),
+    };
+    let launched = tokio::task::spawn_blocking(move || {
+        launch::launch(&*substrate, &bins, &data_dir, &activation, limits)
+    })
+    .await
+    .map_err(|e| refuse(500, format!("launch task: {e}")))?;
+    match launched {
+        Ok((handle, bridge)) => {
+            record.state = RecordState::Running;
+            record.handle = Some(handle);
+            record.bridge = Some(bridge.clone());
+            record.updated_at = now_secs() as i64;
+            if let Err(e) = worker.records.put(&record) {
+                let substrate = Arc::clone(&worker.substrate);
+                let r = record.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    launch::teardown(&*substrate, r.handle.as_ref(), r.bridge.as_ref())
+                })
+                .await;
+                return Err(refuse(500, e.to_string()));
+            }
+            let pool = Arc::new(BridgePool::new(
+                launch::bridge_target(&bridge, &activation_of(&record)),
+                32,
+            ));
+            worker.put_slot(record, Some(pool));
+            worker.metrics.launches.inc();
+            Ok(ack(worker, "running", None))
+        }
+        Err(e) => {
+            record.state = RecordState::Failed;
+            record.updated_at = now_secs() as i64;
+            let _ = worker.records.put(&record);
+            worker.put_slot(record, None);
+            tracing::warn!(sandbox = %i.sandbox, generation = i.generation, error = %e, "launch failed");
+            Ok(ack(worker, "failed", Some(e.to_string())))
+        }
+    }
+}
