@@ -1,10 +1,11 @@
 //! The startup sweep: what a crashed worker left behind under its data dir.
 //!
-//! A restarted worker does not adopt the old jails (their bridges and records of
-//! in-flight work are gone; the next execution starts from the kept layer), so
-//! every process in the data dir's sandbox cgroups is killed and every such cgroup
-//! removed. Sandbox directories (the writable layers) named in the keep-list stay;
-//! the others, stale sockets, stale mounts and half-built templates go.
+//! A restarted worker passes the executions it keeps (re-adopted, still running);
+//! everything else of the data dir goes: the processes in the other sandboxes'
+//! cgroups are killed and the cgroups removed, their sandbox and run directories
+//! removed, mounts in the worker's namespace below the data dir detached (the
+//! jails' own mounts live in their private namespaces, so any such mount is
+//! stale), half-built templates removed.
 
 use std::collections::HashSet;
 use std::fs;
@@ -73,10 +74,11 @@ pub fn mounts_under(mountinfo: &str, dir: &Path) -> Vec<PathBuf> {
     found
 }
 
-/// Sweeps `data_dir`: kills and removes the cgroups of every sandbox directory
-/// found there, detaches mounts below it, and removes sandbox and run directories
-/// except those of `keep` (whose sockets are still removed: their processes are
-/// gone).
+/// Sweeps `data_dir`: for every sandbox directory found there that is not an
+/// execution of `keep`, kills and removes its cgroups and removes its directory;
+/// removes run directories of sandboxes with no kept execution; detaches mounts
+/// below the data dir. Kept executions are left untouched: processes, cgroups,
+/// layer and socket.
 pub fn sweep_leftovers(
     hierarchy: &CgroupHierarchy,
     cgroup_parent: &str,
@@ -92,9 +94,15 @@ pub fn sweep_leftovers(
     let sandboxes = entries(&data_dir.join("sandboxes"))
         .map_err(|e| SubstrateError::io("list sandboxes", e))?;
 
+    let kept_dirs: HashSet<String> = keep.iter().map(ExecutionKey::dir_name).collect();
+    let kept_sandboxes: HashSet<&str> = keep.iter().map(|k| k.sandbox_id.as_str()).collect();
+
     // Cgroups are named like the sandbox dirs, which launch creates first and
     // destroy removes last: every leftover cgroup of this data dir has its dir.
-    for (name, _) in &sandboxes {
+    for (name, _) in sandboxes
+        .iter()
+        .filter(|(name, _)| !kept_dirs.contains(name))
+    {
         let set = hierarchy.set_for(cgroup_parent, name);
         if !set.exists() {
             continue;
@@ -110,6 +118,7 @@ pub fn sweep_leftovers(
     let mountinfo = fs::read_to_string("/proc/self/mountinfo")
         .map_err(|e| SubstrateError::io("read mountinfo", e))?;
     for mount_point in mounts_under(&mountinfo, &data_dir) {
+        // Never the data dir itself: an operator may have mounted it there.
         if mount_point == data_dir {
             continue;
         }
@@ -118,8 +127,6 @@ pub fn sweep_leftovers(
         }
     }
 
-    let kept_dirs: HashSet<String> = keep.iter().map(ExecutionKey::dir_name).collect();
-    let kept_sandboxes: HashSet<&str> = keep.iter().map(|k| k.sandbox_id.as_str()).collect();
     for (name, path) in sandboxes {
         if !kept_dirs.contains(&name) {
             fs::remove_dir_all(&path)
@@ -128,14 +135,13 @@ pub fn sweep_leftovers(
         }
     }
     let runs = entries(&data_dir.join("run")).map_err(|e| SubstrateError::io("list run", e))?;
-    for (name, path) in runs {
-        if kept_sandboxes.contains(name.as_str()) {
-            let _ = fs::remove_file(path.join("agent.sock"));
-        } else {
-            fs::remove_dir_all(&path)
-                .map_err(|e| SubstrateError::io(format!("remove {}", path.display()), e))?;
-            report.removed_dirs += 1;
-        }
+    for (_, path) in runs
+        .into_iter()
+        .filter(|(n, _)| !kept_sandboxes.contains(n.as_str()))
+    {
+        fs::remove_dir_all(&path)
+            .map_err(|e| SubstrateError::io(format!("remove {}", path.display()), e))?;
+        report.removed_dirs += 1;
     }
     for (name, path) in entries(&data_dir.join("templates")).unwrap_or_default() {
         if name.starts_with(".default.") {
