@@ -5,13 +5,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use axum::Json;
+pub use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
-use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 use space_identity::{AccessSet, OperationClass, SandboxId, WorkerId};
 use space_proto::api::{CapabilityRequest, CreateSandbox, EnrollRequest};
@@ -408,6 +409,65 @@ async fn lost(
         .execution_lost(&w, &req.sandbox, req.generation)
         .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Serves `app` on `listener` until `signal` completes.
+pub async fn serve_until(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    signal: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, app)
+        .with_graceful_shutdown(signal)
+        .await
+}
+
+/// The router of a standalone edge: sandbox operations are forwarded to workers with
+/// route recovery; everything else is relayed to the control plane as is.
+pub fn edge_router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/sandboxes/{id}/exec", post(forward_exec))
+        .route(
+            "/v1/sandboxes/{id}/files",
+            get(forward_files).put(forward_files).delete(forward_files),
+        )
+        .route("/v1/sandboxes/{id}/files/list", get(forward_list))
+        .fallback(relay_to_control)
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state)
+}
+
+async fn relay_to_control(State(st): State<AppState>, req: Request) -> Result<Response, ApiError> {
+    let Authority::Remote { url, http } = st.edge.authority() else {
+        return Err(ApiError::not_found("route"));
+    };
+    let method = req.method().clone();
+    let pq = path_and_query(&req);
+    let headers = req.headers().clone();
+    let body = axum::body::to_bytes(req.into_body(), MAX_BODY)
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                "body over 64 MiB",
+            )
+        })?;
+    let mut h: Vec<(&str, &str)> = Vec::new();
+    for name in ["authorization", "content-type"] {
+        if let Some(v) = headers.get(name).and_then(|v| v.to_str().ok()) {
+            h.push((name, v));
+        }
+    }
+    let a = http
+        .call(method, &format!("{url}{pq}"), &h, body)
+        .await
+        .map_err(|e| ApiError::unavailable(format!("control plane: {e}")))?;
+    let mut resp = (a.status, a.body).into_response();
+    if let Some(ct) = a.headers.get(header::CONTENT_TYPE) {
+        resp.headers_mut().insert(header::CONTENT_TYPE, ct.clone());
+    }
+    Ok(resp)
 }
 
 /// A standalone edge's state (no control plane in process).

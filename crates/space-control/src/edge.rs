@@ -301,12 +301,20 @@ impl Edge {
                 Ok(a) => a,
                 Err(e) => {
                     let progress = match e {
-                        CallError::Transport(ref m) if m.contains("connect") => {
-                            Progress::NotStarted
-                        }
+                        CallError::Connect(_) => Progress::NotStarted,
                         _ => Progress::Started,
                     };
                     match recovery.on_transport_failure(progress) {
+                        Ok(RecoveryStep::RetrySameRoute) if progress == Progress::NotStarted => {
+                            // Nothing reached the worker. It may have restarted under a
+                            // new address: resolve afresh (full authorization, not a
+                            // repair) and try once more.
+                            if let Ok(mut routes) = self.routes.lock() {
+                                routes.remove_if_current(&route.identity());
+                            }
+                            (route, grant) = self.fresh(caller, bearer, sandbox).await?;
+                            continue;
+                        }
                         Ok(RecoveryStep::RetrySameRoute) => continue,
                         _ => return Err(ApiError::bad_gateway(format!("worker unreachable: {e}"))),
                     }

@@ -20,7 +20,10 @@ pub enum CallError {
     /// The URL is not valid.
     #[error("bad url {0}")]
     Url(String),
-    /// Connecting or sending failed: nothing reached the peer, or the connection broke.
+    /// Connecting failed: nothing reached the peer.
+    #[error("connect: {0}")]
+    Connect(String),
+    /// Sending or receiving failed: the peer may have seen the request.
     #[error("transport: {0}")]
     Transport(String),
     /// No answer in time.
@@ -74,11 +77,13 @@ impl HttpClient {
             .body(Full::new(body))
             .map_err(|_| CallError::Url(url.to_owned()))?;
         let fut = async {
-            let resp = self
-                .inner
-                .request(req)
-                .await
-                .map_err(|e| CallError::Transport(e.to_string()))?;
+            let resp = self.inner.request(req).await.map_err(|e| {
+                if e.is_connect() {
+                    CallError::Connect(e.to_string())
+                } else {
+                    CallError::Transport(e.to_string())
+                }
+            })?;
             let (parts, body) = resp.into_parts();
             let body = Limited::new(body, MAX_ANSWER)
                 .collect()

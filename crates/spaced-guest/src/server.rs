@@ -112,6 +112,10 @@ fn open_listener(source: &ListenSource) -> io::Result<OwnedFd> {
             "descriptor is not a listening socket",
         ));
     }
+    // Listen again from this process: a connecting peer's SO_PEERCRED names the process
+    // that last called listen(2), and the bridge checks that it is this agent, not the
+    // launcher that bound the socket.
+    rustix::net::listen(&fd, 1024)?;
     Ok(fd)
 }
 

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use std::str::FromStr;
+
 use space_identity::{ExecutionId, SandboxId};
 use space_peer::{FileId, LiveProcess, ProcessIdentity};
 use space_proto::guest::Activation;
@@ -53,6 +55,7 @@ pub fn launch(
     activation: &Activation,
     limits: Limits,
 ) -> Result<(SandboxHandle, BridgeRecord), LaunchError> {
+    let kept = kept_layer(data_dir, &activation.sandbox);
     let spec = LaunchSpec {
         key: execution_key(&activation.sandbox, &activation.execution_id),
         data_dir: data_dir.to_path_buf(),
@@ -61,12 +64,15 @@ pub fn launch(
         agent: AgentCommand::spaced_guest(&bins.agent),
         activation: activation.encode(),
         hostname: None,
+        initial_upper: Some(kept),
     };
     let handle = substrate.launch(&spec)?;
     match start_bridge(bins, &handle, activation) {
         Ok(bridge) => Ok((handle, bridge)),
         Err(e) => {
-            let _ = substrate.destroy(&handle);
+            // The sandbox's files survive a failed start.
+            let _ = substrate
+                .destroy_keeping_layer(&handle, &kept_layer(data_dir, &activation.sandbox));
             Err(e)
         }
     }
@@ -171,11 +177,27 @@ pub fn still_alive_pid(pid: i32, start_time: u64) -> bool {
     crate::substrate::ProcessIdentity { pid, start_time }.is_alive()
 }
 
+/// Where a sandbox's writable layer waits between executions on this worker.
+pub fn kept_layer(data_dir: &Path, sandbox: &SandboxId) -> PathBuf {
+    data_dir.join("layers").join(sandbox.to_string())
+}
+
+/// What happens to the writable layer at teardown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layer {
+    /// Removed with everything else (the sandbox is gone or moved away).
+    Discard,
+    /// Kept for the sandbox's next execution on this worker (restart, crash).
+    Keep,
+}
+
 /// Stops the bridge (if it is still the recorded process) and destroys the jail.
 pub fn teardown(
     substrate: &dyn Substrate,
+    data_dir: &Path,
     handle: Option<&SandboxHandle>,
     bridge: Option<&BridgeRecord>,
+    layer: Layer,
 ) {
     if let Some(b) = bridge {
         if let Ok(live) = LiveProcess::open(b.process.pid) {
@@ -188,30 +210,35 @@ pub fn teardown(
         let _ = std::fs::remove_file(&b.socket);
     }
     if let Some(h) = handle {
-        if let Err(e) = substrate.destroy(h) {
-            tracing::warn!(sandbox = %h.key.sandbox_id, error = %e, "destroy failed");
+        let result = match (layer, SandboxId::from_str(&h.key.sandbox_id)) {
+            (Layer::Keep, Ok(sandbox)) => {
+                substrate.destroy_keeping_layer(h, &kept_layer(data_dir, &sandbox))
+            }
+            _ => substrate.destroy(h),
+        };
+        if let Err(e) = result {
+            tracing::warn!(sandbox = %h.key.sandbox_id, error = ?e, "destroy failed");
         }
     }
 }
 
-/// Reaps exited children (bridges, jail inits reparented to this subreaper) so they
-/// never linger as zombies. Children the substrate waits for itself are unaffected:
-/// only processes that are already zombies *and* not a jail init are reaped here.
-pub fn spawn_reaper(is_jail_init: impl Fn(i32) -> bool + Send + 'static) {
-    std::thread::Builder::new()
+/// Reaps exited bridges (children of the worker) so they never linger as zombies. Jail
+/// inits are reaped by the substrate, so only recorded bridge PIDs are waited for.
+pub fn spawn_reaper(is_bridge: impl Fn(i32) -> bool + Send + 'static) {
+    let spawned = std::thread::Builder::new()
         .name("reaper".into())
         .stack_size(64 * 1024)
         .spawn(move || {
             loop {
                 std::thread::sleep(Duration::from_millis(200));
-                let Ok(children) = crate::substrate::process::children(std::process::id() as i32)
-                else {
+                let me = std::process::id() as i32;
+                let Ok(children) = crate::substrate::process::children(me) else {
                     continue;
                 };
                 for pid in children {
                     let zombie =
                         crate::substrate::process::read_stat(pid).is_ok_and(|s| s.state == 'Z');
-                    if zombie && !is_jail_init(pid) {
+                    if zombie && is_bridge(pid) {
                         let _ = nix::sys::wait::waitpid(
                             nix::unistd::Pid::from_raw(pid),
                             Some(nix::sys::wait::WaitPidFlag::WNOHANG),
@@ -219,7 +246,8 @@ pub fn spawn_reaper(is_jail_init: impl Fn(i32) -> bool + Send + 'static) {
                     }
                 }
             }
-        })
-        .map(|_| ())
-        .unwrap_or_else(|e| tracing::error!(error = %e, "cannot start the reaper"));
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start the reaper");
+    }
 }

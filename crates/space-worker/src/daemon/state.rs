@@ -176,9 +176,12 @@ impl Worker {
         launch::spawn_reaper(move |pid| {
             me.upgrade().is_some_and(|w| {
                 w.slots.read().is_ok_and(|slots| {
-                    slots
-                        .values()
-                        .any(|s| s.record.handle.as_ref().is_some_and(|h| h.init.pid == pid))
+                    slots.values().any(|s| {
+                        s.record
+                            .bridge
+                            .as_ref()
+                            .is_some_and(|b| b.process.pid == pid as u32)
+                    })
                 })
             })
         });
@@ -397,12 +400,7 @@ impl Worker {
             failed.state = RecordState::Failed;
             failed.updated_at = now_secs() as i64;
             let _ = self.records.put(&failed);
-            let substrate = Arc::clone(&self.substrate);
-            let (h, b) = (r.handle.clone(), r.bridge.clone());
-            let _ = tokio::task::spawn_blocking(move || {
-                launch::teardown(&*substrate, h.as_ref(), b.as_ref())
-            })
-            .await;
+            self.teardown(r, launch::Layer::Keep).await;
             self.put_slot(failed, None);
         }
         false
@@ -420,13 +418,19 @@ impl Worker {
             if let Some(pool) = &s.pool {
                 pool.clear();
             }
-            let substrate = Arc::clone(&self.substrate);
-            let (h, b) = (s.record.handle.clone(), s.record.bridge.clone());
-            let _ = tokio::task::spawn_blocking(move || {
-                launch::teardown(&*substrate, h.as_ref(), b.as_ref())
-            })
-            .await;
+            self.teardown(&s.record, launch::Layer::Keep).await;
         }
+    }
+
+    /// Stops an execution's processes off the runtime.
+    pub async fn teardown(&self, r: &ExecutionRecord, layer: launch::Layer) {
+        let substrate = Arc::clone(&self.substrate);
+        let data_dir = self.data_dir.clone();
+        let (h, b) = (r.handle.clone(), r.bridge.clone());
+        let _ = tokio::task::spawn_blocking(move || {
+            launch::teardown(&*substrate, &data_dir, h.as_ref(), b.as_ref(), layer);
+        })
+        .await;
     }
 
     /// Encodes a bundle for persistence.

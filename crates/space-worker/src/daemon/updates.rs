@@ -164,11 +164,9 @@ pub async fn retire_local(
     worker.put_slot(tomb.clone(), None);
     worker.metrics.retirements.inc();
     if let Some(r) = existing {
-        let substrate = Arc::clone(&worker.substrate);
-        let _ = tokio::task::spawn_blocking(move || {
-            launch::teardown(&*substrate, r.handle.as_ref(), r.bridge.as_ref());
-        })
-        .await;
+        worker.teardown(&r, launch::Layer::Discard).await;
+        // A retired sandbox's kept layer (from an earlier crash) goes too.
+        let _ = std::fs::remove_dir_all(launch::kept_layer(&worker.data_dir, sandbox));
     }
 }
 
@@ -256,12 +254,7 @@ async fn install_execution(
             record.bridge = Some(bridge.clone());
             record.updated_at = now_secs() as i64;
             if let Err(e) = worker.records.put(&record) {
-                let substrate = Arc::clone(&worker.substrate);
-                let r = record.clone();
-                let _ = tokio::task::spawn_blocking(move || {
-                    launch::teardown(&*substrate, r.handle.as_ref(), r.bridge.as_ref())
-                })
-                .await;
+                worker.teardown(&record, launch::Layer::Keep).await;
                 return Err(refuse(500, e.to_string()));
             }
             let pool = Arc::new(BridgePool::new(

@@ -161,6 +161,11 @@ pub struct LaunchSpec {
     pub activation: Vec<u8>,
     /// Hostname inside; defaults to the sandbox ID with `_` mapped to `-`.
     pub hostname: Option<String>,
+    /// The writable layer kept from an earlier execution of this sandbox (see
+    /// [`Substrate::destroy_keeping_layer`]): moved into place, so the new execution
+    /// starts with the sandbox's files. On the same filesystem as `data_dir`.
+    #[serde(default)]
+    pub initial_upper: Option<PathBuf>,
 }
 
 /// What a launch produced: identities to verify against later, and where things
@@ -272,6 +277,14 @@ pub trait Substrate: Send + Sync {
     /// Removes every process, mount, cgroup and directory of the execution.
     /// Idempotent: destroying what is already gone succeeds.
     fn destroy(&self, handle: &SandboxHandle) -> Result<(), SubstrateError>;
+
+    /// Like [`Substrate::destroy`], but the writable layer is moved to `keep_at`
+    /// (replacing anything there) for a later execution of the same sandbox.
+    fn destroy_keeping_layer(
+        &self,
+        handle: &SandboxHandle,
+        keep_at: &std::path::Path,
+    ) -> Result<(), SubstrateError>;
 
     /// Usage and liveness.
     fn stats(&self, handle: &SandboxHandle) -> Result<SandboxStats, SubstrateError>;

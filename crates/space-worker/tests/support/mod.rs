@@ -121,6 +121,7 @@ impl TestEnv {
             },
             activation: br#"{"execution":"test"}"#.to_vec(),
             hostname: None,
+            initial_upper: None,
         }
     }
 

@@ -235,7 +235,18 @@ impl JailDriver {
         fs::create_dir(&layout.sandbox_dir)
             .map_err(io_err(format!("create {}", layout.sandbox_dir.display())))?;
         cleanup.sandbox_dir = Some(layout.sandbox_dir.clone());
-        for dir in [&layout.upper, &layout.work, &layout.root] {
+        match spec.initial_upper.as_deref().filter(|p| p.is_dir()) {
+            // The writable layer of an earlier execution of this sandbox continues
+            // here; a failed launch moves it back (see `LaunchCleanup`).
+            Some(kept) => {
+                fs::rename(kept, &layout.upper)
+                    .map_err(io_err(format!("adopt layer {}", kept.display())))?;
+                cleanup.restore_upper = Some((layout.upper.clone(), kept.to_path_buf()));
+            }
+            None => fs::create_dir(&layout.upper)
+                .map_err(io_err(format!("create {}", layout.upper.display())))?,
+        }
+        for dir in [&layout.work, &layout.root] {
             fs::create_dir(dir).map_err(io_err(format!("create {}", dir.display())))?;
         }
         // The upper dir's root becomes the jail's `/`: it must be traversable.
@@ -364,6 +375,42 @@ impl JailDriver {
     }
 
     /// Reaps the init if it is this process's child; a no-op otherwise.
+    /// Kills every process, removes cgroups, socket and directories; with `keep`, the
+    /// writable layer is first moved there (once no process can write to it).
+    fn teardown(&self, handle: &SandboxHandle, keep: Option<&Path>) -> Result<(), SubstrateError> {
+        // SIGKILL to a frozen cgroup's tasks lands once thawed (kill_all thaws).
+        let killed = handle.cgroups.kill_all();
+        // Block only when the kill went out: the init is then dying, not running.
+        let _ = self.reap_init(&handle.init, killed.is_ok());
+        killed?;
+        handle.cgroups.wait_empty()?;
+        handle.cgroups.remove()?;
+        remove_socket_if_same(&handle.socket_path, handle.socket_inode);
+        // An execution torn down before (its layer already kept) has no upper dir left;
+        // the kept layer must then stay as it is.
+        if let Some(dest) = keep.filter(|_| handle.upper_dir.is_dir()) {
+            if let Some(parent) = dest.parent() {
+                fs::create_dir_all(parent)
+                    .map_err(io_err(format!("create {}", parent.display())))?;
+            }
+            let _ = fs::remove_dir_all(dest);
+            fs::rename(&handle.upper_dir, dest)
+                .map_err(io_err(format!("keep layer at {}", dest.display())))?;
+        }
+        match fs::remove_dir_all(&handle.sandbox_dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(SubstrateError::io(
+                    format!("remove {}", handle.sandbox_dir.display()),
+                    e,
+                ));
+            }
+        }
+        tracing::debug!(sandbox = %handle.key.sandbox_id, execution = %handle.key.execution_id, "jail destroyed");
+        Ok(())
+    }
+
     fn reap_init(&self, init: &ProcessIdentity, block: bool) -> Option<WaitStatus> {
         if !init.exists() {
             return None;
@@ -439,6 +486,8 @@ struct LaunchCleanup {
     cgroups: Option<CgroupSet>,
     sandbox_dir: Option<PathBuf>,
     socket: Option<(PathBuf, u64)>,
+    /// (where the adopted layer is now, where it came from)
+    restore_upper: Option<(PathBuf, PathBuf)>,
 }
 
 impl LaunchCleanup {
@@ -467,6 +516,9 @@ impl Drop for LaunchCleanup {
         }
         if let Some((socket, inode)) = &self.socket {
             remove_socket_if_same(socket, *inode);
+        }
+        if let Some((now, was)) = &self.restore_upper {
+            let _ = fs::rename(now, was);
         }
         if let Some(dir) = &self.sandbox_dir {
             let _ = fs::remove_dir_all(dir);
@@ -540,26 +592,15 @@ impl Substrate for JailDriver {
     }
 
     fn destroy(&self, handle: &SandboxHandle) -> Result<(), SubstrateError> {
-        // SIGKILL to a frozen cgroup's tasks lands once thawed (kill_all thaws).
-        let killed = handle.cgroups.kill_all();
-        // Block only when the kill went out: the init is then dying, not running.
-        let _ = self.reap_init(&handle.init, killed.is_ok());
-        killed?;
-        handle.cgroups.wait_empty()?;
-        handle.cgroups.remove()?;
-        remove_socket_if_same(&handle.socket_path, handle.socket_inode);
-        match fs::remove_dir_all(&handle.sandbox_dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(SubstrateError::io(
-                    format!("remove {}", handle.sandbox_dir.display()),
-                    e,
-                ));
-            }
-        }
-        tracing::debug!(sandbox = %handle.key.sandbox_id, execution = %handle.key.execution_id, "jail destroyed");
-        Ok(())
+        self.teardown(handle, None)
+    }
+
+    fn destroy_keeping_layer(
+        &self,
+        handle: &SandboxHandle,
+        keep_at: &Path,
+    ) -> Result<(), SubstrateError> {
+        self.teardown(handle, Some(keep_at))
     }
 
     fn stats(&self, handle: &SandboxHandle) -> Result<SandboxStats, SubstrateError> {

@@ -1,0 +1,358 @@
+//! The client commands: sandboxes, exec, files, workers, keys.
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::Method;
+use space_http::{Answer, HttpClient};
+use space_proto::api::{ErrorBody, ExecResponse, FileEntry, Sandbox, WorkerView};
+
+use crate::{Cli, Command, FsCmd, KeysCmd, SandboxCmd};
+
+struct Client {
+    http: HttpClient,
+    base: String,
+    auth: String,
+}
+
+impl Client {
+    fn new(cli: &Cli) -> Result<Self, String> {
+        let key = match &cli.api_key {
+            Some(k) => k.clone(),
+            None => std::fs::read_to_string(".space/admin.key")
+                .map(|s| s.trim().to_owned())
+                .map_err(|_| "no API key: set SPACE_API_KEY or --api-key (space up writes one to .space/admin.key)".to_owned())?,
+        };
+        Ok(Self {
+            http: HttpClient::new(Duration::from_secs(600)),
+            base: cli.url.trim_end_matches('/').to_owned(),
+            auth: format!("Bearer {key}"),
+        })
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        content_type: Option<&str>,
+        body: Bytes,
+    ) -> Result<Answer, String> {
+        let mut h = vec![("authorization", self.auth.as_str())];
+        if let Some(ct) = content_type {
+            h.push(("content-type", ct));
+        }
+        let a = self
+            .http
+            .call(method, &format!("{}{path}", self.base), &h, body)
+            .await
+            .map_err(|e| format!("cannot reach {}: {e}", self.base))?;
+        if a.status.is_success() {
+            Ok(a)
+        } else {
+            Err(describe_error(&a))
+        }
+    }
+
+    async fn json<T: serde::de::DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<T, String> {
+        let (ct, bytes) = match body {
+            Some(v) => (Some("application/json"), Bytes::from(v.to_string())),
+            None => (None, Bytes::new()),
+        };
+        let a = self.call(method, path, ct, bytes).await?;
+        serde_json::from_slice(&a.body).map_err(|e| format!("unexpected answer: {e}"))
+    }
+}
+
+fn describe_error(a: &Answer) -> String {
+    match serde_json::from_slice::<ErrorBody>(&a.body) {
+        Ok(e) => match e.reason {
+            Some(r) => format!("{} ({}): {} [{r}]", e.error, a.status.as_u16(), e.message),
+            None => format!("{} ({}): {}", e.error, a.status.as_u16(), e.message),
+        },
+        Err(_) => format!(
+            "HTTP {}: {}",
+            a.status.as_u16(),
+            String::from_utf8_lossy(&a.body)
+        ),
+    }
+}
+
+fn parse_env(pairs: &[String]) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    let mut env = serde_json::Map::new();
+    for p in pairs {
+        let (k, v) = p
+            .split_once('=')
+            .ok_or_else(|| format!("--env {p:?} is not KEY=VALUE"))?;
+        env.insert(k.to_owned(), serde_json::Value::String(v.to_owned()));
+    }
+    Ok(env)
+}
+
+fn encode_query(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~' | b'/') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Prints rows as aligned columns.
+fn table(headers: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let parts: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+            .collect();
+        parts.join("  ").trim_end().to_owned()
+    };
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "{}",
+        line(headers.iter().map(|h| h.to_string()).collect())
+    );
+    for r in rows {
+        let _ = writeln!(out, "{}", line(r.clone()));
+    }
+}
+
+fn sandbox_row(s: &Sandbox) -> Vec<String> {
+    let (generation, worker) = s.execution.as_ref().map_or(("-".into(), "-".into()), |e| {
+        (e.generation.to_string(), e.worker.to_string())
+    });
+    vec![
+        s.id.to_string(),
+        s.state.as_str().to_owned(),
+        generation,
+        worker,
+        s.created_at.clone(),
+    ]
+}
+
+fn print_json(v: &impl serde::Serialize) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+/// Runs a client command; returns the process exit code.
+pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
+    let c = Client::new(cli)?;
+    match cmd {
+        Command::Sandbox(SandboxCmd::Create {
+            ttl,
+            env,
+            worker,
+            metadata,
+        }) => {
+            let mut body = serde_json::Map::new();
+            if let Some(t) = ttl {
+                body.insert("ttl_secs".into(), (*t).into());
+            }
+            if !env.is_empty() {
+                body.insert("env".into(), parse_env(env)?.into());
+            }
+            if let Some(w) = worker {
+                body.insert("worker".into(), w.clone().into());
+            }
+            if let Some(m) = metadata {
+                let v: serde_json::Value =
+                    serde_json::from_str(m).map_err(|e| format!("--metadata: {e}"))?;
+                body.insert("metadata".into(), v);
+            }
+            let s: Sandbox = c
+                .json(Method::POST, "/v1/sandboxes", Some(body.into()))
+                .await?;
+            if cli.json {
+                print_json(&s);
+            } else {
+                println!("{}", s.id);
+            }
+        }
+        Command::Sandbox(SandboxCmd::List) => {
+            let list: Vec<Sandbox> = c.json(Method::GET, "/v1/sandboxes", None).await?;
+            if cli.json {
+                print_json(&list);
+            } else {
+                table(
+                    &["ID", "STATE", "GEN", "WORKER", "CREATED"],
+                    &list.iter().map(sandbox_row).collect::<Vec<_>>(),
+                );
+            }
+        }
+        Command::Sandbox(SandboxCmd::Get { id }) => {
+            let s: Sandbox = c
+                .json(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+                .await?;
+            if cli.json {
+                print_json(&s);
+            } else {
+                table(
+                    &["ID", "STATE", "GEN", "WORKER", "CREATED"],
+                    &[sandbox_row(&s)],
+                );
+            }
+        }
+        Command::Sandbox(SandboxCmd::Rm { id }) => {
+            c.call(
+                Method::DELETE,
+                &format!("/v1/sandboxes/{id}"),
+                None,
+                Bytes::new(),
+            )
+            .await?;
+        }
+        Command::Exec(a) => {
+            let mut body = serde_json::json!({ "cmd": a.cmd });
+            if let Some(t) = a.timeout {
+                body["timeout_secs"] = t.into();
+            }
+            if let Some(cwd) = &a.cwd {
+                body["cwd"] = cwd.clone().into();
+            }
+            if !a.env.is_empty() {
+                body["env"] = parse_env(&a.env)?.into();
+            }
+            let r: ExecResponse = c
+                .json(
+                    Method::POST,
+                    &format!("/v1/sandboxes/{}/exec", a.sandbox),
+                    Some(body),
+                )
+                .await?;
+            if cli.json {
+                print_json(&r);
+            } else {
+                let _ = std::io::stdout().write_all(r.stdout.as_bytes());
+                let _ = std::io::stderr().write_all(r.stderr.as_bytes());
+            }
+            return Ok(r.exit_code.clamp(0, 255));
+        }
+        Command::Fs(FsCmd::Get {
+            sandbox,
+            path,
+            local,
+        }) => {
+            let a = c
+                .call(
+                    Method::GET,
+                    &format!("/v1/sandboxes/{sandbox}/files?path={}", encode_query(path)),
+                    None,
+                    Bytes::new(),
+                )
+                .await?;
+            match local {
+                Some(p) if p.as_os_str() != "-" => {
+                    std::fs::write(p, &a.body).map_err(|e| format!("{}: {e}", p.display()))?
+                }
+                _ => std::io::stdout()
+                    .write_all(&a.body)
+                    .map_err(|e| e.to_string())?,
+            }
+        }
+        Command::Fs(FsCmd::Put {
+            sandbox,
+            local,
+            path,
+        }) => {
+            let data = if local.as_os_str() == "-" {
+                let mut buf = Vec::new();
+                std::io::stdin()
+                    .read_to_end(&mut buf)
+                    .map_err(|e| e.to_string())?;
+                buf
+            } else {
+                std::fs::read(local).map_err(|e| format!("{}: {e}", local.display()))?
+            };
+            c.call(
+                Method::PUT,
+                &format!("/v1/sandboxes/{sandbox}/files?path={}", encode_query(path)),
+                Some("application/octet-stream"),
+                Bytes::from(data),
+            )
+            .await?;
+        }
+        Command::Fs(FsCmd::Ls { sandbox, path }) => {
+            let list: Vec<FileEntry> = c
+                .json(
+                    Method::GET,
+                    &format!(
+                        "/v1/sandboxes/{sandbox}/files/list?path={}",
+                        encode_query(path)
+                    ),
+                    None,
+                )
+                .await?;
+            if cli.json {
+                print_json(&list);
+            } else {
+                let rows: Vec<Vec<String>> = list
+                    .iter()
+                    .map(|e| vec![e.kind.clone(), e.size.to_string(), e.name.clone()])
+                    .collect();
+                table(&["KIND", "SIZE", "NAME"], &rows);
+            }
+        }
+        Command::Fs(FsCmd::Rm { sandbox, path }) => {
+            c.call(
+                Method::DELETE,
+                &format!("/v1/sandboxes/{sandbox}/files?path={}", encode_query(path)),
+                None,
+                Bytes::new(),
+            )
+            .await?;
+        }
+        Command::Workers => {
+            let list: Vec<WorkerView> = c.json(Method::GET, "/v1/workers", None).await?;
+            if cli.json {
+                print_json(&list);
+            } else {
+                let rows: Vec<Vec<String>> = list
+                    .iter()
+                    .map(|w| {
+                        vec![
+                            w.id.to_string(),
+                            w.state.clone(),
+                            format!("{}/{}", w.sandboxes, w.capacity),
+                            w.substrate.to_string(),
+                            w.address.clone(),
+                        ]
+                    })
+                    .collect();
+                table(&["ID", "STATE", "SANDBOXES", "SUBSTRATE", "ADDRESS"], &rows);
+            }
+        }
+        Command::Keys(KeysCmd::Rotate) => {
+            let v: serde_json::Value = c
+                .json(Method::POST, "/v1/signing-keys/rotate", None)
+                .await?;
+            if cli.json {
+                print_json(&v);
+            } else {
+                println!(
+                    "active signing key: {}",
+                    v["active_key"].as_str().unwrap_or("?")
+                );
+            }
+        }
+        Command::Up(_) | Command::Control(_) | Command::Worker(_) | Command::Edge(_) => {
+            return Err("not a client command".into());
+        }
+    }
+    Ok(0)
+}

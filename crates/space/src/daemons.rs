@@ -1,0 +1,108 @@
+//! `space control`, `space worker`, `space edge`: one role per process.
+
+use std::path::{Path, PathBuf};
+
+use space_control::{ControlConfig, serve};
+use space_worker::daemon::{Binaries, WorkerConfig};
+
+use crate::{ControlArgs, EdgeArgs, WorkerArgs};
+
+/// Waits for SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers the process can only be killed; wait forever.
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// `space control`.
+pub async fn control(a: ControlArgs) -> Result<(), String> {
+    let handle = serve(ControlConfig {
+        listen: a.listen,
+        data_dir: a.data_dir,
+        database_url: a.database_url,
+    })
+    .await?;
+    println!("control plane listening on http://{}", handle.addr);
+    shutdown_signal().await;
+    handle.shutdown().await;
+    Ok(())
+}
+
+/// The directory of the running executable.
+pub fn own_dir() -> Result<PathBuf, String> {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .ok_or_else(|| "cannot find the directory of the space executable".into())
+}
+
+/// `space worker`.
+pub async fn worker(a: WorkerArgs) -> Result<(), String> {
+    let id =
+        a.id.parse()
+            .map_err(|_| format!("--id {:?} is not a valid worker id (a DNS label)", a.id))?;
+    let enroll_secret = match (a.enroll_secret, a.enroll_secret_file) {
+        (Some(s), None) => s,
+        (None, Some(f)) => std::fs::read_to_string(&f)
+            .map_err(|e| format!("{}: {e}", f.display()))?
+            .trim()
+            .to_owned(),
+        _ => return Err("give --enroll-secret or --enroll-secret-file".into()),
+    };
+    let bin_dir = match a.bin_dir {
+        Some(d) => d,
+        None => own_dir()?,
+    };
+    let data_dir = std::path::absolute(&a.data_dir).map_err(|e| format!("--data-dir: {e}"))?;
+    let cgroup_parent = a.cgroup_parent.unwrap_or_else(|| format!("space-{}", a.id));
+    let config = WorkerConfig {
+        id,
+        control_url: a.control,
+        enroll_secret,
+        listen: a.listen,
+        advertise_url: a.advertise_url,
+        data_dir,
+        capacity: a.capacity,
+        binaries: Binaries {
+            agent: bin_dir.join("spaced-guest"),
+            bridge: bin_dir.join("spaced-host"),
+        },
+        jail_binary: bin_dir.join("space-jail"),
+        cgroup_parent,
+    };
+    let handle = space_worker::daemon::run(config).await?;
+    println!("worker {} listening on http://{}", a.id, handle.addr);
+    shutdown_signal().await;
+    handle.shutdown(true).await;
+    Ok(())
+}
+
+/// `space edge`.
+pub async fn edge(a: EdgeArgs) -> Result<(), String> {
+    let state = space_control::api::edge_only(a.control.trim_end_matches('/').to_owned());
+    let app = space_control::api::edge_router(state);
+    let listener = tokio::net::TcpListener::bind(a.listen)
+        .await
+        .map_err(|e| format!("listen on {}: {e}", a.listen))?;
+    println!("edge listening on http://{}", a.listen);
+    axum_serve(listener, app).await
+}
+
+async fn axum_serve(
+    listener: tokio::net::TcpListener,
+    app: space_control::api::Router,
+) -> Result<(), String> {
+    space_control::api::serve_until(listener, app, shutdown_signal())
+        .await
+        .map_err(|e| e.to_string())
+}

@@ -1,0 +1,266 @@
+//! `space`: the platform (`space up`), its daemons, and the client CLI.
+#![allow(clippy::print_stdout)] // A command-line tool: printing is its job.
+
+mod cli;
+mod daemons;
+mod up;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+/// SPACE: sandboxes for AI agents, where every request reaches the execution it was
+/// authorized for.
+#[derive(Debug, Parser)]
+#[command(name = "space", version, about)]
+pub struct Cli {
+    /// Edge URL.
+    #[arg(
+        long,
+        global = true,
+        env = "SPACE_URL",
+        default_value = "http://127.0.0.1:7070"
+    )]
+    pub url: String,
+    /// API key (default: ./.space/admin.key when present).
+    #[arg(long, global = true, env = "SPACE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the platform on this machine: control plane + edge, N workers, SQLite.
+    Up(UpArgs),
+    /// Run the control plane (with its edge).
+    Control(ControlArgs),
+    /// Run a worker.
+    Worker(WorkerArgs),
+    /// Run an edge in front of a control plane.
+    Edge(EdgeArgs),
+    /// Manage sandboxes.
+    #[command(subcommand)]
+    Sandbox(SandboxCmd),
+    /// Run a command in a sandbox; exits with the command's exit code.
+    Exec(ExecArgs),
+    /// Files in a sandbox.
+    #[command(subcommand)]
+    Fs(FsCmd),
+    /// List workers.
+    Workers,
+    /// Signing keys.
+    #[command(subcommand)]
+    Keys(KeysCmd),
+}
+
+/// `space up`.
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Data directory.
+    #[arg(long, default_value = ".space")]
+    pub data_dir: PathBuf,
+    /// Control plane + edge address.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub listen: std::net::SocketAddr,
+    /// Number of worker processes.
+    #[arg(long, default_value_t = 2)]
+    pub workers: u32,
+}
+
+/// `space control`.
+#[derive(Debug, Args)]
+pub struct ControlArgs {
+    /// Listen address.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub listen: std::net::SocketAddr,
+    /// Data directory.
+    #[arg(long, default_value = ".space")]
+    pub data_dir: PathBuf,
+    /// PostgreSQL URL (`postgres://…`); SQLite in the data directory otherwise.
+    #[arg(long, env = "SPACE_DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+}
+
+/// `space worker`.
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// Worker ID (a DNS label).
+    #[arg(long)]
+    pub id: String,
+    /// Control-plane URL.
+    #[arg(long)]
+    pub control: String,
+    /// File holding the enrollment secret.
+    #[arg(long, conflicts_with = "enroll_secret")]
+    pub enroll_secret_file: Option<PathBuf>,
+    /// The enrollment secret.
+    #[arg(long, env = "SPACE_ENROLL_SECRET", hide_env_values = true)]
+    pub enroll_secret: Option<String>,
+    /// node-api listen address.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: std::net::SocketAddr,
+    /// URL others reach node-api at.
+    #[arg(long)]
+    pub advertise_url: Option<String>,
+    /// Data directory.
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    /// Most sandboxes.
+    #[arg(long, default_value_t = 1000)]
+    pub capacity: u32,
+    /// cgroup parent directory name (distinct per worker on one host).
+    #[arg(long)]
+    pub cgroup_parent: Option<String>,
+    /// Directory holding spaced-guest, spaced-host and space-jail (default: next to
+    /// this executable).
+    #[arg(long, env = "SPACE_BIN_DIR")]
+    pub bin_dir: Option<PathBuf>,
+}
+
+/// `space edge`.
+#[derive(Debug, Args)]
+pub struct EdgeArgs {
+    /// Control-plane URL.
+    #[arg(long)]
+    pub control: String,
+    /// Listen address.
+    #[arg(long, default_value = "127.0.0.1:7071")]
+    pub listen: std::net::SocketAddr,
+}
+
+/// `space sandbox …`.
+#[derive(Debug, Subcommand)]
+pub enum SandboxCmd {
+    /// Create a sandbox.
+    Create {
+        /// Lifetime in seconds.
+        #[arg(long)]
+        ttl: Option<u64>,
+        /// Environment variable (repeatable).
+        #[arg(long = "env", value_name = "KEY=VALUE")]
+        env: Vec<String>,
+        /// Place on this worker.
+        #[arg(long)]
+        worker: Option<String>,
+        /// Metadata (a JSON object).
+        #[arg(long)]
+        metadata: Option<String>,
+    },
+    /// List sandboxes.
+    List,
+    /// Show one sandbox.
+    Get {
+        /// Sandbox ID.
+        id: String,
+    },
+    /// Remove a sandbox.
+    Rm {
+        /// Sandbox ID.
+        id: String,
+    },
+}
+
+/// `space exec`.
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// Sandbox ID.
+    pub sandbox: String,
+    /// Kill after this many seconds.
+    #[arg(long)]
+    pub timeout: Option<u64>,
+    /// Working directory.
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// Environment variable (repeatable).
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true, required = true)]
+    pub cmd: Vec<String>,
+}
+
+/// `space fs …`.
+#[derive(Debug, Subcommand)]
+pub enum FsCmd {
+    /// Download a file (to stdout with `-` or no LOCAL).
+    Get {
+        /// Sandbox ID.
+        sandbox: String,
+        /// Path in the sandbox.
+        path: String,
+        /// Local file.
+        local: Option<PathBuf>,
+    },
+    /// Upload a file (from stdin with `-`).
+    Put {
+        /// Sandbox ID.
+        sandbox: String,
+        /// Local file or `-`.
+        local: PathBuf,
+        /// Path in the sandbox.
+        path: String,
+    },
+    /// List a directory.
+    Ls {
+        /// Sandbox ID.
+        sandbox: String,
+        /// Directory in the sandbox.
+        #[arg(default_value = "/")]
+        path: String,
+    },
+    /// Remove a file or directory.
+    Rm {
+        /// Sandbox ID.
+        sandbox: String,
+        /// Path in the sandbox.
+        path: String,
+    },
+}
+
+/// `space keys …`.
+#[derive(Debug, Subcommand)]
+pub enum KeysCmd {
+    /// Publish a new signing key to every receiver, then sign with it.
+    Rotate,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = std::env::var("SPACE_LOG").unwrap_or_else(|_| "info".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .try_init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Up(a) => up::run(a).await.map(|()| 0),
+            Command::Control(a) => daemons::control(a).await.map(|()| 0),
+            Command::Worker(a) => daemons::worker(a).await.map(|()| 0),
+            Command::Edge(a) => daemons::edge(a).await.map(|()| 0),
+            ref other => cli::run(&cli, other).await,
+        }
+    });
+    match result {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! `space up`: control plane + edge in this process, N worker processes supervised
+//! (a worker that dies is restarted and reconciles), clean shutdown on SIGINT/SIGTERM.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use space_control::{ControlConfig, serve};
+use tokio::process::{Child, Command};
+use tokio::sync::Mutex;
+
+use crate::UpArgs;
+use crate::daemons::{own_dir, shutdown_signal};
+
+/// How long workers get to stop before they are killed.
+const STOP_GRACE: Duration = Duration::from_secs(20);
+
+/// `space up`.
+pub async fn run(a: UpArgs) -> Result<(), String> {
+    if a.workers == 0 || a.workers > 64 {
+        return Err("--workers must be 1 to 64".into());
+    }
+    std::fs::create_dir_all(&a.data_dir).map_err(|e| format!("{}: {e}", a.data_dir.display()))?;
+    let data_dir = std::path::absolute(&a.data_dir).map_err(|e| format!("--data-dir: {e}"))?;
+    let bin_dir = own_dir()?;
+    for b in ["spaced-guest", "spaced-host", "space-jail"] {
+        if !bin_dir.join(b).is_file() {
+            return Err(format!(
+                "{} is missing next to the space executable (build the workspace: cargo build --release)",
+                b
+            ));
+        }
+    }
+    let handle = serve(ControlConfig {
+        listen: a.listen,
+        data_dir: data_dir.clone(),
+        database_url: None,
+    })
+    .await?;
+    let url = format!("http://{}", handle.addr);
+    println!("SPACE is up at {url}");
+    println!("admin API key: {}", handle.admin_key_path.display());
+    println!(
+        "try: SPACE_API_KEY=$(cat {}) space sandbox create",
+        handle.admin_key_path.display()
+    );
+
+    let stopping = Arc::new(AtomicBool::new(false));
+    let children: Arc<Mutex<Vec<Option<Child>>>> =
+        Arc::new(Mutex::new((0..a.workers).map(|_| None).collect()));
+    let mut supervisors = Vec::new();
+    for n in 1..=a.workers {
+        let id = format!("w{n}");
+        let args = vec![
+            "worker".to_owned(),
+            "--id".into(),
+            id.clone(),
+            "--control".into(),
+            url.clone(),
+            "--enroll-secret-file".into(),
+            data_dir.join("enroll.key").display().to_string(),
+            "--data-dir".into(),
+            data_dir.join("workers").join(&id).display().to_string(),
+            "--cgroup-parent".into(),
+            format!("space-{}-{id}", short_hash(&data_dir)),
+        ];
+        supervisors.push(tokio::spawn(supervise(
+            n as usize - 1,
+            id,
+            args,
+            Arc::clone(&stopping),
+            Arc::clone(&children),
+        )));
+    }
+
+    shutdown_signal().await;
+    println!("stopping…");
+    stopping.store(true, Ordering::SeqCst);
+    stop_children(&children).await;
+    for s in supervisors {
+        let _ = s.await;
+    }
+    handle.shutdown().await;
+    println!("stopped");
+    Ok(())
+}
+
+/// A short, stable tag of the data directory, so two `space up` on one host use
+/// different cgroups.
+fn short_hash(p: &Path) -> String {
+    let mut h: u32 = 2_166_136_261;
+    for b in p.as_os_str().as_encoded_bytes() {
+        h = (h ^ u32::from(*b)).wrapping_mul(16_777_619);
+    }
+    format!("{:06x}", h & 0xff_ffff)
+}
+
+async fn supervise(
+    slot: usize,
+    id: String,
+    args: Vec<String>,
+    stopping: Arc<AtomicBool>,
+    children: Arc<Mutex<Vec<Option<Child>>>>,
+) {
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("worker {id}: cannot find the space executable: {e}");
+            return;
+        }
+    };
+    let mut backoff = Duration::from_millis(200);
+    while !stopping.load(Ordering::SeqCst) {
+        let spawned = Command::new(&exe)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .kill_on_drop(false)
+            .spawn();
+        match spawned {
+            Ok(child) => children.lock().await[slot] = Some(child),
+            Err(e) => {
+                eprintln!("worker {id}: cannot start: {e}");
+                tokio::time::sleep(backoff).await;
+                continue;
+            }
+        }
+        let started = std::time::Instant::now();
+        // Poll so that shutdown can take the child out of the table to stop it.
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let mut table = children.lock().await;
+            let Some(child) = table[slot].as_mut() else {
+                return;
+            };
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    table[slot] = None;
+                    if !stopping.load(Ordering::SeqCst) {
+                        eprintln!("worker {id} exited ({status}); restarting");
+                    }
+                    break;
+                }
+                Ok(None) => {}
+                Err(_) => break,
+            }
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            backoff = Duration::from_millis(200);
+        } else {
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+        if !stopping.load(Ordering::SeqCst) {
+            tokio::time::sleep(backoff).await;
+        }
+    }
+}
+
+async fn stop_children(children: &Mutex<Vec<Option<Child>>>) {
+    let mut table = children.lock().await;
+    for child in table.iter().flatten() {
+        if let Some(pid) = child.id() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+    }
+    for slot in table.iter_mut() {
+        if let Some(mut child) = slot.take() {
+            if tokio::time::timeout(STOP_GRACE, child.wait())
+                .await
+                .is_err()
+            {
+                let _ = child.kill().await;
+            }
+        }
+    }
+}
