@@ -40,7 +40,12 @@ struct Watcher {
     /// Watched directories, by descriptor, as paths relative to the root.
     dirs: HashMap<WatchDescriptor, String>,
     root_wd: WatchDescriptor,
+    /// A MOVED_FROM still waiting for its MOVED_TO (cookie, path, is_dir).
+    moved_from: Option<(u32, String, bool)>,
 }
+
+/// How long a MOVED_FROM waits for its MOVED_TO when a read split the pair.
+const MOVE_PAIR_WAIT_MS: u8 = 10;
 
 fn join(dir: &str, name: &str) -> String {
     if dir.is_empty() {
@@ -67,6 +72,7 @@ impl Watcher {
             recursive,
             dirs: HashMap::from([(root_wd, String::new())]),
             root_wd,
+            moved_from: None,
         };
         if recursive {
             w.add_subtree("", None)?;
@@ -134,11 +140,14 @@ impl Watcher {
     }
 
     /// Turns one batch of kernel events into watch events; `true` when the root is gone.
+    ///
+    /// A move within the tree is a MOVED_FROM and a MOVED_TO with one cookie, next to
+    /// each other; a MOVED_FROM alone means the entry left the tree. A MOVED_FROM at the
+    /// end of a batch stays pending: the caller waits briefly for the next batch and
+    /// calls [`Watcher::flush_move`] if nothing comes.
     fn translate(&mut self, events: Vec<InotifyEvent>, out: &mut Vec<WatchEvent>) -> bool {
         let mut root_gone = false;
-        // A move within the tree is a MOVED_FROM and a MOVED_TO with one cookie, next to
-        // each other; a MOVED_FROM alone means the entry left the tree.
-        let mut moved_from: Option<(u32, String, bool)> = None;
+        let mut moved_from = self.moved_from.take();
         for ev in events {
             let m = ev.mask;
             if m.contains(AddWatchFlags::IN_Q_OVERFLOW) {
@@ -198,10 +207,18 @@ impl Watcher {
                 }
             }
         }
-        if let Some((_, from, was_dir)) = moved_from {
-            self.left_tree(from, was_dir, out);
+        self.moved_from = moved_from;
+        if root_gone {
+            self.flush_move(out);
         }
         root_gone
+    }
+
+    /// Reports a pending MOVED_FROM as a removal: its MOVED_TO did not come.
+    fn flush_move(&mut self, out: &mut Vec<WatchEvent>) {
+        if let Some((_, from, was_dir)) = self.moved_from.take() {
+            self.left_tree(from, was_dir, out);
+        }
     }
 
     fn entered_tree(&mut self, path: &str, is_dir: bool, out: &mut Vec<WatchEvent>) {
@@ -251,13 +268,26 @@ pub(crate) fn run(conn: &mut Conn<'_>, id: RequestId, path: &str, recursive: boo
                 PollFd::new(&conn.stream, PollFlags::IN),
                 PollFd::from_borrowed_fd(watcher.inotify.as_fd(), PollFlags::IN),
             ];
-            match rustix::event::poll(&mut fds, None) {
+            let pair_wait = rustix::event::Timespec {
+                tv_sec: 0,
+                tv_nsec: i64::from(MOVE_PAIR_WAIT_MS) * 1_000_000,
+            };
+            let timeout = watcher.moved_from.is_some().then_some(&pair_wait);
+            match rustix::event::poll(&mut fds, timeout) {
                 Ok(_) => {}
                 Err(e) if e == rustix::io::Errno::INTR => continue,
                 Err(_) => return Err(End::Gone),
             }
             (fds[0].revents(), fds[1].revents())
         };
+        if sock.is_empty() && ino.is_empty() {
+            // The wait for the second half of a move ran out.
+            watcher.flush_move(&mut events);
+            for ev in events.drain(..) {
+                conn.send(id, AgentBody::WatchEvent(ev))?;
+            }
+            continue;
+        }
         if !sock.is_empty() {
             loop {
                 let body = match inbox.poll_read(&mut DontWait(&conn.stream)) {
@@ -268,6 +298,10 @@ pub(crate) fn run(conn: &mut Conn<'_>, id: RequestId, path: &str, recursive: boo
                 let frame = conn.decode(&body)?;
                 match conn.input_for(Some(id), frame)? {
                     Some(Input::Close) => {
+                        watcher.flush_move(&mut events);
+                        for ev in events.drain(..) {
+                            conn.send(id, AgentBody::WatchEvent(ev))?;
+                        }
                         let reason = WatchEndReason::Closed;
                         return conn.send(id, AgentBody::WatchEnded { reason });
                     }

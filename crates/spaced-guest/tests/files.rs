@@ -385,3 +385,40 @@ fn removing_a_very_deep_tree_succeeds_and_the_agent_keeps_serving() {
     assert!(agent.is_running());
     assert!(conn.list(".").unwrap().is_empty());
 }
+
+#[test]
+fn entries_moved_out_of_and_into_the_watched_directory_are_removed_and_created() {
+    let agent = AgentProcess::start();
+    std::fs::create_dir(agent.home.join("w")).unwrap();
+    std::fs::write(agent.home.join("w/leaving"), b"").unwrap();
+    std::fs::write(agent.home.join("arriving"), b"").unwrap();
+    let mut watch = agent.connect();
+    watch
+        .stream_mut()
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let id = watch
+        .send_request(Operation::Watch {
+            path: "w".into(),
+            recursive: false,
+        })
+        .unwrap();
+    assert_eq!(watch.next_answer(id).unwrap(), AgentBody::WatchStarted);
+    let mut other = agent.connect();
+    other.rename("w/leaving", "left").unwrap();
+    assert_eq!(
+        next_event(&mut watch, id),
+        WatchEvent::Removed {
+            path: "leaving".into(),
+            dir: false
+        }
+    );
+    other.rename("arriving", "w/arrived").unwrap();
+    assert_eq!(
+        next_event(&mut watch, id),
+        WatchEvent::Created {
+            path: "arrived".into(),
+            dir: false
+        }
+    );
+}
