@@ -1,0 +1,220 @@
+//! A real `space up` (control plane + edge + two worker processes) in a temporary data
+//! directory, on an ephemeral loopback port, stopped on drop (also when a test fails).
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Whether this process may create jails; tests print why they skip otherwise.
+pub fn can_run_jails() -> bool {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIPPED: the platform tests need root (namespaces, mounts, cgroups)");
+        return false;
+    }
+    if !Path::new("/sys/fs/cgroup").is_dir() {
+        eprintln!("SKIPPED: the platform tests need a cgroup filesystem at /sys/fs/cgroup");
+        return false;
+    }
+    true
+}
+
+/// The `space` binary, with the sandbox binaries built next to it.
+pub fn space_bin() -> PathBuf {
+    for (pkg, bin) in [
+        ("spaced-guest", "spaced-guest"),
+        ("spaced-host", "spaced-host"),
+        ("space-jail", "space-jail"),
+    ] {
+        space_testkit::workspace_bin(pkg, bin);
+    }
+    PathBuf::from(env!("CARGO_BIN_EXE_space"))
+}
+
+/// A running `space up`.
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    child: Option<Child>,
+    pub url: String,
+    pub admin_key: String,
+}
+
+impl Cluster {
+    /// Starts `space up` with two workers.
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Self {
+            dir,
+            child: None,
+            url: String::new(),
+            admin_key: String::new(),
+        };
+        c.boot();
+        c
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn boot(&mut self) {
+        let mut child = Command::new(space_bin())
+            .args([
+                "up",
+                "--listen",
+                "127.0.0.1:0",
+                "--workers",
+                "2",
+                "--data-dir",
+            ])
+            .arg(self.data_dir())
+            .env("SPACE_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().unwrap().unwrap();
+        self.url = first
+            .strip_prefix("SPACE is up at ")
+            .unwrap_or_else(|| panic!("unexpected first line: {first}"))
+            .to_owned();
+        // Keep draining stdout so the process never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        self.child = Some(child);
+        self.admin_key = std::fs::read_to_string(self.data_dir().join("admin.key"))
+            .unwrap()
+            .trim()
+            .to_owned();
+        self.wait_for_workers(2);
+    }
+
+    /// Waits until `n` workers are registered and active.
+    pub fn wait_for_workers(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let out = self.cli(&["--json", "workers"]);
+            if out.status.success() {
+                let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+                let active = v
+                    .as_array()
+                    .map_or(0, |a| a.iter().filter(|w| w["state"] == "active").count());
+                if active >= n {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "workers did not come up");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops `space up` with SIGTERM and waits for it.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let deadline = Instant::now() + Duration::from_secs(40);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops and starts again on the same data directory.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.boot();
+    }
+
+    /// Runs the CLI against this cluster with the admin key.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        self.cli_with_stdin(args, &[])
+    }
+
+    /// Runs the CLI with `stdin` bytes.
+    pub fn cli_with_stdin(&self, args: &[&str], stdin: &[u8]) -> Output {
+        use std::io::Write;
+        let mut child = Command::new(space_bin())
+            .args(args)
+            .env("SPACE_URL", &self.url)
+            .env("SPACE_API_KEY", &self.admin_key)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(stdin).unwrap();
+        drop(input);
+        child.wait_with_output().unwrap()
+    }
+
+    /// `space sandbox create` → the new ID.
+    pub fn create(&self, extra: &[&str]) -> String {
+        let mut args = vec!["sandbox", "create"];
+        args.extend_from_slice(extra);
+        let out = self.cli(&args);
+        assert!(
+            out.status.success(),
+            "create failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    }
+
+    /// `GET /v1/sandboxes/{id}` as JSON.
+    pub fn sandbox(&self, id: &str) -> serde_json::Value {
+        let out = self.cli(&["--json", "sandbox", "get", id]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// An HTTP call with curl-like simplicity (blocking, via a tiny runtime).
+    pub fn http(&self, method: &str, url: &str, auth: Option<&str>, body: &[u8]) -> (u16, Vec<u8>) {
+        http(method, url, auth, body)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// One blocking HTTP call.
+pub fn http(method: &str, url: &str, auth: Option<&str>, body: &[u8]) -> (u16, Vec<u8>) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = space_http::HttpClient::new(Duration::from_secs(60));
+        let mut headers = vec![("content-type", "application/json")];
+        if let Some(a) = auth {
+            headers.push(("authorization", a));
+        }
+        let a = client
+            .call(
+                method.parse().unwrap(),
+                url,
+                &headers,
+                bytes::Bytes::copy_from_slice(body),
+            )
+            .await
+            .unwrap();
+        (a.status.as_u16(), a.body.to_vec())
+    })
+}
