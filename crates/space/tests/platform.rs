@@ -145,13 +145,19 @@ fn restart_of_space_up_keeps_sandboxes_keys_and_files() {
     let key = c.admin_key.clone();
     c.restart();
     assert_eq!(c.admin_key, key, "the admin key is the same");
-    // The sandbox is back, as a new execution (a new generation), with its files.
-    let after = c.sandbox(&id);
-    assert_eq!(after["state"], "running");
-    assert!(
-        after["execution"]["generation"].as_u64() > before["execution"]["generation"].as_u64(),
-        "{after}"
-    );
+    // The sandbox comes back as a new execution (a new generation), with its files: the
+    // restarted worker finds the old execution gone and reports it lost.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let after = loop {
+        let s = c.sandbox(&id);
+        if s["state"] == "running"
+            && s["execution"]["generation"].as_u64() > before["execution"]["generation"].as_u64()
+        {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "not restarted: {s}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
     assert_ne!(
         after["execution"]["execution_id"],
         before["execution"]["execution_id"]

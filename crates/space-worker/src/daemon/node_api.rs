@@ -434,7 +434,16 @@ async fn exec(
     }
     let spec = ExecSpec {
         argv: req.cmd,
-        env: req.env.unwrap_or_default().into_iter().collect(),
+        // The sandbox's environment, overridden by the request's.
+        env: slot
+            .record
+            .env
+            .clone()
+            .into_iter()
+            .chain(req.env.unwrap_or_default())
+            .collect::<std::collections::BTreeMap<_, _>>()
+            .into_iter()
+            .collect(),
         cwd: req.cwd,
         stdin: Some(req.stdin.unwrap_or_default().into_bytes()),
         timeout_ms: Some(

@@ -82,6 +82,9 @@ pub struct ExecutionRecord {
     pub handle: Option<SandboxHandle>,
     /// The bridge.
     pub bridge: Option<BridgeRecord>,
+    /// The sandbox's environment, for every process.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
     /// Unix seconds of the last change.
     pub updated_at: i64,
 }
@@ -262,6 +265,7 @@ mod tests {
             secret: [7; 32],
             handle: None,
             bridge: None,
+            env: Default::default(),
             updated_at: 100,
         }
     }

@@ -143,6 +143,7 @@ pub async fn retire_local(
         secret: [0; 32],
         handle: None,
         bridge: None,
+        env: Default::default(),
         updated_at: 0,
     });
     if tomb.execution_id != execution_id {
@@ -225,6 +226,7 @@ async fn install_execution(
         secret: random32(),
         handle: None,
         bridge: None,
+        env: i.env.clone(),
         updated_at: now_secs() as i64,
     };
     worker
