@@ -650,7 +650,20 @@ impl ControlPlane {
         let current = self.store.current_execution(sandbox).await?;
         let superseded = current.is_some_and(|c| c.generation > generation);
         if matches!(s.state, SandboxState::Running | SandboxState::Starting) && !superseded {
-            self.start_execution(&s, &w.id).await?;
+            // Starting until the replacement runs: no capability is issued meanwhile.
+            self.store
+                .set_sandbox_state(sandbox, SandboxState::Starting, Some(s.state))
+                .await?;
+            let started = self.start_execution(&s, &w.id).await;
+            let next = if started.is_ok() {
+                SandboxState::Running
+            } else {
+                SandboxState::Stopped
+            };
+            self.store
+                .set_sandbox_state(sandbox, next, Some(SandboxState::Starting))
+                .await?;
+            started?;
         }
         Ok(())
     }

@@ -162,9 +162,15 @@ fn restart_of_space_up_keeps_sandboxes_keys_and_files() {
         after["execution"]["execution_id"],
         before["execution"]["execution_id"]
     );
+    let got = c.cli(&["fs", "get", &id, "/root/keep.txt"]);
+    let ls = c.cli(&["exec", &id, "--", "ls", "-la", "/root"]);
     assert_eq!(
-        stdout(&c.cli(&["fs", "get", &id, "/root/keep.txt"])),
-        "kept"
+        stdout(&got),
+        "kept",
+        "status {:?} stderr {} ls {}",
+        got.status,
+        String::from_utf8_lossy(&got.stderr),
+        stdout(&ls)
     );
 }
 

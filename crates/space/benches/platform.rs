@@ -1,0 +1,231 @@
+//! P3 and P4 of QUALITY.md against a real `space up` (two workers) on loopback.
+//!
+//! - P3: a 4 KiB file read end to end (client → edge → worker → bridge → agent in the
+//!   jail), sequential p50/p99, versus a direct call to a guest agent on a pooled
+//!   connection measured in the same run; and throughput with 16 concurrent clients.
+//! - P4: 50 sandbox creates at once through the public API, each ready for its first
+//!   exec when the call returns: p50/p99.
+//!
+//! `cargo bench -p space --bench platform` (root).
+
+#![allow(clippy::print_stdout)] // A bench binary reports on stdout.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use space_http::HttpClient;
+use space_identity::{ExecutionId, SandboxId};
+use space_proto::client::AgentConnection;
+use space_proto::guest::Activation;
+
+fn pct(sorted: &[Duration], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1e3
+}
+
+fn random<const N: usize>() -> [u8; N] {
+    let mut out = [0u8; N];
+    rustix::rand::getrandom(&mut out, rustix::rand::GetRandomFlags::empty()).expect("getrandom");
+    out
+}
+
+/// A guest agent outside any jail, on a pooled, handshaken connection: the baseline.
+fn direct_agent_read_p50(iterations: usize) -> (f64, f64) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let activation = Activation {
+        sandbox: SandboxId::from_bytes(random()),
+        generation: 1,
+        execution_id: ExecutionId::from_bytes(random()),
+        activation: 1,
+        secret: random(),
+    };
+    let act = dir.path().join("activation.json");
+    std::fs::write(&act, activation.encode()).expect("activation");
+    let file = dir.path().join("4k.bin");
+    std::fs::write(&file, vec![7u8; 4096]).expect("file");
+    let socket = dir.path().join("agent.sock");
+    let mut child =
+        std::process::Command::new(space_testkit::workspace_bin("spaced-guest", "spaced-guest"))
+            .args(["serve", "--listen"])
+            .arg(&socket)
+            .arg("--activation-file")
+            .arg(&act)
+            .arg("--home")
+            .arg(dir.path())
+            .spawn()
+            .expect("agent");
+    while !socket.exists() {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let stream = std::os::unix::net::UnixStream::connect(&socket).expect("connect");
+    let mut conn = AgentConnection::handshake_verified(stream, random(), &activation.secret)
+        .expect("handshake");
+    let path = file.to_str().expect("utf-8");
+    let mut times = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        let t = Instant::now();
+        let data = conn.read_file(path, 1 << 20).expect("read");
+        times.push(t.elapsed());
+        assert_eq!(data.len(), 4096);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    times.sort();
+    (pct(&times, 0.5), pct(&times, 0.99))
+}
+
+fn main() {
+    if !support::can_run_jails() {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let cluster = support::Cluster::start();
+    let url = cluster.url.clone();
+    let auth = format!("Bearer {}", cluster.admin_key);
+
+    // ---- P3 -------------------------------------------------------------------------
+    let id = cluster.create(&[]);
+    assert!(
+        cluster
+            .cli_with_stdin(&["fs", "put", &id, "-", "/root/4k.bin"], &[7u8; 4096])
+            .status
+            .success()
+    );
+    let (direct_p50, direct_p99) = direct_agent_read_p50(2000);
+    let http = HttpClient::new(Duration::from_secs(30));
+    let read_url = format!("{url}/v1/sandboxes/{id}/files?path=/root/4k.bin");
+    let e2e: Vec<Duration> = rt.block_on(async {
+        let h = [("authorization", auth.as_str())];
+        for _ in 0..200 {
+            http.call(hyper::Method::GET, &read_url, &h, Bytes::new())
+                .await
+                .expect("warm");
+        }
+        let mut times = Vec::with_capacity(2000);
+        for _ in 0..2000 {
+            let t = Instant::now();
+            let a = http
+                .call(hyper::Method::GET, &read_url, &h, Bytes::new())
+                .await
+                .expect("read");
+            times.push(t.elapsed());
+            assert_eq!(a.body.len(), 4096, "status {}", a.status);
+        }
+        times
+    });
+    let mut e2e = e2e;
+    e2e.sort();
+    let (e2e_p50, e2e_p99) = (pct(&e2e, 0.5), pct(&e2e, 0.99));
+    println!(
+        "P3 4 KiB read, direct agent (pooled): p50 {direct_p50:.3} ms, p99 {direct_p99:.3} ms"
+    );
+    println!("P3 4 KiB read, edge→worker→bridge→agent: p50 {e2e_p50:.3} ms, p99 {e2e_p99:.3} ms");
+    println!(
+        "P3 ratio p50 end-to-end / direct: {:.2}x",
+        e2e_p50 / direct_p50
+    );
+
+    let ops = rt.block_on(async {
+        let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let until = Instant::now() + Duration::from_secs(5);
+        let mut tasks = Vec::new();
+        for _ in 0..16 {
+            let (http, read_url, auth, done) = (
+                http.clone(),
+                read_url.clone(),
+                auth.clone(),
+                Arc::clone(&done),
+            );
+            tasks.push(tokio::spawn(async move {
+                let h = [("authorization", auth.as_str())];
+                while Instant::now() < until {
+                    if http
+                        .call(hyper::Method::GET, &read_url, &h, Bytes::new())
+                        .await
+                        .is_ok_and(|a| a.status == 200)
+                    {
+                        done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+        done.load(std::sync::atomic::Ordering::Relaxed) as f64 / 5.0
+    });
+    println!("P3 throughput, 16 concurrent clients, 4 KiB reads end to end: {ops:.0} ops/s");
+
+    // ---- P4 -------------------------------------------------------------------------
+    let creates: Vec<Duration> = rt.block_on(async {
+        let mut tasks = Vec::new();
+        for _ in 0..50 {
+            let (http, url, auth) = (http.clone(), url.clone(), auth.clone());
+            tasks.push(tokio::spawn(async move {
+                let h = [
+                    ("authorization", auth.as_str()),
+                    ("content-type", "application/json"),
+                ];
+                let t = Instant::now();
+                let a = http
+                    .call(
+                        hyper::Method::POST,
+                        &format!("{url}/v1/sandboxes"),
+                        &h,
+                        Bytes::from_static(b"{}"),
+                    )
+                    .await
+                    .expect("create");
+                let took = t.elapsed();
+                assert_eq!(a.status, 201, "{}", String::from_utf8_lossy(&a.body));
+                took
+            }));
+        }
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.expect("task"));
+        }
+        out
+    });
+    let mut creates = creates;
+    creates.sort();
+    println!(
+        "P4 create, 50 concurrent through the public API: p50 {:.1} ms, p99 {:.1} ms",
+        pct(&creates, 0.5),
+        pct(&creates, 0.99)
+    );
+    let mut single = Vec::new();
+    rt.block_on(async {
+        let h = [
+            ("authorization", auth.as_str()),
+            ("content-type", "application/json"),
+        ];
+        for _ in 0..20 {
+            let t = Instant::now();
+            let a = http
+                .call(
+                    hyper::Method::POST,
+                    &format!("{url}/v1/sandboxes"),
+                    &h,
+                    Bytes::from_static(b"{}"),
+                )
+                .await
+                .expect("create");
+            single.push(t.elapsed());
+            assert_eq!(a.status, 201);
+        }
+    });
+    single.sort();
+    println!(
+        "P4 create, one at a time: p50 {:.1} ms, p99 {:.1} ms",
+        pct(&single, 0.5),
+        pct(&single, 0.99)
+    );
+}
