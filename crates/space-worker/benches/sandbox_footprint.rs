@@ -73,6 +73,17 @@ fn memory_kib(pid: u32) -> (u64, u64) {
     (field("Rss:"), field("Pss:"))
 }
 
+/// `MemAvailable` from /proc/meminfo, in KiB.
+fn mem_available_kib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("MemAvailable:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 fn main() {
     if !rustix::process::geteuid().is_root() {
         eprintln!("SKIPPED: sandbox_footprint needs root (namespaces, mounts, cgroups)");
@@ -150,6 +161,7 @@ fn main() {
     );
 
     // N idle sandboxes.
+    let available_before = mem_available_kib();
     let mut idle = Vec::new();
     for _ in 0..n {
         idle.push(launch_and_first_exec(&driver, &bins, &data).0);
@@ -168,6 +180,13 @@ fn main() {
         agent_pss += a.1;
     }
     let per = |kib: u64| kib as f64 / n as f64 / 1024.0;
+    // Everything the host spent, kernel included (page tables, namespaces, overlay
+    // and cgroup state, socket buffers); noisy, since other processes move it too.
+    let spent = available_before.saturating_sub(mem_available_kib());
+    println!(
+        "idle sandboxes: {n}; host MemAvailable drop {:.2} MiB per sandbox",
+        per(spent)
+    );
     println!(
         "idle sandboxes: {n}; per sandbox RSS {:.2} MiB, PSS {:.2} MiB (bridge {:.2}, jail init {:.2}, agent {:.2} MiB PSS)",
         per(rss),

@@ -94,7 +94,8 @@ pub async fn edge(a: EdgeArgs) -> Result<(), String> {
     let listener = tokio::net::TcpListener::bind(a.listen)
         .await
         .map_err(|e| format!("listen on {}: {e}", a.listen))?;
-    println!("edge listening on http://{}", a.listen);
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    println!("edge listening on http://{addr}");
     axum_serve(listener, app).await
 }
 

@@ -378,3 +378,320 @@ fn jail_pids_of(sandbox: &str) -> Vec<i32> {
     }
     out
 }
+
+#[test]
+fn replayed_exec_with_the_same_idempotency_key_has_no_second_effect() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let id = c.create(&[]);
+    let body = br#"{"cmd":["sh","-c","echo run >> /root/count; wc -l < /root/count"]}"#;
+    let url = format!("{}/v1/sandboxes/{id}/exec", c.url);
+    let auth = format!("Bearer {}", c.admin_key);
+    let first = support::http_with(&url, &auth, body, &[("idempotency-key", "op-1")]);
+    let again = support::http_with(&url, &auth, body, &[("idempotency-key", "op-1")]);
+    assert_eq!(first.0, 200);
+    assert_eq!(json(&first.1)["stdout"], "1\n");
+    assert_eq!(
+        json(&again.1),
+        json(&first.1),
+        "the replay returns the first answer"
+    );
+    let other = support::http_with(&url, &auth, body, &[("idempotency-key", "op-2")]);
+    assert_eq!(json(&other.1)["stdout"], "2\n", "a new key runs again");
+}
+
+#[test]
+fn key_rotation_publishes_the_new_key_before_signing_and_old_capabilities_keep_working() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let id = c.create(&[]);
+    let before = capability(&c, &id, &["exec"]);
+    let out = c.cli(&["--json", "keys", "rotate"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let new_key = json(&out.stdout)["active_key"].as_str().unwrap().to_owned();
+    let after = capability(&c, &id, &["exec"]);
+    assert_ne!(before["token"], after["token"]);
+    // Every worker holds the new key (it was published first), and the old key still
+    // verifies until its capabilities have expired.
+    let (status, body) = direct_exec(&after, &id, after["token"].as_str().unwrap());
+    assert_eq!(status, 200, "new key refused: {body}");
+    let (status, body) = direct_exec(&before, &id, before["token"].as_str().unwrap());
+    assert_eq!(status, 200, "old key refused during its grace: {body}");
+    // The CLI and the edge keep working across the rotation.
+    assert!(c.cli(&["exec", &id, "--", "true"]).status.success());
+    assert!(new_key.starts_with("key_"));
+}
+
+#[test]
+fn metrics_count_admissions_by_verdict_and_sandboxes_by_state() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let a = c.create(&["--worker", "w1"]);
+    let b = c.create(&["--worker", "w1"]);
+    let cap = capability(&c, &a, &["exec"]);
+    let (status, _) = direct_exec(&cap, &b, cap["token"].as_str().unwrap());
+    assert_eq!(status, 403);
+    assert!(c.cli(&["exec", &a, "--", "true"]).status.success());
+    let worker = cap["route"]["worker_url"].as_str().unwrap();
+    let (status, text) = http("GET", &format!("{worker}/metrics"), None, b"");
+    assert_eq!(status, 200);
+    let text = String::from_utf8(text).unwrap();
+    assert!(
+        text.contains(
+            r#"space_worker_admissions_total{verdict="deny",reason="sandbox_mismatch"} 1"#
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"space_worker_admissions_total{verdict="allow",reason="allow"}"#),
+        "{text}"
+    );
+    assert!(
+        text.contains("space_worker_operation_duration_seconds_bucket"),
+        "{text}"
+    );
+    // The control plane refreshes its gauges every few seconds.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let (status, text) = http("GET", &format!("{}/metrics", c.url), None, b"");
+        assert_eq!(status, 200);
+        let text = String::from_utf8(text).unwrap();
+        if text.contains(r#"space_control_sandboxes{state="running"} 2"#) {
+            assert!(text.contains("space_control_request_duration_seconds_bucket"));
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{text}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn standalone_edge_forwards_to_workers_and_relays_the_rest() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let mut edge = std::process::Command::new(support::space_bin())
+        .args(["edge", "--listen", "127.0.0.1:0", "--control", &c.url])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(edge.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let edge_url = line
+        .trim()
+        .strip_prefix("edge listening on ")
+        .unwrap()
+        .to_owned();
+    let auth = format!("Bearer {}", c.admin_key);
+    let (status, body) = http(
+        "POST",
+        &format!("{edge_url}/v1/sandboxes"),
+        Some(&auth),
+        b"{}",
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let id = json(&body)["id"].as_str().unwrap().to_owned();
+    let (status, body) = http(
+        "POST",
+        &format!("{edge_url}/v1/sandboxes/{id}/exec"),
+        Some(&auth),
+        br#"{"cmd":["echo","via edge"]}"#,
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(json(&body)["stdout"], "via edge\n");
+    let (status, _) = http(
+        "GET",
+        &format!("{edge_url}/v1/sandboxes/{id}"),
+        Some("Bearer nope"),
+        b"",
+    );
+    assert_eq!(status, 401);
+    let _ = edge.kill();
+    let _ = edge.wait();
+}
+
+#[test]
+fn tenants_are_isolated_and_a_revoked_key_stops_working_at_once() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let admin = format!("Bearer {}", c.admin_key);
+    let make_tenant = |name: &str| {
+        let (status, body) = http(
+            "POST",
+            &format!("{}/v1/tenants", c.url),
+            Some(&admin),
+            format!(r#"{{"name":"{name}"}}"#).as_bytes(),
+        );
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+        json(&body)
+    };
+    let alice = make_tenant("alice");
+    let bob = make_tenant("bob");
+    let alice_auth = format!("Bearer {}", alice["api_key"].as_str().unwrap());
+    let bob_auth = format!("Bearer {}", bob["api_key"].as_str().unwrap());
+    let (status, body) = http(
+        "POST",
+        &format!("{}/v1/sandboxes", c.url),
+        Some(&alice_auth),
+        b"{}",
+    );
+    assert_eq!(status, 201);
+    let id = json(&body)["id"].as_str().unwrap().to_owned();
+    // Bob can neither see nor use Alice's sandbox, and learns nothing about it.
+    let (status, _) = http(
+        "GET",
+        &format!("{}/v1/sandboxes/{id}", c.url),
+        Some(&bob_auth),
+        b"",
+    );
+    assert_eq!(status, 404);
+    let (status, _) = http(
+        "POST",
+        &format!("{}/v1/sandboxes/{id}/exec", c.url),
+        Some(&bob_auth),
+        br#"{"cmd":["true"]}"#,
+    );
+    assert_eq!(status, 404);
+    let (status, body) = http(
+        "GET",
+        &format!("{}/v1/sandboxes", c.url),
+        Some(&bob_auth),
+        b"",
+    );
+    assert_eq!(status, 200);
+    assert_eq!(json(&body), serde_json::json!([]));
+    // Non-admins cannot create tenants.
+    let (status, _) = http(
+        "POST",
+        &format!("{}/v1/tenants", c.url),
+        Some(&alice_auth),
+        br#"{"name":"x"}"#,
+    );
+    assert_eq!(status, 403);
+    // Revocation takes effect at once.
+    let key_id = alice["key_id"].as_str().unwrap();
+    let (status, _) = http(
+        "DELETE",
+        &format!("{}/v1/keys/{key_id}", c.url),
+        Some(&alice_auth),
+        b"",
+    );
+    assert_eq!(status, 204);
+    let (status, _) = http(
+        "GET",
+        &format!("{}/v1/sandboxes", c.url),
+        Some(&alice_auth),
+        b"",
+    );
+    assert_eq!(status, 401);
+    // Bad input is a 4xx with a JSON error, never a 500.
+    for (method, path, body) in [
+        ("POST", "/v1/sandboxes", &b"{not json"[..]),
+        ("POST", "/v1/sandboxes", br#"{"ttl_secs":0}"#),
+        ("POST", "/v1/sandboxes", br#"{"templte":"x"}"#),
+        ("POST", "/v1/sandboxes", br#"{"env":{"1BAD":"x"}}"#),
+        ("GET", "/v1/sandboxes/not-an-id", b""),
+        (
+            "POST",
+            &format!("/v1/sandboxes/{id}/capabilities"),
+            br#"{"access":[],"purpose":"control"}"#,
+        ),
+    ] {
+        let (status, body) = http(method, &format!("{}{path}", c.url), Some(&admin), body);
+        assert!((400..500).contains(&status), "{method} {path}: {status}");
+        assert!(json(&body)["error"].is_string());
+    }
+}
+
+#[test]
+fn worker_refuses_unsigned_foreign_and_replayed_updates() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let id = c.create(&["--worker", "w1"]);
+    let cap = capability(&c, &id, &["exec"]);
+    let worker = cap["route"]["worker_url"].as_str().unwrap().to_owned();
+    let url = format!("{worker}/internal/v1/updates");
+    use base64::Engine as _;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let retire = |w: &str| {
+        serde_json::json!({
+            "worker": w,
+            "issued_at": 1,
+            "update": {"kind": "retire", "sandbox": id, "generation": 1,
+                       "execution_id": cap["route"]["execution_id"]},
+        })
+        .to_string()
+    };
+    // Not signed by the trust anchor.
+    let forged =
+        serde_json::json!({"body": b64(retire("w1").as_bytes()), "signature": b64(&[0u8; 64])});
+    let (status, _) = http("POST", &url, None, forged.to_string().as_bytes());
+    assert_eq!(status, 403);
+    // Garbage.
+    let (status, _) = http("POST", &url, None, b"{}");
+    assert_eq!(status, 400);
+    // Validly signed (with the anchor read from the control plane's store), but for
+    // another worker: refused.
+    let seed_hex: String = rusqlite::Connection::open(c.data_dir().join("control.db"))
+        .unwrap()
+        .query_row("SELECT value FROM kv WHERE name = 'anchor_seed'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    let seed: Vec<u8> = (0..32)
+        .map(|i| u8::from_str_radix(&seed_hex[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    let anchor = space_identity::BundleSigner::from_seed(seed.try_into().unwrap());
+    let signed = |body: String| {
+        serde_json::json!({"body": b64(body.as_bytes()), "signature": b64(&anchor.sign_update(body.as_bytes()))})
+            .to_string()
+    };
+    let (status, _) = http("POST", &url, None, signed(retire("w2")).as_bytes());
+    assert_eq!(status, 403, "an update for w2 was accepted by w1");
+    // A replayed install of an older-or-equal generation with another execution: refused.
+    let install = |execution_id: &serde_json::Value| {
+        serde_json::json!({
+            "worker": "w1",
+            "issued_at": 1,
+            "update": {"kind": "install", "sandbox": id, "generation": 1, "execution_id": execution_id,
+                       "substrate": "jail", "activation": 1, "template": "default", "env": {},
+                       "limits": {"memory_bytes": 536870912, "pids": 256, "cpu_millis": 1000}},
+        })
+        .to_string()
+    };
+    let other_exe = serde_json::json!("exe_aaaaaaaaaaaaaaaaaaaaaaaaaa");
+    let (status, body) = http("POST", &url, None, signed(install(&other_exe)).as_bytes());
+    assert_eq!(status, 409, "{}", String::from_utf8_lossy(&body));
+    // The same install delivered again is answered with its state, and changes nothing.
+    let (status, body) = http(
+        "POST",
+        &url,
+        None,
+        signed(install(&cap["route"]["execution_id"])).as_bytes(),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(json(&body)["state"], "running");
+    // The sandbox is still served, by the same execution.
+    let (status, body) = direct_exec(&cap, &id, cap["token"].as_str().unwrap());
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["execution_id"], cap["route"]["execution_id"]);
+}
