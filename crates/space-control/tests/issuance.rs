@@ -92,7 +92,7 @@ async fn capability_is_issued_only_for_an_execution_its_worker_acknowledged_runn
         .unwrap();
     assert!(cap.expires_at <= space_control::now_secs() + 120);
     // What a worker holding the published bundle makes of it.
-    let keys = receiver(&cp.keys().await);
+    let keys = receiver(&*cp.keys().await);
     let token = Token::from_text(&cap.token).unwrap();
     let claims = verify_capability(
         token.as_bytes(),
@@ -161,13 +161,13 @@ async fn rotation_publishes_the_new_key_before_signing_with_it_and_retires_the_o
         .await
         .unwrap();
     let exec = AccessSet::of(&[Access::Exec]);
-    let before = receiver(&cp.keys().await);
+    let before = receiver(&*cp.keys().await);
     let old_cap = cp
         .issue_capability(&s, exec, Purpose::Control, None)
         .await
         .unwrap();
     let new_key = cp.rotate_keys().await.unwrap();
-    let after = receiver(&cp.keys().await);
+    let after = receiver(&*cp.keys().await);
     assert!(after.version() > before.version());
     let new_cap = cp
         .issue_capability(&s, exec, Purpose::Control, None)
