@@ -221,6 +221,13 @@ pub async fn begin_rotation(
 pub async fn activate(store: &Store, new_key: &str, now: i64) -> Result<(), StoreError> {
     let grace = i64::try_from(space_identity::TOMBSTONE_RETENTION_SECS).unwrap_or(150);
     for k in store.list_signing_keys().await? {
+        // A key published by an earlier rotation that never completed signed nothing:
+        // it leaves at once.
+        if k.state == KeyState::Published && k.key_id != new_key {
+            store
+                .set_signing_key_state(&k.key_id, KeyState::Retired)
+                .await?;
+        }
         if k.state == KeyState::Active && k.key_id != new_key {
             store
                 .kv_set(&retire_kv(&k.key_id), &(now + grace).to_string())

@@ -166,6 +166,37 @@ async fn rotation_publishes_the_new_key_before_signing_with_it_and_retires_the_o
         .issue_capability(&s, exec, Purpose::Control, None)
         .await
         .unwrap();
+    let t0 = Timestamp::from_unix_secs(space_control::now_secs());
+    let old_key = verify_capability(
+        Token::from_text(&old_cap.token).unwrap().as_bytes(),
+        &before,
+        t0,
+    )
+    .unwrap()
+    .key_id;
+    // An active worker that cannot be reached never acknowledges the new bundle: the
+    // new key is published but not used.
+    let refused = cp.rotate_keys().await.unwrap_err();
+    assert_eq!(refused.code, "unavailable");
+    let still = cp
+        .issue_capability(&s, exec, Purpose::Control, None)
+        .await
+        .unwrap();
+    let still_claims = verify_capability(
+        Token::from_text(&still.token).unwrap().as_bytes(),
+        &before,
+        t0,
+    );
+    assert_eq!(
+        still_claims.unwrap().key_id,
+        old_key,
+        "signed with an unpublished key"
+    );
+    // With the worker out of service, rotation completes.
+    cp.store
+        .set_worker_state(&"w1".parse().unwrap(), WorkerState::Dead)
+        .await
+        .unwrap();
     let new_key = cp.rotate_keys().await.unwrap();
     let after = receiver(&*cp.keys().await);
     assert!(after.version() > before.version());
