@@ -309,8 +309,18 @@ fn killed_worker_is_restarted_and_its_sandboxes_are_readopted_or_replaced_never_
         "the survivor keeps its execution"
     );
     assert!(c.cli(&["exec", &kept, "--", "true"]).status.success());
-    // The replacement has the files, under a new execution.
+    // The replacement has the files, under a new execution. The edge still held the
+    // old route (the worker came back on its old address): the worker answered 421 and
+    // the edge repaired the route with one rebuilt attempt.
     assert_eq!(stdout(&c.cli(&["fs", "get", &lost, "/root/f"])), "data");
+    let (_, metrics) = http("GET", &format!("{}/metrics", c.url), None, b"");
+    let metrics = String::from_utf8(metrics).unwrap();
+    assert!(
+        metrics.contains(
+            r#"space_edge_route_recoveries_total{reason="stale_generation",outcome="rebuilt"} 1"#
+        ),
+        "{metrics}"
+    );
     // The old capability, at the restarted worker: refused as stale, never served.
     let new_cap = capability(&c, &lost, &["exec"]);
     let mut stale = old_cap.clone();

@@ -81,6 +81,9 @@ impl WorkerConfig {
     }
 }
 
+/// How often a worker catches up with the control plane's view.
+const RESYNC_EVERY: Duration = Duration::from_secs(15);
+
 /// A running worker.
 #[derive(Debug)]
 pub struct WorkerHandle {
@@ -110,9 +113,7 @@ pub async fn run(config: WorkerConfig) -> Result<WorkerHandle, String> {
     config.validate()?;
     std::fs::create_dir_all(&config.data_dir)
         .map_err(|e| format!("{}: {e}", config.data_dir.display()))?;
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|e| format!("listen on {}: {e}", config.listen))?;
+    let listener = bind_node_api(config.listen, &config.data_dir).await?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let url = config
         .advertise_url
@@ -144,12 +145,59 @@ pub async fn run(config: WorkerConfig) -> Result<WorkerHandle, String> {
         .reconcile(updates, &http, &config.control_url, &enrolled.credential)
         .await?;
     tracing::info!(worker = %config.id, url = %url, "worker ready");
+    // Updates pushed while this worker was unreachable are caught up here.
+    let resync_worker = Arc::clone(&worker);
+    let resync_config = config.clone();
+    let mut resync_stop = stop.subscribe();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(RESYNC_EVERY);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = resync_stop.changed() => return,
+            }
+            let asked_at = state::now_secs() as i64;
+            match sync(&http, &resync_config, &enrolled.credential).await {
+                Ok(list) => resync_worker.resync(list, asked_at).await,
+                Err(e) => tracing::warn!(error = %e, "periodic sync failed"),
+            }
+        }
+    });
     Ok(WorkerHandle {
         addr,
         worker,
         stop,
         task,
     })
+}
+
+/// Binds node-api. With port 0, the port of the previous run is tried first, so a
+/// restarted worker keeps its address: routes cached by edges and direct-mode clients
+/// stay valid, and a stale capability meets this worker's comparator (421) rather than
+/// a closed port.
+async fn bind_node_api(
+    listen: SocketAddr,
+    data_dir: &std::path::Path,
+) -> Result<TcpListener, String> {
+    let remembered = data_dir.join("node-api.port");
+    if listen.port() == 0 {
+        if let Some(port) = std::fs::read_to_string(&remembered)
+            .ok()
+            .and_then(|p| p.trim().parse::<u16>().ok())
+        {
+            if let Ok(l) = TcpListener::bind(SocketAddr::new(listen.ip(), port)).await {
+                return Ok(l);
+            }
+        }
+    }
+    let l = TcpListener::bind(listen)
+        .await
+        .map_err(|e| format!("listen on {listen}: {e}"))?;
+    if let Ok(addr) = l.local_addr() {
+        let _ = std::fs::write(&remembered, addr.port().to_string());
+    }
+    Ok(l)
 }
 
 fn decode_anchor(text: &str) -> Result<VerifyingKey, String> {

@@ -406,6 +406,47 @@ impl Worker {
         false
     }
 
+    /// Periodic catch-up: installs the newest bundle and retires every execution that
+    /// runs here but that the control plane no longer lists (a retirement missed while
+    /// this worker was unreachable). Executions are never started from here: an
+    /// install that was not acknowledged already failed at the control plane.
+    /// Records changed since shortly before `asked_at` are left alone: the list may
+    /// predate them.
+    pub async fn resync(self: &Arc<Self>, list: Vec<SignedUpdate>, asked_at: i64) {
+        let mut listed = Vec::new();
+        for signed in &list {
+            match updates::verify(self, signed) {
+                Ok((body, update @ Update::Bundle { .. })) => {
+                    if let Err(e) = updates::apply(self, body, update).await {
+                        tracing::warn!(error = %e.message, "resync: bundle refused");
+                    }
+                }
+                Ok((_, Update::Install(i))) => listed.push((i.sandbox, i.generation)),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e.message, "resync: update refused");
+                    return;
+                }
+            }
+        }
+        let Ok(records) = self.records.all() else {
+            return;
+        };
+        for r in records {
+            let live = matches!(r.state, RecordState::Running | RecordState::Paused);
+            let settled = r.updated_at < asked_at - 2;
+            if live && settled && !listed.contains(&(r.sandbox, r.generation)) {
+                tracing::info!(sandbox = %r.sandbox, generation = r.generation, "retiring an execution the control plane no longer lists");
+                let retire = Update::Retire {
+                    sandbox: r.sandbox,
+                    generation: r.generation,
+                    execution_id: r.execution_id,
+                };
+                let _ = updates::apply(self, Vec::new(), retire).await;
+            }
+        }
+    }
+
     /// Stops every sandbox's processes (clean shutdown); records stay as they are, so
     /// a restart reports them lost and the control plane starts new executions.
     pub async fn stop_all(&self) {
