@@ -307,17 +307,7 @@ impl ControlPlane {
                 now,
             )
             .await?;
-        let install = InstallExecution {
-            sandbox: s.id,
-            generation: exe.generation,
-            execution_id: exe.execution_id,
-            substrate: exe.substrate,
-            activation: exe.activation,
-            template: s.template.clone(),
-            env: s.env.clone(),
-            limits: Limits::default(),
-        };
-        let outcome = self.deliver(&w, Update::Install(install)).await;
+        let outcome = self.deliver(&w, Update::Install(install_of(s, &exe))).await;
         match outcome {
             Ok(ack) if ack.state == "running" => {
                 self.store
@@ -609,16 +599,7 @@ impl ControlPlane {
             let Ok(s) = self.store.get_sandbox(&exe.sandbox).await else {
                 continue;
             };
-            let install = InstallExecution {
-                sandbox: s.id,
-                generation: exe.generation,
-                execution_id: exe.execution_id,
-                substrate: exe.substrate,
-                activation: exe.activation,
-                template: s.template.clone(),
-                env: s.env.clone(),
-                limits: Limits::default(),
-            };
+            let install = install_of(&s, &exe);
             out.push(self.sign_update(&w.id, Update::Install(install)).await);
         }
         Ok(out)
@@ -785,6 +766,20 @@ impl ControlPlane {
                 })
                 .set(n);
         }
+    }
+}
+
+/// What a worker must run for execution `exe` of sandbox `s`.
+fn install_of(s: &SandboxRecord, exe: &ExecutionRecord) -> InstallExecution {
+    InstallExecution {
+        sandbox: s.id,
+        generation: exe.generation,
+        execution_id: exe.execution_id,
+        substrate: exe.substrate,
+        activation: exe.activation,
+        template: s.template.clone(),
+        env: s.env.clone(),
+        limits: Limits::default(),
     }
 }
 

@@ -499,30 +499,68 @@ fn required_path(q: &PathQuery) -> Result<String, Rejection> {
     }
 }
 
+/// A file operation: admit, take the path, run `f` on a verified bridge connection,
+/// shape the answer. Writes and removals honour idempotency keys.
+#[allow(clippy::too_many_arguments)]
+async fn file_op<T, F, R>(
+    w: &Worker,
+    headers: &HeaderMap,
+    id: &str,
+    q: &PathQuery,
+    access: Access,
+    name: &str,
+    f: F,
+    respond: R,
+) -> Response
+where
+    T: Send + 'static,
+    F: FnOnce(&mut AgentConnection, &str) -> Result<T, ClientError> + Send + 'static,
+    R: FnOnce(T) -> Response,
+{
+    let start = Instant::now();
+    let admitted =
+        admit(w, headers, id, access).and_then(|(sbx, slot)| Ok((sbx, slot, required_path(q)?)));
+    let resp = match admitted {
+        Err(r) => *r,
+        Ok((sandbox, slot, path)) => {
+            let run = || async {
+                match with_conn(&slot, move |c| f(c, &path)).await {
+                    Ok(v) => with_execution(respond(v), &slot),
+                    Err(r) => *r,
+                }
+            };
+            if access == Access::FsWrite {
+                once(w, sandbox, headers, run).await
+            } else {
+                run().await
+            }
+        }
+    };
+    observe(w, name, start);
+    resp
+}
+
 async fn read_file(
     State(w): State<Arc<Worker>>,
     Path(id): Path<String>,
     Query(q): Query<PathQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let start = Instant::now();
-    let (_, slot) = match admit(&w, &headers, &id, Access::FsRead) {
-        Ok(v) => v,
-        Err(r) => return *r,
+    let read = |c: &mut AgentConnection, path: &str| c.read_file(path, MAX_FILE as u64);
+    let respond = |data: Vec<u8>| {
+        ([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response()
     };
-    let path = match required_path(&q) {
-        Ok(p) => p,
-        Err(r) => return *r,
-    };
-    let resp = match with_conn(&slot, move |c| c.read_file(&path, MAX_FILE as u64)).await {
-        Ok(data) => with_execution(
-            ([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response(),
-            &slot,
-        ),
-        Err(r) => *r,
-    };
-    observe(&w, "read_file", start);
-    resp
+    file_op(
+        &w,
+        &headers,
+        &id,
+        &q,
+        Access::FsRead,
+        "read_file",
+        read,
+        respond,
+    )
+    .await
 }
 
 async fn write_file(
@@ -532,24 +570,19 @@ async fn write_file(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let start = Instant::now();
-    let (sandbox, slot) = match admit(&w, &headers, &id, Access::FsWrite) {
-        Ok(v) => v,
-        Err(r) => return *r,
-    };
-    let path = match required_path(&q) {
-        Ok(p) => p,
-        Err(r) => return *r,
-    };
-    let resp = once(&w, sandbox, &headers, || async {
-        match with_conn(&slot, move |c| c.write_file(&path, &body, None)).await {
-            Ok(_) => with_execution(StatusCode::NO_CONTENT.into_response(), &slot),
-            Err(r) => *r,
-        }
-    })
-    .await;
-    observe(&w, "write_file", start);
-    resp
+    let write = move |c: &mut AgentConnection, path: &str| c.write_file(path, &body, None);
+    let respond = |_| StatusCode::NO_CONTENT.into_response();
+    file_op(
+        &w,
+        &headers,
+        &id,
+        &q,
+        Access::FsWrite,
+        "write_file",
+        write,
+        respond,
+    )
+    .await
 }
 
 async fn remove_file(
@@ -558,24 +591,19 @@ async fn remove_file(
     Query(q): Query<PathQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let start = Instant::now();
-    let (sandbox, slot) = match admit(&w, &headers, &id, Access::FsWrite) {
-        Ok(v) => v,
-        Err(r) => return *r,
-    };
-    let path = match required_path(&q) {
-        Ok(p) => p,
-        Err(r) => return *r,
-    };
-    let resp = once(&w, sandbox, &headers, || async {
-        match with_conn(&slot, move |c| c.remove(&path, true)).await {
-            Ok(()) => with_execution(StatusCode::NO_CONTENT.into_response(), &slot),
-            Err(r) => *r,
-        }
-    })
-    .await;
-    observe(&w, "remove_file", start);
-    resp
+    let remove = |c: &mut AgentConnection, path: &str| c.remove(path, true);
+    let respond = |()| StatusCode::NO_CONTENT.into_response();
+    file_op(
+        &w,
+        &headers,
+        &id,
+        &q,
+        Access::FsWrite,
+        "remove_file",
+        remove,
+        respond,
+    )
+    .await
 }
 
 async fn list_files(
@@ -584,37 +612,25 @@ async fn list_files(
     Query(q): Query<PathQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let start = Instant::now();
-    let (_, slot) = match admit(&w, &headers, &id, Access::FsRead) {
-        Ok(v) => v,
-        Err(r) => return *r,
+    let list = |c: &mut AgentConnection, path: &str| c.list(path);
+    let respond = |entries: Vec<space_proto::guest::DirEntry>| {
+        let out: Vec<FileEntry> = entries
+            .into_iter()
+            .map(|e| FileEntry {
+                name: e.name,
+                kind: match e.kind {
+                    FileKind::File => "file",
+                    FileKind::Dir => "dir",
+                    FileKind::Symlink => "symlink",
+                    FileKind::Other => "other",
+                }
+                .to_owned(),
+                size: e.size,
+            })
+            .collect();
+        Json(out).into_response()
     };
-    let path = match required_path(&q) {
-        Ok(p) => p,
-        Err(r) => return *r,
-    };
-    let resp = match with_conn(&slot, move |c| c.list(&path)).await {
-        Ok(entries) => {
-            let out: Vec<FileEntry> = entries
-                .into_iter()
-                .map(|e| FileEntry {
-                    name: e.name,
-                    kind: match e.kind {
-                        FileKind::File => "file",
-                        FileKind::Dir => "dir",
-                        FileKind::Symlink => "symlink",
-                        FileKind::Other => "other",
-                    }
-                    .to_owned(),
-                    size: e.size,
-                })
-                .collect();
-            with_execution(Json(out).into_response(), &slot)
-        }
-        Err(r) => *r,
-    };
-    observe(&w, "list", start);
-    resp
+    file_op(&w, &headers, &id, &q, Access::FsRead, "list", list, respond).await
 }
 
 async fn apply_update(State(w): State<Arc<Worker>>, body: Bytes) -> Response {

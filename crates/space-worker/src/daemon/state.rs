@@ -256,23 +256,11 @@ impl Worker {
             );
         };
         let slot = self.slot(op.path_sandbox);
+        let installed = slot.as_ref().map(|s| &s.installed);
         let verdict = match self.cache.lock() {
-            Ok(mut cache) => cache.admit(
-                token,
-                keys,
-                now,
-                op,
-                &self.id,
-                slot.as_ref().map(|s| &s.installed),
-            ),
-            Err(_) => space_identity::verify(
-                token,
-                keys,
-                now,
-                op,
-                &self.id,
-                slot.as_ref().map(|s| &s.installed),
-            ),
+            Ok(mut cache) => cache.admit(token, keys, now, op, &self.id, installed),
+            // A poisoned cache only loses the signature shortcut.
+            Err(_) => space_identity::verify(token, keys, now, op, &self.id, installed),
         };
         (verdict, slot)
     }
