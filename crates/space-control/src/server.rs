@@ -108,10 +108,22 @@ pub async fn serve(config: ControlConfig) -> Result<ServerHandle, String> {
     let store = Store::open(&url)
         .await
         .map_err(|e| format!("store {url}: {e}"))?;
-    let enroll_secret = read_or_create_secret(&config.data_dir.join("enroll.key"), || {
-        crate::auth::issue_key().text
-    })
-    .map_err(|e| format!("enroll.key: {e}"))?;
+    // One enrollment secret for every replica on this database; each replica also
+    // writes it to its data directory for the workers started next to it.
+    let fresh = crate::auth::issue_key().text;
+    store
+        .kv_insert_if_absent("enroll_secret", &fresh)
+        .await
+        .map_err(|e| format!("store: {e}"))?;
+    let enroll_secret = store
+        .kv_get("enroll_secret")
+        .await
+        .map_err(|e| format!("store: {e}"))?
+        .ok_or("the enrollment secret vanished from the store")?;
+    let enroll_path = config.data_dir.join("enroll.key");
+    let _ = std::fs::remove_file(&enroll_path);
+    read_or_create_secret(&enroll_path, || enroll_secret.clone())
+        .map_err(|e| format!("enroll.key: {e}"))?;
     let cp = ControlPlane::new(store, enroll_secret.clone())
         .await
         .map_err(|e| format!("control plane: {}", e.message))?;
