@@ -78,6 +78,8 @@ pub fn router(state: AppState) -> Router {
             get(get_sandbox).delete(delete_sandbox),
         )
         .route("/v1/sandboxes/{id}/capabilities", post(capability))
+        .route("/v1/sandboxes/{id}/pause", post(pause))
+        .route("/v1/sandboxes/{id}/resume", post(resume))
         .route("/v1/sandboxes/{id}/exec", post(forward_exec))
         .route(
             "/v1/sandboxes/{id}/files",
@@ -167,6 +169,51 @@ async fn delete_sandbox(
     let s = cp.sandbox_for(&c, &sandbox_id(&id)?).await?;
     cp.delete_sandbox(&s).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn pause(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let (c, _) = caller(&st, &headers).await?;
+    let cp = cp(&st)?;
+    let s = cp.sandbox_for(&c, &sandbox_id(&id)?).await?;
+    cp.pause(&s).await?;
+    Ok(Json(cp.view(&cp.store.get_sandbox(&s.id).await?).await?).into_response())
+}
+
+async fn resume(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let (c, _) = caller(&st, &headers).await?;
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Req {
+        worker: Option<WorkerId>,
+    }
+    let req: Req = if body.is_empty() {
+        Req { worker: None }
+    } else {
+        parse(&body)?
+    };
+    let cp = cp(&st)?;
+    let s = cp.sandbox_for(&c, &sandbox_id(&id)?).await?;
+    if let Some(w) = req.worker {
+        let here = cp.store.current_execution(&s.id).await?.map(|e| e.worker);
+        if here.as_ref() != Some(&w) {
+            return Err(ApiError::new(
+                StatusCode::NOT_IMPLEMENTED,
+                "not_implemented",
+                "resuming on another worker needs snapshots, which are not built yet; resume in place",
+            ));
+        }
+    }
+    cp.resume(&s).await?;
+    Ok(Json(cp.view(&cp.store.get_sandbox(&s.id).await?).await?).into_response())
 }
 
 async fn capability(

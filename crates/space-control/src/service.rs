@@ -356,6 +356,71 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// Pauses a running sandbox in place (freezer): the same execution, so
+    /// capabilities and routes stay valid; requests wait or get a clear `paused`.
+    pub async fn pause(&self, s: &SandboxRecord) -> Result<(), ApiError> {
+        self.freeze(s, true).await
+    }
+
+    /// Resumes a paused sandbox in place.
+    pub async fn resume(&self, s: &SandboxRecord) -> Result<(), ApiError> {
+        self.freeze(s, false).await
+    }
+
+    async fn freeze(&self, s: &SandboxRecord, pause: bool) -> Result<(), ApiError> {
+        let (from, to) = if pause {
+            (SandboxState::Running, SandboxState::Paused)
+        } else {
+            (SandboxState::Paused, SandboxState::Running)
+        };
+        if s.state == to {
+            return Ok(());
+        }
+        if s.state != from {
+            return Err(ApiError::conflict(format!(
+                "the sandbox is {}",
+                s.state.as_str()
+            )));
+        }
+        let exe = self
+            .store
+            .current_execution(&s.id)
+            .await?
+            .filter(|e| e.state == ExecutionState::Running)
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::CONFLICT,
+                    "not_running",
+                    "the sandbox has no running execution",
+                )
+            })?;
+        let w = self.store.get_worker(&exe.worker).await?;
+        let (sandbox, generation, execution_id) = (s.id, exe.generation, exe.execution_id);
+        let update = if pause {
+            Update::Pause {
+                sandbox,
+                generation,
+                execution_id,
+            }
+        } else {
+            Update::Resume {
+                sandbox,
+                generation,
+                execution_id,
+            }
+        };
+        let ack = self.deliver(&w, update).await?;
+        let expected = if pause { "paused" } else { "running" };
+        if ack.state != expected {
+            return Err(ApiError::bad_gateway(format!(
+                "worker answered {}",
+                ack.state
+            )));
+        }
+        self.store.set_sandbox_state(&s.id, to, Some(from)).await?;
+        Ok(())
+    }
+
     /// Retires one execution on its worker and records it.
     pub async fn retire(&self, exe: &ExecutionRecord) -> Result<(), ApiError> {
         let w = self.store.get_worker(&exe.worker).await?;

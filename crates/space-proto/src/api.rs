@@ -310,6 +310,24 @@ pub enum Update {
         /// Execution ID.
         execution_id: ExecutionId,
     },
+    /// Freeze an execution in place (same execution; memory kept).
+    Pause {
+        /// Sandbox.
+        sandbox: SandboxId,
+        /// Generation.
+        generation: u64,
+        /// Execution ID.
+        execution_id: ExecutionId,
+    },
+    /// Thaw a paused execution.
+    Resume {
+        /// Sandbox.
+        sandbox: SandboxId,
+        /// Generation.
+        generation: u64,
+        /// Execution ID.
+        execution_id: ExecutionId,
+    },
     /// Install a signed key bundle (base64url).
     Bundle {
         /// The signed bundle.
@@ -342,7 +360,7 @@ pub struct UpdateBody {
 /// The worker's acknowledgement, sent only after the update is durable.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UpdateAck {
-    /// `running`, `retired`, `installed` (bundle) or `failed`.
+    /// `running`, `paused`, `retired`, `installed` (bundle) or `failed`.
     pub state: String,
     /// For a failed install, why.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,4 +1,5 @@
-//! P3 and P4 of QUALITY.md against a real `space up` (two workers) on loopback.
+//! P3, P4 and P5 (in place) of QUALITY.md against a real `space up` (two workers) on
+//! loopback.
 //!
 //! - P3: a 4 KiB file read end to end (client → edge → worker → bridge → agent in the
 //!   jail), sequential p50/p99, versus a direct call to a guest agent on a pooled
@@ -162,6 +163,35 @@ fn main() {
         done.load(std::sync::atomic::Ordering::Relaxed) as f64 / 5.0
     });
     println!("P3 throughput, 16 concurrent clients, 4 KiB reads end to end: {ops:.0} ops/s");
+
+    // ---- P5 (in place) ---------------------------------------------------------------
+    let (mut pauses, mut resumes) = (Vec::new(), Vec::new());
+    rt.block_on(async {
+        let h = [("authorization", auth.as_str())];
+        for _ in 0..20 {
+            for (verb, out) in [("pause", &mut pauses), ("resume", &mut resumes)] {
+                let t = Instant::now();
+                let a = http
+                    .call(
+                        hyper::Method::POST,
+                        &format!("{url}/v1/sandboxes/{id}/{verb}"),
+                        &h,
+                        Bytes::new(),
+                    )
+                    .await
+                    .expect(verb);
+                out.push(t.elapsed());
+                assert_eq!(a.status, 200, "{}", String::from_utf8_lossy(&a.body));
+            }
+        }
+    });
+    pauses.sort();
+    resumes.sort();
+    println!(
+        "P5 pause in place through the public API: p50 {:.2} ms; resume: p50 {:.2} ms",
+        pct(&pauses, 0.5),
+        pct(&resumes, 0.5)
+    );
 
     // ---- P4 -------------------------------------------------------------------------
     let creates: Vec<Duration> = rt.block_on(async {

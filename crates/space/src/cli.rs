@@ -208,6 +208,25 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
                 );
             }
         }
+        Command::Sandbox(SandboxCmd::Pause { id })
+        | Command::Sandbox(SandboxCmd::Resume { id }) => {
+            let verb = if matches!(cmd, Command::Sandbox(SandboxCmd::Pause { .. })) {
+                "pause"
+            } else {
+                "resume"
+            };
+            let s: Sandbox = c
+                .json(Method::POST, &format!("/v1/sandboxes/{id}/{verb}"), None)
+                .await?;
+            if cli.json {
+                print_json(&s);
+            } else {
+                table(
+                    &["ID", "STATE", "GEN", "WORKER", "CREATED"],
+                    &[sandbox_row(&s)],
+                );
+            }
+        }
         Command::Sandbox(SandboxCmd::Rm { id }) => {
             c.call(
                 Method::DELETE,

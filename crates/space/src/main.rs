@@ -164,6 +164,16 @@ pub enum SandboxCmd {
         /// Sandbox ID.
         id: String,
     },
+    /// Pause a sandbox in place (same execution).
+    Pause {
+        /// Sandbox ID.
+        id: String,
+    },
+    /// Resume a paused sandbox.
+    Resume {
+        /// Sandbox ID.
+        id: String,
+    },
 }
 
 /// `space exec`.

@@ -705,3 +705,59 @@ fn worker_refuses_unsigned_foreign_and_replayed_updates() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["execution_id"], cap["route"]["execution_id"]);
 }
+
+#[test]
+fn paused_sandbox_keeps_its_execution_answers_paused_and_resumes_where_it_was() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let id = c.create(&[]);
+    // A background process whose counter must stop while paused.
+    assert!(
+        c.cli(&[
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "(while true; do echo x >> /tmp/ticks; sleep 0.05; done) >/dev/null 2>&1 &"
+        ])
+        .status
+        .success()
+    );
+    let before = c.sandbox(&id);
+    let out = c.cli(&["--json", "sandbox", "pause", &id]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(json(&out.stdout)["state"], "paused");
+    let paused = c.cli(&["exec", &id, "--", "true"]);
+    assert!(!paused.status.success());
+    assert!(
+        String::from_utf8_lossy(&paused.stderr).contains("paused"),
+        "{}",
+        String::from_utf8_lossy(&paused.stderr)
+    );
+    let out = c.cli(&["--json", "sandbox", "resume", &id]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let after = json(&out.stdout);
+    assert_eq!(after["state"], "running");
+    assert_eq!(
+        after["execution"], before["execution"],
+        "pause keeps the execution"
+    );
+    // The background process survived the freeze and keeps counting.
+    let n1 = stdout(&c.cli(&["exec", &id, "--", "sh", "-c", "wc -l < /tmp/ticks"]));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let n2 = stdout(&c.cli(&["exec", &id, "--", "sh", "-c", "wc -l < /tmp/ticks"]));
+    assert!(n2.trim().parse::<u32>().unwrap() > n1.trim().parse::<u32>().unwrap());
+    // Resuming a running sandbox is a no-op.
+    assert!(c.cli(&["sandbox", "resume", &id]).status.success());
+}

@@ -22,6 +22,7 @@ use space_proto::api::{ErrorBody, ExecRequest, ExecResponse, FileEntry, SignedUp
 use space_proto::client::{AgentConnection, ClientError};
 use space_proto::guest::{ErrorKind, ExecSpec, ExitOutcome, FileKind};
 
+use super::records::RecordState;
 use super::state::{Slot, Worker};
 use super::updates;
 
@@ -263,6 +264,38 @@ fn admit(
     }
 }
 
+/// How long a request to a paused sandbox waits for a resume before it is answered
+/// `409 paused` (nothing was forwarded, so nothing is lost).
+const PAUSED_WAIT: Duration = Duration::from_secs(2);
+
+/// The slot once its execution is not paused (waiting up to [`PAUSED_WAIT`]).
+async fn unpaused(w: &Worker, mut slot: Arc<Slot>) -> Result<Arc<Slot>, Rejection> {
+    let deadline = Instant::now() + PAUSED_WAIT;
+    while slot.record.state == RecordState::Paused {
+        if Instant::now() >= deadline {
+            return Err(reject(
+                StatusCode::CONFLICT,
+                "paused",
+                "the sandbox is paused; resume it first",
+                None,
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        slot = match w.slot(&slot.record.sandbox) {
+            Some(s) if s.record.generation == slot.record.generation => s,
+            _ => {
+                return Err(reject(
+                    StatusCode::MISDIRECTED_REQUEST,
+                    "refresh_route",
+                    "execution replaced",
+                    Some("retired"),
+                ));
+            }
+        };
+    }
+    Ok(slot)
+}
+
 /// Runs `f` on a pooled, verified bridge connection, off the async runtime. The
 /// connection goes back to the pool only after a clean answer.
 async fn with_conn<T: Send + 'static>(
@@ -413,6 +446,10 @@ async fn exec(
         Ok(v) => v,
         Err(r) => return *r,
     };
+    let slot = match unpaused(&w, slot).await {
+        Ok(s) => s,
+        Err(r) => return *r,
+    };
     let req: ExecRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
@@ -518,8 +555,12 @@ where
     R: FnOnce(T) -> Response,
 {
     let start = Instant::now();
-    let admitted =
-        admit(w, headers, id, access).and_then(|(sbx, slot)| Ok((sbx, slot, required_path(q)?)));
+    let admitted = match admit(w, headers, id, access)
+        .and_then(|(sbx, slot)| Ok((sbx, slot, required_path(q)?)))
+    {
+        Ok((sbx, slot, path)) => unpaused(w, slot).await.map(|slot| (sbx, slot, path)),
+        Err(r) => Err(r),
+    };
     let resp = match admitted {
         Err(r) => *r,
         Ok((sandbox, slot, path)) => {

@@ -285,7 +285,7 @@ impl Worker {
                         .map_err(|e| e.message)?;
                 }
                 Update::Install(i) => wanted.push(i),
-                Update::Retire { .. } => {
+                Update::Retire { .. } | Update::Pause { .. } | Update::Resume { .. } => {
                     updates::apply(self, body, update)
                         .await
                         .map_err(|e| e.message)?;

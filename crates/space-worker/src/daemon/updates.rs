@@ -12,7 +12,7 @@ use spaced_host::BridgePool;
 use super::launch;
 use super::records::{ExecutionRecord, RecordState};
 use super::state::{Worker, activation_of, now_secs, random32};
-use crate::substrate::Limits;
+use crate::substrate::{Limits, Substrate};
 
 /// A refused update.
 #[derive(Debug, Clone)]
@@ -119,7 +119,72 @@ pub async fn apply(
             Ok(ack(worker, "retired", None))
         }
         Update::Install(install) => install_execution(worker, install).await,
+        Update::Pause {
+            sandbox,
+            generation,
+            execution_id,
+        } => freeze(worker, &sandbox, generation, execution_id, true).await,
+        Update::Resume {
+            sandbox,
+            generation,
+            execution_id,
+        } => freeze(worker, &sandbox, generation, execution_id, false).await,
     }
+}
+
+/// Pauses (freezes) or resumes (thaws) an execution in place: the same execution, so
+/// its capabilities stay valid. The new state is persisted before the freezer acts and
+/// put back if it fails, so a restart never finds a record less paused than reality.
+async fn freeze(
+    worker: &Arc<Worker>,
+    sandbox: &SandboxId,
+    generation: u64,
+    execution_id: ExecutionId,
+    pause: bool,
+) -> Result<UpdateAck, UpdateError> {
+    let slot = worker
+        .slot(sandbox)
+        .filter(|s| s.record.generation == generation && s.record.execution_id == execution_id)
+        .ok_or_else(|| refuse(409, "no such execution on this worker"))?;
+    let (from, to, done) = if pause {
+        (RecordState::Running, RecordState::Paused, "paused")
+    } else {
+        (RecordState::Paused, RecordState::Running, "running")
+    };
+    if slot.record.state == to {
+        return Ok(ack(worker, done, None));
+    }
+    if slot.record.state != from {
+        return Err(refuse(409, format!("execution is {:?}", slot.record.state)));
+    }
+    let handle = slot
+        .record
+        .handle
+        .clone()
+        .ok_or_else(|| refuse(409, "execution has no processes"))?;
+    let mut record = slot.record.clone();
+    record.state = to;
+    record.updated_at = now_secs() as i64;
+    worker
+        .records
+        .put(&record)
+        .map_err(|e| refuse(500, e.to_string()))?;
+    let substrate = Arc::clone(&worker.substrate);
+    let acted = tokio::task::spawn_blocking(move || {
+        if pause {
+            substrate.pause(&handle)
+        } else {
+            substrate.resume(&handle)
+        }
+    })
+    .await
+    .map_err(|e| refuse(500, e.to_string()))?;
+    if let Err(e) = acted {
+        let _ = worker.records.put(&slot.record);
+        return Err(refuse(500, format!("freezer: {e}")));
+    }
+    worker.put_slot(record, slot.pool.clone());
+    Ok(ack(worker, done, None))
 }
 
 /// Retires one execution: tombstone first (durable), then its processes go.
