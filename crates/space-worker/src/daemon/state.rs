@@ -449,6 +449,11 @@ impl Worker {
             }
             self.teardown(&s.record, launch::Layer::Keep).await;
         }
+        // The worker's own cgroup parents go too once empty (rmdir refuses otherwise).
+        let parent = self.substrate.config().cgroup_parent.clone();
+        for dir in self.substrate.hierarchy().parent_dirs(&parent) {
+            let _ = std::fs::remove_dir(dir);
+        }
     }
 
     /// Stops an execution's processes off the runtime.
