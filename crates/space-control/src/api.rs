@@ -65,6 +65,18 @@ fn cp(st: &AppState) -> Result<&Arc<ControlPlane>, ApiError> {
     })
 }
 
+/// The caller's sandbox `id` (404 for anyone else's).
+async fn owned_sandbox(
+    st: &AppState,
+    headers: &HeaderMap,
+    id: &str,
+) -> Result<(Arc<ControlPlane>, space_store::SandboxRecord), ApiError> {
+    let (c, _) = caller(st, headers).await?;
+    let cp = Arc::clone(cp(st)?);
+    let s = cp.sandbox_for(&c, &sandbox_id(id)?).await?;
+    Ok((cp, s))
+}
+
 fn sandbox_id(s: &str) -> Result<SandboxId, ApiError> {
     s.parse().map_err(|_| ApiError::not_found("sandbox"))
 }
@@ -153,9 +165,7 @@ async fn get_sandbox(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let (c, _) = caller(&st, &headers).await?;
-    let cp = cp(&st)?;
-    let s = cp.sandbox_for(&c, &sandbox_id(&id)?).await?;
+    let (cp, s) = owned_sandbox(&st, &headers, &id).await?;
     Ok(Json(cp.view(&s).await?).into_response())
 }
 
@@ -164,9 +174,7 @@ async fn delete_sandbox(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let (c, _) = caller(&st, &headers).await?;
-    let cp = cp(&st)?;
-    let s = cp.sandbox_for(&c, &sandbox_id(&id)?).await?;
+    let (cp, s) = owned_sandbox(&st, &headers, &id).await?;
     cp.delete_sandbox(&s).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -176,9 +184,7 @@ async fn pause(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let (c, _) = caller(&st, &headers).await?;
-    let cp = cp(&st)?;
-    let s = cp.sandbox_for(&c, &sandbox_id(&id)?).await?;
+    let (cp, s) = owned_sandbox(&st, &headers, &id).await?;
     cp.pause(&s).await?;
     Ok(Json(cp.view(&cp.store.get_sandbox(&s.id).await?).await?).into_response())
 }
@@ -189,7 +195,6 @@ async fn resume(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let (c, _) = caller(&st, &headers).await?;
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Req {
@@ -200,8 +205,7 @@ async fn resume(
     } else {
         parse(&body)?
     };
-    let cp = cp(&st)?;
-    let s = cp.sandbox_for(&c, &sandbox_id(&id)?).await?;
+    let (cp, s) = owned_sandbox(&st, &headers, &id).await?;
     if let Some(w) = req.worker {
         let here = cp.store.current_execution(&s.id).await?.map(|e| e.worker);
         if here.as_ref() != Some(&w) {
@@ -222,10 +226,8 @@ async fn capability(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let (c, _) = caller(&st, &headers).await?;
     let req: CapabilityRequest = parse(&body)?;
-    let cp = cp(&st)?;
-    let s = cp.sandbox_for(&c, &sandbox_id(&id)?).await?;
+    let (cp, s) = owned_sandbox(&st, &headers, &id).await?;
     let port = match (req.port, req.protocol) {
         (Some(p), Some(proto)) => Some((p, proto)),
         (None, None) => None,
