@@ -340,6 +340,12 @@ fn kill9(pid: i32) {
 
 /// The PID of the process whose command line contains all of `words`.
 fn pid_of(words: &[&str]) -> i32 {
+    find_pid(words).unwrap_or_else(|| panic!("no process with {words:?}"))
+}
+
+/// Like [`pid_of`], `None` when there is none (zombies excluded: a killed worker stays
+/// one until its supervisor reaps it).
+fn find_pid(words: &[&str]) -> Option<i32> {
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
             continue;
@@ -348,11 +354,13 @@ fn pid_of(words: &[&str]) -> i32 {
             continue;
         };
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        if words.iter().all(|w| cmd.contains(w)) {
-            return pid;
+        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|st| st.contains(") Z "));
+        if !zombie && words.iter().all(|w| cmd.contains(w)) {
+            return Some(pid);
         }
     }
-    panic!("no process with {words:?}");
+    None
 }
 
 /// Host PIDs of the jail processes of a sandbox (from its cgroups).
@@ -760,4 +768,46 @@ fn paused_sandbox_keeps_its_execution_answers_paused_and_resumes_where_it_was() 
     assert!(n2.trim().parse::<u32>().unwrap() > n1.trim().parse::<u32>().unwrap());
     // Resuming a running sandbox is a no-op.
     assert!(c.cli(&["sandbox", "resume", &id]).status.success());
+}
+
+#[test]
+fn acknowledged_retirement_survives_a_worker_crash_and_is_never_served_again() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let id = c.create(&["--worker", "w1"]);
+    let cap = capability(&c, &id, &["exec"]);
+    let token = cap["token"].as_str().unwrap().to_owned();
+    assert_eq!(direct_exec(&cap, &id, &token).0, 200);
+    // The delete returns once the worker acknowledged the retirement (after fsync).
+    assert!(c.cli(&["sandbox", "rm", &id]).status.success());
+    let data_dir = c.data_dir();
+    let words = ["worker", "--id", "w1", data_dir.to_str().unwrap()];
+    let old_pid = pid_of(&words);
+    kill9(old_pid);
+    // Wait for the supervisor's replacement process.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while find_pid(&words).is_none_or(|p| p == old_pid) {
+        assert!(std::time::Instant::now() < deadline, "worker not restarted");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // Restarted on its old address, the worker still holds the tombstone.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let (status, body) = loop {
+        let addr = cap["route"]["worker_url"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("http://");
+        if std::net::TcpStream::connect(addr).is_ok() {
+            break direct_exec(&cap, &id, &token);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "worker did not come back"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(status, 421, "{body}");
+    assert_eq!(body["reason"], "retired");
 }
