@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 
-use crate::spec::{JailSpec, MAX_SPEC_BYTES, StatusEvent};
+use crate::spec::{JailSpec, MAX_SPEC_BYTES, Rootless, StatusEvent};
 use crate::sys::{self, Forked};
 use crate::{ACTIVATION_FD, JailError, LISTEN_FD, init, rootfs, seccomp_profile};
 
@@ -110,13 +110,58 @@ fn check_inherited_fds() -> Result<(), JailError> {
     Ok(())
 }
 
+/// Rootless: a user namespace where root maps to the worker's uid, then the other
+/// namespaces, owned by it. A process that has just unshared holds every capability
+/// in its new user namespace (until it execs), which is what writing its own maps and
+/// the later mounts need.
+fn enter_user_namespace(r: &Rootless) -> Result<(), JailError> {
+    use nix::sched::{CloneFlags, unshare};
+    unshare(CloneFlags::CLONE_NEWUSER)
+        .map_err(|e| JailError::new("unshare user namespace", e.to_string()))?;
+    let write = |file: &str, text: String| {
+        std::fs::write(format!("/proc/self/{file}"), text)
+            .map_err(|e| JailError::new("map ids", format!("{file}: {e}")))
+    };
+    write("setgroups", "deny".into())?;
+    write("uid_map", format!("0 {} 1\n", r.uid))?;
+    write("gid_map", format!("0 {} 1\n", r.gid))?;
+    unshare(
+        CloneFlags::CLONE_NEWNS
+            | CloneFlags::CLONE_NEWPID
+            | CloneFlags::CLONE_NEWNET
+            | CloneFlags::CLONE_NEWUTS
+            | CloneFlags::CLONE_NEWIPC,
+    )
+    .map_err(|e| JailError::new("unshare namespaces", e.to_string()))
+}
+
+/// Rootless limits: inherited by the init and everything it starts.
+fn apply_rlimits(r: &Rootless) -> Result<(), JailError> {
+    use nix::sys::resource::{Resource, setrlimit};
+    if let Some(n) = r.pids_max {
+        setrlimit(Resource::RLIMIT_NPROC, n, n)
+            .map_err(|e| JailError::new("rlimit nproc", e.to_string()))?;
+    }
+    if let Some(m) = r.memory_bytes {
+        setrlimit(Resource::RLIMIT_AS, m, m)
+            .map_err(|e| JailError::new("rlimit as", e.to_string()))?;
+    }
+    Ok(())
+}
+
 fn launch() -> Result<(), JailError> {
     check_inherited_fds()?;
     let spec = read_spec()?;
+    if let Some(r) = &spec.rootless {
+        enter_user_namespace(r)?;
+    }
     rootfs::build(&spec)?;
     let agent = open_agent(&spec)?;
     let filters =
         seccomp_profile::compile().map_err(|e| JailError::new("compile seccomp", e.to_string()))?;
+    if let Some(r) = &spec.rootless {
+        apply_rlimits(r)?;
+    }
     match sys::fork().map_err(|e| JailError::new("fork init", e.to_string()))? {
         Forked::Child => {
             // PID 1 of the new PID namespace; never returns into this function.

@@ -133,8 +133,8 @@ pub fn build(spec: &JailSpec) -> Result<(), JailError> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         &format!("mode=1777,{tmpfs_size}"),
     )?;
-    build_dev(&root.join("dev"), &tmpfs_size)?;
-    build_homes(root)?;
+    build_dev(&root.join("dev"), &tmpfs_size, spec.rootless.is_some())?;
+    build_homes(root, spec.rootless.is_some())?;
     write_etc(&root.join("etc"), &spec.hostname)?;
     Ok(())
 }
@@ -172,7 +172,7 @@ fn bind_read_only(source: &Path, target: &Path) -> Result<(), JailError> {
 
 /// A tmpfs `/dev` holding only harmless character devices, a private devpts
 /// instance (so the jail's terminals are its own) and `/dev/shm`.
-fn build_dev(dev: &Path, tmpfs_size: &str) -> Result<(), JailError> {
+fn build_dev(dev: &Path, tmpfs_size: &str, rootless: bool) -> Result<(), JailError> {
     mount_fs(
         "mount /dev",
         "tmpfs",
@@ -217,7 +217,12 @@ fn build_dev(dev: &Path, tmpfs_size: &str) -> Result<(), JailError> {
         &pts,
         "devpts",
         MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        "newinstance,ptmxmode=0666,mode=0620,gid=5",
+        // `gid=5` (tty) names a group a rootless jail's user namespace does not map.
+        if rootless {
+            "newinstance,ptmxmode=0666,mode=0620"
+        } else {
+            "newinstance,ptmxmode=0666,mode=0620,gid=5"
+        },
     )?;
     let shm = dev.join("shm");
     ensure_dir(&shm, 0o1777)?;
@@ -242,14 +247,17 @@ fn build_dev(dev: &Path, tmpfs_size: &str) -> Result<(), JailError> {
     Ok(())
 }
 
-fn build_homes(root: &Path) -> Result<(), JailError> {
+fn build_homes(root: &Path, rootless: bool) -> Result<(), JailError> {
     let root_home = root.join("root");
     ensure_dir(&root_home, 0o700)?;
     let user_home = root.join("home/user");
     if !user_home.exists() {
         ensure_dir(&user_home, 0o755)?;
-        std::os::unix::fs::chown(&user_home, Some(USER_ID), Some(USER_ID))
-            .map_err(|e| JailError::io("chown home", &user_home, e))?;
+        // A rootless jail maps only root: `user` cannot own anything there.
+        if !rootless {
+            std::os::unix::fs::chown(&user_home, Some(USER_ID), Some(USER_ID))
+                .map_err(|e| JailError::io("chown home", &user_home, e))?;
+        }
     }
     Ok(())
 }
@@ -342,6 +350,7 @@ mod tests {
                 env: vec![],
                 cwd: "/".into(),
             },
+            rootless: None,
         };
         assert_eq!(
             overlay_options(&spec_with("/t")).unwrap(),

@@ -41,6 +41,24 @@ pub struct JailSpec {
     pub tmpfs_bytes: u64,
     /// The agent to start inside.
     pub agent: AgentSpec,
+    /// Set when the worker is not root: `space-jail` then creates a user namespace
+    /// itself (mapping root inside to the worker's uid) before the other namespaces,
+    /// and limits come from rlimits instead of cgroups.
+    #[serde(default)]
+    pub rootless: Option<Rootless>,
+}
+
+/// How a jail runs without root.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Rootless {
+    /// The worker's uid: root inside maps to it.
+    pub uid: u32,
+    /// The worker's gid: root's group inside maps to it.
+    pub gid: u32,
+    /// `RLIMIT_NPROC`: counted per user namespace (Linux ≥ 5.14), so per sandbox.
+    pub pids_max: Option<u64>,
+    /// `RLIMIT_AS` of every process (a per-process cap, not a total).
+    pub memory_bytes: Option<u64>,
 }
 
 /// One read-only bind mount of a host directory into the jail.

@@ -70,6 +70,16 @@ pub enum CgroupSet {
         /// `<root>/<parent>/<name>`.
         dir: PathBuf,
     },
+    /// No cgroups: a rootless jail on a host that delegates none to the worker's
+    /// user. Limits are rlimits set by `space-jail`; there is no freezer, and the
+    /// driver ends the jail by killing its init (which takes the PID namespace down).
+    None,
+}
+
+fn no_freezer() -> SubstrateError {
+    SubstrateError::Unsupported(
+        "pause needs a cgroup freezer, which this rootless jail has not".into(),
+    )
 }
 
 /// Resource usage read from a sandbox's cgroups.
@@ -318,6 +328,7 @@ impl CgroupSet {
                 dirs
             }
             Self::V2 { dir } => vec![dir.as_path()],
+            Self::None => Vec::new(),
         }
     }
 
@@ -364,6 +375,7 @@ impl CgroupSet {
                     write_file(&dir.join("cpu.max"), &format!("{quota} {CPU_PERIOD_US}"))?;
                 }
             }
+            Self::None => {}
         }
         Ok(())
     }
@@ -381,6 +393,7 @@ impl CgroupSet {
         let dir = match self {
             Self::V1 { freezer, .. } => freezer,
             Self::V2 { dir } => dir,
+            Self::None => return Ok(Vec::new()),
         };
         let path = dir.join("cgroup.procs");
         match fs::read_to_string(&path) {
@@ -394,6 +407,9 @@ impl CgroupSet {
     /// retrying (thaw, then freeze again) when an attempt is stuck; on failure the
     /// sandbox is left thawed.
     pub fn freeze(&self) -> Result<(), SubstrateError> {
+        if matches!(self, Self::None) {
+            return Err(no_freezer());
+        }
         let deadline = Instant::now() + SETTLE_TIMEOUT;
         loop {
             self.request_freeze(true)?;
@@ -421,6 +437,7 @@ impl CgroupSet {
             Self::V2 { dir } => {
                 write_file(&dir.join("cgroup.freeze"), if frozen { "1" } else { "0" })
             }
+            Self::None => Err(no_freezer()),
         }
     }
 
@@ -430,6 +447,7 @@ impl CgroupSet {
                 Ok(read_file(&freezer.join("freezer.state"))?.trim() == "FROZEN")
             }
             Self::V2 { dir } => Ok(keyed_u64(&dir.join("cgroup.events"), "frozen")? == 1),
+            Self::None => Ok(false),
         }
     }
 
@@ -446,6 +464,7 @@ impl CgroupSet {
                 let events = dir.join("cgroup.events");
                 wait_until(&events, || Ok(keyed_u64(&events, "frozen")? == 0))
             }
+            Self::None => Err(no_freezer()),
         }
     }
 
@@ -497,7 +516,9 @@ impl CgroupSet {
 
     /// Waits until no process is left in the sandbox's cgroups.
     pub fn wait_empty(&self) -> Result<(), SubstrateError> {
-        let dir = self.dirs()[0].to_path_buf();
+        let Some(dir) = self.dirs().first().map(|d| d.to_path_buf()) else {
+            return Ok(());
+        };
         wait_until(&dir, || Ok(self.procs()?.is_empty()))
     }
 
@@ -553,6 +574,7 @@ impl CgroupSet {
                 oom_kills: keyed_u64(&dir.join("memory.events"), "oom_kill")?,
                 frozen: keyed_u64(&dir.join("cgroup.events"), "frozen")? == 1,
             }),
+            Self::None => Ok(CgroupStats::default()),
         }
     }
 }

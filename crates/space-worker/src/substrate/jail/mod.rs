@@ -35,7 +35,7 @@ use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, pipe2};
-use space_jail::spec::{AgentSpec, JailSpec, MAX_ACTIVATION_BYTES, StatusEvent};
+use space_jail::spec::{AgentSpec, JailSpec, MAX_ACTIVATION_BYTES, Rootless, StatusEvent};
 
 use self::cgroup::{CgroupHierarchy, CgroupSet};
 use self::spawn::{JailFds, spawn_jail};
@@ -95,6 +95,7 @@ pub fn locate_jail_binary() -> Option<PathBuf> {
 pub struct JailDriver {
     config: JailConfig,
     hierarchy: CgroupHierarchy,
+    rootless: bool,
 }
 
 /// Paths of one execution.
@@ -151,15 +152,22 @@ impl JailDriver {
                 config.jail_binary.display()
             )));
         }
-        if !nix::unistd::geteuid().is_root() {
-            return Err(SubstrateError::Unsupported(
-                "the jail driver needs root (mounts, namespaces and cgroups)".into(),
-            ));
-        }
+        // Without root, jails run rootless: a user namespace maps root inside to this
+        // user, and limits fall back to rlimits (no cgroups are delegated to us).
+        let rootless = !nix::unistd::geteuid().is_root();
         let hierarchy = CgroupHierarchy::detect()?;
         nix::sys::prctl::set_child_subreaper(true)
             .map_err(|e| SubstrateError::io("PR_SET_CHILD_SUBREAPER", e.into()))?;
-        Ok(Self { config, hierarchy })
+        Ok(Self {
+            config,
+            hierarchy,
+            rootless,
+        })
+    }
+
+    /// Whether jails run rootless (this process is not root).
+    pub fn is_rootless(&self) -> bool {
+        self.rootless
     }
 
     /// The cgroup hierarchies in use.
@@ -271,11 +279,15 @@ impl JailDriver {
             .ino();
         cleanup.socket = Some((layout.socket.clone(), socket_inode));
 
-        let cgroups = self.hierarchy.create(
-            &self.config.cgroup_parent,
-            &spec.key.dir_name(),
-            &spec.limits,
-        )?;
+        let cgroups = if self.rootless {
+            CgroupSet::None
+        } else {
+            self.hierarchy.create(
+                &self.config.cgroup_parent,
+                &spec.key.dir_name(),
+                &spec.limits,
+            )?
+        };
         cleanup.cgroups = Some(cgroups.clone());
 
         let jail_spec = JailSpec {
@@ -295,6 +307,12 @@ impl JailDriver {
                 env: spec.agent.env.clone(),
                 cwd: PathBuf::from("/root"),
             },
+            rootless: self.rootless.then(|| Rootless {
+                uid: nix::unistd::geteuid().as_raw(),
+                gid: nix::unistd::getegid().as_raw(),
+                pids_max: spec.limits.pids_max,
+                memory_bytes: spec.limits.memory_bytes,
+            }),
         };
         let spec_json = serde_json::to_vec(&jail_spec)
             .map_err(|e| SubstrateError::InvalidSpec(format!("spec: {e}")))?;
@@ -312,6 +330,9 @@ impl JailDriver {
             .map_err(io_err("open jail log"))?;
         let child = spawn_jail(
             &self.config.jail_binary,
+            // Rootless, space-jail creates its namespaces itself, inside a user
+            // namespace; only root may create them before the exec.
+            !self.rootless,
             JailFds {
                 spec: spec_read,
                 status: status_write,
@@ -379,6 +400,10 @@ impl JailDriver {
     /// writable layer is first moved there (once no process can write to it).
     fn teardown(&self, handle: &SandboxHandle, keep: Option<&Path>) -> Result<(), SubstrateError> {
         // SIGKILL to a frozen cgroup's tasks lands once thawed (kill_all thaws).
+        if matches!(handle.cgroups, CgroupSet::None) {
+            // No cgroup to empty: the PID namespace goes with its init.
+            kill_process(&handle.init);
+        }
         let killed = handle.cgroups.kill_all();
         // Block only when the kill went out: the init is then dying, not running.
         let _ = self.reap_init(&handle.init, killed.is_ok());
@@ -396,6 +421,9 @@ impl JailDriver {
             let _ = fs::remove_dir_all(dest);
             fs::rename(&handle.upper_dir, dest)
                 .map_err(io_err(format!("keep layer at {}", dest.display())))?;
+        }
+        if matches!(handle.cgroups, CgroupSet::None) {
+            make_removable(&handle.sandbox_dir);
         }
         match fs::remove_dir_all(&handle.sandbox_dir) {
             Ok(()) => {}
@@ -522,6 +550,40 @@ impl Drop for LaunchCleanup {
         }
         if let Some(dir) = &self.sandbox_dir {
             let _ = fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Rootless jails leave directories that only root inside could enter (overlayfs's
+/// `work/work` is mode 000); they belong to this user, so it can open them up.
+fn make_removable(dir: &Path) {
+    let Ok(meta) = fs::symlink_metadata(dir) else {
+        return;
+    };
+    if !meta.is_dir() {
+        return;
+    }
+    if meta.permissions().mode() & 0o700 != 0o700 {
+        let _ = fs::set_permissions(
+            dir,
+            fs::Permissions::from_mode(meta.permissions().mode() | 0o700),
+        );
+    }
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            make_removable(&e.path());
+        }
+    }
+}
+
+/// SIGKILL through a pidfd, only if `p` is still the recorded process.
+fn kill_process(p: &ProcessIdentity) {
+    let Some(pid) = rustix::process::Pid::from_raw(p.pid) else {
+        return;
+    };
+    if let Ok(fd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) {
+        if p.is_alive() {
+            let _ = rustix::process::pidfd_send_signal(&fd, rustix::process::Signal::KILL);
         }
     }
 }

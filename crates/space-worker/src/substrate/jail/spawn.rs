@@ -52,10 +52,11 @@ fn dup_high(fd: &OwnedFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }
 
-/// Starts `binary` (space-jail) in new namespaces with `fds` as 0–4.
+/// Starts `binary` (space-jail) with `fds` as 0–4, in new namespaces when
+/// `new_namespaces` (root; a rootless `space-jail` creates them itself).
 ///
 /// The parent's copies of the descriptors are closed when this returns.
-pub fn spawn_jail(binary: &Path, fds: JailFds) -> io::Result<Child> {
+pub fn spawn_jail(binary: &Path, new_namespaces: bool, fds: JailFds) -> io::Result<Child> {
     let listener = dup_high(&fds.listener)?;
     let activation = dup_high(&fds.activation)?;
     let (listener_fd, activation_fd) = (listener.as_raw_fd(), activation.as_raw_fd());
@@ -74,7 +75,10 @@ pub fn spawn_jail(binary: &Path, fds: JailFds) -> io::Result<Child> {
             if libc::dup2(listener_fd, 3) == -1 || libc::dup2(activation_fd, 4) == -1 {
                 return Err(io::Error::last_os_error());
             }
-            nix::sched::unshare(JAIL_NAMESPACES).map_err(io::Error::from)
+            if new_namespaces {
+                nix::sched::unshare(JAIL_NAMESPACES).map_err(io::Error::from)?;
+            }
+            Ok(())
         });
     }
     let child = command.spawn();
