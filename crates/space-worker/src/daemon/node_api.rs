@@ -296,7 +296,7 @@ async fn unpaused(w: &Worker, mut slot: Arc<Slot>) -> Result<Arc<Slot>, Rejectio
     Ok(slot)
 }
 
-/// Runs `f` on a pooled, verified bridge connection, off the async runtime. The
+/// Runs `f` on a pooled, verified bridge connection, blocking in place. The
 /// connection goes back to the pool only after a clean answer.
 async fn with_conn<T: Send + 'static>(
     slot: &Arc<Slot>,
@@ -310,7 +310,9 @@ async fn with_conn<T: Send + 'static>(
             Some("not_running"),
         ));
     };
-    tokio::task::spawn_blocking(move || {
+    // On this worker thread (the runtime moves its other tasks away): handing the
+    // call to the blocking pool would cost two more thread wake-ups per operation.
+    tokio::task::block_in_place(move || {
         let mut conn = pool
             .take()
             .map_err(|e| reject(StatusCode::BAD_GATEWAY, "bridge", e.to_string(), None))?;
@@ -331,15 +333,6 @@ async fn with_conn<T: Send + 'static>(
                 None,
             )),
         }
-    })
-    .await
-    .unwrap_or_else(|e| {
-        Err(reject(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            e.to_string(),
-            None,
-        ))
     })
 }
 
