@@ -98,6 +98,8 @@ pub fn router(state: AppState) -> Router {
             get(forward_files).put(forward_files).delete(forward_files),
         )
         .route("/v1/sandboxes/{id}/files/list", get(forward_list))
+        .route("/v1/sandboxes/{id}/terminal", get(forward_stream))
+        .route("/v1/sandboxes/{id}/watch", get(forward_stream))
         .route("/v1/workers", get(workers))
         .route("/v1/whoami", get(whoami))
         .route("/v1/tenants", post(create_tenant))
@@ -337,6 +339,24 @@ async fn forward_list(
     .await
 }
 
+/// Terminal and watch: the backend stream opens first (so refusals are plain HTTP
+/// answers), then the client's WebSocket is accepted and relayed.
+async fn forward_stream(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    uri: axum::http::Uri,
+    ws: axum::extract::WebSocketUpgrade,
+) -> Result<Response, ApiError> {
+    let (c, b) = caller(&st, &headers).await?;
+    let sandbox = sandbox_id(&id)?;
+    let pq = uri
+        .path_and_query()
+        .map_or_else(|| uri.path().to_owned(), |p| p.as_str().to_owned());
+    let backend = st.edge.open_stream(&c, &b, &sandbox, &pq).await?;
+    Ok(ws.on_upgrade(move |socket| crate::edge_streams::relay(socket, backend)))
+}
+
 fn path_and_query(req: &Request) -> String {
     req.uri()
         .path_and_query()
@@ -481,6 +501,8 @@ pub fn edge_router(state: AppState) -> Router {
             get(forward_files).put(forward_files).delete(forward_files),
         )
         .route("/v1/sandboxes/{id}/files/list", get(forward_list))
+        .route("/v1/sandboxes/{id}/terminal", get(forward_stream))
+        .route("/v1/sandboxes/{id}/watch", get(forward_stream))
         .fallback(relay_to_control)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)

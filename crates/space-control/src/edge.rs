@@ -41,9 +41,9 @@ pub enum Authority {
 
 /// What the cache keeps per sandbox.
 #[derive(Debug, Clone)]
-struct Grant {
-    token: String,
-    worker_url: String,
+pub(crate) struct Grant {
+    pub(crate) token: String,
+    pub(crate) worker_url: String,
     /// The tenant whose authorization produced it (`None`: an admin's).
     owner: Option<String>,
 }
@@ -226,6 +226,29 @@ impl Edge {
         Ok((route, grant))
     }
 
+    /// The cached route and grant for `sandbox`, or a fresh authorization.
+    pub(crate) async fn route_for(
+        &self,
+        caller: &Caller,
+        bearer: &str,
+        sandbox: &SandboxId,
+    ) -> Result<(Route, Grant), ApiError> {
+        match self.cached(caller, sandbox) {
+            Some(hit) => Ok(hit),
+            None => self.fresh(caller, bearer, sandbox).await,
+        }
+    }
+
+    /// [`Edge::repair`] for the stream module.
+    pub(crate) async fn repair_route(
+        &self,
+        caller: &Caller,
+        bearer: &str,
+        rejected: &RouteIdentity,
+    ) -> Result<(Route, Grant), ApiError> {
+        self.repair(caller, bearer, rejected).await
+    }
+
     /// After a RefreshRoute for `rejected`: one resolve per sandbox at a time; later
     /// arrivals use the repaired entry.
     async fn repair(
@@ -283,10 +306,7 @@ impl Edge {
         body: Bytes,
         class: OperationClass,
     ) -> Result<Forwarded, ApiError> {
-        let (mut route, mut grant) = match self.cached(caller, sandbox) {
-            Some(hit) => hit,
-            None => self.fresh(caller, bearer, sandbox).await?,
-        };
+        let (mut route, mut grant) = self.route_for(caller, bearer, sandbox).await?;
         let mut recovery = Recovery::new(class);
         loop {
             let auth = format!("SpaceCap {}", grant.token);

@@ -811,3 +811,135 @@ fn acknowledged_retirement_survives_a_worker_crash_and_is_never_served_again() {
     assert_eq!(status, 421, "{body}");
     assert_eq!(body["reason"], "retired");
 }
+
+mod streams {
+    use std::time::{Duration, Instant};
+
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+    use super::support::Cluster;
+
+    type Socket = tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >;
+
+    async fn open(c: &Cluster, path: &str) -> Socket {
+        let mut req = format!("{}{path}", c.url.replacen("http", "ws", 1))
+            .into_client_request()
+            .unwrap();
+        req.headers_mut().insert(
+            "authorization",
+            format!("Bearer {}", c.admin_key).parse().unwrap(),
+        );
+        tokio_tungstenite::connect_async(req).await.unwrap().0
+    }
+
+    /// Reads until `want` matches a message, or panics after 15 s.
+    async fn until(s: &mut Socket, mut want: impl FnMut(&Message) -> bool) -> Message {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let m = tokio::time::timeout(left, s.next())
+                .await
+                .expect("timed out waiting for a message")
+                .expect("stream ended")
+                .expect("stream error");
+            if want(&m) {
+                return m;
+            }
+        }
+    }
+
+    fn close_code(m: &Message) -> Option<u16> {
+        match m {
+            Message::Close(Some(f)) => Some(f.code.into()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn terminal_and_watch_stream_through_the_edge_and_end_when_the_execution_is_retired() {
+        if !super::can_run_jails() {
+            return;
+        }
+        let c = Cluster::start();
+        let id = c.create(&[]);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut term = open(&c, &format!("/v1/sandboxes/{id}/terminal?rows=30&cols=100")).await;
+            term.send(Message::Binary(b"echo hello-$((6*7)); stty size\n".to_vec().into()))
+                .await
+                .unwrap();
+            let mut seen = String::new();
+            until(&mut term, |m| {
+                if let Message::Binary(b) = m {
+                    seen.push_str(&String::from_utf8_lossy(b));
+                }
+                seen.contains("hello-42") && seen.contains("30 100")
+            })
+            .await;
+
+            let mut watch = open(&c, &format!("/v1/sandboxes/{id}/watch?path=/root")).await;
+            let cli = c.cli(&["exec", &id, "--", "touch", "/root/seen-by-watch"]);
+            assert!(cli.status.success());
+            until(&mut watch, |m| {
+                matches!(m, Message::Text(t) if t.as_str().contains("seen-by-watch") && t.as_str().contains("created"))
+            })
+            .await;
+
+            // Retiring the execution (deleting the sandbox) ends both streams with
+            // "execution replaced", promptly.
+            let start = Instant::now();
+            assert!(c.cli(&["sandbox", "rm", &id]).status.success());
+            let acked = start.elapsed();
+            for s in [&mut term, &mut watch] {
+                let m = until(s, |m| matches!(m, Message::Close(_))).await;
+                assert_eq!(close_code(&m), Some(4001), "{m:?}");
+            }
+            assert!(start.elapsed() - acked < Duration::from_secs(2), "streams outlived the retirement");
+        });
+    }
+
+    #[test]
+    fn stream_with_another_sandboxs_capability_is_refused_before_it_opens() {
+        if !super::can_run_jails() {
+            return;
+        }
+        let c = Cluster::start();
+        let a = c.create(&["--worker", "w1"]);
+        let b = c.create(&["--worker", "w1"]);
+        let cap = super::capability(&c, &a, &["terminal"]);
+        let url = format!(
+            "{}/v1/sandboxes/{b}/terminal",
+            cap["route"]["worker_url"]
+                .as_str()
+                .unwrap()
+                .replacen("http", "ws", 1)
+        );
+        let mut req = url.into_client_request().unwrap();
+        req.headers_mut().insert(
+            "authorization",
+            format!("SpaceCap {}", cap["token"].as_str().unwrap())
+                .parse()
+                .unwrap(),
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        match rt.block_on(tokio_tungstenite::connect_async(req)) {
+            Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+                assert_eq!(resp.status(), 403)
+            }
+            other => panic!(
+                "stream opened with another sandbox's capability: {:?}",
+                other.map(|_| ())
+            ),
+        }
+    }
+}

@@ -92,6 +92,12 @@ impl BridgePool {
         }
     }
 
+    /// A new verified connection that never returns to the pool (for a stream, which
+    /// owns its connection until it ends).
+    pub fn dedicated(&self) -> Result<AgentConnection<UnixStream>, BridgeClientError> {
+        connect(&self.target)
+    }
+
     /// Returns a connection whose last request completed cleanly. Anything else must be
     /// dropped by the caller instead (a cancelled request closes its connection).
     pub fn give_back(&self, conn: AgentConnection<UnixStream>) {

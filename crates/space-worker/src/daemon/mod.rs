@@ -12,6 +12,7 @@ pub mod launch;
 pub mod node_api;
 pub mod records;
 pub mod state;
+pub mod streams;
 pub mod updates;
 
 use std::net::SocketAddr;

@@ -120,7 +120,34 @@ pub struct IdempotencyCache {
 type StoredCell = Arc<tokio::sync::OnceCell<Stored>>;
 
 /// A rejection answered instead of the operation (boxed: responses are large).
-type Rejection = Box<Response>;
+pub(crate) type Rejection = Box<Response>;
+
+/// 421: the execution is not running here.
+pub(crate) fn not_running() -> Rejection {
+    reject(
+        StatusCode::MISDIRECTED_REQUEST,
+        "refresh_route",
+        "execution not running",
+        Some("not_running"),
+    )
+}
+
+/// 502: the bridge or agent failed.
+pub(crate) fn bad_gateway(message: impl Into<String>) -> Rejection {
+    reject(StatusCode::BAD_GATEWAY, "bridge", message, None)
+}
+
+/// Admission of a stream open: the comparator, then the same wait as requests when
+/// the execution is paused.
+pub(crate) async fn admit_stream(
+    w: &Worker,
+    headers: &HeaderMap,
+    id: &str,
+    access: Access,
+) -> Result<Arc<Slot>, Rejection> {
+    let (_, slot) = admit(w, headers, id, access)?;
+    unpaused(w, slot).await
+}
 
 fn reject(
     status: StatusCode,
@@ -177,6 +204,8 @@ pub fn router(worker: Arc<Worker>) -> Router {
             get(read_file).put(write_file).delete(remove_file),
         )
         .route("/v1/sandboxes/{id}/files/list", get(list_files))
+        .route("/v1/sandboxes/{id}/terminal", get(super::streams::terminal))
+        .route("/v1/sandboxes/{id}/watch", get(super::streams::watch))
         .route("/internal/v1/updates", post(apply_update))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
@@ -336,7 +365,7 @@ async fn with_conn<T: Send + 'static>(
     })
 }
 
-fn agent_error(e: &space_proto::guest::WireError) -> Response {
+pub(crate) fn agent_error(e: &space_proto::guest::WireError) -> Response {
     let (status, code) = match e.kind {
         ErrorKind::NotFound => (StatusCode::NOT_FOUND, "not_found"),
         ErrorKind::PermissionDenied => (StatusCode::FORBIDDEN, "permission_denied"),

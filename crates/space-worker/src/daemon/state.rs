@@ -30,6 +30,17 @@ pub struct Slot {
     pub installed: InstalledIdentity,
     /// Verified connections to the bridge, while running.
     pub pool: Option<Arc<BridgePool>>,
+    /// The streams' lease on this execution's identity epoch: set to `true` (and
+    /// every stream holding it ends with "execution replaced") the moment the worker
+    /// retires, fails or replaces the execution. Pausing and resuming keep it.
+    pub lease: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Slot {
+    /// A receiver of the lease, for a stream opened now.
+    pub fn lease(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.lease.subscribe()
+    }
 }
 
 /// Unix seconds now.
@@ -194,19 +205,42 @@ impl Worker {
         let Ok(mut slots) = self.slots.write() else {
             return;
         };
-        let newer = slots
-            .get(&record.sandbox)
-            .is_none_or(|s| s.record.generation <= record.generation);
-        if newer {
-            slots.insert(
-                record.sandbox,
-                Arc::new(Slot {
-                    record,
-                    installed,
-                    pool,
-                }),
-            );
+        let old = slots.get(&record.sandbox).cloned();
+        if old
+            .as_ref()
+            .is_some_and(|s| s.record.generation > record.generation)
+        {
+            return;
         }
+        let live = matches!(
+            record.state,
+            RecordState::Starting | RecordState::Running | RecordState::Paused
+        );
+        let lease = match old {
+            // The same execution, still live (paused or resumed, say): streams go on.
+            Some(o)
+                if live
+                    && o.record.generation == record.generation
+                    && o.record.execution_id == record.execution_id =>
+            {
+                Arc::clone(&o.lease)
+            }
+            // Anything else ends every stream of the old execution at once.
+            Some(o) => {
+                o.lease.send_replace(true);
+                Arc::new(tokio::sync::watch::Sender::new(!live))
+            }
+            None => Arc::new(tokio::sync::watch::Sender::new(!live)),
+        };
+        slots.insert(
+            record.sandbox,
+            Arc::new(Slot {
+                record,
+                installed,
+                pool,
+                lease,
+            }),
+        );
     }
 
     /// The current slot of a sandbox.
@@ -444,6 +478,7 @@ impl Worker {
             .map(|s| s.values().cloned().collect())
             .unwrap_or_default();
         for s in slots {
+            s.lease.send_replace(true);
             if let Some(pool) = &s.pool {
                 pool.clear();
             }

@@ -1,0 +1,183 @@
+//! The edge's WebSocket streams: the client's socket is relayed to a backend socket
+//! opened on the worker the route names, with the same recovery as requests for the
+//! open (RefreshRoute → one coalesced resolve → one rebuilt attempt; Deny surfaced).
+//! A backend that ends the stream (4001 "execution replaced" when the worker installed
+//! another execution) ends the client's too: a terminal never reattaches to a new
+//! shell behind the client's back.
+
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use axum::http::StatusCode;
+use futures_util::{SinkExt, StreamExt};
+use space_identity::{OperationClass, Progress, Recovery, RefreshReason, SandboxId};
+use space_proto::api::ErrorBody;
+use tokio_tungstenite::tungstenite::{self, client::IntoClientRequest};
+
+use crate::auth::Caller;
+use crate::edge::Edge;
+use crate::error::ApiError;
+
+type Backend =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+impl Edge {
+    /// Opens the backend socket of a stream for `sandbox` at `path_and_query`.
+    pub async fn open_stream(
+        &self,
+        caller: &Caller,
+        bearer: &str,
+        sandbox: &SandboxId,
+        path_and_query: &str,
+    ) -> Result<Backend, ApiError> {
+        let (mut route, mut grant) = self.route_for(caller, bearer, sandbox).await?;
+        let mut recovery = Recovery::new(OperationClass::StreamOpen);
+        loop {
+            let url = format!(
+                "{}{}",
+                grant.worker_url.replacen("http", "ws", 1),
+                path_and_query
+            );
+            let mut req = url
+                .into_client_request()
+                .map_err(|e| ApiError::bad_gateway(format!("worker url: {e}")))?;
+            let auth = format!("SpaceCap {}", grant.token)
+                .parse()
+                .map_err(|_| ApiError::internal("capability is not a header value"))?;
+            req.headers_mut().insert("authorization", auth);
+            match tokio_tungstenite::connect_async(req).await {
+                Ok((socket, _)) => return Ok(socket),
+                Err(tungstenite::Error::Http(resp)) => {
+                    let status = resp.status();
+                    let body: Option<ErrorBody> = resp
+                        .body()
+                        .as_ref()
+                        .and_then(|b| serde_json::from_slice(b).ok());
+                    if status == StatusCode::MISDIRECTED_REQUEST {
+                        let reason: RefreshReason = body
+                            .and_then(|b| b.reason)
+                            .and_then(|r| r.parse().ok())
+                            .unwrap_or(RefreshReason::NotRunning);
+                        let used = route.identity();
+                        recovery
+                            .on_refresh(used.clone(), reason, Progress::NotStarted)
+                            .map_err(|e| {
+                                ApiError::new(
+                                    StatusCode::SERVICE_UNAVAILABLE,
+                                    "route_unavailable",
+                                    e.to_string(),
+                                )
+                            })?;
+                        let (r, g) = self.repair_route(caller, bearer, &used).await?;
+                        recovery.on_resolved(&r.identity()).map_err(|e| {
+                            ApiError::new(
+                                StatusCode::SERVICE_UNAVAILABLE,
+                                "route_unavailable",
+                                e.to_string(),
+                            )
+                        })?;
+                        (route, grant) = (r, g);
+                        continue;
+                    }
+                    let (code, message, reason) = match body {
+                        Some(b) => (b.error, b.message, b.reason),
+                        None => (
+                            "bad_gateway".into(),
+                            format!("worker answered {status}"),
+                            None,
+                        ),
+                    };
+                    return Err(ApiError {
+                        status,
+                        code: static_code(&code),
+                        message,
+                        reason,
+                    });
+                }
+                Err(e) => return Err(ApiError::bad_gateway(format!("worker stream: {e}"))),
+            }
+        }
+    }
+}
+
+fn static_code(code: &str) -> &'static str {
+    match code {
+        "deny" => "deny",
+        "unauthorized" => "unauthorized",
+        "paused" => "paused",
+        "not_found" => "not_found",
+        "bad_request" => "bad_request",
+        _ => "bad_gateway",
+    }
+}
+
+fn to_backend(m: Message) -> Option<tungstenite::Message> {
+    Some(match m {
+        Message::Text(t) => tungstenite::Message::Text(t.as_str().into()),
+        Message::Binary(b) => tungstenite::Message::Binary(b),
+        Message::Ping(b) => tungstenite::Message::Ping(b),
+        Message::Pong(b) => tungstenite::Message::Pong(b),
+        Message::Close(c) => {
+            tungstenite::Message::Close(c.map(|c| tungstenite::protocol::CloseFrame {
+                code: c.code.into(),
+                reason: c.reason.as_str().into(),
+            }))
+        }
+    })
+}
+
+fn to_client(m: tungstenite::Message) -> Option<Message> {
+    Some(match m {
+        tungstenite::Message::Text(t) => Message::Text(t.as_str().into()),
+        tungstenite::Message::Binary(b) => Message::Binary(b),
+        tungstenite::Message::Ping(b) => Message::Ping(b),
+        tungstenite::Message::Pong(b) => Message::Pong(b),
+        tungstenite::Message::Close(c) => Message::Close(c.map(|c| CloseFrame {
+            code: c.code.into(),
+            reason: Utf8Bytes::from(c.reason.as_str()),
+        })),
+        tungstenite::Message::Frame(_) => return None,
+    })
+}
+
+/// Relays messages both ways until either side closes; a backend close (with its
+/// code and reason) is passed on to the client.
+pub async fn relay(client: WebSocket, backend: Backend) {
+    let (mut client_tx, mut client_rx) = client.split();
+    let (mut backend_tx, mut backend_rx) = backend.split();
+    loop {
+        tokio::select! {
+            m = client_rx.next() => match m {
+                Some(Ok(m)) => {
+                    let closing = matches!(m, Message::Close(_));
+                    if let Some(m) = to_backend(m) {
+                        if backend_tx.send(m).await.is_err() || closing {
+                            break;
+                        }
+                    }
+                }
+                _ => {
+                    let _ = backend_tx.close().await;
+                    break;
+                }
+            },
+            m = backend_rx.next() => match m {
+                Some(Ok(m)) => {
+                    let closing = matches!(m, tungstenite::Message::Close(_));
+                    if let Some(m) = to_client(m) {
+                        if client_tx.send(m).await.is_err() || closing {
+                            break;
+                        }
+                    }
+                }
+                _ => {
+                    let _ = client_tx
+                        .send(Message::Close(Some(CloseFrame {
+                            code: 4002,
+                            reason: Utf8Bytes::from_static("backend connection ended"),
+                        })))
+                        .await;
+                    break;
+                }
+            },
+        }
+    }
+}

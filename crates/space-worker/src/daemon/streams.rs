@@ -1,0 +1,271 @@
+//! Streams over WebSocket: a terminal (PTY shell) and a directory watch.
+//!
+//! Each stream is admitted like any request (durable identity re-checked before it
+//! opens), owns a dedicated verified bridge connection, and holds the lease of the
+//! execution it opened on: when the worker retires or replaces that execution, input
+//! and output stop at once and the client gets close code 4001 "execution replaced".
+//! A bridge drop ends the stream; nothing reattaches silently.
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use space_identity::Access;
+use space_proto::client::AgentConnection;
+use space_proto::guest::{
+    AgentBody, ClientFrame, ExecSpec, ExitOutcome, Input, InputFrame, Operation, PtySize,
+    RequestId, WatchEvent,
+};
+use space_proto::{codec, frame};
+use tokio::sync::mpsc;
+
+use super::node_api::{Rejection, admit_stream};
+use super::state::{Slot, Worker};
+
+/// Close code sent when the execution a stream was bound to is replaced or retired.
+pub const CLOSE_REPLACED: u16 = 4001;
+/// Close code when the bridge or agent connection ends the stream.
+pub const CLOSE_BACKEND_GONE: u16 = 4002;
+
+/// Query of a terminal.
+#[derive(Debug, serde::Deserialize)]
+pub struct TerminalQuery {
+    rows: Option<u16>,
+    cols: Option<u16>,
+}
+
+/// Query of a watch.
+#[derive(Debug, serde::Deserialize)]
+pub struct WatchQuery {
+    path: Option<String>,
+    recursive: Option<bool>,
+}
+
+/// What the agent side of a stream produced.
+enum Out {
+    Data(Vec<u8>),
+    Text(String),
+    End(u16, String),
+}
+
+/// `GET /v1/sandboxes/{id}/terminal` (WebSocket): binary messages are terminal bytes
+/// both ways; a text message `{"rows": R, "cols": C}` resizes.
+pub async fn terminal(
+    State(w): State<Arc<Worker>>,
+    Path(id): Path<String>,
+    Query(q): Query<TerminalQuery>,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let slot = match admit_stream(&w, &headers, &id, Access::Terminal).await {
+        Ok(s) => s,
+        Err(r) => return *r,
+    };
+    let size = PtySize {
+        rows: q.rows.unwrap_or(24).clamp(1, 1000),
+        cols: q.cols.unwrap_or(80).clamp(1, 1000),
+    };
+    let spec = ExecSpec {
+        argv: vec!["/bin/sh".into(), "-i".into()],
+        env: slot.record.env.clone().into_iter().collect(),
+        cwd: None,
+        stdin: None,
+        timeout_ms: None,
+        pty: Some(size),
+    };
+    match open(&slot, Operation::Exec(spec)).await {
+        Ok(opened) => ws.on_upgrade(move |socket| relay(socket, slot, opened)),
+        Err(r) => *r,
+    }
+}
+
+/// `GET /v1/sandboxes/{id}/watch?path=&recursive=` (WebSocket): one JSON text message
+/// per change.
+pub async fn watch(
+    State(w): State<Arc<Worker>>,
+    Path(id): Path<String>,
+    Query(q): Query<WatchQuery>,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let slot = match admit_stream(&w, &headers, &id, Access::Watch).await {
+        Ok(s) => s,
+        Err(r) => return *r,
+    };
+    let path = q.path.unwrap_or_else(|| "/root".into());
+    let op = Operation::Watch {
+        path,
+        recursive: q.recursive.unwrap_or(false),
+    };
+    match open(&slot, op).await {
+        Ok(opened) => ws.on_upgrade(move |socket| relay(socket, slot, opened)),
+        Err(r) => *r,
+    }
+}
+
+/// A stream's agent side: the request it runs and a writer for its input.
+struct Opened {
+    id: RequestId,
+    writer: UnixStream,
+    output: mpsc::Receiver<Out>,
+}
+
+/// Opens a dedicated connection, starts `op`, and spawns the thread that reads its
+/// answers.
+async fn open(slot: &Arc<Slot>, op: Operation) -> Result<Opened, Rejection> {
+    let Some(pool) = slot.pool.clone() else {
+        return Err(super::node_api::not_running());
+    };
+    let watch = matches!(op, Operation::Watch { .. });
+    let started = tokio::task::spawn_blocking(move || {
+        let mut conn = pool.dedicated().map_err(|e| e.to_string())?;
+        let id = conn.send_request(op).map_err(|e| e.to_string())?;
+        // The first answer tells whether the operation started.
+        let first = conn.next_answer(id).map_err(|e| e.to_string())?;
+        let writer = conn.stream_mut().try_clone().map_err(|e| e.to_string())?;
+        Ok::<_, String>((conn, id, first, writer))
+    })
+    .await
+    .map_err(|e| super::node_api::bad_gateway(e.to_string()))?
+    .map_err(super::node_api::bad_gateway)?;
+    let (conn, id, first, writer) = started;
+    match (&first, watch) {
+        (AgentBody::Started { .. }, false) | (AgentBody::WatchStarted, true) => {}
+        (AgentBody::Error(e), _) => return Err(Box::new(super::node_api::agent_error(e))),
+        (other, _) => {
+            return Err(super::node_api::bad_gateway(format!(
+                "unexpected {other:?}"
+            )));
+        }
+    }
+    let (tx, output) = mpsc::channel(64);
+    std::thread::Builder::new()
+        .name("stream-reader".into())
+        .spawn(move || read_answers(conn, id, &tx))
+        .map_err(|e| super::node_api::bad_gateway(e.to_string()))?;
+    Ok(Opened { id, writer, output })
+}
+
+/// Forwards the agent's answers until the request ends or the connection breaks.
+/// The bounded channel applies backpressure to the agent.
+fn read_answers(mut conn: AgentConnection, id: RequestId, tx: &mpsc::Sender<Out>) {
+    loop {
+        let out = match conn.next_answer(id) {
+            Ok(AgentBody::Stdout(b) | AgentBody::Stderr(b)) => Out::Data(b),
+            Ok(AgentBody::WatchEvent(e)) => Out::Text(event_json(&e).to_string()),
+            Ok(AgentBody::Exited(s)) => {
+                let why = match s.outcome {
+                    ExitOutcome::Code(c) => format!("exited {c}"),
+                    ExitOutcome::Signal(n) => format!("killed by signal {n}"),
+                };
+                Out::End(1000, why)
+            }
+            Ok(AgentBody::WatchEnded { reason }) => {
+                Out::End(1000, format!("watch ended: {reason:?}"))
+            }
+            Ok(_) => continue,
+            Err(e) => Out::End(CLOSE_BACKEND_GONE, format!("backend connection ended: {e}")),
+        };
+        let end = matches!(out, Out::End(..));
+        if tx.blocking_send(out).is_err() || end {
+            return;
+        }
+    }
+}
+
+fn event_json(e: &WatchEvent) -> serde_json::Value {
+    match e {
+        WatchEvent::Created { path, dir } => {
+            serde_json::json!({"type": "created", "path": path, "dir": dir})
+        }
+        WatchEvent::Modified { path } => serde_json::json!({"type": "modified", "path": path}),
+        WatchEvent::Removed { path, dir } => {
+            serde_json::json!({"type": "removed", "path": path, "dir": dir})
+        }
+        WatchEvent::Renamed { from, to } => {
+            serde_json::json!({"type": "renamed", "from": from, "to": to})
+        }
+        WatchEvent::Overflow => serde_json::json!({"type": "overflow"}),
+    }
+}
+
+fn send_input(writer: &mut UnixStream, id: RequestId, input: Input) -> std::io::Result<()> {
+    let body = codec::encode(&ClientFrame::Input(InputFrame { id, input }));
+    let bytes = frame::frame_bytes(&body).map_err(|e| std::io::Error::other(e.to_string()))?;
+    writer.write_all(&bytes)
+}
+
+async fn close(socket: &mut WebSocket, code: u16, reason: String) {
+    let _ = socket
+        .send(Message::Close(Some(CloseFrame {
+            code,
+            reason: Utf8Bytes::from(reason),
+        })))
+        .await;
+}
+
+/// Relays between the client and the agent until either ends or the lease breaks.
+async fn relay(mut socket: WebSocket, slot: Arc<Slot>, opened: Opened) {
+    let Opened {
+        id,
+        mut writer,
+        mut output,
+    } = opened;
+    let mut lease = slot.lease();
+    if *lease.borrow() {
+        close(&mut socket, CLOSE_REPLACED, "execution replaced".into()).await;
+        return;
+    }
+    loop {
+        tokio::select! {
+            changed = lease.changed() => {
+                if changed.is_err() || *lease.borrow() {
+                    close(&mut socket, CLOSE_REPLACED, "execution replaced".into()).await;
+                    break;
+                }
+            }
+            out = output.recv() => match out {
+                Some(Out::Data(b)) => {
+                    if socket.send(Message::Binary(b.into())).await.is_err() {
+                        break;
+                    }
+                }
+                Some(Out::Text(t)) => {
+                    if socket.send(Message::Text(t.into())).await.is_err() {
+                        break;
+                    }
+                }
+                Some(Out::End(code, why)) => {
+                    close(&mut socket, code, why).await;
+                    break;
+                }
+                None => {
+                    close(&mut socket, CLOSE_BACKEND_GONE, "backend connection ended".into()).await;
+                    break;
+                }
+            },
+            msg = socket.recv() => {
+                let input = match msg {
+                    Some(Ok(Message::Binary(b))) => Input::Stdin(b.to_vec()),
+                    Some(Ok(Message::Text(t))) => match serde_json::from_str::<PtySize>(t.as_str()) {
+                        Ok(size) => Input::Resize(size),
+                        Err(_) => Input::Stdin(t.as_str().as_bytes().to_vec()),
+                    },
+                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+                    _ => break,
+                };
+                if tokio::task::block_in_place(|| send_input(&mut writer, id, input)).is_err() {
+                    close(&mut socket, CLOSE_BACKEND_GONE, "backend connection ended".into()).await;
+                    break;
+                }
+            }
+        }
+    }
+    // Closing the connection ends the process group or the watch at the agent, and
+    // the reader thread with it.
+    let _ = writer.shutdown(std::net::Shutdown::Both);
+}
