@@ -31,6 +31,11 @@ impl Client {
         })
     }
 
+    /// The API key (without the `Bearer ` prefix).
+    fn key(&self) -> &str {
+        self.auth.trim_start_matches("Bearer ")
+    }
+
     async fn call(
         &self,
         method: Method,
@@ -94,7 +99,7 @@ fn parse_env(pairs: &[String]) -> Result<serde_json::Map<String, serde_json::Val
     Ok(env)
 }
 
-fn encode_query(s: &str) -> String {
+pub(crate) fn encode_query(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~' | b'/') {
@@ -368,6 +373,16 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
                     v["active_key"].as_str().unwrap_or("?")
                 );
             }
+        }
+        Command::Term { sandbox } => {
+            return crate::streams::term(&c.base, c.key(), sandbox).await;
+        }
+        Command::Watch {
+            sandbox,
+            path,
+            recursive,
+        } => {
+            return crate::streams::watch(&c.base, c.key(), sandbox, path, *recursive).await;
         }
         Command::Up(_) | Command::Control(_) | Command::Worker(_) | Command::Edge(_) => {
             return Err("not a client command".into());

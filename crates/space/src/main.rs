@@ -3,6 +3,7 @@
 
 mod cli;
 mod daemons;
+mod streams;
 mod up;
 
 use std::path::PathBuf;
@@ -52,6 +53,22 @@ pub enum Command {
     /// Files in a sandbox.
     #[command(subcommand)]
     Fs(FsCmd),
+    /// An interactive shell in a sandbox (a PTY over WebSocket).
+    Term {
+        /// Sandbox ID.
+        sandbox: String,
+    },
+    /// Print changes under a directory of a sandbox, one JSON line each.
+    Watch {
+        /// Sandbox ID.
+        sandbox: String,
+        /// Directory in the sandbox.
+        #[arg(default_value = "/root")]
+        path: String,
+        /// Also watch subdirectories.
+        #[arg(long)]
+        recursive: bool,
+    },
     /// List workers.
     Workers,
     /// Signing keys.

@@ -943,3 +943,54 @@ mod streams {
         }
     }
 }
+
+#[test]
+fn cli_term_runs_a_shell_and_exits_with_its_code_and_cli_watch_prints_changes() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let id = c.create(&[]);
+    let out = c.cli_with_stdin(&["term", &id], b"echo term-$((20+22))\nexit 5\n");
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout(&out).contains("term-42"), "{}", stdout(&out));
+    // `space watch` until killed: start it, make a change, read its first line.
+    let mut watch = std::process::Command::new(support::space_bin())
+        .args(["watch", &id, "/root"])
+        .env("SPACE_URL", &c.url)
+        .env("SPACE_API_KEY", &c.admin_key)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout_pipe = watch.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout_pipe), &mut line).unwrap();
+        line
+    });
+    // Retry the change until the watch (which opens asynchronously) reports it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let mut n = 0;
+    while !reader.is_finished() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "space watch printed nothing"
+        );
+        assert!(
+            c.cli(&["exec", &id, "--", "touch", &format!("/root/w{n}")])
+                .status
+                .success()
+        );
+        n += 1;
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let line = reader.join().unwrap();
+    assert!(line.contains(r#""type":"created""#), "{line}");
+    let _ = watch.kill();
+    let _ = watch.wait();
+}
