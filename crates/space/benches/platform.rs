@@ -235,6 +235,67 @@ fn main() {
         pct(&resumes, 0.5)
     );
 
+    // ---- P8 -------------------------------------------------------------------------
+    // 10 terminals and 10 watches on one execution; the time from the worker's
+    // acknowledgement of its retirement (the sandbox's delete returning) to the last
+    // stream's "execution replaced" close at the client.
+    let victim = cluster.create(&[]);
+    let p8 = rt.block_on(async {
+        use futures_util::StreamExt;
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let mut sockets = Vec::new();
+        for i in 0..20 {
+            let path = if i % 2 == 0 {
+                "terminal"
+            } else {
+                "watch?path=/root"
+            };
+            let mut req = format!(
+                "{}/v1/sandboxes/{victim}/{path}",
+                url.replacen("http", "ws", 1)
+            )
+            .into_client_request()
+            .expect("request");
+            req.headers_mut()
+                .insert("authorization", auth.parse().expect("header"));
+            sockets.push(
+                tokio_tungstenite::connect_async(req)
+                    .await
+                    .expect("stream")
+                    .0,
+            );
+        }
+        let h = [("authorization", auth.as_str())];
+        let a = http
+            .call(
+                hyper::Method::DELETE,
+                &format!("{url}/v1/sandboxes/{victim}"),
+                &h,
+                Bytes::new(),
+            )
+            .await
+            .expect("delete");
+        let acked = Instant::now();
+        assert_eq!(a.status, 204);
+        let mut last = Duration::ZERO;
+        for mut s in sockets {
+            loop {
+                match s.next().await {
+                    Some(Ok(tokio_tungstenite::tungstenite::Message::Close(_)))
+                    | None
+                    | Some(Err(_)) => break,
+                    Some(Ok(_)) => {}
+                }
+            }
+            last = last.max(acked.elapsed());
+        }
+        last
+    });
+    println!(
+        "P8 last of 20 streams closed after the retirement was acknowledged: {:.2} ms",
+        p8.as_secs_f64() * 1e3
+    );
+
     // ---- P4 -------------------------------------------------------------------------
     let creates: Vec<Duration> = rt.block_on(async {
         let mut tasks = Vec::new();
