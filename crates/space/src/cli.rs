@@ -252,6 +252,9 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
             if !a.env.is_empty() {
                 body["env"] = parse_env(&a.env)?.into();
             }
+            if a.stream {
+                return crate::streams::exec(&c.base, c.key(), &a.sandbox, &body).await;
+            }
             let r: ExecResponse = c
                 .json(
                     Method::POST,

@@ -207,6 +207,9 @@ pub struct ExecArgs {
     /// Environment variable (repeatable).
     #[arg(long = "env", value_name = "KEY=VALUE")]
     pub env: Vec<String>,
+    /// Print output as it is produced (a WebSocket stream) instead of at the end.
+    #[arg(long)]
+    pub stream: bool,
     /// The command and its arguments (after `--`).
     #[arg(last = true, required = true)]
     pub cmd: Vec<String>,

@@ -46,12 +46,17 @@ fn ended(m: Option<Message>) -> Result<i32, String> {
             f.reason,
             u16::from(f.code)
         )),
-        Some(Message::Close(Some(f))) => Ok(f
-            .reason
-            .as_str()
-            .strip_prefix("exited ")
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0)),
+        Some(Message::Close(Some(f))) => {
+            let reason = f.reason.as_str();
+            let number = |prefix: &str| {
+                reason
+                    .strip_prefix(prefix)
+                    .and_then(|c| c.parse::<i32>().ok())
+            };
+            Ok(number("exited ")
+                .or_else(|| number("killed by signal ").map(|s| 128 + s))
+                .unwrap_or(0))
+        }
         _ => Ok(0),
     }
 }
@@ -143,6 +148,41 @@ pub async fn term(base: &str, key: &str, sandbox: &str) -> Result<i32, String> {
     };
     drop(raw);
     ended(last)
+}
+
+/// `space exec --stream`: output as it is produced; the command's exit code.
+pub async fn exec(
+    base: &str,
+    key: &str,
+    sandbox: &str,
+    request: &serde_json::Value,
+) -> Result<i32, String> {
+    let mut socket = open(base, key, &format!("/v1/sandboxes/{sandbox}/exec/stream")).await?;
+    socket
+        .send(Message::Text(request.to_string().into()))
+        .await
+        .map_err(|e| format!("stream: {e}"))?;
+    let last = loop {
+        match socket.next().await {
+            Some(Ok(Message::Binary(b))) if !b.is_empty() => {
+                let (tag, data) = (b[0], &b[1..]);
+                if tag == 2 {
+                    let mut err = std::io::stderr().lock();
+                    let _ = err.write_all(data);
+                    let _ = err.flush();
+                } else {
+                    let mut out = std::io::stdout().lock();
+                    let _ = out.write_all(data);
+                    let _ = out.flush();
+                }
+            }
+            Some(Ok(m @ Message::Close(_))) => break Some(m),
+            Some(Ok(_)) => {}
+            _ => break None,
+        }
+    };
+    let code = ended(last)?;
+    Ok(code.clamp(0, 255))
 }
 
 /// `space watch SANDBOX PATH`: prints one JSON line per change until interrupted.

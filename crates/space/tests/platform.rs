@@ -906,6 +906,64 @@ mod streams {
     }
 
     #[test]
+    fn streaming_exec_delivers_output_as_it_is_produced() {
+        if !super::can_run_jails() {
+            return;
+        }
+        let c = Cluster::start();
+        let id = c.create(&[]);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut s = open(&c, &format!("/v1/sandboxes/{id}/exec/stream")).await;
+            let req =
+                r#"{"cmd":["sh","-c","echo first; echo oops >&2; sleep 1; echo second; exit 4"]}"#;
+            s.send(Message::Text(req.into())).await.unwrap();
+            let first = until(
+                &mut s,
+                |m| matches!(m, Message::Binary(b) if b.starts_with(b"\x01first")),
+            )
+            .await;
+            let at_first = Instant::now();
+            drop(first);
+            let mut stderr = Vec::new();
+            let end = until(&mut s, |m| {
+                if let Message::Binary(b) = m {
+                    if b.first() == Some(&2) {
+                        stderr.extend_from_slice(&b[1..]);
+                    }
+                }
+                matches!(m, Message::Close(_))
+            })
+            .await;
+            assert!(
+                at_first.elapsed() >= Duration::from_millis(800),
+                "output was not streamed"
+            );
+            match end {
+                Message::Close(Some(f)) => assert_eq!(f.reason.as_str(), "exited 4"),
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(stderr, b"oops\n");
+        });
+        // The CLI's --stream prints the same and exits with the command's code.
+        let out = c.cli(&[
+            "exec",
+            "--stream",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "echo a; echo b >&2; exit 6",
+        ]);
+        assert_eq!(out.status.code(), Some(6));
+        assert_eq!(super::stdout(&out), "a\n");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), "b\n");
+    }
+
+    #[test]
     fn stream_with_another_sandboxs_capability_is_refused_before_it_opens() {
         if !super::can_run_jails() {
             return;

@@ -206,6 +206,10 @@ pub fn router(worker: Arc<Worker>) -> Router {
         .route("/v1/sandboxes/{id}/files/list", get(list_files))
         .route("/v1/sandboxes/{id}/terminal", get(super::streams::terminal))
         .route("/v1/sandboxes/{id}/watch", get(super::streams::watch))
+        .route(
+            "/v1/sandboxes/{id}/exec/stream",
+            get(super::streams::exec_stream),
+        )
         .route("/internal/v1/updates", post(apply_update))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))

@@ -48,6 +48,7 @@ pub struct WatchQuery {
 /// What the agent side of a stream produced.
 enum Out {
     Data(Vec<u8>),
+    Stderr(Vec<u8>),
     Text(String),
     End(u16, String),
 }
@@ -78,7 +79,7 @@ pub async fn terminal(
         pty: Some(size),
     };
     match open(&slot, Operation::Exec(spec)).await {
-        Ok(opened) => ws.on_upgrade(move |socket| relay(socket, slot, opened)),
+        Ok(opened) => ws.on_upgrade(move |socket| relay(socket, slot, opened, false)),
         Err(r) => *r,
     }
 }
@@ -102,10 +103,88 @@ pub async fn watch(
         recursive: q.recursive.unwrap_or(false),
     };
     match open(&slot, op).await {
-        Ok(opened) => ws.on_upgrade(move |socket| relay(socket, slot, opened)),
+        Ok(opened) => ws.on_upgrade(move |socket| relay(socket, slot, opened, false)),
         Err(r) => *r,
     }
 }
+
+/// `GET /v1/sandboxes/{id}/exec/stream` (WebSocket): the first client message is
+/// the exec request (the JSON of `POST …/exec`); output follows as it is produced,
+/// each binary message tagged 1 (stdout) or 2 (stderr); the close reason is
+/// `exited N` or `killed by signal N`. Later client messages are stdin.
+pub async fn exec_stream(
+    State(w): State<Arc<Worker>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let slot = match admit_stream(&w, &headers, &id, Access::Exec).await {
+        Ok(s) => s,
+        Err(r) => return *r,
+    };
+    ws.on_upgrade(move |mut socket| async move {
+        let first = tokio::time::timeout(std::time::Duration::from_secs(30), socket.recv()).await;
+        let req: space_proto::api::ExecRequest = match first {
+            Ok(Some(Ok(Message::Text(t)))) => match serde_json::from_str(t.as_str()) {
+                Ok(r) => r,
+                Err(e) => {
+                    return close(
+                        &mut socket,
+                        CLOSE_BAD_REQUEST,
+                        format!("invalid exec request: {e}"),
+                    )
+                    .await;
+                }
+            },
+            _ => {
+                return close(
+                    &mut socket,
+                    CLOSE_BAD_REQUEST,
+                    "the first message must be the exec request".into(),
+                )
+                .await;
+            }
+        };
+        if req.cmd.is_empty() {
+            return close(
+                &mut socket,
+                CLOSE_BAD_REQUEST,
+                "cmd must not be empty".into(),
+            )
+            .await;
+        }
+        let spec = ExecSpec {
+            argv: req.cmd,
+            env: slot
+                .record
+                .env
+                .clone()
+                .into_iter()
+                .chain(req.env.unwrap_or_default())
+                .collect::<std::collections::BTreeMap<_, _>>()
+                .into_iter()
+                .collect(),
+            cwd: req.cwd,
+            stdin: req.stdin.map(String::into_bytes),
+            timeout_ms: req.timeout_secs.map(|s| s.saturating_mul(1000)),
+            pty: None,
+        };
+        match open(&slot, Operation::Exec(spec)).await {
+            Ok(opened) => relay(socket, slot, opened, true).await,
+            Err(r) => {
+                close(
+                    &mut socket,
+                    CLOSE_BACKEND_GONE,
+                    format!("exec refused: {}", r.status()),
+                )
+                .await
+            }
+        }
+    })
+}
+
+/// Close code for a malformed stream request.
+pub const CLOSE_BAD_REQUEST: u16 = 4000;
 
 /// A stream's agent side: the request it runs and a writer for its input.
 struct Opened {
@@ -155,7 +234,8 @@ async fn open(slot: &Arc<Slot>, op: Operation) -> Result<Opened, Rejection> {
 fn read_answers(mut conn: AgentConnection, id: RequestId, tx: &mpsc::Sender<Out>) {
     loop {
         let out = match conn.next_answer(id) {
-            Ok(AgentBody::Stdout(b) | AgentBody::Stderr(b)) => Out::Data(b),
+            Ok(AgentBody::Stdout(b)) => Out::Data(b),
+            Ok(AgentBody::Stderr(b)) => Out::Stderr(b),
             Ok(AgentBody::WatchEvent(e)) => Out::Text(event_json(&e).to_string()),
             Ok(AgentBody::Exited(s)) => {
                 let why = match s.outcome {
@@ -209,7 +289,9 @@ async fn close(socket: &mut WebSocket, code: u16, reason: String) {
 }
 
 /// Relays between the client and the agent until either ends or the lease breaks.
-async fn relay(mut socket: WebSocket, slot: Arc<Slot>, opened: Opened) {
+/// With `tagged`, every binary message to the client starts with 1 (stdout) or 2
+/// (stderr); a terminal's output is untagged (the PTY merges them).
+async fn relay(mut socket: WebSocket, slot: Arc<Slot>, opened: Opened, tagged: bool) {
     let Opened {
         id,
         mut writer,
@@ -230,6 +312,13 @@ async fn relay(mut socket: WebSocket, slot: Arc<Slot>, opened: Opened) {
             }
             out = output.recv() => match out {
                 Some(Out::Data(b)) => {
+                    let b = if tagged { [&[1u8][..], &b].concat() } else { b };
+                    if socket.send(Message::Binary(b.into())).await.is_err() {
+                        break;
+                    }
+                }
+                Some(Out::Stderr(b)) => {
+                    let b = if tagged { [&[2u8][..], &b].concat() } else { b };
                     if socket.send(Message::Binary(b.into())).await.is_err() {
                         break;
                     }
