@@ -92,6 +92,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/capabilities", post(capability))
         .route("/v1/sandboxes/{id}/pause", post(pause))
         .route("/v1/sandboxes/{id}/resume", post(resume))
+        .route("/v1/sandboxes/{id}/migrate", post(migrate))
         .route("/v1/sandboxes/{id}/exec", post(forward_exec))
         .route(
             "/v1/sandboxes/{id}/files",
@@ -209,17 +210,29 @@ async fn resume(
         parse(&body)?
     };
     let (cp, s) = owned_sandbox(&st, &headers, &id).await?;
-    if let Some(w) = req.worker {
-        let here = cp.store.current_execution(&s.id).await?.map(|e| e.worker);
-        if here.as_ref() != Some(&w) {
-            return Err(ApiError::new(
-                StatusCode::NOT_IMPLEMENTED,
-                "not_implemented",
-                "resuming on another worker needs snapshots, which are not built yet; resume in place",
-            ));
-        }
+    let here = cp.store.current_execution(&s.id).await?.map(|e| e.worker);
+    match req.worker {
+        // Resuming elsewhere restores the snapshot there as a new execution.
+        Some(w) if here.as_ref() != Some(&w) => cp.migrate(&s, &w).await?,
+        _ => cp.resume(&s).await?,
     }
-    cp.resume(&s).await?;
+    Ok(Json(cp.view(&cp.store.get_sandbox(&s.id).await?).await?).into_response())
+}
+
+async fn migrate(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Req {
+        worker: WorkerId,
+    }
+    let req: Req = parse(&body)?;
+    let (cp, s) = owned_sandbox(&st, &headers, &id).await?;
+    cp.migrate(&s, &req.worker).await?;
     Ok(Json(cp.view(&cp.store.get_sandbox(&s.id).await?).await?).into_response())
 }
 

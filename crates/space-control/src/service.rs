@@ -421,6 +421,140 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// Moves a sandbox to `target` as a new execution (next generation, new execution
+    /// ID, fresh activation secret): the source is frozen and its writable layer
+    /// archived; the archive's digest is signed and the layer handed to the target,
+    /// which checks it before unpacking; the new execution is installed and
+    /// acknowledged running before any capability names it; only then is the source
+    /// retired (it keeps a tombstone). On failure the source is thawed and stays.
+    pub async fn migrate(&self, s: &SandboxRecord, target: &WorkerId) -> Result<(), ApiError> {
+        let before = s.state;
+        if !matches!(before, SandboxState::Running | SandboxState::Paused) {
+            return Err(ApiError::conflict(format!(
+                "the sandbox is {}",
+                before.as_str()
+            )));
+        }
+        let src = self
+            .store
+            .current_execution(&s.id)
+            .await?
+            .filter(|e| e.state == ExecutionState::Running)
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::CONFLICT,
+                    "not_running",
+                    "the sandbox has no running execution",
+                )
+            })?;
+        if src.worker == *target {
+            return Err(ApiError::conflict(format!(
+                "the sandbox already runs on {target}"
+            )));
+        }
+        self.place(Some(target), None).await?;
+        self.store
+            .set_sandbox_state(&s.id, SandboxState::Migrating, Some(before))
+            .await?;
+        match self.move_execution(s, &src, target).await {
+            Ok(()) => {
+                self.store
+                    .set_sandbox_state(&s.id, SandboxState::Running, Some(SandboxState::Migrating))
+                    .await?;
+                Ok(())
+            }
+            Err(e) => {
+                // The source was frozen for the snapshot; it carries on as it was.
+                if before == SandboxState::Running {
+                    if let Ok(w) = self.store.get_worker(&src.worker).await {
+                        let thaw = Update::Unfreeze {
+                            sandbox: s.id,
+                            generation: src.generation,
+                            execution_id: src.execution_id,
+                        };
+                        let _ = self.deliver(&w, thaw).await;
+                    }
+                }
+                let _ = self
+                    .store
+                    .set_sandbox_state(&s.id, before, Some(SandboxState::Migrating))
+                    .await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn move_execution(
+        &self,
+        s: &SandboxRecord,
+        src: &ExecutionRecord,
+        target: &WorkerId,
+    ) -> Result<(), ApiError> {
+        let sw = self.store.get_worker(&src.worker).await?;
+        let tw = self.store.get_worker(target).await?;
+        let snapshot = self
+            .sign_update(
+                &sw.id,
+                Update::Snapshot {
+                    sandbox: s.id,
+                    generation: src.generation,
+                    execution_id: src.execution_id,
+                },
+            )
+            .await;
+        let archive = self
+            .http
+            .post_json(&format!("{}/internal/v1/snapshot", sw.url), &[], &snapshot)
+            .await
+            .map_err(|e| ApiError::bad_gateway(format!("snapshot on {}: {e}", sw.id)))?;
+        if !archive.status.is_success() {
+            return Err(ApiError::bad_gateway(format!(
+                "snapshot on {}: {} {}",
+                sw.id,
+                archive.status,
+                String::from_utf8_lossy(&archive.body)
+            )));
+        }
+        // Integrity is checked here too: the digest signed for the target is the one
+        // of the bytes that arrived.
+        let digest = blake3::hash(&archive.body).to_hex().to_string();
+        let layer = self
+            .sign_update(
+                &tw.id,
+                Update::Layer {
+                    sandbox: s.id,
+                    digest,
+                    size: archive.body.len() as u64,
+                },
+            )
+            .await;
+        let header = b64(&serde_json::to_vec(&layer).unwrap_or_default());
+        let placed = self
+            .http
+            .call(
+                axum::http::Method::POST,
+                &format!("{}/internal/v1/layers", tw.url),
+                &[
+                    ("space-update", header.as_str()),
+                    ("content-type", "application/x-tar"),
+                ],
+                archive.body,
+            )
+            .await
+            .map_err(|e| ApiError::bad_gateway(format!("layer to {}: {e}", tw.id)))?;
+        if !placed.status.is_success() {
+            return Err(ApiError::bad_gateway(format!(
+                "layer to {}: {} {}",
+                tw.id,
+                placed.status,
+                String::from_utf8_lossy(&placed.body)
+            )));
+        }
+        self.start_execution(s, target).await?;
+        let src = self.store.get_execution(&s.id, src.generation).await?;
+        self.retire(&src).await
+    }
+
     /// Retires one execution on its worker and records it.
     pub async fn retire(&self, exe: &ExecutionRecord) -> Result<(), ApiError> {
         let w = self.store.get_worker(&exe.worker).await?;

@@ -328,6 +328,36 @@ pub enum Update {
         /// Execution ID.
         execution_id: ExecutionId,
     },
+    /// Freeze an execution and hand over its writable layer (answered with the
+    /// archive, not an ack).
+    Snapshot {
+        /// Sandbox.
+        sandbox: SandboxId,
+        /// Generation.
+        generation: u64,
+        /// Execution ID.
+        execution_id: ExecutionId,
+    },
+    /// Thaw an execution frozen for a snapshot that will not be used (a migration
+    /// that failed).
+    Unfreeze {
+        /// Sandbox.
+        sandbox: SandboxId,
+        /// Generation.
+        generation: u64,
+        /// Execution ID.
+        execution_id: ExecutionId,
+    },
+    /// The archive in the request body is the sandbox's writable layer for its next
+    /// execution here; its BLAKE3 digest must be `digest` (hex).
+    Layer {
+        /// Sandbox.
+        sandbox: SandboxId,
+        /// BLAKE3 of the archive, lowercase hex.
+        digest: String,
+        /// Its length.
+        size: u64,
+    },
     /// Install a signed key bundle (base64url).
     Bundle {
         /// The signed bundle.

@@ -232,6 +232,34 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
                 );
             }
         }
+        Command::Sandbox(SandboxCmd::Migrate { id, worker }) => {
+            let started = std::time::Instant::now();
+            let body = serde_json::json!({ "worker": worker });
+            let s: Sandbox = c
+                .json(
+                    Method::POST,
+                    &format!("/v1/sandboxes/{id}/migrate"),
+                    Some(body),
+                )
+                .await?;
+            if cli.json {
+                print_json(&s);
+            } else {
+                table(
+                    &["ID", "STATE", "GEN", "WORKER", "CREATED"],
+                    &[sandbox_row(&s)],
+                );
+                if let Some(e) = &s.execution {
+                    println!(
+                        "new execution {} (generation {}) on {} in {:.0} ms",
+                        e.execution_id,
+                        e.generation,
+                        e.worker,
+                        started.elapsed().as_secs_f64() * 1e3
+                    );
+                }
+            }
+        }
         Command::Sandbox(SandboxCmd::Rm { id }) => {
             c.call(
                 Method::DELETE,

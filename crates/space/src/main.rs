@@ -191,6 +191,14 @@ pub enum SandboxCmd {
         /// Sandbox ID.
         id: String,
     },
+    /// Move a sandbox to another worker (a new execution, with its files).
+    Migrate {
+        /// Sandbox ID.
+        id: String,
+        /// Target worker.
+        #[arg(long)]
+        worker: String,
+    },
 }
 
 /// `space exec`.

@@ -1052,3 +1052,207 @@ fn cli_term_runs_a_shell_and_exits_with_its_code_and_cli_watch_prints_changes() 
     let _ = watch.kill();
     let _ = watch.wait();
 }
+
+#[test]
+fn migration_moves_a_sandbox_as_a_new_execution_and_old_capabilities_get_421_at_both_workers() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let id = c.create(&["--worker", "w1"]);
+    assert!(
+        c.cli_with_stdin(&["fs", "put", &id, "-", "/root/moving.txt"], b"with me")
+            .status
+            .success()
+    );
+    assert!(
+        c.cli(&[
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "mkdir -p /opt/m && ln -s /opt/m /root/to-m"
+        ])
+        .status
+        .success()
+    );
+    let before = c.sandbox(&id);
+    let old_cap = capability(&c, &id, &["exec"]);
+    let out = c.cli(&["--json", "sandbox", "migrate", &id, "--worker", "w2"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let after = json(&out.stdout);
+    assert_eq!(after["state"], "running");
+    assert_eq!(after["execution"]["worker"], "w2");
+    assert_eq!(
+        after["execution"]["generation"].as_u64(),
+        before["execution"]["generation"].as_u64().map(|g| g + 1)
+    );
+    assert_ne!(
+        after["execution"]["execution_id"],
+        before["execution"]["execution_id"]
+    );
+    // The files came along: contents, directories, symlinks.
+    assert_eq!(
+        stdout(&c.cli(&["fs", "get", &id, "/root/moving.txt"])),
+        "with me"
+    );
+    assert!(
+        c.cli(&["exec", &id, "--", "test", "-L", "/root/to-m"])
+            .status
+            .success()
+    );
+    assert!(
+        c.cli(&["exec", &id, "--", "test", "-d", "/opt/m"])
+            .status
+            .success()
+    );
+    // The old capability: the old worker answers from its tombstone, the new one
+    // names the wrong worker. Never served.
+    let token = old_cap["token"].as_str().unwrap();
+    let (status, body) = direct_exec(&old_cap, &id, token);
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (421, Some("retired")),
+        "{body}"
+    );
+    let new_cap = capability(&c, &id, &["exec"]);
+    let mut at_new = old_cap.clone();
+    at_new["route"]["worker_url"] = new_cap["route"]["worker_url"].clone();
+    let (status, body) = direct_exec(&at_new, &id, token);
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (421, Some("wrong_worker")),
+        "{body}"
+    );
+}
+
+#[test]
+fn reads_in_a_loop_succeed_while_the_sandbox_migrates_back_and_forth() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let id = c.create(&["--worker", "w1"]);
+    assert!(
+        c.cli_with_stdin(&["fs", "put", &id, "-", "/root/r.txt"], b"steady")
+            .status
+            .success()
+    );
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (url, auth) = (
+        format!("{}/v1/sandboxes/{id}/files?path=/root/r.txt", c.url),
+        format!("Bearer {}", c.admin_key),
+    );
+    let reader = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let client = space_http::HttpClient::new(std::time::Duration::from_secs(60));
+                let (mut ok, mut failed, mut executions) =
+                    (0u32, Vec::new(), std::collections::BTreeSet::new());
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let a = client
+                        .call(
+                            hyper::Method::GET,
+                            &url,
+                            &[("authorization", auth.as_str())],
+                            bytes::Bytes::new(),
+                        )
+                        .await
+                        .unwrap();
+                    if a.status == 200 && &a.body[..] == b"steady" {
+                        ok += 1;
+                        if let Some(e) = a.headers.get("space-execution") {
+                            executions.insert(e.to_str().unwrap().to_owned());
+                        }
+                    } else {
+                        failed.push(format!("{} {}", a.status, String::from_utf8_lossy(&a.body)));
+                    }
+                }
+                (ok, failed, executions)
+            })
+        })
+    };
+    for target in ["w2", "w1", "w2", "w1"] {
+        let out = c.cli(&["sandbox", "migrate", &id, "--worker", target]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (ok, failed, executions) = reader.join().unwrap();
+    assert!(
+        failed.is_empty(),
+        "{} failed reads: {failed:?}",
+        failed.len()
+    );
+    assert!(ok > 10, "only {ok} reads");
+    assert!(executions.len() >= 2, "answers came from {executions:?}");
+}
+
+#[test]
+fn tampered_or_truncated_layer_is_refused_by_the_receiving_worker() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let id = c.create(&["--worker", "w1"]);
+    let cap = capability(&c, &id, &["exec"]);
+    let worker = cap["route"]["worker_url"].as_str().unwrap().to_owned();
+    use base64::Engine as _;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let seed_hex: String = rusqlite::Connection::open(c.data_dir().join("control.db"))
+        .unwrap()
+        .query_row("SELECT value FROM kv WHERE name = 'anchor_seed'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    let seed: Vec<u8> = (0..32)
+        .map(|i| u8::from_str_radix(&seed_hex[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    let anchor = space_identity::BundleSigner::from_seed(seed.try_into().unwrap());
+    let archive = b"pretend this is a tar archive of a layer".to_vec();
+    let digest = blake3::hash(&archive).to_hex().to_string();
+    let body = serde_json::json!({"worker": "w1", "issued_at": 1,
+        "update": {"kind": "layer", "sandbox": id, "digest": digest, "size": archive.len()}})
+    .to_string();
+    let signed = serde_json::json!({"body": b64(body.as_bytes()), "signature": b64(&anchor.sign_update(body.as_bytes()))});
+    let header = b64(signed.to_string().as_bytes());
+    let post = |bytes: Vec<u8>| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            space_http::HttpClient::new(std::time::Duration::from_secs(30))
+                .call(
+                    hyper::Method::POST,
+                    &format!("{worker}/internal/v1/layers"),
+                    &[("space-update", header.as_str())],
+                    bytes::Bytes::from(bytes),
+                )
+                .await
+                .unwrap()
+                .status
+                .as_u16()
+        })
+    };
+    let mut tampered = archive.clone();
+    tampered[3] ^= 1;
+    assert_eq!(post(tampered), 403);
+    assert_eq!(post(archive[..archive.len() - 1].to_vec()), 403);
+    // The genuine bytes pass the check (and then fail to unpack: they are no tar).
+    assert_eq!(post(archive), 400);
+}

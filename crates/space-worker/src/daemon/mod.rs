@@ -11,6 +11,7 @@
 pub mod launch;
 pub mod node_api;
 pub mod records;
+pub mod snapshot;
 pub mod state;
 pub mod streams;
 pub mod updates;

@@ -211,6 +211,15 @@ pub fn router(worker: Arc<Worker>) -> Router {
             get(super::streams::exec_stream),
         )
         .route("/internal/v1/updates", post(apply_update))
+        .route(
+            "/internal/v1/snapshot",
+            post(super::snapshot::http::snapshot),
+        )
+        .route(
+            "/internal/v1/layers",
+            post(super::snapshot::http::layer)
+                .layer(DefaultBodyLimit::max(super::snapshot::MAX_ARCHIVE as usize)),
+        )
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "not_found", "no such route", None) })
@@ -343,9 +352,10 @@ async fn with_conn<T: Send + 'static>(
             Some("not_running"),
         ));
     };
+    let lease = slot.lease();
     // On this worker thread (the runtime moves its other tasks away): handing the
     // call to the blocking pool would cost two more thread wake-ups per operation.
-    tokio::task::block_in_place(move || {
+    let result = tokio::task::block_in_place(move || {
         let mut conn = pool
             .take()
             .map_err(|e| reject(StatusCode::BAD_GATEWAY, "bridge", e.to_string(), None))?;
@@ -366,7 +376,18 @@ async fn with_conn<T: Send + 'static>(
                 None,
             )),
         }
-    })
+    });
+    // The connection broke because the execution was retired or replaced meanwhile
+    // (a migration, say): that is a stale route, not a broken backend.
+    match result {
+        Err(r) if r.status() == StatusCode::BAD_GATEWAY && *lease.borrow() => Err(reject(
+            StatusCode::MISDIRECTED_REQUEST,
+            "refresh_route",
+            "the execution was retired during the operation",
+            Some("retired"),
+        )),
+        other => other,
+    }
 }
 
 pub(crate) fn agent_error(e: &space_proto::guest::WireError) -> Response {

@@ -319,7 +319,12 @@ impl Worker {
                         .map_err(|e| e.message)?;
                 }
                 Update::Install(i) => wanted.push(i),
-                Update::Retire { .. } | Update::Pause { .. } | Update::Resume { .. } => {
+                Update::Retire { .. }
+                | Update::Pause { .. }
+                | Update::Resume { .. }
+                | Update::Unfreeze { .. }
+                | Update::Snapshot { .. }
+                | Update::Layer { .. } => {
                     updates::apply(self, body, update)
                         .await
                         .map_err(|e| e.message)?;

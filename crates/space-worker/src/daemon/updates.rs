@@ -128,14 +128,23 @@ pub async fn apply(
             sandbox,
             generation,
             execution_id,
+        }
+        | Update::Unfreeze {
+            sandbox,
+            generation,
+            execution_id,
         } => freeze(worker, &sandbox, generation, execution_id, false).await,
+        // These carry or return an archive: they have their own endpoints.
+        Update::Snapshot { .. } | Update::Layer { .. } => {
+            Err(refuse(400, "this update has its own endpoint"))
+        }
     }
 }
 
 /// Pauses (freezes) or resumes (thaws) an execution in place: the same execution, so
 /// its capabilities stay valid. The new state is persisted before the freezer acts and
 /// put back if it fails, so a restart never finds a record less paused than reality.
-async fn freeze(
+pub(crate) async fn freeze(
     worker: &Arc<Worker>,
     sandbox: &SandboxId,
     generation: u64,
