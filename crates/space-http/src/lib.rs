@@ -11,8 +11,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-/// Largest answer body read from a peer.
-pub const MAX_ANSWER: usize = 64 << 20;
+/// Largest answer body read from a peer (a snapshot archive is the largest).
+pub const MAX_ANSWER: usize = 1 << 30;
 
 /// Why a call failed before an HTTP answer arrived.
 #[derive(Debug, thiserror::Error)]

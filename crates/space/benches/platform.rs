@@ -235,6 +235,87 @@ fn main() {
         pct(&resumes, 0.5)
     );
 
+    // ---- P5 (migrate) and P6 ----------------------------------------------------------
+    // A sandbox with a 64 MiB filesystem moved between the two workers; then the first
+    // read through the edge, whose route cache still names the old execution (one
+    // rebuilt attempt), against a warm read.
+    let mover = cluster.create(&["--worker", "w1"]);
+    assert!(
+        cluster
+            .cli(&[
+                "exec",
+                &mover,
+                "--",
+                "sh",
+                "-c",
+                "head -c 67108864 /dev/urandom > /root/blob"
+            ])
+            .status
+            .success()
+    );
+    let mover_read = format!("{url}/v1/sandboxes/{mover}/files?path=/root/4k");
+    assert!(
+        cluster
+            .cli_with_stdin(&["fs", "put", &mover, "-", "/root/4k"], &[1u8; 4096])
+            .status
+            .success()
+    );
+    let (mut migrations, mut stale, mut warm) = (Vec::new(), Vec::new(), Vec::new());
+    rt.block_on(async {
+        let h = [
+            ("authorization", auth.as_str()),
+            ("content-type", "application/json"),
+        ];
+        for (i, target) in ["w2", "w1", "w2", "w1", "w2", "w1"].iter().enumerate() {
+            // Warm the edge's cache for the current execution.
+            for _ in 0..3 {
+                let t = Instant::now();
+                let a = http
+                    .call(hyper::Method::GET, &mover_read, &h[..1], Bytes::new())
+                    .await
+                    .expect("read");
+                assert_eq!(a.status, 200);
+                if i > 0 {
+                    warm.push(t.elapsed());
+                }
+            }
+            let t = Instant::now();
+            let body = Bytes::from(format!(r#"{{"worker":"{target}"}}"#));
+            let a = http
+                .call(
+                    hyper::Method::POST,
+                    &format!("{url}/v1/sandboxes/{mover}/migrate"),
+                    &h,
+                    body,
+                )
+                .await
+                .expect("migrate");
+            migrations.push(t.elapsed());
+            assert_eq!(a.status, 200, "{}", String::from_utf8_lossy(&a.body));
+            let t = Instant::now();
+            let a = http
+                .call(hyper::Method::GET, &mover_read, &h[..1], Bytes::new())
+                .await
+                .expect("read");
+            stale.push(t.elapsed());
+            assert_eq!(a.status, 200);
+        }
+    });
+    migrations.sort();
+    stale.sort();
+    warm.sort();
+    println!(
+        "P5 migrate with a 64 MiB filesystem through the public API: p50 {:.0} ms, max {:.0} ms",
+        pct(&migrations, 0.5),
+        pct(&migrations, 1.0)
+    );
+    println!(
+        "P6 first read after a migration through the stale route: p50 {:.2} ms vs warm p50 {:.2} ms (+{:.2} ms)",
+        pct(&stale, 0.5),
+        pct(&warm, 0.5),
+        pct(&stale, 0.5) - pct(&warm, 0.5)
+    );
+
     // ---- P8 -------------------------------------------------------------------------
     // 10 terminals and 10 watches on one execution; the time from the worker's
     // acknowledgement of its retirement (the sandbox's delete returning) to the last

@@ -15,7 +15,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
 
 /// Largest archive a worker produces or accepts.
-pub const MAX_ARCHIVE: u64 = 4 << 30;
+pub const MAX_ARCHIVE: u64 = 1 << 30;
 
 const WHITEOUT_KEY: &str = "SPACE.whiteout";
 
