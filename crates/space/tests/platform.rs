@@ -906,6 +906,59 @@ mod streams {
     }
 
     #[test]
+    fn terminal_and_watch_are_closed_when_the_sandbox_migrates_and_no_old_output_follows() {
+        if !super::can_run_jails() {
+            return;
+        }
+        let c = Cluster::start();
+        let id = c.create(&["--worker", "w1"]);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut term = open(&c, &format!("/v1/sandboxes/{id}/terminal")).await;
+            // Output that would go on forever if the old shell were still attached.
+            term.send(Message::Binary(
+                b"while true; do echo tick; sleep 0.05; done\n"
+                    .to_vec()
+                    .into(),
+            ))
+            .await
+            .unwrap();
+            until(
+                &mut term,
+                |m| matches!(m, Message::Binary(b) if String::from_utf8_lossy(b).contains("tick")),
+            )
+            .await;
+            let mut watch = open(&c, &format!("/v1/sandboxes/{id}/watch?path=/root")).await;
+            let out = c.cli(&["sandbox", "migrate", &id, "--worker", "w2"]);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let migrated = Instant::now();
+            for s in [&mut term, &mut watch] {
+                let m = until(s, |m| matches!(m, Message::Close(_))).await;
+                assert_eq!(close_code(&m), Some(4001), "{m:?}");
+                // Nothing after the close.
+                let next = tokio::time::timeout(Duration::from_millis(300), s.next()).await;
+                assert!(
+                    matches!(
+                        next,
+                        Ok(None) | Ok(Some(Err(_))) | Ok(Some(Ok(Message::Close(_))))
+                    ),
+                    "output after the close: {next:?}"
+                );
+            }
+            assert!(migrated.elapsed() < Duration::from_secs(2));
+        });
+        // A new terminal reaches the new execution.
+        assert_eq!(c.sandbox(&id)["execution"]["worker"], "w2");
+    }
+
+    #[test]
     fn streaming_exec_delivers_output_as_it_is_produced() {
         if !super::can_run_jails() {
             return;
