@@ -191,6 +191,9 @@ fn spawn_background(cp: Arc<ControlPlane>, mut stop: watch::Receiver<bool>) -> J
                 _ = tick.tick() => {}
                 _ = stop.changed() => return,
             }
+            if let Err(e) = cp.reconcile_transitions().await {
+                tracing::warn!(error = %e.message, "transition reconciler failed");
+            }
             if let Err(e) = cp.expire_sandboxes().await {
                 tracing::warn!(error = %e.message, "ttl sweep failed");
             }

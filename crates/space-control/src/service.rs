@@ -47,6 +47,22 @@ pub struct ControlPlane {
     enroll_secret: String,
     /// Prometheus metrics.
     pub metrics: Metrics,
+    /// Sandboxes whose lifecycle operation runs in this process right now: the
+    /// reconciler leaves them alone.
+    busy: std::sync::Mutex<std::collections::HashSet<SandboxId>>,
+    /// How long a transition may sit unfinished before the reconciler takes it over.
+    reconcile_after_secs: i64,
+}
+
+/// Marks a sandbox busy for as long as it lives.
+struct Busy<'a>(&'a ControlPlane, SandboxId);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut b) = self.0.busy.lock() {
+            b.remove(&self.1);
+        }
+    }
 }
 
 fn b64(bytes: &[u8]) -> String {
@@ -64,6 +80,11 @@ impl ControlPlane {
             key_cache: KeyCache::new(Duration::from_secs(5)),
             enroll_secret,
             metrics: Metrics::default(),
+            busy: std::sync::Mutex::new(Default::default()),
+            reconcile_after_secs: std::env::var("SPACE_RECONCILE_AFTER_SECS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(30),
         }))
     }
 
@@ -243,6 +264,7 @@ impl ControlPlane {
             env,
             generation: 0,
         };
+        let _busy = self.busy(record.id)?;
         self.store.create_sandbox(&record).await?;
         if let Err(e) = self.start_execution(&record, &worker).await {
             let _ = self
@@ -453,6 +475,7 @@ impl ControlPlane {
             )));
         }
         self.place(Some(target), None).await?;
+        let _busy = self.busy(s.id)?;
         self.store
             .set_sandbox_state(&s.id, SandboxState::Migrating, Some(before))
             .await?;
@@ -553,6 +576,83 @@ impl ControlPlane {
         self.start_execution(s, target).await?;
         let src = self.store.get_execution(&s.id, src.generation).await?;
         self.retire(&src).await
+    }
+
+    fn busy(&self, sandbox: SandboxId) -> Result<Busy<'_>, ApiError> {
+        let mut b = self
+            .busy
+            .lock()
+            .map_err(|_| ApiError::internal("lock poisoned"))?;
+        if !b.insert(sandbox) {
+            return Err(ApiError::conflict(
+                "another lifecycle operation on this sandbox is under way",
+            ));
+        }
+        Ok(Busy(self, sandbox))
+    }
+
+    /// Finishes transitions that a crash interrupted (a control plane killed during a
+    /// migration or a start): every execution still pending is failed (its worker,
+    /// not seeing it listed any more, retires it at its next sync), every running
+    /// execution but the newest is retired, the newest is thawed in case a snapshot
+    /// froze it, and the sandbox is running again — or stopped when nothing runs. A
+    /// transition is taken over only when its newest execution has not changed for
+    /// the grace period, so one still under way elsewhere is left alone.
+    pub async fn reconcile_transitions(&self) -> Result<(), ApiError> {
+        let now = now_secs() as i64;
+        for t in self.store.list_tenants().await? {
+            for s in self.store.list_sandboxes(&t.id).await? {
+                if !matches!(s.state, SandboxState::Migrating | SandboxState::Starting) {
+                    continue;
+                }
+                let Ok(_busy) = self.busy(s.id) else {
+                    continue;
+                };
+                let execs = self.store.list_executions(&s.id).await?;
+                let newest = execs
+                    .iter()
+                    .map(|e| e.updated_at)
+                    .max()
+                    .unwrap_or(s.created_at);
+                if now - newest < self.reconcile_after_secs {
+                    continue;
+                }
+                tracing::warn!(sandbox = %s.id, state = s.state.as_str(), "finishing an interrupted transition");
+                for e in execs.iter().filter(|e| e.state == ExecutionState::Pending) {
+                    self.store
+                        .set_execution_state(&s.id, e.generation, ExecutionState::Failed, None, now)
+                        .await?;
+                }
+                let mut running: Vec<&ExecutionRecord> = execs
+                    .iter()
+                    .filter(|e| e.state == ExecutionState::Running)
+                    .collect();
+                running.sort_by_key(|e| e.generation);
+                let Some(current) = running.pop() else {
+                    self.store
+                        .set_sandbox_state(&s.id, SandboxState::Stopped, Some(s.state))
+                        .await?;
+                    continue;
+                };
+                for old in running {
+                    self.retire(old).await?;
+                }
+                if let Ok(w) = self.store.get_worker(&current.worker).await {
+                    let thaw = Update::Unfreeze {
+                        sandbox: s.id,
+                        generation: current.generation,
+                        execution_id: current.execution_id,
+                    };
+                    if let Err(e) = self.deliver(&w, thaw).await {
+                        tracing::warn!(sandbox = %s.id, error = %e.message, "could not thaw after an interrupted transition");
+                    }
+                }
+                self.store
+                    .set_sandbox_state(&s.id, SandboxState::Running, Some(s.state))
+                    .await?;
+            }
+        }
+        Ok(())
     }
 
     /// Retires one execution on its worker and records it.
@@ -830,6 +930,7 @@ impl ControlPlane {
         let current = self.store.current_execution(sandbox).await?;
         let superseded = current.is_some_and(|c| c.generation > generation);
         if matches!(s.state, SandboxState::Running | SandboxState::Starting) && !superseded {
+            let _busy = self.busy(s.id)?;
             // Starting until the replacement runs: no capability is issued meanwhile.
             self.store
                 .set_sandbox_state(sandbox, SandboxState::Starting, Some(s.state))

@@ -1309,3 +1309,70 @@ fn tampered_or_truncated_layer_is_refused_by_the_receiving_worker() {
     // The genuine bytes pass the check (and then fail to unpack: they are no tar).
     assert_eq!(post(archive), 400);
 }
+
+#[test]
+fn crash_of_the_control_plane_during_a_migration_leaves_one_consistent_state() {
+    if !can_run_jails() {
+        return;
+    }
+    let mut c = Cluster::start();
+    let id = c.create(&["--worker", "w1"]);
+    assert!(
+        c.cli_with_stdin(&["fs", "put", &id, "-", "/root/f"], b"survives")
+            .status
+            .success()
+    );
+    let before = c.sandbox(&id);
+    // The target hangs (stopped), so the migration is caught half-way: source frozen,
+    // layer transfer under way.
+    let data_dir = c.data_dir();
+    let w2 = pid_of(&["worker", "--id", "w2", data_dir.to_str().unwrap()]);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(w2),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+    let mut migrate = std::process::Command::new(support::space_bin())
+        .args(["sandbox", "migrate", &id, "--worker", "w2"])
+        .env("SPACE_URL", &c.url)
+        .env("SPACE_API_KEY", &c.admin_key)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while c.sandbox(&id)["state"] != "migrating" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "migration did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    c.crash_and_restart();
+    let _ = migrate.kill();
+    let _ = migrate.wait();
+    // After the restart: running again, one execution serves, the files are there.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(40);
+    let after = loop {
+        let s = c.sandbox(&id);
+        if s["state"] == "running" {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "not reconciled: {s}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let got = c.cli(&["fs", "get", &id, "/root/f"]);
+    assert_eq!(
+        stdout(&got),
+        "survives",
+        "{}",
+        String::from_utf8_lossy(&got.stderr)
+    );
+    let exec = c.cli(&["exec", &id, "--", "echo", "alive"]);
+    assert_eq!(stdout(&exec), "alive\n");
+    assert!(
+        after["execution"]["generation"].as_u64() >= before["execution"]["generation"].as_u64(),
+        "{after}"
+    );
+}

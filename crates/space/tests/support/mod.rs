@@ -71,6 +71,8 @@ impl Cluster {
             ])
             .arg(self.data_dir())
             .env("SPACE_LOG", "warn")
+            // Transitions a crash interrupted are finished quickly in tests.
+            .env("SPACE_RECONCILE_AFTER_SECS", "1")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -127,6 +129,31 @@ impl Cluster {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// `kill -9` of `space up` and of every process whose command line names this data
+    /// directory (its workers; bridges and jails survive, as in a real crash), then a
+    /// new start.
+    pub fn crash_and_restart(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let data = self.data_dir();
+        let data = data.to_str().unwrap();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmd).contains(data) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        self.boot();
     }
 
     /// Stops and starts again on the same data directory.
