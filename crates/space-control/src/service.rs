@@ -243,6 +243,16 @@ impl ControlPlane {
                 )));
             }
         }
+        let pause_at_ttl = match req.ttl_action.as_deref() {
+            None | Some("stop") => false,
+            Some("pause") if req.ttl_secs.is_some() => true,
+            Some("pause") => return Err(ApiError::bad_request("ttl_action needs ttl_secs")),
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "ttl_action must be stop or pause, not {other:?}"
+                )));
+            }
+        };
         let env = req.env.unwrap_or_default();
         validate_env(&env)?;
         let metadata = req
@@ -266,6 +276,11 @@ impl ControlPlane {
         };
         let _busy = self.busy(record.id)?;
         self.store.create_sandbox(&record).await?;
+        if pause_at_ttl {
+            self.store
+                .kv_set(&ttl_pause_key(&record.id), "pause")
+                .await?;
+        }
         if let Err(e) = self.start_execution(&record, &worker).await {
             let _ = self
                 .store
@@ -487,21 +502,26 @@ impl ControlPlane {
                 Ok(())
             }
             Err(e) => {
-                // The source was frozen for the snapshot; it carries on as it was.
-                if before == SandboxState::Running {
+                // The source was frozen for the snapshot; it carries on as it was. If it
+                // cannot be thawed now (its worker is down), the sandbox stays
+                // `migrating` and the reconciler finishes the job later.
+                let mut thawed = before != SandboxState::Running;
+                if !thawed {
                     if let Ok(w) = self.store.get_worker(&src.worker).await {
                         let thaw = Update::Unfreeze {
                             sandbox: s.id,
                             generation: src.generation,
                             execution_id: src.execution_id,
                         };
-                        let _ = self.deliver(&w, thaw).await;
+                        thawed = self.deliver(&w, thaw).await.is_ok();
                     }
                 }
-                let _ = self
-                    .store
-                    .set_sandbox_state(&s.id, before, Some(SandboxState::Migrating))
-                    .await;
+                if thawed {
+                    let _ = self
+                        .store
+                        .set_sandbox_state(&s.id, before, Some(SandboxState::Migrating))
+                        .await;
+                }
                 Err(e)
             }
         }
@@ -637,15 +657,19 @@ impl ControlPlane {
                 for old in running {
                     self.retire(old).await?;
                 }
-                if let Ok(w) = self.store.get_worker(&current.worker).await {
-                    let thaw = Update::Unfreeze {
-                        sandbox: s.id,
-                        generation: current.generation,
-                        execution_id: current.execution_id,
-                    };
-                    if let Err(e) = self.deliver(&w, thaw).await {
-                        tracing::warn!(sandbox = %s.id, error = %e.message, "could not thaw after an interrupted transition");
-                    }
+                let thaw = Update::Unfreeze {
+                    sandbox: s.id,
+                    generation: current.generation,
+                    execution_id: current.execution_id,
+                };
+                let thawed = match self.store.get_worker(&current.worker).await {
+                    Ok(w) => self.deliver(&w, thaw).await,
+                    Err(e) => Err(e.into()),
+                };
+                if let Err(e) = thawed {
+                    // Its worker is not back yet: try again at the next round.
+                    tracing::warn!(sandbox = %s.id, error = %e.message, "could not thaw after an interrupted transition");
+                    continue;
                 }
                 self.store
                     .set_sandbox_state(&s.id, SandboxState::Running, Some(s.state))
@@ -1031,10 +1055,24 @@ impl ControlPlane {
         let now = now_secs() as i64;
         for t in self.store.list_tenants().await? {
             for s in self.store.list_sandboxes(&t.id).await? {
-                if s.state != SandboxState::Stopped && s.expires_at.is_some_and(|e| e <= now) {
-                    tracing::info!(sandbox = %s.id, "ttl reached");
-                    self.delete_sandbox(&s).await?;
+                if s.state == SandboxState::Stopped || !s.expires_at.is_some_and(|e| e <= now) {
+                    continue;
                 }
+                match self.store.kv_get(&ttl_pause_key(&s.id)).await?.as_deref() {
+                    // Asked to pause at the TTL, once: a later resume keeps it running.
+                    Some("pause") => {
+                        if s.state == SandboxState::Running {
+                            tracing::info!(sandbox = %s.id, "ttl reached: pausing");
+                            self.pause(&s).await?;
+                            self.store.kv_set(&ttl_pause_key(&s.id), "done").await?;
+                        }
+                        continue;
+                    }
+                    Some(_) => continue,
+                    None => {}
+                }
+                tracing::info!(sandbox = %s.id, "ttl reached: stopping");
+                self.delete_sandbox(&s).await?;
             }
         }
         Ok(())
@@ -1067,6 +1105,11 @@ impl ControlPlane {
                 .set(n);
         }
     }
+}
+
+/// The kv key that marks a sandbox to be paused, not stopped, at its TTL.
+fn ttl_pause_key(sandbox: &SandboxId) -> String {
+    format!("ttl_pause:{sandbox}")
 }
 
 /// What a worker must run for execution `exe` of sandbox `s`.

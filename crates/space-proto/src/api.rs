@@ -61,9 +61,12 @@ pub struct CreateSandbox {
     /// Template name (`default`).
     #[serde(default)]
     pub template: Option<String>,
-    /// Lifetime in seconds.
+    /// Lifetime in seconds (wall-clock, paused time included).
     #[serde(default)]
     pub ttl_secs: Option<u64>,
+    /// What happens at the TTL: `stop` (the default) or `pause`.
+    #[serde(default)]
+    pub ttl_action: Option<String>,
     /// Environment for every process.
     #[serde(default)]
     pub env: Option<BTreeMap<String, String>>,

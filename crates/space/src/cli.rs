@@ -161,6 +161,7 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
     match cmd {
         Command::Sandbox(SandboxCmd::Create {
             ttl,
+            ttl_action,
             env,
             worker,
             metadata,
@@ -168,6 +169,9 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
             let mut body = serde_json::Map::new();
             if let Some(t) = ttl {
                 body.insert("ttl_secs".into(), (*t).into());
+            }
+            if let Some(a) = ttl_action {
+                body.insert("ttl_action".into(), a.clone().into());
             }
             if !env.is_empty() {
                 body.insert("env".into(), parse_env(env)?.into());

@@ -159,6 +159,9 @@ pub enum SandboxCmd {
         /// Lifetime in seconds.
         #[arg(long)]
         ttl: Option<u64>,
+        /// At the TTL: stop (default) or pause.
+        #[arg(long, value_parser = ["stop", "pause"])]
+        ttl_action: Option<String>,
         /// Environment variable (repeatable).
         #[arg(long = "env", value_name = "KEY=VALUE")]
         env: Vec<String>,

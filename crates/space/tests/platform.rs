@@ -1376,3 +1376,39 @@ fn crash_of_the_control_plane_during_a_migration_leaves_one_consistent_state() {
         "{after}"
     );
 }
+
+#[test]
+fn ttl_stops_a_sandbox_or_pauses_it_when_asked() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let stops = c.create(&["--ttl", "1"]);
+    let pauses = c.create(&["--ttl", "1", "--ttl-action", "pause"]);
+    assert!(
+        c.cli_with_stdin(&["fs", "put", &pauses, "-", "/root/kept"], b"yes")
+            .status
+            .success()
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let (a, b) = (c.sandbox(&stops), c.sandbox(&pauses));
+        if a["state"] == "stopped" && b["state"] == "paused" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "ttl not applied: {a} {b}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // The paused one resumes where it was.
+    assert!(c.cli(&["sandbox", "resume", &pauses]).status.success());
+    assert_eq!(stdout(&c.cli(&["fs", "get", &pauses, "/root/kept"])), "yes");
+    // The TTL paused it once; resumed, it keeps running past the next sweep.
+    std::thread::sleep(std::time::Duration::from_secs(6));
+    assert_eq!(c.sandbox(&pauses)["state"], "running");
+    // Bad values are refused.
+    let bad = c.cli(&["sandbox", "create", "--ttl-action", "pause"]);
+    assert!(!bad.status.success());
+}
