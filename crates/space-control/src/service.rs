@@ -1055,7 +1055,7 @@ impl ControlPlane {
         let now = now_secs() as i64;
         for t in self.store.list_tenants().await? {
             for s in self.store.list_sandboxes(&t.id).await? {
-                if s.state == SandboxState::Stopped || !s.expires_at.is_some_and(|e| e <= now) {
+                if s.state == SandboxState::Stopped || s.expires_at.is_none_or(|e| e > now) {
                     continue;
                 }
                 match self.store.kv_get(&ttl_pause_key(&s.id)).await?.as_deref() {
