@@ -368,7 +368,19 @@ async fn forward_stream(
         .path_and_query()
         .map_or_else(|| uri.path().to_owned(), |p| p.as_str().to_owned());
     let backend = st.edge.open_stream(&c, &b, &sandbox, &pq).await?;
-    Ok(ws.on_upgrade(move |socket| crate::edge_streams::relay(socket, backend)))
+    // A watch re-subscribes across a replacement; a terminal only when asked (its new
+    // shell is not the old one).
+    let query = uri.query().unwrap_or_default();
+    let resubscribe = (uri.path().ends_with("/watch")
+        || query.split('&').any(|kv| kv == "reattach=true"))
+    .then(|| crate::edge_streams::Resubscribe {
+        edge: Arc::clone(&st.edge),
+        caller: c.clone(),
+        bearer: b.clone(),
+        sandbox,
+        path_and_query: pq.clone(),
+    });
+    Ok(ws.on_upgrade(move |socket| crate::edge_streams::relay(socket, backend, resubscribe)))
 }
 
 fn path_and_query(req: &Request) -> String {

@@ -138,46 +138,103 @@ fn to_client(m: tungstenite::Message) -> Option<Message> {
     })
 }
 
-/// Relays messages both ways until either side closes; a backend close (with its
-/// code and reason) is passed on to the client.
-pub async fn relay(client: WebSocket, backend: Backend) {
+/// What a client stream may do when its backend is replaced.
+#[derive(Debug, Clone)]
+pub struct Resubscribe {
+    /// The edge, to open a new backend through the full checks.
+    pub edge: std::sync::Arc<Edge>,
+    /// The caller, as authenticated when the stream opened.
+    pub caller: Caller,
+    /// Its API key (the authorization is checked again on the re-open).
+    pub bearer: String,
+    /// The sandbox.
+    pub sandbox: SandboxId,
+    /// The backend path and query.
+    pub path_and_query: String,
+}
+
+/// Relays messages both ways until either side closes. When the backend ends with
+/// 4001 (its execution was replaced) and `resubscribe` is given — a watch, or a
+/// terminal whose client asked for `reattach=true` — a new backend is opened on the
+/// current execution, admitted again in full, and the client is told with a text
+/// message `{"type":"resubscribed"}`; nothing of the old backend follows it. Any other
+/// backend end is passed on to the client with its code and reason.
+pub async fn relay(client: WebSocket, backend: Backend, resubscribe: Option<Resubscribe>) {
     let (mut client_tx, mut client_rx) = client.split();
-    let (mut backend_tx, mut backend_rx) = backend.split();
+    let mut backend = backend;
     loop {
-        tokio::select! {
-            m = client_rx.next() => match m {
-                Some(Ok(m)) => {
-                    let closing = matches!(m, Message::Close(_));
-                    if let Some(m) = to_backend(m) {
-                        if backend_tx.send(m).await.is_err() || closing {
-                            break;
+        let (mut backend_tx, mut backend_rx) = backend.split();
+        let ended: Option<tungstenite::protocol::CloseFrame> = loop {
+            tokio::select! {
+                m = client_rx.next() => match m {
+                    Some(Ok(m)) => {
+                        let closing = matches!(m, Message::Close(_));
+                        if let Some(m) = to_backend(m) {
+                            if backend_tx.send(m).await.is_err() || closing {
+                                return;
+                            }
                         }
                     }
-                }
-                _ => {
-                    let _ = backend_tx.close().await;
-                    break;
-                }
-            },
-            m = backend_rx.next() => match m {
-                Some(Ok(m)) => {
-                    let closing = matches!(m, tungstenite::Message::Close(_));
-                    if let Some(m) = to_client(m) {
-                        if client_tx.send(m).await.is_err() || closing {
-                            break;
+                    _ => {
+                        let _ = backend_tx.close().await;
+                        return;
+                    }
+                },
+                m = backend_rx.next() => match m {
+                    Some(Ok(tungstenite::Message::Close(frame))) => break frame,
+                    Some(Ok(m)) => {
+                        if let Some(m) = to_client(m) {
+                            if client_tx.send(m).await.is_err() {
+                                return;
+                            }
                         }
                     }
+                    _ => break None,
+                },
+            }
+        };
+        let replaced = ended.as_ref().is_some_and(|f| u16::from(f.code) == 4001);
+        if let (true, Some(r)) = (replaced, &resubscribe) {
+            // The old backend is gone before the new one is asked for: no output of
+            // the replaced execution can follow.
+            match r
+                .edge
+                .open_stream(&r.caller, &r.bearer, &r.sandbox, &r.path_and_query)
+                .await
+            {
+                Ok(next) => {
+                    backend = next;
+                    let note = Message::Text(Utf8Bytes::from_static(r#"{"type":"resubscribed"}"#));
+                    if client_tx.send(note).await.is_err() {
+                        return;
+                    }
+                    continue;
                 }
-                _ => {
+                Err(e) => {
                     let _ = client_tx
                         .send(Message::Close(Some(CloseFrame {
-                            code: 4002,
-                            reason: Utf8Bytes::from_static("backend connection ended"),
+                            code: 4001,
+                            reason: Utf8Bytes::from(format!(
+                                "execution replaced; re-open failed: {}",
+                                e.message
+                            )),
                         })))
                         .await;
-                    break;
+                    return;
                 }
-            },
+            }
         }
+        let frame = ended.map_or(
+            CloseFrame {
+                code: 4002,
+                reason: Utf8Bytes::from_static("backend connection ended"),
+            },
+            |f| CloseFrame {
+                code: f.code.into(),
+                reason: Utf8Bytes::from(f.reason.as_str()),
+            },
+        );
+        let _ = client_tx.send(Message::Close(Some(frame))).await;
+        return;
     }
 }

@@ -906,7 +906,7 @@ mod streams {
     }
 
     #[test]
-    fn terminal_and_watch_are_closed_when_the_sandbox_migrates_and_no_old_output_follows() {
+    fn on_migration_the_terminal_closes_and_the_watch_resubscribes_to_the_new_execution() {
         if !super::can_run_jails() {
             return;
         }
@@ -939,22 +939,32 @@ mod streams {
                 String::from_utf8_lossy(&out.stderr)
             );
             let migrated = Instant::now();
-            for s in [&mut term, &mut watch] {
-                let m = until(s, |m| matches!(m, Message::Close(_))).await;
-                assert_eq!(close_code(&m), Some(4001), "{m:?}");
-                // Nothing after the close.
-                let next = tokio::time::timeout(Duration::from_millis(300), s.next()).await;
-                assert!(
-                    matches!(
-                        next,
-                        Ok(None) | Ok(Some(Err(_))) | Ok(Some(Ok(Message::Close(_))))
-                    ),
-                    "output after the close: {next:?}"
-                );
-            }
+            // The terminal ends: its shell is gone, and nothing of it follows.
+            let m = until(&mut term, |m| matches!(m, Message::Close(_))).await;
+            assert_eq!(close_code(&m), Some(4001), "{m:?}");
+            let next = tokio::time::timeout(Duration::from_millis(300), term.next()).await;
+            assert!(
+                matches!(
+                    next,
+                    Ok(None) | Ok(Some(Err(_))) | Ok(Some(Ok(Message::Close(_))))
+                ),
+                "output after the close: {next:?}"
+            );
+            // The watch is re-admitted on the new execution and keeps reporting.
+            until(
+                &mut watch,
+                |m| matches!(m, Message::Text(t) if t.as_str().contains("resubscribed")),
+            )
+            .await;
             assert!(migrated.elapsed() < Duration::from_secs(2));
+            let cli = c.cli(&["exec", &id, "--", "touch", "/root/after-move"]);
+            assert!(cli.status.success());
+            until(
+                &mut watch,
+                |m| matches!(m, Message::Text(t) if t.as_str().contains("after-move")),
+            )
+            .await;
         });
-        // A new terminal reaches the new execution.
         assert_eq!(c.sandbox(&id)["execution"]["worker"], "w2");
     }
 
