@@ -1333,6 +1333,7 @@ fn crash_of_the_control_plane_during_a_migration_leaves_one_consistent_state() {
             .success()
     );
     let before = c.sandbox(&id);
+    let cap = capability(&c, &id, &["exec"]);
     // The target hangs (stopped), so the migration is caught half-way: source frozen,
     // layer transfer under way.
     let data_dir = c.data_dir();
@@ -1385,6 +1386,12 @@ fn crash_of_the_control_plane_during_a_migration_leaves_one_consistent_state() {
         after["execution"]["generation"].as_u64() >= before["execution"]["generation"].as_u64(),
         "{after}"
     );
+    // The reconciler took the operation over without a new execution: the route is the
+    // same, so a capability issued before the crash still works.
+    if after["execution"] == before["execution"] {
+        let (status, body) = direct_exec(&cap, &id, cap["token"].as_str().unwrap());
+        assert_eq!(status, 200, "{body}");
+    }
 }
 
 #[test]
