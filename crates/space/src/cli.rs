@@ -138,6 +138,31 @@ fn table(headers: &[&str], rows: &[Vec<String>]) {
     }
 }
 
+/// Shows `label` with a spinner and the elapsed time on a terminal's stderr while
+/// `work` runs (the server reports no steps, so time is what there is to show).
+async fn with_progress<T>(label: &str, work: impl std::future::Future<Output = T>) -> T {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return work.await;
+    }
+    let started = std::time::Instant::now();
+    let mut work = std::pin::pin!(work);
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
+    let frames = ['|', '/', '-', '\\'];
+    let mut n = 0usize;
+    let out = loop {
+        tokio::select! {
+            v = &mut work => break v,
+            _ = tick.tick() => {
+                eprint!("\r{} {label} {:.1} s", frames[n % frames.len()], started.elapsed().as_secs_f64());
+                n += 1;
+            }
+        }
+    };
+    eprint!("\r\x1b[2K");
+    out
+}
+
 fn sandbox_row(s: &Sandbox) -> Vec<String> {
     let (generation, worker) = s.execution.as_ref().map_or(("-".into(), "-".into()), |e| {
         (e.generation.to_string(), e.worker.to_string())
@@ -239,13 +264,13 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
         Command::Sandbox(SandboxCmd::Migrate { id, worker }) => {
             let started = std::time::Instant::now();
             let body = serde_json::json!({ "worker": worker });
-            let s: Sandbox = c
-                .json(
-                    Method::POST,
-                    &format!("/v1/sandboxes/{id}/migrate"),
-                    Some(body),
-                )
-                .await?;
+            let path = format!("/v1/sandboxes/{id}/migrate");
+            let call = c.json::<Sandbox>(Method::POST, &path, Some(body));
+            let s = with_progress(
+                &format!("migrating {id} to {worker} (freeze, archive, transfer, restore)"),
+                call,
+            )
+            .await?;
             if cli.json {
                 print_json(&s);
             } else {
