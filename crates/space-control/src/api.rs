@@ -93,6 +93,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/pause", post(pause))
         .route("/v1/sandboxes/{id}/resume", post(resume))
         .route("/v1/sandboxes/{id}/migrate", post(migrate))
+        .route("/v1/sandboxes/{id}/snapshot", post(snapshot))
         .route("/v1/sandboxes/{id}/exec", post(forward_exec))
         .route(
             "/v1/sandboxes/{id}/files",
@@ -210,11 +211,14 @@ async fn resume(
         parse(&body)?
     };
     let (cp, s) = owned_sandbox(&st, &headers, &id).await?;
-    let here = cp.store.current_execution(&s.id).await?.map(|e| e.worker);
     match req.worker {
-        // Resuming elsewhere restores the snapshot there as a new execution.
-        Some(w) if here.as_ref() != Some(&w) => cp.migrate(&s, &w).await?,
-        _ => cp.resume(&s).await?,
+        // Resuming on a worker restores the snapshot there as a new execution.
+        Some(w) => cp.resume_from_snapshot(&s, &w).await?,
+        // In place: the same execution thaws; a stored snapshot is then stale.
+        None => {
+            cp.resume(&s).await?;
+            cp.forget_snapshot(&s.id).await;
+        }
     }
     Ok(Json(cp.view(&cp.store.get_sandbox(&s.id).await?).await?).into_response())
 }
@@ -234,6 +238,15 @@ async fn migrate(
     let (cp, s) = owned_sandbox(&st, &headers, &id).await?;
     cp.migrate(&s, &req.worker).await?;
     Ok(Json(cp.view(&cp.store.get_sandbox(&s.id).await?).await?).into_response())
+}
+
+async fn snapshot(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let (cp, s) = owned_sandbox(&st, &headers, &id).await?;
+    Ok(Json(cp.snapshot(&s).await?).into_response())
 }
 
 async fn capability(

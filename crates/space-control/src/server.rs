@@ -124,9 +124,13 @@ pub async fn serve(config: ControlConfig) -> Result<ServerHandle, String> {
     let _ = std::fs::remove_file(&enroll_path);
     read_or_create_secret(&enroll_path, || enroll_secret.clone())
         .map_err(|e| format!("enroll.key: {e}"))?;
-    let cp = ControlPlane::new(store, enroll_secret.clone())
-        .await
-        .map_err(|e| format!("control plane: {}", e.message))?;
+    let cp = ControlPlane::new(
+        store,
+        enroll_secret.clone(),
+        config.data_dir.join("snapshots"),
+    )
+    .await
+    .map_err(|e| format!("control plane: {}", e.message))?;
 
     let admin_key_path = config.data_dir.join("admin.key");
     if !admin_key_path.exists() {

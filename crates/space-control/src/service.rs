@@ -52,6 +52,8 @@ pub struct ControlPlane {
     busy: std::sync::Mutex<std::collections::HashSet<SandboxId>>,
     /// How long a transition may sit unfinished before the reconciler takes it over.
     reconcile_after_secs: i64,
+    /// Where snapshots are kept (one replica's disk; shared storage for several).
+    snapshot_dir: std::path::PathBuf,
 }
 
 /// Marks a sandbox busy for as long as it lives.
@@ -71,7 +73,11 @@ fn b64(bytes: &[u8]) -> String {
 
 impl ControlPlane {
     /// Opens the control plane on `store`, creating keys on first start.
-    pub async fn new(store: Store, enroll_secret: String) -> Result<Arc<Self>, ApiError> {
+    pub async fn new(
+        store: Store,
+        enroll_secret: String,
+        snapshot_dir: std::path::PathBuf,
+    ) -> Result<Arc<Self>, ApiError> {
         let keys = Keyring::load(&store, now_secs() as i64).await?;
         Ok(Arc::new(Self {
             store,
@@ -85,6 +91,7 @@ impl ControlPlane {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(30),
+            snapshot_dir,
         }))
     }
 
@@ -533,8 +540,17 @@ impl ControlPlane {
         src: &ExecutionRecord,
         target: &WorkerId,
     ) -> Result<(), ApiError> {
+        let archive = self.take_snapshot(s, src).await?;
+        self.restore(s, src, target, archive).await
+    }
+
+    /// Freezes `src` on its worker and returns its writable layer as an archive.
+    async fn take_snapshot(
+        &self,
+        s: &SandboxRecord,
+        src: &ExecutionRecord,
+    ) -> Result<bytes::Bytes, ApiError> {
         let sw = self.store.get_worker(&src.worker).await?;
-        let tw = self.store.get_worker(target).await?;
         let snapshot = self
             .sign_update(
                 &sw.id,
@@ -558,16 +574,28 @@ impl ControlPlane {
                 String::from_utf8_lossy(&archive.body)
             )));
         }
-        // Integrity is checked here too: the digest signed for the target is the one
-        // of the bytes that arrived.
-        let digest = blake3::hash(&archive.body).to_hex().to_string();
+        Ok(archive.body)
+    }
+
+    /// Hands `archive` to `target` under a signed digest, starts the next execution
+    /// there, and retires `src` once that one runs.
+    async fn restore(
+        &self,
+        s: &SandboxRecord,
+        src: &ExecutionRecord,
+        target: &WorkerId,
+        archive: bytes::Bytes,
+    ) -> Result<(), ApiError> {
+        let tw = self.store.get_worker(target).await?;
+        // The digest signed for the target is the one of the bytes in hand.
+        let digest = blake3::hash(&archive).to_hex().to_string();
         let layer = self
             .sign_update(
                 &tw.id,
                 Update::Layer {
                     sandbox: s.id,
                     digest,
-                    size: archive.body.len() as u64,
+                    size: archive.len() as u64,
                 },
             )
             .await;
@@ -581,7 +609,7 @@ impl ControlPlane {
                     ("space-update", header.as_str()),
                     ("content-type", "application/x-tar"),
                 ],
-                archive.body,
+                archive,
             )
             .await
             .map_err(|e| ApiError::bad_gateway(format!("layer to {}: {e}", tw.id)))?;
@@ -596,6 +624,150 @@ impl ControlPlane {
         self.start_execution(s, target).await?;
         let src = self.store.get_execution(&s.id, src.generation).await?;
         self.retire(&src).await
+    }
+
+    /// Takes a snapshot: the execution is frozen, its writable layer archived and kept
+    /// by the control plane with its digest; the sandbox is `paused`. A later
+    /// `resume` on a worker restores it there as a new execution (after checking the
+    /// digest); `resume` in place thaws the same execution and drops the snapshot.
+    pub async fn snapshot(&self, s: &SandboxRecord) -> Result<serde_json::Value, ApiError> {
+        if !matches!(s.state, SandboxState::Running | SandboxState::Paused) {
+            return Err(ApiError::conflict(format!(
+                "the sandbox is {}",
+                s.state.as_str()
+            )));
+        }
+        let _busy = self.busy(s.id)?;
+        let src = self
+            .store
+            .current_execution(&s.id)
+            .await?
+            .filter(|e| e.state == ExecutionState::Running)
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::CONFLICT,
+                    "not_running",
+                    "the sandbox has no running execution",
+                )
+            })?;
+        let archive = self.take_snapshot(s, &src).await?;
+        let digest = blake3::hash(&archive).to_hex().to_string();
+        let path = self.snapshot_path(&s.id);
+        let size = archive.len() as u64;
+        let dir = self.snapshot_dir.clone();
+        let file = path.clone();
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            use std::io::Write;
+            std::fs::create_dir_all(&dir)?;
+            let tmp = file.with_extension("tmp");
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&archive)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &file)
+        })
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(|e| ApiError::internal(format!("storing the snapshot: {e}")))?;
+        self.store
+            .kv_set(
+                &snapshot_key(&s.id),
+                &format!("{} {digest} {size}", src.generation),
+            )
+            .await?;
+        if s.state == SandboxState::Running {
+            self.store
+                .set_sandbox_state(&s.id, SandboxState::Paused, Some(SandboxState::Running))
+                .await?;
+        }
+        Ok(serde_json::json!({"generation": src.generation, "digest": digest, "size": size}))
+    }
+
+    fn snapshot_path(&self, sandbox: &SandboxId) -> std::path::PathBuf {
+        self.snapshot_dir.join(format!("{sandbox}.tar"))
+    }
+
+    /// Restores the stored snapshot of a paused sandbox on `target` as a new
+    /// execution. The archive must still have the digest recorded when it was taken:
+    /// a tampered or truncated snapshot is refused and nothing changes.
+    pub async fn resume_from_snapshot(
+        &self,
+        s: &SandboxRecord,
+        target: &WorkerId,
+    ) -> Result<(), ApiError> {
+        if s.state != SandboxState::Paused {
+            return Err(ApiError::conflict(format!(
+                "the sandbox is {}",
+                s.state.as_str()
+            )));
+        }
+        let src = self
+            .store
+            .current_execution(&s.id)
+            .await?
+            .filter(|e| e.state == ExecutionState::Running)
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::CONFLICT,
+                    "not_running",
+                    "the sandbox has no running execution",
+                )
+            })?;
+        let recorded = self.store.kv_get(&snapshot_key(&s.id)).await?;
+        let Some((generation, digest)) = recorded.as_deref().and_then(|v| {
+            let mut f = v.split(' ');
+            Some((f.next()?.parse::<u64>().ok()?, f.next()?.to_owned()))
+        }) else {
+            // No snapshot was taken: on its own worker the paused execution simply
+            // thaws; elsewhere a snapshot is taken now and moved.
+            if src.worker == *target {
+                return self.resume(s).await;
+            }
+            return self.migrate(s, target).await;
+        };
+        if generation != src.generation {
+            return Err(ApiError::conflict(
+                "the stored snapshot is of an older execution",
+            ));
+        }
+        let archive = tokio::fs::read(self.snapshot_path(&s.id))
+            .await
+            .map_err(|e| ApiError::internal(format!("reading the snapshot: {e}")))?;
+        if blake3::hash(&archive).to_hex().as_str() != digest {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "snapshot_corrupt",
+                "the stored snapshot does not match its digest (tampered or truncated); nothing was changed",
+            ));
+        }
+        let _busy = self.busy(s.id)?;
+        self.store
+            .set_sandbox_state(&s.id, SandboxState::Migrating, Some(SandboxState::Paused))
+            .await?;
+        match self
+            .restore(s, &src, target, bytes::Bytes::from(archive))
+            .await
+        {
+            Ok(()) => {
+                self.forget_snapshot(&s.id).await;
+                self.store
+                    .set_sandbox_state(&s.id, SandboxState::Running, Some(SandboxState::Migrating))
+                    .await?;
+                Ok(())
+            }
+            Err(e) => {
+                let _ = self
+                    .store
+                    .set_sandbox_state(&s.id, SandboxState::Paused, Some(SandboxState::Migrating))
+                    .await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Drops a stored snapshot (it no longer matches a running sandbox).
+    pub async fn forget_snapshot(&self, sandbox: &SandboxId) {
+        let _ = tokio::fs::remove_file(self.snapshot_path(sandbox)).await;
+        let _ = self.store.kv_set(&snapshot_key(sandbox), "").await;
     }
 
     fn busy(&self, sandbox: SandboxId) -> Result<Busy<'_>, ApiError> {
@@ -1105,6 +1277,11 @@ impl ControlPlane {
                 .set(n);
         }
     }
+}
+
+/// The kv key recording a stored snapshot: "generation digest size".
+fn snapshot_key(sandbox: &SandboxId) -> String {
+    format!("snapshot:{sandbox}")
 }
 
 /// The kv key that marks a sandbox to be paused, not stopped, at its TTL.

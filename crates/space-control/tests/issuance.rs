@@ -12,7 +12,9 @@ async fn plane() -> (tempfile::TempDir, std::sync::Arc<ControlPlane>) {
     let store = Store::open(dir.path().join("control.db").to_str().unwrap())
         .await
         .unwrap();
-    let cp = ControlPlane::new(store, "enroll".into()).await.unwrap();
+    let cp = ControlPlane::new(store, "enroll".into(), dir.path().join("snapshots"))
+        .await
+        .unwrap();
     (dir, cp)
 }
 

@@ -163,6 +163,17 @@ async fn with_progress<T>(label: &str, work: impl std::future::Future<Output = T
     out
 }
 
+fn show(cli: &Cli, s: &Sandbox) {
+    if cli.json {
+        print_json(s);
+    } else {
+        table(
+            &["ID", "STATE", "GEN", "WORKER", "CREATED"],
+            &[sandbox_row(s)],
+        );
+    }
+}
+
 fn sandbox_row(s: &Sandbox) -> Vec<String> {
     let (generation, worker) = s.execution.as_ref().map_or(("-".into(), "-".into()), |e| {
         (e.generation.to_string(), e.worker.to_string())
@@ -242,22 +253,37 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
                 );
             }
         }
-        Command::Sandbox(SandboxCmd::Pause { id })
-        | Command::Sandbox(SandboxCmd::Resume { id }) => {
-            let verb = if matches!(cmd, Command::Sandbox(SandboxCmd::Pause { .. })) {
-                "pause"
-            } else {
-                "resume"
-            };
+        Command::Sandbox(SandboxCmd::Pause { id }) => {
             let s: Sandbox = c
-                .json(Method::POST, &format!("/v1/sandboxes/{id}/{verb}"), None)
+                .json(Method::POST, &format!("/v1/sandboxes/{id}/pause"), None)
                 .await?;
+            show(cli, &s);
+        }
+        Command::Sandbox(SandboxCmd::Resume { id, worker }) => {
+            let body = worker.as_ref().map(|w| serde_json::json!({ "worker": w }));
+            let path = format!("/v1/sandboxes/{id}/resume");
+            let call = c.json::<Sandbox>(Method::POST, &path, body);
+            let s = match worker {
+                Some(w) => with_progress(&format!("restoring {id} on {w}"), call).await?,
+                None => call.await?,
+            };
+            show(cli, &s);
+        }
+        Command::Sandbox(SandboxCmd::Snapshot { id }) => {
+            let path = format!("/v1/sandboxes/{id}/snapshot");
+            let v: serde_json::Value = with_progress(
+                &format!("snapshot of {id}"),
+                c.json(Method::POST, &path, None),
+            )
+            .await?;
             if cli.json {
-                print_json(&s);
+                print_json(&v);
             } else {
-                table(
-                    &["ID", "STATE", "GEN", "WORKER", "CREATED"],
-                    &[sandbox_row(&s)],
+                println!(
+                    "snapshot of generation {}: {} bytes, blake3 {}",
+                    v["generation"],
+                    v["size"],
+                    v["digest"].as_str().unwrap_or("?")
                 );
             }
         }

@@ -189,8 +189,17 @@ pub enum SandboxCmd {
         /// Sandbox ID.
         id: String,
     },
-    /// Resume a paused sandbox.
+    /// Resume a paused sandbox: in place, or from its snapshot on `--worker` (a new
+    /// execution).
     Resume {
+        /// Sandbox ID.
+        id: String,
+        /// Restore the snapshot on this worker.
+        #[arg(long)]
+        worker: Option<String>,
+    },
+    /// Freeze a sandbox and keep its writable layer (it is then paused).
+    Snapshot {
         /// Sandbox ID.
         id: String,
     },

@@ -1429,3 +1429,70 @@ fn ttl_stops_a_sandbox_or_pauses_it_when_asked() {
     let bad = c.cli(&["sandbox", "create", "--ttl-action", "pause"]);
     assert!(!bad.status.success());
 }
+
+#[test]
+fn snapshot_restores_as_a_new_execution_on_the_same_or_another_worker_and_a_tampered_one_is_refused()
+ {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let id = c.create(&["--worker", "w1"]);
+    assert!(
+        c.cli_with_stdin(&["fs", "put", &id, "-", "/root/s"], b"snap")
+            .status
+            .success()
+    );
+    let g1 = c.sandbox(&id)["execution"]["generation"].as_u64().unwrap();
+    let out = c.cli(&["--json", "sandbox", "snapshot", &id]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(c.sandbox(&id)["state"], "paused");
+    // Tamper with the stored snapshot: the restore is refused and nothing changes.
+    let stored = c.data_dir().join("snapshots").join(format!("{id}.tar"));
+    let good = std::fs::read(&stored).unwrap();
+    let mut bad = good.clone();
+    let n = bad.len() / 2;
+    bad[n] ^= 0x40;
+    std::fs::write(&stored, &bad).unwrap();
+    let refused = c.cli(&["sandbox", "resume", &id, "--worker", "w2"]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("snapshot_corrupt"));
+    std::fs::write(&stored, &good[..good.len() - 10]).unwrap();
+    assert!(
+        !c.cli(&["sandbox", "resume", &id, "--worker", "w2"])
+            .status
+            .success(),
+        "truncated accepted"
+    );
+    assert_eq!(c.sandbox(&id)["state"], "paused");
+    assert_eq!(c.sandbox(&id)["execution"]["generation"].as_u64(), Some(g1));
+    // The genuine snapshot restores on the same worker as a new execution.
+    std::fs::write(&stored, &good).unwrap();
+    let out = c.cli(&["--json", "sandbox", "resume", &id, "--worker", "w1"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = json(&out.stdout);
+    assert_eq!(s["state"], "running");
+    assert_eq!(s["execution"]["worker"], "w1");
+    assert_eq!(s["execution"]["generation"].as_u64(), Some(g1 + 1));
+    assert_eq!(stdout(&c.cli(&["fs", "get", &id, "/root/s"])), "snap");
+    // And again, onto the other worker.
+    assert!(c.cli(&["sandbox", "snapshot", &id]).status.success());
+    let out = c.cli(&["--json", "sandbox", "resume", &id, "--worker", "w2"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = json(&out.stdout);
+    assert_eq!(s["execution"]["worker"], "w2");
+    assert_eq!(s["execution"]["generation"].as_u64(), Some(g1 + 2));
+    assert_eq!(stdout(&c.cli(&["fs", "get", &id, "/root/s"])), "snap");
+}

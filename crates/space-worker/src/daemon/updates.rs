@@ -203,6 +203,18 @@ pub async fn retire_local(
     generation: u64,
     execution_id: ExecutionId,
 ) {
+    retire_execution(worker, sandbox, generation, execution_id, true).await;
+}
+
+/// [`retire_local`]; with `drop_kept_layer` false the sandbox's kept layer stays (a
+/// new execution of it is being installed here and starts from that layer).
+async fn retire_execution(
+    worker: &Arc<Worker>,
+    sandbox: &SandboxId,
+    generation: u64,
+    execution_id: ExecutionId,
+    drop_kept_layer: bool,
+) {
     let existing = worker.records.all().ok().and_then(|all| {
         all.into_iter()
             .find(|r| r.sandbox == *sandbox && r.generation == generation)
@@ -241,7 +253,9 @@ pub async fn retire_local(
     if let Some(r) = existing {
         worker.teardown(&r, launch::Layer::Discard).await;
         // A retired sandbox's kept layer (from an earlier crash) goes too.
-        let _ = std::fs::remove_dir_all(launch::kept_layer(&worker.data_dir, sandbox));
+        if drop_kept_layer {
+            let _ = std::fs::remove_dir_all(launch::kept_layer(&worker.data_dir, sandbox));
+        }
     }
 }
 
@@ -281,11 +295,12 @@ async fn install_execution(
             old.record.state,
             RecordState::Starting | RecordState::Running | RecordState::Paused
         ) {
-            retire_local(
+            retire_execution(
                 worker,
                 &i.sandbox,
                 old.record.generation,
                 old.record.execution_id,
+                false,
             )
             .await;
         }
