@@ -969,6 +969,46 @@ mod streams {
     }
 
     #[test]
+    fn direct_terminal_and_watch_at_the_worker_both_close_on_migration() {
+        if !super::can_run_jails() {
+            return;
+        }
+        let c = Cluster::start();
+        let id = c.create(&["--worker", "w1"]);
+        let cap = super::capability(&c, &id, &["terminal", "watch"]);
+        let worker = cap["route"]["worker_url"]
+            .as_str()
+            .unwrap()
+            .replacen("http", "ws", 1);
+        let auth = format!("SpaceCap {}", cap["token"].as_str().unwrap());
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut sockets = Vec::new();
+            for path in ["terminal", "watch?path=/root"] {
+                let mut req = format!("{worker}/v1/sandboxes/{id}/{path}")
+                    .into_client_request()
+                    .unwrap();
+                req.headers_mut()
+                    .insert("authorization", auth.parse().unwrap());
+                sockets.push(tokio_tungstenite::connect_async(req).await.unwrap().0);
+            }
+            let out = c.cli(&["sandbox", "migrate", &id, "--worker", "w2"]);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            for s in &mut sockets {
+                let m = until(s, |m| matches!(m, Message::Close(_))).await;
+                assert_eq!(close_code(&m), Some(4001), "{m:?}");
+            }
+        });
+    }
+
+    #[test]
     fn streaming_exec_delivers_output_as_it_is_produced() {
         if !super::can_run_jails() {
             return;
