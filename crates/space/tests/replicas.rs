@@ -164,3 +164,168 @@ fn two_control_plane_replicas_on_one_postgresql_serve_the_same_sandboxes() {
         assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     }
 }
+
+/// The replica a worker enrolled with dies (`kill -9`); the other takes over the
+/// sandbox's operations. The execution, its route and the capabilities the dead
+/// replica issued stay valid, and a stream opened before the hand-off keeps
+/// delivering.
+#[test]
+fn a_surviving_replica_takes_over_keeping_the_execution_capabilities_and_streams() {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
+
+    if !can_run_jails() {
+        return;
+    }
+    let Some(pg) = space_store::testing::PgServer::start().expect("PostgreSQL failed to start")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (a_dir, b_dir) = (dir.path().join("a"), dir.path().join("b"));
+    let db = pg.url();
+    let control = |d: &std::path::Path| {
+        start(
+            &[
+                "control",
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                d.to_str().unwrap(),
+                "--database-url",
+                &db,
+            ],
+            "control plane listening on ",
+        )
+    };
+    let (mut a_proc, a) = control(&a_dir);
+    let (_b, b) = control(&b_dir);
+    let admin = format!(
+        "Bearer {}",
+        std::fs::read_to_string(a_dir.join("admin.key"))
+            .unwrap()
+            .trim()
+    );
+    let worker_dir = dir.path().join("w1");
+    let cgroup = format!("space-test-handoff-{}", std::process::id());
+    let (_w, _) = start(
+        &[
+            "worker",
+            "--id",
+            "w1",
+            "--control",
+            &a,
+            "--enroll-secret-file",
+            a_dir.join("enroll.key").to_str().unwrap(),
+            "--data-dir",
+            worker_dir.to_str().unwrap(),
+            "--cgroup-parent",
+            &cgroup,
+        ],
+        "worker w1 listening on ",
+    );
+    let json = |b: &[u8]| -> serde_json::Value { serde_json::from_slice(b).unwrap() };
+    let exec = |url: &str, auth: &str, id: &str, cmd: &str| -> serde_json::Value {
+        let body = serde_json::json!({"cmd": ["sh", "-c", cmd]}).to_string();
+        let (status, body) = http(
+            "POST",
+            &format!("{url}/v1/sandboxes/{id}/exec"),
+            Some(auth),
+            body.as_bytes(),
+        );
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        json(&body)
+    };
+
+    let (status, body) = http("POST", &format!("{a}/v1/sandboxes"), Some(&admin), b"{}");
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let id = json(&body)["id"].as_str().unwrap().to_owned();
+    let before = exec(&a, &admin, &id, "true")["execution_id"].clone();
+    assert!(before.is_string());
+    let (status, body) = http(
+        "POST",
+        &format!("{a}/v1/sandboxes/{id}/capabilities"),
+        Some(&admin),
+        br#"{"access":["exec","watch"],"purpose":"control"}"#,
+    );
+    assert_eq!(status, 200);
+    let cap = json(&body);
+    let worker = cap["route"]["worker_url"].as_str().unwrap().to_owned();
+    let cap_auth = format!("SpaceCap {}", cap["token"].as_str().unwrap());
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut watch = rt.block_on(async {
+        let mut req = format!(
+            "{}/v1/sandboxes/{id}/watch?path=/root",
+            worker.replacen("http", "ws", 1)
+        )
+        .into_client_request()
+        .unwrap();
+        req.headers_mut()
+            .insert("authorization", cap_auth.parse().unwrap());
+        tokio_tungstenite::connect_async(req).await.unwrap().0
+    });
+
+    // The replica that created the sandbox, issued the capability and enrolled the
+    // worker dies without warning.
+    a_proc.0.kill().unwrap();
+    a_proc.0.wait().unwrap();
+
+    // The survivor serves the same execution; the dead replica's capability still
+    // opens it at the worker.
+    assert_eq!(exec(&b, &admin, &id, "true")["execution_id"], before);
+    let direct = exec(&worker, &cap_auth, &id, "echo handed-off > /root/after");
+    assert_eq!(direct["execution_id"], before);
+    // The stream opened before the hand-off sees the change.
+    rt.block_on(async {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let m = tokio::time::timeout(left, watch.next())
+                .await
+                .expect("no watch event after the hand-off")
+                .expect("the watch ended")
+                .expect("watch error");
+            match m {
+                Message::Text(t) if t.contains("after") => break,
+                Message::Close(f) => panic!("the watch closed: {f:?}"),
+                _ => {}
+            }
+        }
+    });
+    // The survivor's signed updates reach the worker the dead replica enrolled:
+    // pause and resume in place keep the execution and the stream.
+    for op in ["pause", "resume"] {
+        let (status, body) = http(
+            "POST",
+            &format!("{b}/v1/sandboxes/{id}/{op}"),
+            Some(&admin),
+            b"",
+        );
+        assert_eq!(status, 200, "{op}: {}", String::from_utf8_lossy(&body));
+    }
+    let out = exec(&b, &admin, &id, "cat /root/after");
+    assert_eq!(out["execution_id"], before);
+    assert_eq!(out["stdout"], "handed-off\n");
+    let (status, body) = http(
+        "POST",
+        &format!("{b}/v1/sandboxes/{id}/capabilities"),
+        Some(&admin),
+        br#"{"access":["exec"],"purpose":"control"}"#,
+    );
+    assert_eq!(status, 200);
+    let fresh = json(&body);
+    assert_eq!(
+        fresh["route"], cap["route"],
+        "the route changed in the hand-off"
+    );
+    rt.block_on(async {
+        let m = tokio::time::timeout(std::time::Duration::from_millis(300), watch.next()).await;
+        if let Ok(Some(Ok(Message::Close(f)))) = m {
+            panic!("the watch closed after pause/resume: {f:?}");
+        }
+    });
+}
