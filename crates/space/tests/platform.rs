@@ -363,7 +363,8 @@ fn find_pid(words: &[&str]) -> Option<i32> {
     None
 }
 
-/// Host PIDs of the jail processes of a sandbox (from its cgroups).
+/// Host PIDs of the jail processes of a sandbox, or of one execution given as
+/// `sandbox.execution` (from their cgroups).
 fn jail_pids_of(sandbox: &str) -> Vec<i32> {
     let mut out = Vec::new();
     for root in [
@@ -379,11 +380,8 @@ fn jail_pids_of(sandbox: &str) -> Vec<i32> {
                 continue;
             };
             for child in children.flatten() {
-                if child
-                    .file_name()
-                    .to_string_lossy()
-                    .starts_with(&format!("{sandbox}."))
-                {
+                let name = child.file_name().to_string_lossy().into_owned();
+                if name == sandbox || name.starts_with(&format!("{sandbox}.")) {
                     if let Ok(procs) = std::fs::read_to_string(child.path().join("cgroup.procs")) {
                         out.extend(procs.lines().filter_map(|l| l.parse::<i32>().ok()));
                     }
@@ -1535,4 +1533,145 @@ fn snapshot_restores_as_a_new_execution_on_the_same_or_another_worker_and_a_tamp
     assert_eq!(s["execution"]["worker"], "w2");
     assert_eq!(s["execution"]["generation"].as_u64(), Some(g1 + 2));
     assert_eq!(stdout(&c.cli(&["fs", "get", &id, "/root/s"])), "snap");
+}
+
+/// Whether a cgroup of `sandbox`'s jail reports itself frozen (v1 or v2).
+fn jail_frozen(sandbox: &str) -> bool {
+    for root in ["/sys/fs/cgroup/freezer", "/sys/fs/cgroup"] {
+        let Ok(parents) = std::fs::read_dir(root) else {
+            continue;
+        };
+        for parent in parents.flatten() {
+            let Ok(children) = std::fs::read_dir(parent.path()) else {
+                continue;
+            };
+            for child in children.flatten() {
+                if !child
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("{sandbox}."))
+                {
+                    continue;
+                }
+                let p = child.path();
+                let v1 = std::fs::read_to_string(p.join("freezer.state"));
+                let v2 = std::fs::read_to_string(p.join("cgroup.freeze"));
+                if v1.is_ok_and(|s| s.trim() == "FROZEN") || v2.is_ok_and(|s| s.trim() == "1") {
+                    return true;
+                }
+            }
+        }
+    }
+    false
+}
+
+#[test]
+fn kill_of_a_worker_during_a_migration_leaves_one_consistent_state() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let data_dir = c.data_dir();
+    let data_dir = data_dir.to_str().unwrap();
+    // The source dies with its jail frozen for the snapshot; then the target dies
+    // while the layer is on its way to it.
+    for victim in ["w1", "w2"] {
+        let id = c.create(&["--worker", "w1"]);
+        let fill = c.cli(&[
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "echo survives > /root/f && head -c 100000000 /dev/urandom > /root/big",
+        ]);
+        assert!(
+            fill.status.success(),
+            "{}",
+            String::from_utf8_lossy(&fill.stderr)
+        );
+        let before = c.sandbox(&id);
+        let pid = pid_of(&["worker", "--id", victim, data_dir]);
+        if victim == "w2" {
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGSTOP,
+            )
+            .unwrap();
+        }
+        let mut migrate = std::process::Command::new(support::space_bin())
+            .args(["sandbox", "migrate", &id, "--worker", "w2"])
+            .env("SPACE_URL", &c.url)
+            .env("SPACE_API_KEY", &c.admin_key)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        while !jail_frozen(&id) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{victim}: the source was never frozen"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        if victim == "w2" {
+            // Let the archive reach the stopped target's socket.
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        kill9(pid);
+        let status = migrate.wait().unwrap();
+        assert!(
+            !status.success(),
+            "{victim}: the migration cannot have succeeded"
+        );
+        // The supervisor restarts the worker; the sandbox ends up running, on one
+        // execution, with its files, and nothing else serves it.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let after = loop {
+            let s = c.sandbox(&id);
+            if s["state"] == "running" && !jail_frozen(&id) {
+                break s;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{victim}: not consistent: {s}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        c.wait_for_workers(2);
+        assert_eq!(
+            after["execution"]["worker"], "w1",
+            "{victim}: the sandbox moved although the migration failed: {after}"
+        );
+        let got = c.cli(&["fs", "get", &id, "/root/f"]);
+        assert_eq!(
+            stdout(&got),
+            "survives\n",
+            "{victim}: {}",
+            String::from_utf8_lossy(&got.stderr)
+        );
+        let exec = c.cli(&["exec", &id, "--", "echo", "alive"]);
+        assert_eq!(stdout(&exec), "alive\n", "{victim}");
+        assert!(
+            after["execution"]["generation"].as_u64() >= before["execution"]["generation"].as_u64()
+        );
+        // The target keeps no jail for it: only the execution the control plane lists
+        // runs anywhere.
+        let current = after["execution"]["execution_id"].as_str().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let all = jail_pids_of(&id);
+            let own = jail_pids_of(&format!("{id}.{current}"));
+            if !own.is_empty() && all.len() == own.len() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{victim}: jails other than {current} still run for {id}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        c.cli(&["sandbox", "rm", &id]);
+    }
 }
