@@ -509,28 +509,32 @@ impl ControlPlane {
                 Ok(())
             }
             Err(e) => {
-                // The source was frozen for the snapshot; it carries on as it was. If it
-                // cannot be thawed now (its worker is down), the sandbox stays
-                // `migrating` and the reconciler finishes the job later.
-                let mut thawed = before != SandboxState::Running;
-                if !thawed {
-                    if let Ok(w) = self.store.get_worker(&src.worker).await {
-                        let thaw = Update::Unfreeze {
-                            sandbox: s.id,
-                            generation: src.generation,
-                            execution_id: src.execution_id,
-                        };
-                        thawed = self.deliver(&w, thaw).await.is_ok();
-                    }
-                }
-                if thawed {
-                    let _ = self
-                        .store
-                        .set_sandbox_state(&s.id, before, Some(SandboxState::Migrating))
-                        .await;
-                }
+                self.abandon(s, &src, before).await;
                 Err(e)
             }
+        }
+    }
+
+    /// After a failed snapshot or migration: the source was frozen for the snapshot
+    /// and carries on as it was (`before`). If it cannot be thawed now (its worker is
+    /// down), the sandbox stays `migrating` and the reconciler finishes the job later.
+    async fn abandon(&self, s: &SandboxRecord, src: &ExecutionRecord, before: SandboxState) {
+        let mut thawed = before != SandboxState::Running;
+        if !thawed {
+            if let Ok(w) = self.store.get_worker(&src.worker).await {
+                let thaw = Update::Unfreeze {
+                    sandbox: s.id,
+                    generation: src.generation,
+                    execution_id: src.execution_id,
+                };
+                thawed = self.deliver(&w, thaw).await.is_ok();
+            }
+        }
+        if thawed {
+            let _ = self
+                .store
+                .set_sandbox_state(&s.id, before, Some(SandboxState::Migrating))
+                .await;
         }
     }
 
@@ -650,7 +654,33 @@ impl ControlPlane {
                     "the sandbox has no running execution",
                 )
             })?;
-        let archive = self.take_snapshot(s, &src).await?;
+        // `migrating` while the snapshot is taken: a crash before it is stored leaves
+        // a state the reconciler finishes (thawed and running again).
+        self.store
+            .set_sandbox_state(&s.id, SandboxState::Migrating, Some(s.state))
+            .await?;
+        match self.store_snapshot(s, &src).await {
+            Ok(taken) => {
+                self.store
+                    .set_sandbox_state(&s.id, SandboxState::Paused, Some(SandboxState::Migrating))
+                    .await?;
+                Ok(taken)
+            }
+            Err(e) => {
+                self.abandon(s, &src, s.state).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Takes the snapshot of `src` and keeps it (file fsynced, then its generation,
+    /// digest and size recorded).
+    async fn store_snapshot(
+        &self,
+        s: &SandboxRecord,
+        src: &ExecutionRecord,
+    ) -> Result<serde_json::Value, ApiError> {
+        let archive = self.take_snapshot(s, src).await?;
         let digest = blake3::hash(&archive).to_hex().to_string();
         let path = self.snapshot_path(&s.id);
         let size = archive.len() as u64;
@@ -674,11 +704,6 @@ impl ControlPlane {
                 &format!("{} {digest} {size}", src.generation),
             )
             .await?;
-        if s.state == SandboxState::Running {
-            self.store
-                .set_sandbox_state(&s.id, SandboxState::Paused, Some(SandboxState::Running))
-                .await?;
-        }
         Ok(serde_json::json!({"generation": src.generation, "digest": digest, "size": size}))
     }
 
@@ -843,6 +868,8 @@ impl ControlPlane {
                     tracing::warn!(sandbox = %s.id, error = %e.message, "could not thaw after an interrupted transition");
                     continue;
                 }
+                // Running again: a snapshot stored before the crash is stale.
+                self.forget_snapshot(&s.id).await;
                 self.store
                     .set_sandbox_state(&s.id, SandboxState::Running, Some(s.state))
                     .await?;

@@ -1574,8 +1574,9 @@ fn kill_of_a_worker_during_a_migration_leaves_one_consistent_state() {
     let data_dir = c.data_dir();
     let data_dir = data_dir.to_str().unwrap();
     // The source dies with its jail frozen for the snapshot; then the target dies
-    // while the layer is on its way to it.
-    for victim in ["w1", "w2"] {
+    // while the layer is on its way to it; then the source dies during a snapshot
+    // the control plane keeps.
+    for (victim, op) in [("w1", "migrate"), ("w2", "migrate"), ("w1", "snapshot")] {
         let id = c.create(&["--worker", "w1"]);
         let fill = c.cli(&[
             "exec",
@@ -1600,7 +1601,12 @@ fn kill_of_a_worker_during_a_migration_leaves_one_consistent_state() {
             .unwrap();
         }
         let mut migrate = std::process::Command::new(support::space_bin())
-            .args(["sandbox", "migrate", &id, "--worker", "w2"])
+            .args(["sandbox", op, &id])
+            .args(if op == "migrate" {
+                &["--worker", "w2"][..]
+            } else {
+                &[]
+            })
             .env("SPACE_URL", &c.url)
             .env("SPACE_API_KEY", &c.admin_key)
             .stdout(std::process::Stdio::null())
@@ -1653,6 +1659,14 @@ fn kill_of_a_worker_during_a_migration_leaves_one_consistent_state() {
         );
         let exec = c.cli(&["exec", &id, "--", "echo", "alive"]);
         assert_eq!(stdout(&exec), "alive\n", "{victim}");
+        // Nothing half-taken is left to restore.
+        let (status, _) = c.http(
+            "POST",
+            &format!("{}/v1/sandboxes/{id}/resume", c.url),
+            Some(&format!("Bearer {}", c.admin_key)),
+            br#"{"worker":"w2"}"#,
+        );
+        assert_eq!(status, 409, "{victim} {op}");
         assert!(
             after["execution"]["generation"].as_u64() >= before["execution"]["generation"].as_u64()
         );
@@ -1674,4 +1688,68 @@ fn kill_of_a_worker_during_a_migration_leaves_one_consistent_state() {
         }
         c.cli(&["sandbox", "rm", &id]);
     }
+}
+
+#[test]
+fn crash_of_the_control_plane_during_a_snapshot_leaves_one_consistent_state() {
+    if !can_run_jails() {
+        return;
+    }
+    let mut c = Cluster::start();
+    let id = c.create(&["--worker", "w1"]);
+    let fill = c.cli(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "echo survives > /root/f && head -c 100000000 /dev/urandom > /root/big",
+    ]);
+    assert!(fill.status.success());
+    let mut snapshot = std::process::Command::new(support::space_bin())
+        .args(["sandbox", "snapshot", &id])
+        .env("SPACE_URL", &c.url)
+        .env("SPACE_API_KEY", &c.admin_key)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while !jail_frozen(&id) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the jail was never frozen"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    c.crash_and_restart();
+    let _ = snapshot.kill();
+    let _ = snapshot.wait();
+    // Either the snapshot was kept before the crash (paused, frozen, restorable) or it
+    // was not (running again, thawed, nothing to restore) — never a mix.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(40);
+    let state = loop {
+        let s = c.sandbox(&id);
+        let frozen = jail_frozen(&id);
+        if (s["state"] == "running" && !frozen) || (s["state"] == "paused" && frozen) {
+            break s["state"].as_str().unwrap().to_owned();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not consistent: {s} frozen={frozen}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let resume = c.cli(&["sandbox", "resume", &id, "--worker", "w2"]);
+    if state == "running" {
+        assert!(!resume.status.success(), "a running sandbox was restored");
+    } else {
+        assert!(
+            resume.status.success(),
+            "{}",
+            String::from_utf8_lossy(&resume.stderr)
+        );
+        assert_eq!(c.sandbox(&id)["execution"]["worker"], "w2");
+    }
+    assert_eq!(stdout(&c.cli(&["fs", "get", &id, "/root/f"])), "survives\n");
 }
