@@ -167,8 +167,8 @@ fn two_control_plane_replicas_on_one_postgresql_serve_the_same_sandboxes() {
 
 /// The replica a worker enrolled with dies (`kill -9`); the other takes over the
 /// sandbox's operations. The execution, its route and the capabilities the dead
-/// replica issued stay valid, and a stream opened before the hand-off keeps
-/// delivering.
+/// replica issued stay valid, and streams opened before the hand-off (at the worker,
+/// and through a standalone edge that relayed to the dead replica) keep delivering.
 #[test]
 fn a_surviving_replica_takes_over_keeping_the_execution_capabilities_and_streams() {
     use futures_util::StreamExt;
@@ -257,17 +257,26 @@ fn a_surviving_replica_takes_over_keeping_the_execution_capabilities_and_streams
         .enable_all()
         .build()
         .unwrap();
-    let mut watch = rt.block_on(async {
+    // A standalone edge that relays to the replica about to die.
+    let (_edge, edge) = start(
+        &["edge", "--control", &a, "--listen", "127.0.0.1:0"],
+        "edge listening on ",
+    );
+    let open = |base: &str, auth: &str| {
         let mut req = format!(
             "{}/v1/sandboxes/{id}/watch?path=/root",
-            worker.replacen("http", "ws", 1)
+            base.replacen("http", "ws", 1)
         )
         .into_client_request()
         .unwrap();
         req.headers_mut()
-            .insert("authorization", cap_auth.parse().unwrap());
-        tokio_tungstenite::connect_async(req).await.unwrap().0
-    });
+            .insert("authorization", auth.parse().unwrap());
+        rt.block_on(tokio_tungstenite::connect_async(req))
+            .unwrap()
+            .0
+    };
+    // One watch straight at the worker, one through the edge.
+    let mut watches = [open(&worker, &cap_auth), open(&edge, &admin)];
 
     // The replica that created the sandbox, issued the capability and enrolled the
     // worker dies without warning.
@@ -279,23 +288,25 @@ fn a_surviving_replica_takes_over_keeping_the_execution_capabilities_and_streams
     assert_eq!(exec(&b, &admin, &id, "true")["execution_id"], before);
     let direct = exec(&worker, &cap_auth, &id, "echo handed-off > /root/after");
     assert_eq!(direct["execution_id"], before);
-    // The stream opened before the hand-off sees the change.
-    rt.block_on(async {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let m = tokio::time::timeout(left, watch.next())
-                .await
-                .expect("no watch event after the hand-off")
-                .expect("the watch ended")
-                .expect("watch error");
-            match m {
-                Message::Text(t) if t.contains("after") => break,
-                Message::Close(f) => panic!("the watch closed: {f:?}"),
-                _ => {}
+    // The streams opened before the hand-off see the change.
+    for watch in &mut watches {
+        rt.block_on(async {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+            loop {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                let m = tokio::time::timeout(left, watch.next())
+                    .await
+                    .expect("no watch event after the hand-off")
+                    .expect("the watch ended")
+                    .expect("watch error");
+                match m {
+                    Message::Text(t) if t.contains("after") => break,
+                    Message::Close(f) => panic!("the watch closed: {f:?}"),
+                    _ => {}
+                }
             }
-        }
-    });
+        });
+    }
     // The survivor's signed updates reach the worker the dead replica enrolled:
     // pause and resume in place keep the execution and the stream.
     for op in ["pause", "resume"] {
@@ -322,10 +333,12 @@ fn a_surviving_replica_takes_over_keeping_the_execution_capabilities_and_streams
         fresh["route"], cap["route"],
         "the route changed in the hand-off"
     );
-    rt.block_on(async {
-        let m = tokio::time::timeout(std::time::Duration::from_millis(300), watch.next()).await;
-        if let Ok(Some(Ok(Message::Close(f)))) = m {
-            panic!("the watch closed after pause/resume: {f:?}");
-        }
-    });
+    for watch in &mut watches {
+        rt.block_on(async {
+            let m = tokio::time::timeout(std::time::Duration::from_millis(300), watch.next()).await;
+            if let Ok(Some(Ok(Message::Close(f)))) = m {
+                panic!("the watch closed after pause/resume: {f:?}");
+            }
+        });
+    }
 }
