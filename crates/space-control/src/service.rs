@@ -228,7 +228,21 @@ impl ControlPlane {
             expires_at: s.expires_at.map(|t| api::rfc3339(t.max(0) as u64)),
             execution,
             metadata: s.metadata.clone(),
+            step: match s.state {
+                SandboxState::Migrating => self
+                    .store
+                    .kv_get(&step_key(&s.id))
+                    .await?
+                    .filter(|v| !v.is_empty()),
+                _ => None,
+            },
         })
+    }
+
+    /// Records the step a snapshot or migration of `sandbox` is at, for clients that
+    /// show progress (best effort: a failure to record it changes nothing else).
+    async fn step(&self, sandbox: &SandboxId, step: String) {
+        let _ = self.store.kv_set(&step_key(sandbox), &step).await;
     }
 
     /// Creates a sandbox and launches its first execution.
@@ -555,6 +569,8 @@ impl ControlPlane {
         src: &ExecutionRecord,
     ) -> Result<bytes::Bytes, ApiError> {
         let sw = self.store.get_worker(&src.worker).await?;
+        self.step(&s.id, format!("freezing and archiving on {}", sw.id))
+            .await;
         let snapshot = self
             .sign_update(
                 &sw.id,
@@ -603,6 +619,11 @@ impl ControlPlane {
                 },
             )
             .await;
+        self.step(
+            &s.id,
+            format!("transferring {} to {}", mib(archive.len()), tw.id),
+        )
+        .await;
         let header = b64(&serde_json::to_vec(&layer).unwrap_or_default());
         let placed = self
             .http
@@ -625,7 +646,14 @@ impl ControlPlane {
                 String::from_utf8_lossy(&placed.body)
             )));
         }
+        self.step(&s.id, format!("starting the new execution on {}", tw.id))
+            .await;
         self.start_execution(s, target).await?;
+        self.step(
+            &s.id,
+            format!("retiring the old execution on {}", src.worker),
+        )
+        .await;
         let src = self.store.get_execution(&s.id, src.generation).await?;
         self.retire(&src).await
     }
@@ -684,6 +712,8 @@ impl ControlPlane {
         let digest = blake3::hash(&archive).to_hex().to_string();
         let path = self.snapshot_path(&s.id);
         let size = archive.len() as u64;
+        self.step(&s.id, format!("storing {}", mib(archive.len())))
+            .await;
         let dir = self.snapshot_dir.clone();
         let file = path.clone();
         tokio::task::spawn_blocking(move || -> std::io::Result<()> {
@@ -1307,6 +1337,14 @@ impl ControlPlane {
 }
 
 /// The kv key recording a stored snapshot: "generation digest size".
+fn step_key(sandbox: &SandboxId) -> String {
+    format!("step:{sandbox}")
+}
+
+fn mib(bytes: usize) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
 fn snapshot_key(sandbox: &SandboxId) -> String {
     format!("snapshot:{sandbox}")
 }

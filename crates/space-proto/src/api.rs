@@ -111,6 +111,10 @@ pub struct Sandbox {
     pub execution: Option<ExecutionView>,
     /// Caller's metadata.
     pub metadata: serde_json::Value,
+    /// While `migrating`: the step under way ("archiving", "transferring 12.0 MiB to
+    /// w2", …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
 }
 
 /// `POST /v1/sandboxes/{id}/exec`.

@@ -138,9 +138,15 @@ fn table(headers: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-/// Shows `label` with a spinner and the elapsed time on a terminal's stderr while
-/// `work` runs (the server reports no steps, so time is what there is to show).
-async fn with_progress<T>(label: &str, work: impl std::future::Future<Output = T>) -> T {
+/// Shows `label`, the step the control plane reports for sandbox `id` (archiving,
+/// transferring, starting, retiring) and the elapsed time on a terminal's stderr
+/// while `work` runs.
+async fn with_progress<T>(
+    c: &Client,
+    id: &str,
+    label: &str,
+    work: impl std::future::Future<Output = T>,
+) -> T {
     use std::io::IsTerminal;
     if !std::io::stderr().is_terminal() {
         return work.await;
@@ -150,11 +156,23 @@ async fn with_progress<T>(label: &str, work: impl std::future::Future<Output = T
     let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
     let frames = ['|', '/', '-', '\\'];
     let mut n = 0usize;
+    let mut step = String::new();
+    let path = format!("/v1/sandboxes/{id}");
     let out = loop {
         tokio::select! {
             v = &mut work => break v,
             _ = tick.tick() => {
-                eprint!("\r{} {label} {:.1} s", frames[n % frames.len()], started.elapsed().as_secs_f64());
+                // Every half second, ask where the operation is.
+                if n % 5 == 0 {
+                    if let Ok(s) = c.json::<Sandbox>(Method::GET, &path, None).await {
+                        step = s.step.map(|s| format!(": {s}")).unwrap_or_default();
+                    }
+                }
+                eprint!(
+                    "\r\x1b[2K{} {label}{step} {:.1} s",
+                    frames[n % frames.len()],
+                    started.elapsed().as_secs_f64()
+                );
                 n += 1;
             }
         }
@@ -264,7 +282,7 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
             let path = format!("/v1/sandboxes/{id}/resume");
             let call = c.json::<Sandbox>(Method::POST, &path, body);
             let s = match worker {
-                Some(w) => with_progress(&format!("restoring {id} on {w}"), call).await?,
+                Some(w) => with_progress(&c, id, &format!("restoring {id} on {w}"), call).await?,
                 None => call.await?,
             };
             show(cli, &s);
@@ -272,6 +290,8 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
         Command::Sandbox(SandboxCmd::Snapshot { id }) => {
             let path = format!("/v1/sandboxes/{id}/snapshot");
             let v: serde_json::Value = with_progress(
+                &c,
+                id,
                 &format!("snapshot of {id}"),
                 c.json(Method::POST, &path, None),
             )
@@ -292,11 +312,7 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
             let body = serde_json::json!({ "worker": worker });
             let path = format!("/v1/sandboxes/{id}/migrate");
             let call = c.json::<Sandbox>(Method::POST, &path, Some(body));
-            let s = with_progress(
-                &format!("migrating {id} to {worker} (freeze, archive, transfer, restore)"),
-                call,
-            )
-            .await?;
+            let s = with_progress(&c, id, &format!("migrating {id} to {worker}"), call).await?;
             if cli.json {
                 print_json(&s);
             } else {

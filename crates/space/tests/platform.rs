@@ -1753,3 +1753,49 @@ fn crash_of_the_control_plane_during_a_snapshot_leaves_one_consistent_state() {
     }
     assert_eq!(stdout(&c.cli(&["fs", "get", &id, "/root/f"])), "survives\n");
 }
+
+#[test]
+fn migrate_on_a_terminal_shows_the_step_under_way() {
+    if !can_run_jails() {
+        return;
+    }
+    if std::process::Command::new("script")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: needs `script` (util-linux) to give the CLI a terminal");
+        return;
+    }
+    let c = Cluster::start();
+    let id = c.create(&["--worker", "w1"]);
+    // The target is held still for a while, so the transfer is seen under way.
+    let data_dir = c.data_dir();
+    let w2 = pid_of(&["worker", "--id", "w2", data_dir.to_str().unwrap()]);
+    let w2 = nix::unistd::Pid::from_raw(w2);
+    nix::sys::signal::kill(w2, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let resume = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        nix::sys::signal::kill(w2, nix::sys::signal::Signal::SIGCONT).unwrap();
+    });
+    let cmd = format!(
+        "{} sandbox migrate {id} --worker w2",
+        support::space_bin().display()
+    );
+    let out = std::process::Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .env("SPACE_URL", &c.url)
+        .env("SPACE_API_KEY", &c.admin_key)
+        .output()
+        .unwrap();
+    resume.join().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("migrating {id} to w2: transferring")),
+        "{text}"
+    );
+    assert!(text.contains("new execution exe_"), "{text}");
+    // Once done, no step is reported.
+    assert!(c.sandbox(&id).get("step").is_none());
+}
