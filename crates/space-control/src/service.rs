@@ -56,11 +56,19 @@ pub struct ControlPlane {
     snapshot_dir: std::path::PathBuf,
 }
 
-/// Marks a sandbox busy for as long as it lives.
-struct Busy<'a>(&'a ControlPlane, SandboxId);
+/// Marks a sandbox busy for as long as it lives; with a lease, also renews the
+/// sandbox's lease in the store so that other replicas' reconcilers leave it alone.
+struct Busy<'a>(
+    &'a ControlPlane,
+    SandboxId,
+    Option<tokio::task::AbortHandle>,
+);
 
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
+        if let Some(lease) = self.2.take() {
+            lease.abort();
+        }
         if let Ok(mut b) = self.0.busy.lock() {
             b.remove(&self.1);
         }
@@ -295,7 +303,7 @@ impl ControlPlane {
             env,
             generation: 0,
         };
-        let _busy = self.busy(record.id)?;
+        let _busy = self.transition(record.id)?;
         self.store.create_sandbox(&record).await?;
         if pause_at_ttl {
             self.store
@@ -511,7 +519,7 @@ impl ControlPlane {
             )));
         }
         self.place(Some(target), None).await?;
-        let _busy = self.busy(s.id)?;
+        let _busy = self.transition(s.id)?;
         self.store
             .set_sandbox_state(&s.id, SandboxState::Migrating, Some(before))
             .await?;
@@ -669,7 +677,7 @@ impl ControlPlane {
                 s.state.as_str()
             )));
         }
-        let _busy = self.busy(s.id)?;
+        let _busy = self.transition(s.id)?;
         let src = self
             .store
             .current_execution(&s.id)
@@ -794,7 +802,7 @@ impl ControlPlane {
                 "the stored snapshot does not match its digest (tampered or truncated); nothing was changed",
             ));
         }
-        let _busy = self.busy(s.id)?;
+        let _busy = self.transition(s.id)?;
         self.store
             .set_sandbox_state(&s.id, SandboxState::Migrating, Some(SandboxState::Paused))
             .await?;
@@ -835,7 +843,29 @@ impl ControlPlane {
                 "another lifecycle operation on this sandbox is under way",
             ));
         }
-        Ok(Busy(self, sandbox))
+        Ok(Busy(self, sandbox, None))
+    }
+
+    /// Like [`Self::busy`], for a transition (start, snapshot, migration): while it
+    /// lasts, its lease in the store is renewed every third of the reconciler's grace
+    /// period (first after one third, so quick ones write nothing), so a slow
+    /// transition on this replica is never taken over by another's reconciler.
+    fn transition(&self, sandbox: SandboxId) -> Result<Busy<'_>, ApiError> {
+        let mut busy = self.busy(sandbox)?;
+        let store = self.store.clone();
+        let period =
+            std::time::Duration::from_millis((self.reconcile_after_secs.max(1) as u64) * 1000 / 3);
+        let renew = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                let now = now_secs().to_string();
+                if let Err(e) = store.kv_set(&lease_key(&sandbox), &now).await {
+                    tracing::warn!(%sandbox, error = %e, "could not renew a transition lease");
+                }
+            }
+        });
+        busy.2 = Some(renew.abort_handle());
+        Ok(busy)
     }
 
     /// Finishes transitions that a crash interrupted (a control plane killed during a
@@ -843,8 +873,9 @@ impl ControlPlane {
     /// not seeing it listed any more, retires it at its next sync), every running
     /// execution but the newest is retired, the newest is thawed in case a snapshot
     /// froze it, and the sandbox is running again — or stopped when nothing runs. A
-    /// transition is taken over only when its newest execution has not changed for
-    /// the grace period, so one still under way elsewhere is left alone.
+    /// transition is taken over only when neither its newest execution nor its lease
+    /// (renewed by the replica running it) has changed for the grace period, so one
+    /// still under way elsewhere, however slow, is left alone.
     pub async fn reconcile_transitions(&self) -> Result<(), ApiError> {
         let now = now_secs() as i64;
         for t in self.store.list_tenants().await? {
@@ -861,7 +892,15 @@ impl ControlPlane {
                     .map(|e| e.updated_at)
                     .max()
                     .unwrap_or(s.created_at);
-                if now - newest < self.reconcile_after_secs {
+                let leased = self
+                    .store
+                    .kv_get(&lease_key(&s.id))
+                    .await?
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .unwrap_or(0);
+                // Whole seconds on both sides: a lease renewed a moment ago can read
+                // as a full second old, hence `<=`.
+                if now - newest.max(leased) <= self.reconcile_after_secs {
                     continue;
                 }
                 tracing::warn!(sandbox = %s.id, state = s.state.as_str(), "finishing an interrupted transition");
@@ -1183,7 +1222,7 @@ impl ControlPlane {
         let current = self.store.current_execution(sandbox).await?;
         let superseded = current.is_some_and(|c| c.generation > generation);
         if matches!(s.state, SandboxState::Running | SandboxState::Starting) && !superseded {
-            let _busy = self.busy(s.id)?;
+            let _busy = self.transition(s.id)?;
             // Starting until the replacement runs: no capability is issued meanwhile.
             self.store
                 .set_sandbox_state(sandbox, SandboxState::Starting, Some(s.state))
@@ -1337,6 +1376,10 @@ impl ControlPlane {
 }
 
 /// The kv key recording a stored snapshot: "generation digest size".
+fn lease_key(sandbox: &SandboxId) -> String {
+    format!("lease:{sandbox}")
+}
+
 fn step_key(sandbox: &SandboxId) -> String {
     format!("step:{sandbox}")
 }

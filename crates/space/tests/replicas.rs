@@ -30,9 +30,14 @@ impl Drop for Proc {
 
 /// Starts a `space` subcommand and returns it with the URL from its first line.
 fn start(args: &[&str], prefix: &str) -> (Proc, String) {
+    start_with(args, prefix, &[])
+}
+
+fn start_with(args: &[&str], prefix: &str, env: &[(&str, &str)]) -> (Proc, String) {
     let mut child = Command::new(space_bin())
         .args(args)
         .env("SPACE_LOG", "warn")
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -341,4 +346,110 @@ fn a_surviving_replica_takes_over_keeping_the_execution_capabilities_and_streams
             }
         });
     }
+}
+
+/// A migration held up on one replica (its target stalls for longer than the
+/// reconciler's grace period) is not taken over by the other replica's reconciler:
+/// the replica running it renews its lease. It then finishes normally.
+#[test]
+fn a_slow_transition_on_one_replica_is_not_taken_over_by_another() {
+    if !can_run_jails() {
+        return;
+    }
+    let Some(pg) = space_store::testing::PgServer::start().expect("PostgreSQL failed to start")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let db = pg.url();
+    let control = |name: &str| {
+        let d = dir.path().join(name);
+        start_with(
+            &[
+                "control",
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                d.to_str().unwrap(),
+                "--database-url",
+                &db,
+            ],
+            "control plane listening on ",
+            &[("SPACE_RECONCILE_AFTER_SECS", "1")],
+        )
+    };
+    let (_a, a) = control("a");
+    let (_b, b) = control("b");
+    let admin = format!(
+        "Bearer {}",
+        std::fs::read_to_string(dir.path().join("a/admin.key"))
+            .unwrap()
+            .trim()
+    );
+    let enroll = dir.path().join("a/enroll.key");
+    let cgroup = format!("space-test-lease-{}", std::process::id());
+    let mut workers = Vec::new();
+    for id in ["w1", "w2"] {
+        let data = dir.path().join(id);
+        workers.push(start(
+            &[
+                "worker",
+                "--id",
+                id,
+                "--control",
+                &a,
+                "--enroll-secret-file",
+                enroll.to_str().unwrap(),
+                "--data-dir",
+                data.to_str().unwrap(),
+                "--cgroup-parent",
+                &cgroup,
+            ],
+            &format!("worker {id} listening on "),
+        ));
+    }
+    let (status, body) = http(
+        "POST",
+        &format!("{a}/v1/sandboxes"),
+        Some(&admin),
+        br#"{"worker":"w1"}"#,
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let id = serde_json::from_slice::<serde_json::Value>(&body).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let w2 = nix::unistd::Pid::from_raw(workers[1].0.0.id() as i32);
+    nix::sys::signal::kill(w2, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let migrate = {
+        let (a, id, admin) = (a.clone(), id.clone(), admin.clone());
+        std::thread::spawn(move || {
+            http(
+                "POST",
+                &format!("{a}/v1/sandboxes/{id}/migrate"),
+                Some(&admin),
+                br#"{"worker":"w2"}"#,
+            )
+        })
+    };
+    // Longer than B's grace period plus one reconciler round (5 s).
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(8);
+    let mut seen_migrating = false;
+    while std::time::Instant::now() < until {
+        let (_, body) = http("GET", &format!("{b}/v1/sandboxes/{id}"), Some(&admin), b"");
+        let s: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        seen_migrating |= s["state"] == "migrating";
+        assert!(
+            !seen_migrating || s["state"] == "migrating",
+            "replica B took over a migration still under way on A: {s}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert!(seen_migrating, "the migration was never under way");
+    nix::sys::signal::kill(w2, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let (status, body) = migrate.join().unwrap();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let s: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(s["state"], "running");
+    assert_eq!(s["execution"]["worker"], "w2");
 }
