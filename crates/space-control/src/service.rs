@@ -247,6 +247,22 @@ impl ControlPlane {
         })
     }
 
+    /// The sandbox's current execution, which must be running (`409 not_running`
+    /// otherwise).
+    async fn running_execution(&self, sandbox: &SandboxId) -> Result<ExecutionRecord, ApiError> {
+        self.store
+            .current_execution(sandbox)
+            .await?
+            .filter(|e| e.state == ExecutionState::Running)
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::CONFLICT,
+                    "not_running",
+                    "the sandbox has no running execution",
+                )
+            })
+    }
+
     /// Records the step a snapshot or migration of `sandbox` is at, for clients that
     /// show progress (best effort: a failure to record it changes nothing else).
     async fn step(&self, sandbox: &SandboxId, step: String) {
@@ -448,18 +464,7 @@ impl ControlPlane {
                 s.state.as_str()
             )));
         }
-        let exe = self
-            .store
-            .current_execution(&s.id)
-            .await?
-            .filter(|e| e.state == ExecutionState::Running)
-            .ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::CONFLICT,
-                    "not_running",
-                    "the sandbox has no running execution",
-                )
-            })?;
+        let exe = self.running_execution(&s.id).await?;
         let w = self.store.get_worker(&exe.worker).await?;
         let (sandbox, generation, execution_id) = (s.id, exe.generation, exe.execution_id);
         let update = if pause {
@@ -501,18 +506,7 @@ impl ControlPlane {
                 before.as_str()
             )));
         }
-        let src = self
-            .store
-            .current_execution(&s.id)
-            .await?
-            .filter(|e| e.state == ExecutionState::Running)
-            .ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::CONFLICT,
-                    "not_running",
-                    "the sandbox has no running execution",
-                )
-            })?;
+        let src = self.running_execution(&s.id).await?;
         if src.worker == *target {
             return Err(ApiError::conflict(format!(
                 "the sandbox already runs on {target}"
@@ -678,18 +672,7 @@ impl ControlPlane {
             )));
         }
         let _busy = self.transition(s.id)?;
-        let src = self
-            .store
-            .current_execution(&s.id)
-            .await?
-            .filter(|e| e.state == ExecutionState::Running)
-            .ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::CONFLICT,
-                    "not_running",
-                    "the sandbox has no running execution",
-                )
-            })?;
+        let src = self.running_execution(&s.id).await?;
         // `migrating` while the snapshot is taken: a crash before it is stored leaves
         // a state the reconciler finishes (thawed and running again).
         self.store
@@ -763,18 +746,7 @@ impl ControlPlane {
                 s.state.as_str()
             )));
         }
-        let src = self
-            .store
-            .current_execution(&s.id)
-            .await?
-            .filter(|e| e.state == ExecutionState::Running)
-            .ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::CONFLICT,
-                    "not_running",
-                    "the sandbox has no running execution",
-                )
-            })?;
+        let src = self.running_execution(&s.id).await?;
         let recorded = self.store.kv_get(&snapshot_key(&s.id)).await?;
         let Some((generation, digest)) = recorded.as_deref().and_then(|v| {
             let mut f = v.split(' ');
@@ -1018,18 +990,7 @@ impl ControlPlane {
             return Err(ApiError::conflict("the sandbox is stopped"));
         }
         // Only an execution its worker acknowledged as running gets capabilities.
-        let exe = self
-            .store
-            .current_execution(&s.id)
-            .await?
-            .filter(|e| e.state == ExecutionState::Running)
-            .ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::CONFLICT,
-                    "not_running",
-                    "the sandbox has no running execution",
-                )
-            })?;
+        let exe = self.running_execution(&s.id).await?;
         let worker = self.store.get_worker(&exe.worker).await?;
         let keys = self.keys().await;
         let now = now_secs();

@@ -51,6 +51,48 @@ fn start_with(args: &[&str], prefix: &str, env: &[(&str, &str)]) -> (Proc, Strin
     (Proc(child), url)
 }
 
+/// Starts a control-plane replica on `db` with its data in `dir`.
+fn start_control(dir: &std::path::Path, db: &str, env: &[(&str, &str)]) -> (Proc, String) {
+    start_with(
+        &[
+            "control",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.to_str().unwrap(),
+            "--database-url",
+            db,
+        ],
+        "control plane listening on ",
+        env,
+    )
+}
+
+/// Starts worker `id` enrolled with the replica at `control`.
+fn start_worker(id: &str, control: &str, enroll: &std::path::Path, dir: &std::path::Path) -> Proc {
+    // One cgroup parent per worker: the tests of this file run at once.
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let cgroup = format!("space-test-replicas-{}-{n}", std::process::id());
+    start(
+        &[
+            "worker",
+            "--id",
+            id,
+            "--control",
+            control,
+            "--enroll-secret-file",
+            enroll.to_str().unwrap(),
+            "--data-dir",
+            dir.join(id).to_str().unwrap(),
+            "--cgroup-parent",
+            &cgroup,
+        ],
+        &format!("worker {id} listening on "),
+    )
+    .0
+}
+
 #[test]
 fn two_control_plane_replicas_on_one_postgresql_serve_the_same_sandboxes() {
     if !can_run_jails() {
@@ -63,30 +105,8 @@ fn two_control_plane_replicas_on_one_postgresql_serve_the_same_sandboxes() {
     let dir = tempfile::tempdir().unwrap();
     let (a_dir, b_dir) = (dir.path().join("a"), dir.path().join("b"));
     let db = pg.url();
-    let (_a, a) = start(
-        &[
-            "control",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            a_dir.to_str().unwrap(),
-            "--database-url",
-            &db,
-        ],
-        "control plane listening on ",
-    );
-    let (_b, b) = start(
-        &[
-            "control",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            b_dir.to_str().unwrap(),
-            "--database-url",
-            &db,
-        ],
-        "control plane listening on ",
-    );
+    let (_a, a) = start_control(&a_dir, &db, &[]);
+    let (_b, b) = start_control(&b_dir, &db, &[]);
     // Both replicas hold the same enrollment secret; the first wrote the admin key.
     assert_eq!(
         std::fs::read_to_string(a_dir.join("enroll.key")).unwrap(),
@@ -98,24 +118,7 @@ fn two_control_plane_replicas_on_one_postgresql_serve_the_same_sandboxes() {
             .unwrap()
             .trim()
     );
-    let worker_dir = dir.path().join("w1");
-    let cgroup = format!("space-test-replicas-{}", std::process::id());
-    let (_w, _) = start(
-        &[
-            "worker",
-            "--id",
-            "w1",
-            "--control",
-            &b,
-            "--enroll-secret-file",
-            a_dir.join("enroll.key").to_str().unwrap(),
-            "--data-dir",
-            worker_dir.to_str().unwrap(),
-            "--cgroup-parent",
-            &cgroup,
-        ],
-        "worker w1 listening on ",
-    );
+    let _w = start_worker("w1", &b, &a_dir.join("enroll.key"), dir.path());
 
     // Create through A, run through B, and the other way round.
     let (status, body) = http("POST", &format!("{a}/v1/sandboxes"), Some(&admin), b"{}");
@@ -189,46 +192,15 @@ fn a_surviving_replica_takes_over_keeping_the_execution_capabilities_and_streams
     let dir = tempfile::tempdir().unwrap();
     let (a_dir, b_dir) = (dir.path().join("a"), dir.path().join("b"));
     let db = pg.url();
-    let control = |d: &std::path::Path| {
-        start(
-            &[
-                "control",
-                "--listen",
-                "127.0.0.1:0",
-                "--data-dir",
-                d.to_str().unwrap(),
-                "--database-url",
-                &db,
-            ],
-            "control plane listening on ",
-        )
-    };
-    let (mut a_proc, a) = control(&a_dir);
-    let (_b, b) = control(&b_dir);
+    let (mut a_proc, a) = start_control(&a_dir, &db, &[]);
+    let (_b, b) = start_control(&b_dir, &db, &[]);
     let admin = format!(
         "Bearer {}",
         std::fs::read_to_string(a_dir.join("admin.key"))
             .unwrap()
             .trim()
     );
-    let worker_dir = dir.path().join("w1");
-    let cgroup = format!("space-test-handoff-{}", std::process::id());
-    let (_w, _) = start(
-        &[
-            "worker",
-            "--id",
-            "w1",
-            "--control",
-            &a,
-            "--enroll-secret-file",
-            a_dir.join("enroll.key").to_str().unwrap(),
-            "--data-dir",
-            worker_dir.to_str().unwrap(),
-            "--cgroup-parent",
-            &cgroup,
-        ],
-        "worker w1 listening on ",
-    );
+    let _w = start_worker("w1", &a, &a_dir.join("enroll.key"), dir.path());
     let json = |b: &[u8]| -> serde_json::Value { serde_json::from_slice(b).unwrap() };
     let exec = |url: &str, auth: &str, id: &str, cmd: &str| -> serde_json::Value {
         let body = serde_json::json!({"cmd": ["sh", "-c", cmd]}).to_string();
@@ -362,24 +334,9 @@ fn a_slow_transition_on_one_replica_is_not_taken_over_by_another() {
     };
     let dir = tempfile::tempdir().unwrap();
     let db = pg.url();
-    let control = |name: &str| {
-        let d = dir.path().join(name);
-        start_with(
-            &[
-                "control",
-                "--listen",
-                "127.0.0.1:0",
-                "--data-dir",
-                d.to_str().unwrap(),
-                "--database-url",
-                &db,
-            ],
-            "control plane listening on ",
-            &[("SPACE_RECONCILE_AFTER_SECS", "1")],
-        )
-    };
-    let (_a, a) = control("a");
-    let (_b, b) = control("b");
+    let lease = [("SPACE_RECONCILE_AFTER_SECS", "1")];
+    let (_a, a) = start_control(&dir.path().join("a"), &db, &lease);
+    let (_b, b) = start_control(&dir.path().join("b"), &db, &lease);
     let admin = format!(
         "Bearer {}",
         std::fs::read_to_string(dir.path().join("a/admin.key"))
@@ -387,27 +344,10 @@ fn a_slow_transition_on_one_replica_is_not_taken_over_by_another() {
             .trim()
     );
     let enroll = dir.path().join("a/enroll.key");
-    let cgroup = format!("space-test-lease-{}", std::process::id());
-    let mut workers = Vec::new();
-    for id in ["w1", "w2"] {
-        let data = dir.path().join(id);
-        workers.push(start(
-            &[
-                "worker",
-                "--id",
-                id,
-                "--control",
-                &a,
-                "--enroll-secret-file",
-                enroll.to_str().unwrap(),
-                "--data-dir",
-                data.to_str().unwrap(),
-                "--cgroup-parent",
-                &cgroup,
-            ],
-            &format!("worker {id} listening on "),
-        ));
-    }
+    let workers: Vec<Proc> = ["w1", "w2"]
+        .iter()
+        .map(|id| start_worker(id, &a, &enroll, dir.path()))
+        .collect();
     let (status, body) = http(
         "POST",
         &format!("{a}/v1/sandboxes"),
@@ -419,7 +359,7 @@ fn a_slow_transition_on_one_replica_is_not_taken_over_by_another() {
         .as_str()
         .unwrap()
         .to_owned();
-    let w2 = nix::unistd::Pid::from_raw(workers[1].0.0.id() as i32);
+    let w2 = nix::unistd::Pid::from_raw(workers[1].0.id() as i32);
     nix::sys::signal::kill(w2, nix::sys::signal::Signal::SIGSTOP).unwrap();
     let migrate = {
         let (a, id, admin) = (a.clone(), id.clone(), admin.clone());
