@@ -39,6 +39,12 @@ impl Drop for Running {
             Some(&self.bridge),
             Layer::Discard,
         );
+        // This process's cgroup parents go once its last jail has (rmdir refuses a
+        // parent that still holds another test's jail).
+        let parent = &self.driver.config().cgroup_parent;
+        for dir in self.driver.hierarchy().parent_dirs(parent) {
+            let _ = std::fs::remove_dir(dir);
+        }
     }
 }
 
