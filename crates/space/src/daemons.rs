@@ -7,25 +7,31 @@ use space_worker::daemon::{Binaries, WorkerConfig};
 
 use crate::{ControlArgs, EdgeArgs, WorkerArgs};
 
-/// Waits for SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
+/// Resolves at SIGINT or SIGTERM. The handlers are installed when this is called,
+/// not when it is first polled: call it before a slow start-up, so a signal that
+/// arrives meanwhile still ends in a clean shutdown rather than the default action.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) else {
-        // Without signal handlers the process can only be killed; wait forever.
-        std::future::pending::<()>().await;
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+    );
+    async move {
+        let (Ok(mut term), Ok(mut int)) = handlers else {
+            // Without signal handlers the process can only be killed; wait forever.
+            std::future::pending::<()>().await;
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
     }
 }
 
 /// `space control`.
 pub async fn control(a: ControlArgs) -> Result<(), String> {
+    let stop = shutdown_signal();
     let handle = serve(ControlConfig {
         listen: a.listen,
         data_dir: a.data_dir,
@@ -33,7 +39,7 @@ pub async fn control(a: ControlArgs) -> Result<(), String> {
     })
     .await?;
     println!("control plane listening on http://{}", handle.addr);
-    shutdown_signal().await;
+    stop.await;
     handle.shutdown().await;
     Ok(())
 }
@@ -80,9 +86,10 @@ pub async fn worker(a: WorkerArgs) -> Result<(), String> {
         jail_binary: bin_dir.join("space-jail"),
         cgroup_parent,
     };
+    let stop = shutdown_signal();
     let handle = space_worker::daemon::run(config).await?;
     println!("worker {} listening on http://{}", a.id, handle.addr);
-    shutdown_signal().await;
+    stop.await;
     handle.shutdown(true).await;
     Ok(())
 }

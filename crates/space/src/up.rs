@@ -22,6 +22,7 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
     if a.workers == 0 || a.workers > 64 {
         return Err("--workers must be 1 to 64".into());
     }
+    let stop = shutdown_signal();
     std::fs::create_dir_all(&a.data_dir).map_err(|e| format!("{}: {e}", a.data_dir.display()))?;
     let data_dir = std::path::absolute(&a.data_dir).map_err(|e| format!("--data-dir: {e}"))?;
     let bin_dir = own_dir()?;
@@ -75,7 +76,7 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
         )));
     }
 
-    shutdown_signal().await;
+    stop.await;
     println!("stopping…");
     stopping.store(true, Ordering::SeqCst);
     stop_children(&children).await;
