@@ -1381,14 +1381,7 @@ fn crash_of_the_control_plane_during_a_migration_leaves_one_consistent_state() {
         nix::sys::signal::Signal::SIGSTOP,
     )
     .unwrap();
-    let mut migrate = std::process::Command::new(support::space_bin())
-        .args(["sandbox", "migrate", &id, "--worker", "w2"])
-        .env("SPACE_URL", &c.url)
-        .env("SPACE_API_KEY", &c.admin_key)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut migrate = c.spawn_cli(&["sandbox", "migrate", &id, "--worker", "w2"]);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
     while c.sandbox(&id)["state"] != "migrating" {
         assert!(
@@ -1600,19 +1593,11 @@ fn kill_of_a_worker_during_a_migration_leaves_one_consistent_state() {
             )
             .unwrap();
         }
-        let mut migrate = std::process::Command::new(support::space_bin())
-            .args(["sandbox", op, &id])
-            .args(if op == "migrate" {
-                &["--worker", "w2"][..]
-            } else {
-                &[]
-            })
-            .env("SPACE_URL", &c.url)
-            .env("SPACE_API_KEY", &c.admin_key)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut args = vec!["sandbox", op, &id];
+        if op == "migrate" {
+            args.extend(["--worker", "w2"]);
+        }
+        let mut migrate = c.spawn_cli(&args);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
         while !jail_frozen(&id) {
             assert!(
@@ -1706,14 +1691,7 @@ fn crash_of_the_control_plane_during_a_snapshot_leaves_one_consistent_state() {
         "echo survives > /root/f && head -c 100000000 /dev/urandom > /root/big",
     ]);
     assert!(fill.status.success());
-    let mut snapshot = std::process::Command::new(support::space_bin())
-        .args(["sandbox", "snapshot", &id])
-        .env("SPACE_URL", &c.url)
-        .env("SPACE_API_KEY", &c.admin_key)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut snapshot = c.spawn_cli(&["sandbox", "snapshot", &id]);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
     while !jail_frozen(&id) {
         assert!(

@@ -185,6 +185,19 @@ impl Cluster {
         child.wait_with_output().unwrap()
     }
 
+    /// Starts the CLI in the background (output discarded), for a command a test
+    /// interrupts.
+    pub fn spawn_cli(&self, args: &[&str]) -> Child {
+        Command::new(space_bin())
+            .args(args)
+            .env("SPACE_URL", &self.url)
+            .env("SPACE_API_KEY", &self.admin_key)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    }
+
     /// `space sandbox create` → the new ID.
     pub fn create(&self, extra: &[&str]) -> String {
         let mut args = vec!["sandbox", "create"];
