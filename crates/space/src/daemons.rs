@@ -86,8 +86,23 @@ pub async fn worker(a: WorkerArgs) -> Result<(), String> {
         jail_binary: bin_dir.join("space-jail"),
         cgroup_parent,
     };
-    let stop = shutdown_signal();
-    let handle = space_worker::daemon::run(config).await?;
+    let mut stop = std::pin::pin!(shutdown_signal());
+    let mut start = std::pin::pin!(space_worker::daemon::run(config));
+    let handle = tokio::select! {
+        h = &mut start => h?,
+        _ = &mut stop => {
+            // Signalled while starting (enrolling can wait ~40 s for a control plane):
+            // a start-up that is nearly done may finish and stop cleanly; otherwise
+            // stop now.
+            return match tokio::time::timeout(std::time::Duration::from_secs(5), &mut start).await {
+                Ok(h) => {
+                    h?.shutdown(true).await;
+                    Ok(())
+                }
+                Err(_) => Err("stopped while starting".into()),
+            };
+        }
+    };
     println!("worker {} listening on http://{}", a.id, handle.addr);
     stop.await;
     handle.shutdown(true).await;

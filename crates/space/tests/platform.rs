@@ -1777,3 +1777,46 @@ fn migrate_on_a_terminal_shows_the_step_under_way() {
     // Once done, no step is reported.
     assert!(c.sandbox(&id).get("step").is_none());
 }
+
+#[test]
+fn a_worker_signalled_while_it_waits_to_enroll_stops_promptly_and_cleanly() {
+    use std::os::unix::process::ExitStatusExt;
+    if !can_run_jails() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("enroll.key"), "not-used").unwrap();
+    // Nothing listens on port 1: the worker keeps retrying its enrollment.
+    let mut w = std::process::Command::new(support::space_bin())
+        .args(["worker", "--id", "wx", "--control", "http://127.0.0.1:1"])
+        .arg("--enroll-secret-file")
+        .arg(dir.path().join("enroll.key"))
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .args(["--cgroup-parent", "space-test-signal"])
+        .env("SPACE_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(w.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let status = loop {
+        if let Some(s) = w.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = w.kill();
+            panic!("the worker ignored SIGTERM while enrolling");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    // Handled (an exit code), not the signal's default action.
+    assert_eq!(status.signal(), None, "{status:?}");
+    assert_ne!(status.code(), Some(0), "{status:?}");
+}
