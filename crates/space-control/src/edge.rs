@@ -42,7 +42,8 @@ pub enum Authority {
 /// What the cache keeps per sandbox.
 #[derive(Debug, Clone)]
 pub(crate) struct Grant {
-    pub(crate) token: String,
+    /// `SpaceCap <token>`: the worker's `authorization` header.
+    pub(crate) authorization: String,
     pub(crate) worker_url: String,
     /// The tenant whose authorization produced it (`None`: an admin's).
     owner: Option<String>,
@@ -68,7 +69,7 @@ const RENEW_MARGIN_SECS: u64 = 10;
 pub struct Edge {
     authority: Authority,
     http: HttpClient,
-    routes: Mutex<RouteCache<Grant>>,
+    routes: Mutex<RouteCache<Arc<Grant>>>,
     /// One async lock per sandbox so concurrent refreshes share one resolve.
     resolving: Mutex<HashMap<SandboxId, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -193,7 +194,7 @@ impl Edge {
         }
     }
 
-    fn cached(&self, caller: &Caller, sandbox: &SandboxId) -> Option<(Route, Grant)> {
+    fn cached(&self, caller: &Caller, sandbox: &SandboxId) -> Option<(Route, Arc<Grant>)> {
         let now = Timestamp::from_unix_secs(now_secs());
         let routes = self.routes.lock().ok()?;
         let e = routes.get(sandbox, now)?;
@@ -206,15 +207,10 @@ impl Edge {
         caller: &Caller,
         bearer: &str,
         sandbox: &SandboxId,
-    ) -> Result<(Route, Grant), ApiError> {
+    ) -> Result<(Route, Arc<Grant>), ApiError> {
         let cap = self.authorize(caller, bearer, sandbox).await?;
-        let route = route_of(&cap);
-        let grant = Grant {
-            token: cap.token,
-            worker_url: cap.route.worker_url,
-            owner: (!caller.admin).then(|| caller.tenant.clone()),
-        };
         let until = Timestamp::from_unix_secs(cap.expires_at.saturating_sub(RENEW_MARGIN_SECS));
+        let (route, grant) = grant_of(caller, cap);
         if let Ok(mut routes) = self.routes.lock() {
             routes.insert(
                 route.clone(),
@@ -232,7 +228,7 @@ impl Edge {
         caller: &Caller,
         bearer: &str,
         sandbox: &SandboxId,
-    ) -> Result<(Route, Grant), ApiError> {
+    ) -> Result<(Route, Arc<Grant>), ApiError> {
         match self.cached(caller, sandbox) {
             Some(hit) => Ok(hit),
             None => self.fresh(caller, bearer, sandbox).await,
@@ -245,7 +241,7 @@ impl Edge {
         caller: &Caller,
         bearer: &str,
         rejected: &RouteIdentity,
-    ) -> Result<(Route, Grant), ApiError> {
+    ) -> Result<(Route, Arc<Grant>), ApiError> {
         self.repair(caller, bearer, rejected).await
     }
 
@@ -256,7 +252,7 @@ impl Edge {
         caller: &Caller,
         bearer: &str,
         rejected: &RouteIdentity,
-    ) -> Result<(Route, Grant), ApiError> {
+    ) -> Result<(Route, Arc<Grant>), ApiError> {
         let lock = {
             let mut map = self
                 .resolving
@@ -279,12 +275,7 @@ impl Edge {
             }
         }
         let cap = self.authorize(caller, bearer, &rejected.sandbox).await?;
-        let route = route_of(&cap);
-        let grant = Grant {
-            token: cap.token,
-            worker_url: cap.route.worker_url,
-            owner: (!caller.admin).then(|| caller.tenant.clone()),
-        };
+        let (route, grant) = grant_of(caller, cap);
         if let Ok(mut routes) = self.routes.lock() {
             // Conditional on the rejected route; keeps the original expiry. Missing (the
             // entry expired meanwhile) is fine: the next request authorizes afresh.
@@ -309,8 +300,7 @@ impl Edge {
         let (mut route, mut grant) = self.route_for(caller, bearer, sandbox).await?;
         let mut recovery = Recovery::new(class);
         loop {
-            let auth = format!("SpaceCap {}", grant.token);
-            let mut h: Vec<(&str, &str)> = vec![("authorization", &auth)];
+            let mut h: Vec<(&str, &str)> = vec![("authorization", &grant.authorization)];
             for name in ["content-type", "idempotency-key"] {
                 if let Some(v) = headers.get(name).and_then(|v| v.to_str().ok()) {
                     h.push((name, v));
@@ -397,6 +387,18 @@ impl Edge {
             *routes = RouteCache::new(100_000);
         }
     }
+}
+
+/// The route a capability names and the grant to present it with (shared by every
+/// request that hits the cache, so a hit copies no strings).
+fn grant_of(caller: &Caller, cap: CapabilityResponse) -> (Route, Arc<Grant>) {
+    let route = route_of(&cap);
+    let grant = Grant {
+        authorization: format!("SpaceCap {}", cap.token),
+        worker_url: cap.route.worker_url,
+        owner: (!caller.admin).then(|| caller.tenant.clone()),
+    };
+    (route, Arc::new(grant))
 }
 
 fn passthrough(a: crate::http::Answer) -> Forwarded {

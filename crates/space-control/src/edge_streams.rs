@@ -39,7 +39,8 @@ impl Edge {
             let mut req = url
                 .into_client_request()
                 .map_err(|e| ApiError::bad_gateway(format!("worker url: {e}")))?;
-            let auth = format!("SpaceCap {}", grant.token)
+            let auth = grant
+                .authorization
                 .parse()
                 .map_err(|_| ApiError::internal("capability is not a header value"))?;
             req.headers_mut().insert("authorization", auth);

@@ -35,16 +35,16 @@ const DEFAULT_EXEC_TIMEOUT_SECS: u64 = 300;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AdmissionLabels {
     /// `allow`, `refresh_route`, `deny`.
-    pub verdict: String,
+    pub verdict: &'static str,
     /// Reason code.
-    pub reason: String,
+    pub reason: &'static str,
 }
 
 /// Labels of a request.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OpLabels {
     /// Operation.
-    pub op: String,
+    pub op: &'static str,
 }
 
 /// The worker's metrics (`space_worker_*`).
@@ -272,8 +272,8 @@ fn admit(
     w.metrics
         .admissions
         .get_or_create(&AdmissionLabels {
-            verdict: verdict.kind_str().to_owned(),
-            reason: verdict.reason_str().to_owned(),
+            verdict: verdict.kind_str(),
+            reason: verdict.reason_str(),
         })
         .inc();
     match verdict {
@@ -411,10 +411,10 @@ fn with_execution(mut resp: Response, slot: &Slot) -> Response {
     resp
 }
 
-fn observe(w: &Worker, op: &str, start: Instant) {
+fn observe(w: &Worker, op: &'static str, start: Instant) {
     w.metrics
         .latency
-        .get_or_create(&OpLabels { op: op.to_owned() })
+        .get_or_create(&OpLabels { op })
         .observe(start.elapsed().as_secs_f64());
 }
 
@@ -592,7 +592,7 @@ async fn file_op<T, F, R>(
     id: &str,
     q: &PathQuery,
     access: Access,
-    name: &str,
+    name: &'static str,
     f: F,
     respond: R,
 ) -> Response
