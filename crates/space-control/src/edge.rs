@@ -235,19 +235,9 @@ impl Edge {
         }
     }
 
-    /// [`Edge::repair`] for the stream module.
-    pub(crate) async fn repair_route(
-        &self,
-        caller: &Caller,
-        bearer: &str,
-        rejected: &RouteIdentity,
-    ) -> Result<(Route, Arc<Grant>), ApiError> {
-        self.repair(caller, bearer, rejected).await
-    }
-
     /// After a RefreshRoute for `rejected`: one resolve per sandbox at a time; later
     /// arrivals use the repaired entry.
-    async fn repair(
+    pub(crate) async fn repair(
         &self,
         caller: &Caller,
         bearer: &str,

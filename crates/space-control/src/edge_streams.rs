@@ -67,7 +67,7 @@ impl Edge {
                                     e.to_string(),
                                 )
                             })?;
-                        let (r, g) = self.repair_route(caller, bearer, &used).await?;
+                        let (r, g) = self.repair(caller, bearer, &used).await?;
                         recovery.on_resolved(&r.identity()).map_err(|e| {
                             ApiError::new(
                                 StatusCode::SERVICE_UNAVAILABLE,
