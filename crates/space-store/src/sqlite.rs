@@ -1,19 +1,29 @@
 //! The embedded backend: one SQLite file in WAL mode.
 //!
-//! One connection sits behind a mutex and every call runs on tokio's blocking pool, so
-//! the async callers never stall a runtime thread on disk I/O or on SQLite's busy wait.
-//! Several `SqliteStore`s (or processes) may open the same file: writes that read
-//! before they write run in `BEGIN IMMEDIATE` transactions, which take SQLite's write
-//! lock up front and wait on the busy timeout instead of failing on a stale snapshot.
+//! Writes go to one writer thread, which commits them in groups: it takes every write
+//! waiting (up to [`MAX_GROUP`]), runs each in its own savepoint inside one
+//! `BEGIN IMMEDIATE` transaction, and answers them after the one `COMMIT` (and its
+//! fsync) — a write that fails rolls back to its savepoint and leaves the others.
+//! A burst of concurrent writes thus costs a few fsyncs instead of one each, and
+//! no write is answered before it is durable. Reads run on a few read-only
+//! connections on tokio's blocking pool; WAL lets them proceed during a commit, and
+//! they see every write that has been answered.
+//! Several `SqliteStore`s (or processes) may open the same file: each group takes
+//! SQLite's write lock up front and waits on the busy timeout instead of failing on a
+//! stale snapshot.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::Duration;
 
-use rusqlite::{Connection, ErrorCode, OptionalExtension, Row, ToSql, TransactionBehavior};
+use rusqlite::{
+    Connection, ErrorCode, OpenFlags, OptionalExtension, Row, ToSql, TransactionBehavior,
+};
 use space_identity::{ExecutionId, PodUid, SandboxId, Substrate, WorkerId};
+use tokio::sync::oneshot;
 
 use crate::StoreError;
 use crate::records::{
@@ -26,11 +36,153 @@ use crate::sql::{self, MIGRATIONS};
 /// How long a statement waits for another connection's write lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Most writes committed together.
+const MAX_GROUP: usize = 128;
+
+/// Read-only connections.
+const READERS: usize = 2;
+
 /// A store in one SQLite file.
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
+    /// The writer's connection (the writer thread locks it for each group).
+    #[cfg_attr(
+        not(test),
+        expect(
+            dead_code,
+            reason = "the writer thread holds its own handle; tests inspect it"
+        )
+    )]
     conn: Arc<Mutex<Connection>>,
+    writes: mpsc::Sender<Box<dyn WriteJob>>,
+    readers: Arc<Readers>,
     path: Arc<Path>,
+}
+
+#[derive(Debug)]
+struct Readers {
+    conns: Vec<Mutex<Connection>>,
+    next: AtomicUsize,
+}
+
+/// One write waiting for the writer thread.
+trait WriteJob: Send {
+    /// Runs alone, outside any group (it manages its own transaction).
+    fn exclusive(&self) -> bool;
+    /// Runs the write; whether it succeeded.
+    fn run(&mut self, c: &mut Connection) -> bool;
+    /// Answers the caller once the group's fate (`commit`) is known.
+    fn finish(self: Box<Self>, commit: Result<(), StoreError>);
+}
+
+impl std::fmt::Debug for dyn WriteJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WriteJob")
+    }
+}
+
+struct Job<T, F> {
+    f: Option<F>,
+    exclusive: bool,
+    result: Option<Result<T, StoreError>>,
+    reply: oneshot::Sender<Result<T, StoreError>>,
+}
+
+impl<T, F> WriteJob for Job<T, F>
+where
+    T: Send,
+    F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send,
+{
+    fn exclusive(&self) -> bool {
+        self.exclusive
+    }
+
+    fn run(&mut self, c: &mut Connection) -> bool {
+        let Some(f) = self.f.take() else {
+            return false;
+        };
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(c)))
+            .unwrap_or_else(|_| Err(StoreError::Backend("a database write panicked".into())));
+        let ok = result.is_ok();
+        self.result = Some(result);
+        ok
+    }
+
+    fn finish(self: Box<Self>, commit: Result<(), StoreError>) {
+        let answer = match (self.result, commit) {
+            (Some(Ok(v)), Ok(())) => Ok(v),
+            (Some(Ok(_)), Err(e)) => Err(e),
+            (Some(Err(e)), _) => Err(e),
+            (None, Err(e)) => Err(e),
+            (None, Ok(())) => Err(StoreError::Backend("write was not run".into())),
+        };
+        let _ = self.reply.send(answer);
+    }
+}
+
+/// The writer thread: groups waiting writes into one transaction each.
+fn writer_loop(conn: &Mutex<Connection>, jobs: &mpsc::Receiver<Box<dyn WriteJob>>) {
+    let mut pending: Option<Box<dyn WriteJob>> = None;
+    loop {
+        let first = match pending.take() {
+            Some(j) => j,
+            None => match jobs.recv() {
+                Ok(j) => j,
+                // Every store handle is gone.
+                Err(_) => return,
+            },
+        };
+        let mut c = conn.lock().unwrap_or_else(PoisonError::into_inner);
+        if first.exclusive() {
+            let mut job = first;
+            job.run(&mut c);
+            drop(c);
+            job.finish(Ok(()));
+            continue;
+        }
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match jobs.try_recv() {
+                Ok(j) if j.exclusive() => {
+                    pending = Some(j);
+                    break;
+                }
+                Ok(j) => group.push(j),
+                Err(_) => break,
+            }
+        }
+        let commit = run_group(&mut c, &mut group);
+        drop(c);
+        for job in group {
+            job.finish(commit.clone());
+        }
+    }
+}
+
+/// One transaction, one savepoint per write; the commit's outcome.
+fn run_group(c: &mut Connection, group: &mut [Box<dyn WriteJob>]) -> Result<(), StoreError> {
+    c.execute_batch("BEGIN IMMEDIATE").map_err(sqlite_err)?;
+    for job in group.iter_mut() {
+        let step = c
+            .execute_batch("SAVEPOINT write")
+            .map_err(sqlite_err)
+            .and_then(|()| {
+                let sql = if job.run(c) {
+                    "RELEASE write"
+                } else {
+                    "ROLLBACK TO write; RELEASE write"
+                };
+                c.execute_batch(sql).map_err(sqlite_err)
+            });
+        if let Err(e) = step {
+            let _ = c.execute_batch("ROLLBACK");
+            return Err(e);
+        }
+    }
+    c.execute_batch("COMMIT").map_err(|e| {
+        let _ = c.execute_batch("ROLLBACK");
+        sqlite_err(e)
+    })
 }
 
 type Params<'a> = &'a [&'a dyn ToSql];
@@ -46,8 +198,30 @@ impl SqliteStore {
                 .await
                 .map_err(|e| StoreError::Backend(format!("open task failed: {e}")))??
         };
+        let conn = Arc::new(Mutex::new(conn));
+        let (writes, jobs) = mpsc::channel::<Box<dyn WriteJob>>();
+        let writer = Arc::clone(&conn);
+        std::thread::Builder::new()
+            .name("sqlite-writer".into())
+            .spawn(move || writer_loop(&writer, &jobs))
+            .map_err(|e| StoreError::Backend(format!("start the writer: {e}")))?;
+        let readers = {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || {
+                (0..READERS)
+                    .map(|_| open_reader(&path).map(Mutex::new))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .await
+            .map_err(|e| StoreError::Backend(format!("open task failed: {e}")))??
+        };
         let store = Self {
-            conn: Arc::new(Mutex::new(conn)),
+            conn,
+            writes,
+            readers: Arc::new(Readers {
+                conns: readers,
+                next: AtomicUsize::new(0),
+            }),
             path: path.into(),
         };
         store.migrate().await?;
@@ -59,17 +233,64 @@ impl SqliteStore {
         &self.path
     }
 
-    /// Runs `f` with the connection on the blocking pool.
+    /// Runs the write `f` on the writer thread, in a group commit; answers once it
+    /// is durable (or failed).
     async fn call<T, F>(&self, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     {
-        let conn = Arc::clone(&self.conn);
+        self.submit(f, false).await
+    }
+
+    /// Runs `f` alone on the writer's connection, outside any group: for work that
+    /// manages its own transaction (migrations).
+    async fn exclusive<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        self.submit(f, true).await
+    }
+
+    async fn submit<T, F>(&self, f: F, exclusive: bool) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            f: Some(f),
+            exclusive,
+            result: None,
+            reply,
+        };
+        self.writes
+            .send(Box::new(job))
+            .map_err(|_| StoreError::Backend("the database writer has stopped".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Backend("the database writer has stopped".into()))?
+    }
+
+    /// Runs the read `f` on a read-only connection on the blocking pool.
+    async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let readers = Arc::clone(&self.readers);
         tokio::task::spawn_blocking(move || {
-            // A panic inside a transaction rolls it back while unwinding, so the
-            // connection behind a poisoned lock is still consistent.
-            let mut conn = conn.lock().unwrap_or_else(PoisonError::into_inner);
+            let n = readers.conns.len();
+            let start = readers.next.fetch_add(1, Ordering::Relaxed);
+            // A free connection if there is one, else wait for ours.
+            let mut conn = (0..n)
+                .find_map(|i| readers.conns[(start + i) % n].try_lock().ok())
+                .unwrap_or_else(|| {
+                    readers.conns[start % n]
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                });
             f(&mut conn)
         })
         .await
@@ -78,7 +299,7 @@ impl SqliteStore {
 
     /// Applies every migration the database lacks, in one immediate transaction.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        self.call(|c| {
+        self.exclusive(|c| {
             let tx = c
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(sqlite_err)?;
@@ -99,7 +320,7 @@ impl SqliteStore {
 
     /// Applied schema versions, oldest first.
     pub async fn schema_versions(&self) -> Result<Vec<i64>, StoreError> {
-        self.call(|c| query_all(c, sql::APPLIED_VERSIONS, &[], |r| r.int(0)))
+        self.read(|c| query_all(c, sql::APPLIED_VERSIONS, &[], |r| r.int(0)))
             .await
     }
 
@@ -113,7 +334,7 @@ impl SqliteStore {
     /// One tenant.
     pub async fn get_tenant(&self, id: &str) -> Result<Tenant, StoreError> {
         let id = id.to_owned();
-        self.call(move |c| {
+        self.read(move |c| {
             let q = sql::select(rows::TENANT_COLUMNS, "tenants", "WHERE id = $1");
             query_one(c, &q, &[&id], |r| rows::tenant(r))?
                 .ok_or_else(|| StoreError::NotFound(format!("tenant {id}")))
@@ -123,7 +344,7 @@ impl SqliteStore {
 
     /// Every tenant, oldest first.
     pub async fn list_tenants(&self) -> Result<Vec<Tenant>, StoreError> {
-        self.call(|c| {
+        self.read(|c| {
             let q = sql::select(rows::TENANT_COLUMNS, "tenants", "ORDER BY created_at, id");
             query_all(c, &q, &[], |r| rows::tenant(r))
         })
@@ -150,7 +371,7 @@ impl SqliteStore {
     /// The key with this public ID, revoked or not.
     pub async fn find_api_key(&self, id: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
         let id = id.to_owned();
-        self.call(move |c| {
+        self.read(move |c| {
             let q = sql::select(rows::API_KEY_COLUMNS, "api_keys", "WHERE id = $1");
             query_one(c, &q, &[&id], |r| rows::api_key(r))
         })
@@ -160,7 +381,7 @@ impl SqliteStore {
     /// A tenant's keys, oldest first.
     pub async fn list_api_keys(&self, tenant: &str) -> Result<Vec<ApiKeyRecord>, StoreError> {
         let tenant = tenant.to_owned();
-        self.call(move |c| {
+        self.read(move |c| {
             let q = sql::select(
                 rows::API_KEY_COLUMNS,
                 "api_keys",
@@ -212,12 +433,12 @@ impl SqliteStore {
     /// One worker.
     pub async fn get_worker(&self, id: &WorkerId) -> Result<WorkerRecord, StoreError> {
         let id = id.to_string();
-        self.call(move |c| get_worker(c, &id)).await
+        self.read(move |c| get_worker(c, &id)).await
     }
 
     /// Every worker, by ID.
     pub async fn list_workers(&self) -> Result<Vec<WorkerRecord>, StoreError> {
-        self.call(|c| {
+        self.read(|c| {
             let q = sql::select(rows::WORKER_COLUMNS, "workers", "ORDER BY id");
             query_all(c, &q, &[], |r| rows::worker(r))
         })
@@ -277,7 +498,7 @@ impl SqliteStore {
     /// One sandbox.
     pub async fn get_sandbox(&self, id: &SandboxId) -> Result<SandboxRecord, StoreError> {
         let id = id.to_string();
-        self.call(move |c| {
+        self.read(move |c| {
             let q = sql::select(rows::SANDBOX_COLUMNS, "sandboxes", "WHERE id = $1");
             query_one(c, &q, &[&id], |r| rows::sandbox(r))?
                 .ok_or_else(|| StoreError::NotFound(format!("sandbox {id}")))
@@ -288,7 +509,7 @@ impl SqliteStore {
     /// A tenant's sandboxes, oldest first.
     pub async fn list_sandboxes(&self, tenant: &str) -> Result<Vec<SandboxRecord>, StoreError> {
         let tenant = tenant.to_owned();
-        self.call(move |c| {
+        self.read(move |c| {
             let q = sql::select(
                 rows::SANDBOX_COLUMNS,
                 "sandboxes",
@@ -324,7 +545,7 @@ impl SqliteStore {
 
     /// Active sandboxes per worker; workers with none are absent.
     pub async fn count_active_by_worker(&self) -> Result<BTreeMap<WorkerId, u64>, StoreError> {
-        self.call(|c| {
+        self.read(|c| {
             let pairs = query_all(c, sql::COUNT_ACTIVE_BY_WORKER, &[], |r| {
                 Ok((r.text(0)?, r.int(1)?))
             })?;
@@ -345,9 +566,8 @@ impl SqliteStore {
         let (sandbox, worker) = (*sandbox, worker.clone());
         self.call(move |c| {
             let sbx = sandbox.to_string();
-            let tx = c
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(sqlite_err)?;
+            // Atomic as every write: its own savepoint in a group holding the write lock.
+            let tx: &Connection = c;
             let next: Option<i64> = tx
                 .query_row(&dollar_to_question(sql::NEXT_GENERATION), [&sbx], |r| {
                     r.get(0)
@@ -355,7 +575,7 @@ impl SqliteStore {
                 .optional()
                 .map_err(sqlite_err)?;
             let Some(generation) = next else {
-                let found = exists(&tx, sql::SANDBOX_EXISTS, &[&sbx])?;
+                let found = exists(tx, sql::SANDBOX_EXISTS, &[&sbx])?;
                 return Err(crate::no_generation(found, &sbx));
             };
             let rec =
@@ -372,8 +592,7 @@ impl SqliteStore {
                 &now,
                 &now,
             ];
-            exec(&tx, sql::INSERT_EXECUTION, params)?;
-            tx.commit().map_err(sqlite_err)?;
+            exec(tx, sql::INSERT_EXECUTION, params)?;
             Ok(rec)
         })
         .await
@@ -438,7 +657,7 @@ impl SqliteStore {
     ) -> Result<ExecutionRecord, StoreError> {
         let sbx = sandbox.to_string();
         let generation = to_sql_int("generation", generation)?;
-        self.call(move |c| {
+        self.read(move |c| {
             let q = sql::select(
                 rows::EXECUTION_COLUMNS,
                 "executions",
@@ -456,7 +675,7 @@ impl SqliteStore {
         sandbox: &SandboxId,
     ) -> Result<Option<ExecutionRecord>, StoreError> {
         let sbx = sandbox.to_string();
-        self.call(move |c| {
+        self.read(move |c| {
             let q = sql::select(
                 rows::EXECUTION_COLUMNS,
                 "executions",
@@ -474,7 +693,7 @@ impl SqliteStore {
         sandbox: &SandboxId,
     ) -> Result<Vec<ExecutionRecord>, StoreError> {
         let sbx = sandbox.to_string();
-        self.call(move |c| {
+        self.read(move |c| {
             let q = sql::select(
                 rows::EXECUTION_COLUMNS,
                 "executions",
@@ -493,7 +712,7 @@ impl SqliteStore {
     ) -> Result<Vec<ExecutionRecord>, StoreError> {
         let worker = worker.to_string();
         let states: Vec<&'static str> = states.iter().map(|s| s.as_str()).collect();
-        self.call(move |c| {
+        self.read(move |c| {
             let q = crate::executions_on_worker_sql(states.len());
             let mut params: Vec<&dyn ToSql> = vec![&worker];
             params.extend(states.iter().map(|s| s as &dyn ToSql));
@@ -521,7 +740,7 @@ impl SqliteStore {
 
     /// Every signing key, oldest first.
     pub async fn list_signing_keys(&self) -> Result<Vec<SigningKeyRecord>, StoreError> {
-        self.call(|c| {
+        self.read(|c| {
             let q = sql::select(
                 rows::SIGNING_KEY_COLUMNS,
                 "signing_keys",
@@ -559,7 +778,7 @@ impl SqliteStore {
 
     /// The newest bundle.
     pub async fn latest_bundle(&self) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
-        self.call(|c| {
+        self.read(|c| {
             query_one(c, sql::LATEST_BUNDLE, &[], |r| {
                 Ok((crate::bundle_version(r.int(0)?)?, r.blob(1)?))
             })
@@ -570,7 +789,7 @@ impl SqliteStore {
     /// A setting.
     pub async fn kv_get(&self, name: &str) -> Result<Option<String>, StoreError> {
         let name = name.to_owned();
-        self.call(move |c| query_one(c, sql::KV_GET, &[&name], |r| r.text(0)))
+        self.read(move |c| query_one(c, sql::KV_GET, &[&name], |r| r.text(0)))
             .await
     }
 
@@ -608,6 +827,19 @@ fn open_connection(path: &Path) -> Result<Connection, StoreError> {
         )));
     }
     conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")
+        .map_err(sqlite_err)?;
+    Ok(conn)
+}
+
+/// A read-only connection to a database the writer has opened (and put in WAL mode).
+fn open_reader(path: &Path) -> Result<Connection, StoreError> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(sqlite_err)?;
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(sqlite_err)?;
+    conn.execute_batch("PRAGMA foreign_keys = ON;")
         .map_err(sqlite_err)?;
     Ok(conn)
 }

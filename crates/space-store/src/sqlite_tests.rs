@@ -93,3 +93,60 @@ async fn opening_creates_the_data_directory_and_reopening_finds_the_data() {
         .unwrap();
     assert_eq!(again.kv_get("k").await.unwrap().as_deref(), Some("v"));
 }
+
+#[tokio::test]
+async fn a_failed_write_in_a_group_commit_leaves_the_others_committed() {
+    let (_dir, store) = store().await;
+    store
+        .create_tenant(&Tenant {
+            id: "taken".into(),
+            name: "first".into(),
+            created_at: 1,
+        })
+        .await
+        .unwrap();
+    // Writes sent at once are committed in groups; the duplicates fail alone.
+    let writes: Vec<_> = (0..60)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let id = if i % 3 == 0 {
+                    "taken".to_owned()
+                } else {
+                    format!("t{i}")
+                };
+                let t = Tenant {
+                    id,
+                    name: format!("n{i}"),
+                    created_at: i,
+                };
+                (i, store.create_tenant(&t).await)
+            })
+        })
+        .collect();
+    for w in writes {
+        let (i, result) = w.await.unwrap();
+        if i % 3 == 0 {
+            assert!(
+                matches!(result, Err(StoreError::Conflict(_))),
+                "{i}: {result:?}"
+            );
+        } else {
+            result.unwrap();
+            // Answered means durable and visible to every reader.
+            assert_eq!(
+                store.get_tenant(&format!("t{i}")).await.unwrap().created_at,
+                i
+            );
+        }
+    }
+    let all = store.list_tenants().await.unwrap();
+    assert_eq!(all.len(), 1 + 40);
+    assert_eq!(store.get_tenant("taken").await.unwrap().name, "first");
+    // A fresh connection (another process) finds the same rows on disk.
+    let other = Connection::open(store.path()).unwrap();
+    let n: i64 = other
+        .query_row("SELECT count(*) FROM tenants", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 41);
+}

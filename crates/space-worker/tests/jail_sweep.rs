@@ -47,7 +47,7 @@ fn the_startup_sweep_cleans_what_a_crashed_worker_left() {
 
     let report = env
         .driver
-        .sweep_leftovers(&env.data_dir(), std::slice::from_ref(&kept.handle.key))
+        .sweep_leftovers(&env.data_dir(), std::slice::from_ref(&kept.handle.key), &[])
         .unwrap();
     assert_eq!(report.removed_cgroups, 1, "{report:?}");
     assert!(report.killed_processes >= 3, "{report:?}");
@@ -82,7 +82,7 @@ fn the_startup_sweep_cleans_what_a_crashed_worker_left() {
     // A second sweep finds nothing more to do.
     let again = env
         .driver
-        .sweep_leftovers(&env.data_dir(), std::slice::from_ref(&kept.handle.key))
+        .sweep_leftovers(&env.data_dir(), std::slice::from_ref(&kept.handle.key), &[])
         .unwrap();
     assert_eq!(
         (

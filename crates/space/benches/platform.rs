@@ -87,7 +87,10 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let cluster = support::Cluster::start();
+    let pool = space_worker::daemon::DEFAULT_WARM_POOL.to_string();
+    let cluster = support::Cluster::start_with_env(&[("SPACE_WARM_POOL", pool.as_str())]);
+    // Measure on a quiet machine: the pools fill first.
+    cluster.wait_for_warm_pools(space_worker::daemon::DEFAULT_WARM_POOL);
     let url = cluster.url.clone();
     let auth = format!("Bearer {}", cluster.admin_key);
 
@@ -161,6 +164,55 @@ fn main() {
         times
     });
     direct_mode.sort();
+    {
+        let worker_base = cap["route"]["worker_url"]
+            .as_str()
+            .expect("url")
+            .to_string();
+        let probe = |base: &str, path: &str, auth: &str| {
+            let mut c = BlockingHttp::connect(base);
+            for _ in 0..200 {
+                c.get(path, auth);
+            }
+            let mut t = Vec::with_capacity(2000);
+            for _ in 0..2000 {
+                let s = Instant::now();
+                let (st, _) = c.get(path, auth);
+                t.push(s.elapsed());
+                assert_eq!(st, 200);
+            }
+            t.sort();
+            pct(&t, 0.5)
+        };
+        let fpath = format!("/v1/sandboxes/{id}/files?path=/root/4k.bin");
+        println!("PROBE blocking e2e read: {:.3}", probe(&url, &fpath, &auth));
+        println!(
+            "PROBE blocking direct-mode read: {:.3}",
+            probe(&worker_base, &fpath, &spacecap)
+        );
+        println!(
+            "PROBE blocking worker healthz: {:.3}",
+            probe(&worker_base, "/healthz", "x")
+        );
+        println!(
+            "PROBE blocking edge whoami: {:.3}",
+            probe(&url, "/v1/whoami", &auth)
+        );
+        let hz = format!("{worker_base}/healthz");
+        let mut t: Vec<Duration> = rt.block_on(async {
+            let mut t = Vec::new();
+            for _ in 0..2000 {
+                let s = Instant::now();
+                http.call(hyper::Method::GET, &hz, &[], Bytes::new())
+                    .await
+                    .expect("hz");
+                t.push(s.elapsed());
+            }
+            t
+        });
+        t.sort();
+        println!("PROBE tokio worker healthz: {:.3}", pct(&t, 0.5));
+    }
     println!(
         "P3 4 KiB read, direct agent (pooled): p50 {direct_p50:.3} ms, p99 {direct_p99:.3} ms"
     );
@@ -205,6 +257,9 @@ fn main() {
         done.load(std::sync::atomic::Ordering::Relaxed) as f64 / 5.0
     });
     println!("P3 throughput, 16 concurrent clients, 4 KiB reads end to end: {ops:.0} ops/s");
+    if std::env::var_os("PROBE_ONLY").is_some() {
+        return;
+    }
 
     // ---- P5 (in place) ---------------------------------------------------------------
     let (mut pauses, mut resumes) = (Vec::new(), Vec::new());
@@ -378,68 +433,153 @@ fn main() {
     );
 
     // ---- P4 -------------------------------------------------------------------------
-    let creates: Vec<Duration> = rt.block_on(async {
-        let mut tasks = Vec::new();
-        for _ in 0..50 {
-            let (http, url, auth) = (http.clone(), url.clone(), auth.clone());
-            tasks.push(tokio::spawn(async move {
-                let h = [
-                    ("authorization", auth.as_str()),
-                    ("content-type", "application/json"),
-                ];
-                let t = Instant::now();
-                let a = http
-                    .call(
-                        hyper::Method::POST,
-                        &format!("{url}/v1/sandboxes"),
-                        &h,
-                        Bytes::from_static(b"{}"),
-                    )
-                    .await
-                    .expect("create");
-                let took = t.elapsed();
-                assert_eq!(a.status, 201, "{}", String::from_utf8_lossy(&a.body));
-                took
-            }));
-        }
-        let mut out = Vec::new();
-        for t in tasks {
-            out.push(t.await.expect("task"));
-        }
-        out
-    });
-    let mut creates = creates;
-    creates.sort();
+    // With the warm pool (the default), once both workers' pools are full.
+    cluster.wait_for_warm_pools(space_worker::daemon::DEFAULT_WARM_POOL);
+    let (burst, single) = p4_creates(&rt, &http, &url, &auth);
     println!(
-        "P4 create, 50 concurrent through the public API: p50 {:.1} ms, p99 {:.1} ms",
-        pct(&creates, 0.5),
-        pct(&creates, 0.99)
+        "P4 create, 50 concurrent through the public API (warm pool): p50 {:.1} ms, p99 {:.1} ms",
+        pct(&burst, 0.5),
+        pct(&burst, 0.99)
     );
-    let mut single = Vec::new();
-    rt.block_on(async {
+    println!(
+        "P4 create, one at a time (warm pool): p50 {:.1} ms, p99 {:.1} ms",
+        pct(&single, 0.5),
+        pct(&single, 0.99)
+    );
+    drop(cluster);
+    // The same without the pool: every create launches its jail and bridge.
+    let cold = support::Cluster::start_with_env(&[("SPACE_WARM_POOL", "0")]);
+    let cold_url = cold.url.clone();
+    let cold_auth = format!("Bearer {}", cold.admin_key);
+    let (burst, single) = p4_creates(&rt, &http, &cold_url, &cold_auth);
+    println!(
+        "P4 create, 50 concurrent through the public API (no pool): p50 {:.1} ms, p99 {:.1} ms",
+        pct(&burst, 0.5),
+        pct(&burst, 0.99)
+    );
+    println!(
+        "P4 create, one at a time (no pool): p50 {:.1} ms, p99 {:.1} ms",
+        pct(&single, 0.5),
+        pct(&single, 0.99)
+    );
+}
+
+/// 50 creates at once, then 20 one at a time; each sandbox then runs a command, so
+/// "created" means ready for its first exec.
+fn p4_creates(
+    rt: &tokio::runtime::Runtime,
+    http: &HttpClient,
+    url: &str,
+    auth: &str,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let create = |http: HttpClient, url: String, auth: String| async move {
         let h = [
             ("authorization", auth.as_str()),
             ("content-type", "application/json"),
         ];
-        for _ in 0..20 {
-            let t = Instant::now();
+        let t = Instant::now();
+        let a = http
+            .call(
+                hyper::Method::POST,
+                &format!("{url}/v1/sandboxes"),
+                &h,
+                Bytes::from_static(b"{}"),
+            )
+            .await
+            .expect("create");
+        let took = t.elapsed();
+        assert_eq!(a.status, 201, "{}", String::from_utf8_lossy(&a.body));
+        let id: serde_json::Value = serde_json::from_slice(&a.body).expect("json");
+        (took, id["id"].as_str().expect("id").to_owned())
+    };
+    let (mut burst, mut ids): (Vec<Duration>, Vec<String>) = rt.block_on(async {
+        let tasks: Vec<_> = (0..50)
+            .map(|_| tokio::spawn(create(http.clone(), url.to_owned(), auth.to_owned())))
+            .collect();
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.expect("task"));
+        }
+        out.into_iter().unzip()
+    });
+    let mut single = Vec::new();
+    for _ in 0..20 {
+        let (took, id) = rt.block_on(create(http.clone(), url.to_owned(), auth.to_owned()));
+        single.push(took);
+        ids.push(id);
+    }
+    rt.block_on(async {
+        let h = [
+            ("authorization", auth),
+            ("content-type", "application/json"),
+        ];
+        for id in &ids {
             let a = http
                 .call(
                     hyper::Method::POST,
-                    &format!("{url}/v1/sandboxes"),
+                    &format!("{url}/v1/sandboxes/{id}/exec"),
                     &h,
-                    Bytes::from_static(b"{}"),
+                    Bytes::from_static(br#"{"cmd":["true"]}"#),
                 )
                 .await
-                .expect("create");
-            single.push(t.elapsed());
-            assert_eq!(a.status, 201);
+                .expect("exec");
+            assert_eq!(a.status, 200, "{}", String::from_utf8_lossy(&a.body));
         }
     });
+    burst.sort();
     single.sort();
-    println!(
-        "P4 create, one at a time: p50 {:.1} ms, p99 {:.1} ms",
-        pct(&single, 0.5),
-        pct(&single, 0.99)
-    );
+    (burst, single)
+}
+
+/// A minimal blocking HTTP/1.1 keep-alive GET (content-length bodies only).
+struct BlockingHttp {
+    stream: std::net::TcpStream,
+    buf: Vec<u8>,
+}
+
+impl BlockingHttp {
+    fn connect(url: &str) -> Self {
+        let hostport = url
+            .trim_start_matches("http://")
+            .split('/')
+            .next()
+            .expect("host");
+        let stream = std::net::TcpStream::connect(hostport).expect("connect");
+        stream.set_nodelay(true).expect("nodelay");
+        Self {
+            stream,
+            buf: Vec::with_capacity(16 * 1024),
+        }
+    }
+    fn get(&mut self, path_and_query: &str, auth: &str) -> (u16, usize) {
+        use std::io::{Read, Write};
+        let req =
+            format!("GET {path_and_query} HTTP/1.1\r\nhost: x\r\nauthorization: {auth}\r\n\r\n");
+        self.stream.write_all(req.as_bytes()).expect("write");
+        self.buf.clear();
+        let mut chunk = [0u8; 16384];
+        loop {
+            let n = self.stream.read(&mut chunk).expect("read");
+            assert!(n > 0, "closed");
+            self.buf.extend_from_slice(&chunk[..n]);
+            if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = std::str::from_utf8(&self.buf[..end]).expect("head");
+                let status: u16 = head[9..12].parse().expect("status");
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("content-length")
+                            .then(|| v.trim().parse().ok())?
+                    })
+                    .expect("content-length");
+                while self.buf.len() < end + 4 + len {
+                    let n = self.stream.read(&mut chunk).expect("read");
+                    assert!(n > 0, "closed");
+                    self.buf.extend_from_slice(&chunk[..n]);
+                }
+                return (status, len);
+            }
+        }
+    }
 }

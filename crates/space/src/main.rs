@@ -88,6 +88,9 @@ pub struct UpArgs {
     /// Number of worker processes.
     #[arg(long, default_value_t = 2)]
     pub workers: u32,
+    /// Jails each worker keeps launched ahead of demand (0 turns the pool off).
+    #[arg(long, env = "SPACE_WARM_POOL", default_value_t = space_worker::daemon::DEFAULT_WARM_POOL)]
+    pub warm_pool: usize,
 }
 
 /// `space control`.
@@ -134,6 +137,10 @@ pub struct WorkerArgs {
     /// cgroup parent directory name (distinct per worker on one host).
     #[arg(long)]
     pub cgroup_parent: Option<String>,
+    /// Jails kept launched ahead of demand, so that a create costs an activation
+    /// rather than a launch (0 turns the pool off; needs root).
+    #[arg(long, env = "SPACE_WARM_POOL", default_value_t = space_worker::daemon::DEFAULT_WARM_POOL)]
+    pub warm_pool: usize,
     /// Directory holding spaced-guest, spaced-host and space-jail (default: next to
     /// this executable).
     #[arg(long, env = "SPACE_BIN_DIR")]

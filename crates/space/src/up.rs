@@ -66,6 +66,8 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
             data_dir.join("workers").join(&id).display().to_string(),
             "--cgroup-parent".into(),
             format!("space-{}-{id}", short_hash(&data_dir)),
+            "--warm-pool".into(),
+            a.warm_pool.to_string(),
         ];
         supervisors.push(tokio::spawn(supervise(
             n as usize - 1,

@@ -34,6 +34,10 @@ fn real_main() -> Result<(), String> {
         }
         _ => return Err("usage: spaced-host --spec-fd N | --spec-file PATH".into()),
     };
+    if spec_bytes.is_empty() {
+        // A bridge started ahead of demand whose worker went away before using it.
+        return Err("no spec: the worker closed the pipe before sending one".into());
+    }
     let spec = BridgeSpec::decode(&spec_bytes)?;
     let listener = space_peer::bind_listener(&spec.listen).map_err(|e| e.to_string())?;
     let mut out = std::io::stdout();

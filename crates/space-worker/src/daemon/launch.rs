@@ -3,7 +3,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use std::str::FromStr;
@@ -14,6 +14,7 @@ use space_proto::guest::Activation;
 use spaced_host::{BridgeSpec, BridgeTarget};
 
 use super::records::BridgeRecord;
+use crate::substrate::jail::JailDriver;
 use crate::substrate::{
     AgentCommand, ExecutionKey, LaunchSpec, Limits, SandboxHandle, Substrate, TemplateSpec,
 };
@@ -78,11 +79,149 @@ pub fn launch(
     }
 }
 
+/// Activates a warm jail and its bridge for `activation`. On failure nothing of
+/// either is left.
+pub fn launch_warm(
+    jail: &JailDriver,
+    bins: &Binaries,
+    warm: super::warm::Warm,
+    activation: &Activation,
+) -> Result<(SandboxHandle, BridgeRecord), LaunchError> {
+    let super::warm::Warm {
+        jail: warm_jail,
+        bridge,
+    } = warm;
+    let key = execution_key(&activation.sandbox, &activation.execution_id);
+    let handle = match jail.activate(warm_jail, &key, &activation.encode(), None) {
+        Ok(h) => h,
+        Err(e) => {
+            bridge.discard();
+            return Err(e.into());
+        }
+    };
+    match start_bridge_with(bins, &handle, activation, bridge) {
+        Ok(record) => Ok((handle, record)),
+        Err(e) => {
+            let _ = jail.destroy(&handle);
+            Err(e)
+        }
+    }
+}
+
+/// A bridge process started ahead of demand: it waits for its spec on stdin.
+#[derive(Debug)]
+pub struct WarmBridge {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: ChildStdout,
+}
+
+impl WarmBridge {
+    /// Starts `spaced-host --spec-fd 0`, which blocks reading its spec.
+    pub fn spawn(bins: &Binaries) -> Result<Self, LaunchError> {
+        let mut child = Command::new(&bins.bridge)
+            .args(["--spec-fd", "0"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| LaunchError::Bridge(format!("spawn {}: {e}", bins.bridge.display())))?;
+        match (child.stdin.take(), child.stdout.take()) {
+            (Some(stdin), Some(stdout)) => Ok(Self {
+                child,
+                stdin,
+                stdout,
+            }),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(LaunchError::Bridge("no pipes to the bridge".into()))
+            }
+        }
+    }
+
+    /// Stops the bridge (it never served anything).
+    pub fn discard(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Hands the bridge its spec and waits until it listens.
+    fn start(self, bins: &Binaries, spec: &BridgeSpec) -> Result<BridgeRecord, LaunchError> {
+        let Self {
+            mut child,
+            mut stdin,
+            stdout,
+        } = self;
+        let kill = |child: &mut Child, why: String| {
+            let _ = child.kill();
+            let _ = child.wait();
+            LaunchError::Bridge(why)
+        };
+        let bridge_exe = match FileId::of_path(&bins.bridge) {
+            Ok(id) => id,
+            Err(e) => return Err(kill(&mut child, e.to_string())),
+        };
+        if let Err(e) = stdin.write_all(&spec.encode()) {
+            return Err(kill(&mut child, format!("spec: {e}")));
+        }
+        drop(stdin);
+        let mut line = String::new();
+        let ready = BufReader::new(stdout).read_line(&mut line);
+        if ready.is_err() || line.trim() != "ready" {
+            return Err(kill(&mut child, "did not report ready".into()));
+        }
+        let mut process = match LiveProcess::open(child.id()) {
+            Ok(p) => p.identity,
+            Err(e) => return Err(kill(&mut child, e.to_string())),
+        };
+        if process.exe != bridge_exe {
+            return Err(kill(
+                &mut child,
+                "the running bridge is not the configured binary".into(),
+            ));
+        }
+        // Record the executable the worker meant to launch.
+        process.exe = bridge_exe;
+        // Dropping the handle neither kills nor waits: the worker's reaper collects the
+        // bridge when it exits.
+        drop(child);
+        Ok(BridgeRecord {
+            socket: spec.listen.clone(),
+            process,
+        })
+    }
+}
+
 fn start_bridge(
     bins: &Binaries,
     handle: &SandboxHandle,
     activation: &Activation,
 ) -> Result<BridgeRecord, LaunchError> {
+    start_bridge_with(bins, handle, activation, WarmBridge::spawn(bins)?)
+}
+
+fn start_bridge_with(
+    bins: &Binaries,
+    handle: &SandboxHandle,
+    activation: &Activation,
+    bridge: WarmBridge,
+) -> Result<BridgeRecord, LaunchError> {
+    let checked = bridge_spec(bins, handle, activation);
+    match checked {
+        Ok(spec) => bridge.start(bins, &spec),
+        Err(e) => {
+            bridge.discard();
+            Err(e)
+        }
+    }
+}
+
+fn bridge_spec(
+    bins: &Binaries,
+    handle: &SandboxHandle,
+    activation: &Activation,
+) -> Result<BridgeSpec, LaunchError> {
     let agent_pid = handle
         .agent
         .map(|a| a.pid as u32)
@@ -102,57 +241,14 @@ fn start_bridge(
         .parent()
         .ok_or_else(|| LaunchError::Bridge("socket path has no directory".into()))?;
     let socket = run_dir.join(format!("bridge-{}.sock", activation.generation));
-    let spec = BridgeSpec {
-        listen: socket.clone(),
+    Ok(BridgeSpec {
+        listen: socket,
         agent_socket: handle.socket_path.clone(),
         worker_uid: rustix::process::geteuid().as_raw(),
         agent,
         activation: activation.clone(),
         max_connections: 256,
-    };
-    let bridge_exe =
-        FileId::of_path(&bins.bridge).map_err(|e| LaunchError::Bridge(e.to_string()))?;
-    let mut child = Command::new(&bins.bridge)
-        .args(["--spec-fd", "0"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(|e| LaunchError::Bridge(format!("spawn {}: {e}", bins.bridge.display())))?;
-    let kill = |child: &mut std::process::Child, why: String| {
-        let _ = child.kill();
-        let _ = child.wait();
-        LaunchError::Bridge(why)
-    };
-    if let Some(mut stdin) = child.stdin.take() {
-        if let Err(e) = stdin.write_all(&spec.encode()) {
-            return Err(kill(&mut child, format!("spec: {e}")));
-        }
-    }
-    let mut line = String::new();
-    let ready = child
-        .stdout
-        .take()
-        .map(|out| BufReader::new(out).read_line(&mut line));
-    if !matches!(ready, Some(Ok(_))) || line.trim() != "ready" {
-        return Err(kill(&mut child, "did not report ready".into()));
-    }
-    let mut process = match LiveProcess::open(child.id()) {
-        Ok(p) => p.identity,
-        Err(e) => return Err(kill(&mut child, e.to_string())),
-    };
-    if process.exe != bridge_exe {
-        return Err(kill(
-            &mut child,
-            "the running bridge is not the configured binary".into(),
-        ));
-    }
-    // Record the executable the worker meant to launch.
-    process.exe = bridge_exe;
-    // Dropping the handle neither kills nor waits: the worker's reaper collects the
-    // bridge when it exits.
-    drop(child);
-    Ok(BridgeRecord { socket, process })
+    })
 }
 
 /// The worker-side target of a recorded bridge.

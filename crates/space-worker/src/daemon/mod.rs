@@ -15,6 +15,7 @@ pub mod snapshot;
 pub mod state;
 pub mod streams;
 pub mod updates;
+pub mod warm;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -56,7 +57,12 @@ pub struct WorkerConfig {
     pub jail_binary: PathBuf,
     /// cgroup parent directory (distinct per worker on one host).
     pub cgroup_parent: String,
+    /// Jails kept launched ahead of demand (see [`warm`]); 0 turns the pool off.
+    pub warm_pool: usize,
 }
+
+/// Default size of the warm pool: enough for a burst of 32 creates per worker.
+pub const DEFAULT_WARM_POOL: usize = 32;
 
 impl WorkerConfig {
     /// Checks the settings.
@@ -78,6 +84,9 @@ impl WorkerConfig {
         }
         if self.capacity == 0 {
             return Err("--capacity must be at least 1".into());
+        }
+        if self.warm_pool > 1024 {
+            return Err("--warm-pool must be at most 1024".into());
         }
         Ok(())
     }
@@ -104,6 +113,8 @@ impl WorkerHandle {
     pub async fn shutdown(self, stop_sandboxes: bool) {
         let _ = self.stop.send(true);
         let _ = self.task.await;
+        let worker = Arc::clone(&self.worker);
+        let _ = tokio::task::spawn_blocking(move || worker.warm.shutdown(&worker.substrate)).await;
         if stop_sandboxes {
             self.worker.stop_all().await;
         }
@@ -147,6 +158,12 @@ pub async fn run(config: WorkerConfig) -> Result<WorkerHandle, String> {
         .reconcile(updates, &http, &config.control_url, &enrolled.credential)
         .await?;
     tracing::info!(worker = %config.id, url = %url, "worker ready");
+    // After the reconciliation's sweep, which would take warm jails for leftovers.
+    worker.warm.start(
+        Arc::clone(&worker.substrate),
+        worker.binaries.clone(),
+        worker.data_dir.clone(),
+    );
     // Updates pushed while this worker was unreachable are caught up here.
     let resync_worker = Arc::clone(&worker);
     let resync_config = config.clone();

@@ -15,6 +15,7 @@ use axum::{Json, Router};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use space_identity::{Access, Endpoint, Operation, SandboxId, Token, Verdict};
@@ -47,6 +48,13 @@ pub struct OpLabels {
     pub op: &'static str,
 }
 
+/// Labels of a sandbox count.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    /// Record state.
+    pub state: &'static str,
+}
+
 /// The worker's metrics (`space_worker_*`).
 #[derive(Debug)]
 pub struct WorkerMetrics {
@@ -59,6 +67,12 @@ pub struct WorkerMetrics {
     pub launches: Counter,
     /// Executions retired.
     pub retirements: Counter,
+    /// Launches served by a warm jail (a subset of `launches`).
+    pub warm_activations: Counter,
+    /// Executions by record state (set when scraped).
+    pub sandboxes: Family<StateLabels, Gauge>,
+    /// Warm jails ready (set when scraped).
+    pub warm_ready: Gauge,
 }
 
 impl Default for WorkerMetrics {
@@ -70,6 +84,9 @@ impl Default for WorkerMetrics {
         });
         let launches = Counter::default();
         let retirements = Counter::default();
+        let warm_activations = Counter::default();
+        let sandboxes = Family::<StateLabels, Gauge>::default();
+        let warm_ready = Gauge::default();
         registry.register(
             "space_worker_admissions",
             "Capability admissions by verdict and reason",
@@ -90,12 +107,30 @@ impl Default for WorkerMetrics {
             "Executions retired",
             retirements.clone(),
         );
+        registry.register(
+            "space_worker_warm_activations",
+            "Launches served by a warm jail",
+            warm_activations.clone(),
+        );
+        registry.register(
+            "space_worker_sandboxes",
+            "Executions on this worker by state",
+            sandboxes.clone(),
+        );
+        registry.register(
+            "space_worker_warm_ready",
+            "Warm jails ready for a create",
+            warm_ready.clone(),
+        );
         Self {
             registry,
             admissions,
             latency,
             launches,
             retirements,
+            warm_activations,
+            sandboxes,
+            warm_ready,
         }
     }
 }
@@ -749,6 +784,29 @@ async fn apply_update(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
 }
 
 async fn metrics(State(w): State<Arc<Worker>>) -> Response {
+    let mut counts = [0i64; 5];
+    if let Ok(slots) = w.slots.read() {
+        for slot in slots.values() {
+            let i = match slot.record.state {
+                RecordState::Starting => 0,
+                RecordState::Running => 1,
+                RecordState::Paused => 2,
+                RecordState::Retired => 3,
+                RecordState::Failed => 4,
+            };
+            counts[i] += 1;
+        }
+    }
+    for (i, state) in ["starting", "running", "paused", "retired", "failed"]
+        .into_iter()
+        .enumerate()
+    {
+        w.metrics
+            .sandboxes
+            .get_or_create(&StateLabels { state })
+            .set(counts[i]);
+    }
+    w.metrics.warm_ready.set(w.warm.ready() as i64);
     let mut out = String::new();
     let _ = prometheus_client::encoding::text::encode(&mut out, &w.metrics.registry);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()

@@ -3,8 +3,9 @@
 //! a write returns only once it is on disk, so an acknowledgement sent after it never
 //! promises more than a crash leaves.
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
@@ -98,12 +99,32 @@ pub enum RecordError {
     /// A stored value did not decode.
     #[error("runtime records: corrupt {0}")]
     Corrupt(&'static str),
+    /// The group commit this write was part of failed.
+    #[error("runtime records: {0}")]
+    Group(String),
 }
 
 /// The records database.
+///
+/// [`Records::put`] commits in groups: concurrent puts (installs of several sandboxes
+/// at once) share one transaction and one fsync. The first put to arrive while no
+/// commit is under way leads: it writes every put waiting, commits, and wakes the
+/// others; each returns only once its own record is on disk.
 #[derive(Debug)]
 pub struct Records {
     conn: Mutex<Connection>,
+    group: Mutex<Group>,
+    committed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Group {
+    /// Puts waiting for a leader: (sequence number, sandbox, generation, body, state).
+    waiting: Vec<(u64, String, i64, String, &'static str)>,
+    next: u64,
+    leading: bool,
+    /// Outcomes not yet collected by their put.
+    outcomes: HashMap<u64, Result<(), String>>,
 }
 
 const SCHEMA: &str = "
@@ -134,6 +155,8 @@ impl Records {
         conn.execute_batch(SCHEMA)?;
         Ok(Self {
             conn: Mutex::new(conn),
+            group: Mutex::new(Group::default()),
+            committed: Condvar::new(),
         })
     }
 
@@ -165,26 +188,57 @@ impl Records {
     /// durably, in one transaction.
     pub fn put(&self, record: &ExecutionRecord) -> Result<(), RecordError> {
         let body = serde_json::to_string(record).map_err(|_| RecordError::Corrupt("record"))?;
-        self.with(|c| {
-            let tx = c.unchecked_transaction()?;
-            tx.execute(
-                "INSERT INTO executions (sandbox, generation, body, state) VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT (sandbox, generation) DO UPDATE SET body = excluded.body, state = excluded.state",
-                params![
-                    record.sandbox.to_string(),
-                    record.generation as i64,
-                    body,
-                    record.state.as_str()
-                ],
-            )?;
-            tx.execute(
-                "INSERT INTO generations (sandbox, max_generation) VALUES (?1, ?2)
-                 ON CONFLICT (sandbox) DO UPDATE SET max_generation = MAX(max_generation, excluded.max_generation)",
-                params![record.sandbox.to_string(), record.generation as i64],
-            )?;
-            tx.commit()?;
-            Ok(())
-        })
+        let mut group = self.group.lock().unwrap_or_else(|e| e.into_inner());
+        let seq = group.next;
+        group.next += 1;
+        group.waiting.push((
+            seq,
+            record.sandbox.to_string(),
+            record.generation as i64,
+            body,
+            record.state.as_str(),
+        ));
+        loop {
+            if let Some(outcome) = group.outcomes.remove(&seq) {
+                return outcome.map_err(RecordError::Group);
+            }
+            if group.leading {
+                group = self
+                    .committed
+                    .wait(group)
+                    .unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            // Lead: commit everything waiting (this put included) in one transaction.
+            group.leading = true;
+            let batch = std::mem::take(&mut group.waiting);
+            drop(group);
+            let outcome = self
+                .with(|c| {
+                    let tx = c.unchecked_transaction()?;
+                    for (_, sandbox, generation, body, state) in &batch {
+                        tx.execute(
+                            "INSERT INTO executions (sandbox, generation, body, state) VALUES (?1, ?2, ?3, ?4)
+                             ON CONFLICT (sandbox, generation) DO UPDATE SET body = excluded.body, state = excluded.state",
+                            params![sandbox, generation, body, state],
+                        )?;
+                        tx.execute(
+                            "INSERT INTO generations (sandbox, max_generation) VALUES (?1, ?2)
+                             ON CONFLICT (sandbox) DO UPDATE SET max_generation = MAX(max_generation, excluded.max_generation)",
+                            params![sandbox, generation],
+                        )?;
+                    }
+                    tx.commit()?;
+                    Ok(())
+                })
+                .map_err(|e| e.to_string());
+            group = self.group.lock().unwrap_or_else(|e| e.into_inner());
+            for (s, ..) in &batch {
+                group.outcomes.insert(*s, outcome.clone());
+            }
+            group.leading = false;
+            self.committed.notify_all();
+        }
     }
 
     /// Every recorded execution.
@@ -303,5 +357,32 @@ mod tests {
             r.max_generation(&SandboxId::from_bytes([1; 16])).unwrap(),
             5
         );
+    }
+
+    #[test]
+    fn concurrent_puts_are_each_durable_when_they_return() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.db");
+        let r = std::sync::Arc::new(Records::open(&path).unwrap());
+        let threads: Vec<_> = (0..16u8)
+            .map(|t| {
+                let (r, path) = (std::sync::Arc::clone(&r), path.clone());
+                std::thread::spawn(move || {
+                    for g in 1..=10u64 {
+                        let mut one = rec(g, RecordState::Running);
+                        one.sandbox = SandboxId::from_bytes([t; 16]);
+                        r.put(&one).unwrap();
+                        // Returned: another connection (a restarted worker) sees it.
+                        let other = Records::open(&path).unwrap();
+                        assert_eq!(other.max_generation(&one.sandbox).unwrap(), g);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let all = Records::open(&path).unwrap().all().unwrap();
+        assert_eq!(all.len(), 160);
     }
 }

@@ -297,7 +297,7 @@ pub mod http {
             Ok(_) => return refused(400, "not a snapshot update"),
             Err(e) => return fail(e),
         };
-        let _applying = w.update_lock.lock().await;
+        let _applying = w.update_lock.write().await;
         if let Err(e) = updates::freeze(&w, &sandbox, generation, execution_id, true).await {
             return fail(e);
         }
@@ -357,7 +357,7 @@ pub mod http {
                 "the archive is not the one the control plane signed (tampered or truncated)",
             );
         }
-        let _applying = w.update_lock.lock().await;
+        let _applying = w.update_lock.write().await;
         let dest = launch::kept_layer(&w.data_dir, &sandbox);
         let incoming = dest.with_extension(format!(
             "incoming-{}",

@@ -84,12 +84,18 @@ pub struct Worker {
     pub cache: Mutex<VerifiedTokenCache>,
     /// Sandboxes.
     pub slots: RwLock<HashMap<SandboxId, Arc<Slot>>>,
-    /// Updates apply one at a time, in arrival order.
-    pub update_lock: tokio::sync::Mutex<()>,
+    /// Updates of one sandbox apply one at a time, in arrival order (see
+    /// [`Worker::lock_sandbox`]); updates of different sandboxes run side by side.
+    /// Work that must see no update under way — the startup sweep, key bundles,
+    /// snapshots and layer transfers — takes this lock exclusively.
+    pub update_lock: tokio::sync::RwLock<()>,
+    sandbox_locks: Mutex<HashMap<SandboxId, Arc<tokio::sync::Mutex<()>>>>,
     /// Idempotency keys of non-idempotent operations.
     pub idempotency: super::node_api::IdempotencyCache,
     /// Metrics.
     pub metrics: super::node_api::WorkerMetrics,
+    /// Jails launched ahead of demand.
+    pub warm: Arc<super::warm::WarmPool>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -98,6 +104,34 @@ impl std::fmt::Debug for Worker {
             .field("id", &self.id)
             .field("url", &self.url)
             .finish_non_exhaustive()
+    }
+}
+
+/// One sandbox's turn to apply an update; the next waiting update of that sandbox
+/// goes when it is dropped.
+#[derive(Debug)]
+pub struct SandboxTurn<'a> {
+    worker: &'a Worker,
+    sandbox: SandboxId,
+    turn: Option<tokio::sync::OwnedMutexGuard<()>>,
+    _shared: tokio::sync::RwLockReadGuard<'a, ()>,
+}
+
+impl Drop for SandboxTurn<'_> {
+    fn drop(&mut self) {
+        let mut locks = self
+            .worker
+            .sandbox_locks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Only the map and this turn hold the lock: nobody waits, so the entry goes.
+        if locks
+            .get(&self.sandbox)
+            .is_some_and(|l| Arc::strong_count(l) <= 2)
+        {
+            locks.remove(&self.sandbox);
+        }
+        self.turn = None;
     }
 }
 
@@ -155,9 +189,14 @@ impl Worker {
             keys: RwLock::new(None),
             cache: Mutex::new(VerifiedTokenCache::new(10_000)),
             slots: RwLock::new(HashMap::new()),
-            update_lock: tokio::sync::Mutex::new(()),
+            update_lock: tokio::sync::RwLock::new(()),
+            sandbox_locks: Mutex::new(HashMap::new()),
             idempotency: super::node_api::IdempotencyCache::default(),
             metrics: super::node_api::WorkerMetrics::default(),
+            warm: super::warm::WarmPool::new(
+                config.warm_pool,
+                super::updates::limits_of(&space_proto::api::Limits::default()),
+            ),
         });
         // Keys persisted from before a restart: the worker comes back with what it
         // acknowledged, never with less.
@@ -197,6 +236,25 @@ impl Worker {
             })
         });
         Ok(worker)
+    }
+
+    /// Waits for `sandbox`'s turn to apply an update (and for no exclusive work).
+    pub async fn lock_sandbox(&self, sandbox: &SandboxId) -> SandboxTurn<'_> {
+        let shared = self.update_lock.read().await;
+        let lock = {
+            let mut locks = self
+                .sandbox_locks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            Arc::clone(locks.entry(*sandbox).or_default())
+        };
+        let turn = lock.lock_owned().await;
+        SandboxTurn {
+            worker: self,
+            sandbox: *sandbox,
+            turn: Some(turn),
+            _shared: shared,
+        }
     }
 
     /// Makes `record` the sandbox's current slot if it is not older than the one held.
@@ -358,19 +416,36 @@ impl Worker {
                 updates::retire_local(self, &r.sandbox, r.generation, r.execution_id).await;
             }
         }
-        let keep: Vec<_> = self
+        let live: Vec<_> = self
             .records
             .all()
             .map_err(|e| e.to_string())?
             .into_iter()
             .filter(|r| matches!(r.state, RecordState::Running | RecordState::Paused))
+            .collect();
+        let keep: Vec<_> = live
+            .iter()
             .map(|r| launch::execution_key(&r.sandbox, &r.execution_id))
+            .collect();
+        let keep_runs: Vec<_> = live
+            .iter()
+            .filter_map(|r| {
+                r.handle
+                    .as_ref()?
+                    .socket_path
+                    .parent()
+                    .map(std::path::Path::to_path_buf)
+            })
             .collect();
         let jail = Arc::clone(&self.substrate);
         let data_dir = self.data_dir.clone();
         // No install may create directories while the sweep decides what is left over.
-        let _applying = self.update_lock.lock().await;
-        match tokio::task::spawn_blocking(move || jail.sweep_leftovers(&data_dir, &keep)).await {
+        let _applying = self.update_lock.write().await;
+        match tokio::task::spawn_blocking(move || {
+            jail.sweep_leftovers(&data_dir, &keep, &keep_runs)
+        })
+        .await
+        {
             Ok(Ok(report)) => tracing::info!(?report, "startup sweep"),
             Ok(Err(e)) => tracing::warn!(error = %e, "startup sweep failed"),
             Err(e) => tracing::warn!(error = %e, "startup sweep panicked"),

@@ -84,9 +84,9 @@ pub async fn apply(
     _body: Vec<u8>,
     update: Update,
 ) -> Result<UpdateAck, UpdateError> {
-    let _applying = worker.update_lock.lock().await;
     match update {
         Update::Bundle { bundle } => {
+            let _applying = worker.update_lock.write().await;
             let bytes = B64
                 .decode(&bundle)
                 .map_err(|_| refuse(400, "bundle is not base64url"))?;
@@ -115,15 +115,22 @@ pub async fn apply(
             generation,
             execution_id,
         } => {
+            let _turn = worker.lock_sandbox(&sandbox).await;
             retire_local(worker, &sandbox, generation, execution_id).await;
             Ok(ack(worker, "retired", None))
         }
-        Update::Install(install) => install_execution(worker, install).await,
+        Update::Install(install) => {
+            let _turn = worker.lock_sandbox(&install.sandbox).await;
+            install_execution(worker, install).await
+        }
         Update::Pause {
             sandbox,
             generation,
             execution_id,
-        } => freeze(worker, &sandbox, generation, execution_id, true).await,
+        } => {
+            let _turn = worker.lock_sandbox(&sandbox).await;
+            freeze(worker, &sandbox, generation, execution_id, true).await
+        }
         Update::Resume {
             sandbox,
             generation,
@@ -133,7 +140,10 @@ pub async fn apply(
             sandbox,
             generation,
             execution_id,
-        } => freeze(worker, &sandbox, generation, execution_id, false).await,
+        } => {
+            let _turn = worker.lock_sandbox(&sandbox).await;
+            freeze(worker, &sandbox, generation, execution_id, false).await
+        }
         // These carry or return an archive: they have their own endpoints.
         Update::Snapshot { .. } | Update::Layer { .. } => {
             Err(refuse(400, "this update has its own endpoint"))
@@ -318,35 +328,43 @@ async fn install_execution(
         env: i.env.clone(),
         updated_at: now_secs() as i64,
     };
-    worker
-        .records
-        .put(&record)
-        .map_err(|e| refuse(500, e.to_string()))?;
+    put_record(worker, &record)
+        .await
+        .map_err(|e| refuse(500, e))?;
     worker.put_slot(record.clone(), None);
 
     let substrate = Arc::clone(&worker.substrate);
     let bins = worker.binaries.clone();
     let data_dir = worker.data_dir.clone();
     let activation = activation_of(&record);
-    let limits = Limits {
-        memory_bytes: Some(i.limits.memory_bytes),
-        pids_max: Some(u64::from(i.limits.pids)),
-        cpu_millis: Some(i.limits.cpu_millis),
-    };
+    let limits = limits_of(&i.limits);
+    let warm = Arc::clone(&worker.warm);
     let launched = tokio::task::spawn_blocking(move || {
-        launch::launch(&*substrate, &bins, &data_dir, &activation, limits)
+        // A warm jail starts with an empty writable layer: a sandbox that has files
+        // on this worker (a restart) launches cold with them.
+        let fresh = !launch::kept_layer(&data_dir, &activation.sandbox).exists();
+        if let Some(w) = fresh.then(|| warm.take(&limits)).flatten() {
+            match launch::launch_warm(&substrate, &bins, w, &activation) {
+                Ok(done) => return Ok((done, true)),
+                Err(e) => tracing::warn!(error = %e, "warm activation failed; launching cold"),
+            }
+        }
+        launch::launch(&*substrate, &bins, &data_dir, &activation, limits).map(|d| (d, false))
     })
     .await
     .map_err(|e| refuse(500, format!("launch task: {e}")))?;
     match launched {
-        Ok((handle, bridge)) => {
+        Ok(((handle, bridge), was_warm)) => {
+            if was_warm {
+                worker.metrics.warm_activations.inc();
+            }
             record.state = RecordState::Running;
             record.handle = Some(handle);
             record.bridge = Some(bridge.clone());
             record.updated_at = now_secs() as i64;
-            if let Err(e) = worker.records.put(&record) {
+            if let Err(e) = put_record(worker, &record).await {
                 worker.teardown(&record, launch::Layer::Keep).await;
-                return Err(refuse(500, e.to_string()));
+                return Err(refuse(500, e));
             }
             let pool = Arc::new(BridgePool::new(
                 launch::bridge_target(&bridge, &activation_of(&record)),
@@ -365,4 +383,22 @@ async fn install_execution(
             Ok(ack(worker, "failed", Some(e.to_string())))
         }
     }
+}
+
+/// The substrate's limits for an install's.
+pub fn limits_of(l: &space_proto::api::Limits) -> Limits {
+    Limits {
+        memory_bytes: Some(l.memory_bytes),
+        pids_max: Some(u64::from(l.pids)),
+        cpu_millis: Some(l.cpu_millis),
+    }
+}
+
+/// Persists `record` (an fsync) off the runtime's threads, so installs of several
+/// sandboxes proceed while one waits for the disk.
+async fn put_record(worker: &Arc<Worker>, record: &ExecutionRecord) -> Result<(), String> {
+    let (w, r) = (Arc::clone(worker), record.clone());
+    tokio::task::spawn_blocking(move || w.records.put(&r).map_err(|e| e.to_string()))
+        .await
+        .map_err(|e| format!("records task: {e}"))?
 }

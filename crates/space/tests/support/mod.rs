@@ -39,17 +39,32 @@ pub struct Cluster {
     child: Option<Child>,
     pub url: String,
     pub admin_key: String,
+    env: Vec<(String, String)>,
 }
+
+/// Warm jails per worker in test clusters: enough that creates in tests go through
+/// activation, few enough that every cluster start stays cheap.
+pub const TEST_WARM_POOL: &str = "2";
 
 impl Cluster {
     /// Starts `space up` with two workers.
     pub fn start() -> Self {
+        Self::start_with_env(&[])
+    }
+
+    /// Starts `space up` with two workers and extra environment variables (which
+    /// override the test defaults, such as `SPACE_WARM_POOL`).
+    pub fn start_with_env(env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let mut c = Self {
             dir,
             child: None,
             url: String::new(),
             admin_key: String::new(),
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
         };
         c.boot();
         c
@@ -73,6 +88,8 @@ impl Cluster {
             .env("SPACE_LOG", "warn")
             // Transitions a crash interrupted are finished quickly in tests.
             .env("SPACE_RECONCILE_AFTER_SECS", "1")
+            .env("SPACE_WARM_POOL", TEST_WARM_POOL)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -160,6 +177,60 @@ impl Cluster {
     pub fn restart(&mut self) {
         self.stop();
         self.boot();
+    }
+
+    /// node-api URL of each worker, by ID.
+    pub fn worker_urls(&self) -> Vec<(String, String)> {
+        let out = self.cli(&["--json", "workers"]);
+        let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        list.as_array()
+            .unwrap()
+            .iter()
+            .map(|w| {
+                (
+                    w["id"].as_str().unwrap().to_owned(),
+                    w["address"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    /// A worker's metric (first sample named exactly `name`), 0 when absent.
+    pub fn worker_metric(&self, worker: &str, name: &str) -> f64 {
+        let (_, url) = self
+            .worker_urls()
+            .into_iter()
+            .find(|(id, _)| id == worker)
+            .unwrap_or_else(|| panic!("no worker {worker}"));
+        let (_, body) = http("GET", &format!("{url}/metrics"), None, b"");
+        String::from_utf8_lossy(&body)
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// Waits until every worker has `n` warm jails ready.
+    pub fn wait_for_warm_pools(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        for (id, _) in self.worker_urls() {
+            loop {
+                let ready = self.worker_metric(&id, "space_worker_warm_ready") as usize;
+                if ready >= n {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "warm pool of {id} stuck at {ready}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// A worker's data directory.
+    pub fn worker_dir(&self, worker: &str) -> PathBuf {
+        self.data_dir().join("workers").join(worker)
     }
 
     /// Runs the CLI against this cluster with the admin key.

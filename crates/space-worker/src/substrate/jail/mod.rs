@@ -8,6 +8,7 @@
 //! templates/default/                  skeleton of the default template
 //! sandboxes/<sandbox>.<execution>/    upper/ work/ root/ jail.log
 //! run/<sandbox>/agent.sock            the agent's socket (dir 0700, never inside a jail)
+//! run/warm_<random>/agent.sock        the same, of a jail launched warm (see [`warm`])
 //! ```
 //!
 //! cgroups: `<controller mount>/<parent>/<sandbox>.<execution>` (`parent` is
@@ -21,6 +22,7 @@ pub mod cgroup;
 mod spawn;
 pub mod sweep;
 pub mod template;
+pub mod warm;
 
 use std::fs::{self, File};
 use std::io::{Read, Write};
@@ -185,8 +187,15 @@ impl JailDriver {
         &self,
         data_dir: &Path,
         keep: &[ExecutionKey],
+        keep_run_dirs: &[PathBuf],
     ) -> Result<SweepReport, SubstrateError> {
-        sweep::sweep_leftovers(&self.hierarchy, &self.config.cgroup_parent, data_dir, keep)
+        sweep::sweep_leftovers(
+            &self.hierarchy,
+            &self.config.cgroup_parent,
+            data_dir,
+            keep,
+            keep_run_dirs,
+        )
     }
 
     fn resolve_template(
@@ -230,12 +239,15 @@ impl JailDriver {
         Ok(())
     }
 
+    /// Launches the jail of `spec`. With `warm`, the activation record is not written:
+    /// the write end of the agent's activation pipe is returned instead.
     fn launch_inner(
         &self,
         spec: &LaunchSpec,
         layout: &Layout,
         cleanup: &mut LaunchCleanup,
-    ) -> Result<SandboxHandle, SubstrateError> {
+        warm: bool,
+    ) -> Result<(SandboxHandle, Option<File>), SubstrateError> {
         let data_dir = &spec.data_dir;
         let template = self.resolve_template(data_dir, &spec.template)?;
         // The sandbox dir must be new: an existing one is another execution's.
@@ -350,9 +362,17 @@ impl JailDriver {
 
         // space-jail is blocked reading its spec: move it into the cgroups first.
         cgroups.add_process(launcher_pid)?;
-        File::from(activation_write)
-            .write_all(&spec.activation)
-            .map_err(io_err("write activation"))?;
+        let mut activation_write = File::from(activation_write);
+        let pending_activation = if warm {
+            // The agent blocks reading it until `activate` writes it.
+            Some(activation_write)
+        } else {
+            activation_write
+                .write_all(&spec.activation)
+                .map_err(io_err("write activation"))?;
+            drop(activation_write);
+            None
+        };
         File::from(spec_write)
             .write_all(&spec_json)
             .map_err(io_err("write jail spec"))?;
@@ -381,7 +401,7 @@ impl JailDriver {
             .ok()
             .and_then(|kids| kids.first().copied())
             .and_then(|pid| ProcessIdentity::of(pid).ok());
-        Ok(SandboxHandle {
+        let handle = SandboxHandle {
             key: spec.key.clone(),
             substrate: SubstrateKind::Jail,
             init,
@@ -392,7 +412,8 @@ impl JailDriver {
             upper_dir: layout.upper.clone(),
             log_path: layout.log.clone(),
             cgroups,
-        })
+        };
+        Ok((handle, pending_activation))
     }
 
     /// Reaps the init if it is this process's child; a no-op otherwise.
@@ -628,7 +649,7 @@ impl Substrate for JailDriver {
         };
         let layout = Layout::new(&spec.data_dir, &spec.key);
         let mut cleanup = LaunchCleanup::default();
-        let handle = self.launch_inner(&spec, &layout, &mut cleanup)?;
+        let (handle, _) = self.launch_inner(&spec, &layout, &mut cleanup, false)?;
         cleanup.disarm();
         tracing::debug!(
             sandbox = %spec.key.sandbox_id,

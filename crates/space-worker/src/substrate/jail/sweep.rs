@@ -84,6 +84,7 @@ pub fn sweep_leftovers(
     cgroup_parent: &str,
     data_dir: &Path,
     keep: &[ExecutionKey],
+    keep_run_dirs: &[PathBuf],
 ) -> Result<SweepReport, SubstrateError> {
     let mut report = SweepReport::default();
     let data_dir = match data_dir.canonicalize() {
@@ -135,10 +136,13 @@ pub fn sweep_leftovers(
         }
     }
     let runs = entries(&data_dir.join("run")).map_err(|e| SubstrateError::io("list run", e))?;
-    for (_, path) in runs
-        .into_iter()
-        .filter(|(n, _)| !kept_sandboxes.contains(n.as_str()))
-    {
+    // A kept execution's socket dir is named by its sandbox, or (a warm jail's) by
+    // the placeholder it was bound under.
+    let kept_runs: HashSet<&std::ffi::OsStr> =
+        keep_run_dirs.iter().filter_map(|d| d.file_name()).collect();
+    for (_, path) in runs.into_iter().filter(|(n, _)| {
+        !kept_sandboxes.contains(n.as_str()) && !kept_runs.contains(std::ffi::OsStr::new(n))
+    }) {
         fs::remove_dir_all(&path)
             .map_err(|e| SubstrateError::io(format!("remove {}", path.display()), e))?;
         report.removed_dirs += 1;

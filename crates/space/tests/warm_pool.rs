@@ -1,0 +1,153 @@
+//! The warm pool through `space up`: creates are served by jails launched ahead of
+//! demand, the pool refills, and neither a clean stop nor a crash leaves a warm jail
+//! behind.
+
+mod support;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use support::{Cluster, TEST_WARM_POOL, can_run_jails};
+
+fn pool_size() -> usize {
+    TEST_WARM_POOL.parse().unwrap()
+}
+
+/// Names under `dir` starting with `warm_`.
+fn warm_names(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.starts_with("warm_"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Every cgroup directory (any controller, one level below the sandboxes' parents)
+/// whose name starts with one of `prefixes`.
+fn cgroups_named(prefixes: &[String]) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for controller in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+        for parent in std::fs::read_dir(controller.path()).into_iter().flatten().flatten() {
+            if !parent.path().is_dir() {
+                continue;
+            }
+            for child in std::fs::read_dir(parent.path()).into_iter().flatten().flatten() {
+                let name = child.file_name().to_string_lossy().into_owned();
+                if prefixes.iter().any(|p| name.starts_with(p.as_str())) {
+                    found.push(child.path());
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn creates_are_served_by_warm_jails_and_the_pool_refills() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    c.wait_for_warm_pools(pool_size());
+    let ids: Vec<String> = (0..pool_size())
+        .map(|_| c.create(&["--worker", "w1"]))
+        .collect();
+    assert!(
+        c.worker_metric("w1", "space_worker_warm_activations_total") >= 1.0,
+        "no create was served by a warm jail"
+    );
+    for id in &ids {
+        // The activated jail is this sandbox's: its hostname, its files, its execution.
+        let out = c.cli(&["exec", id, "--", "sh", "-c", "hostname; echo ok > /root/f"]);
+        assert!(out.status.success());
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            id.replace('_', "-")
+        );
+        let got = c.cli(&["fs", "get", id, "/root/f", "-"]);
+        assert_eq!(String::from_utf8_lossy(&got.stdout), "ok\n");
+    }
+    // Directories carry the execution's name, not the placeholder's.
+    let dirs = std::fs::read_dir(c.worker_dir("w1").join("sandboxes")).unwrap();
+    let named: Vec<String> = dirs
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| !n.starts_with("warm_"))
+        .collect();
+    for id in &ids {
+        assert!(named.iter().any(|n| n.starts_with(id.as_str())), "{named:?}");
+    }
+    // The pool fills up again once creates stop.
+    c.wait_for_warm_pools(pool_size());
+    // The sandboxes count as running; the warm jails do not count as sandboxes.
+    assert_eq!(
+        c.worker_metric("w1", "space_worker_sandboxes{state=\"running\"}"),
+        ids.len() as f64
+    );
+}
+
+#[test]
+fn a_crashed_worker_leaves_no_warm_jail_behind() {
+    if !can_run_jails() {
+        return;
+    }
+    let mut c = Cluster::start();
+    c.wait_for_warm_pools(pool_size());
+    let before: Vec<String> = ["w1", "w2"]
+        .iter()
+        .flat_map(|w| warm_names(&c.worker_dir(w).join("sandboxes")))
+        .collect();
+    assert_eq!(before.len(), 2 * pool_size());
+    let prefixes: Vec<String> = before
+        .iter()
+        .map(|n| n.split('.').next().unwrap().to_owned())
+        .collect();
+    assert!(!cgroups_named(&prefixes).is_empty());
+    c.crash_and_restart();
+    c.wait_for_warm_pools(pool_size());
+    // The restarted workers swept the old warm jails: directories, sockets, cgroups.
+    for w in ["w1", "w2"] {
+        for dir in ["sandboxes", "run"] {
+            let now = warm_names(&c.worker_dir(w).join(dir));
+            assert!(
+                prefixes.iter().all(|p| !now.iter().any(|n| n.starts_with(p.as_str()))),
+                "{w}/{dir}: {now:?}"
+            );
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cgroups_named(&prefixes).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{:?}",
+            cgroups_named(&prefixes)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // And the platform still creates sandboxes.
+    let id = c.create(&[]);
+    assert!(c.cli(&["exec", &id, "--", "true"]).status.success());
+}
+
+#[test]
+fn a_clean_stop_leaves_no_warm_jail_behind() {
+    if !can_run_jails() {
+        return;
+    }
+    let mut c = Cluster::start();
+    c.wait_for_warm_pools(pool_size());
+    let prefixes: Vec<String> = ["w1", "w2"]
+        .iter()
+        .flat_map(|w| warm_names(&c.worker_dir(w).join("sandboxes")))
+        .map(|n| n.split('.').next().unwrap().to_owned())
+        .collect();
+    c.stop();
+    for w in ["w1", "w2"] {
+        assert!(warm_names(&c.worker_dir(w).join("sandboxes")).is_empty());
+        assert!(warm_names(&c.worker_dir(w).join("run")).is_empty());
+    }
+    assert!(cgroups_named(&prefixes).is_empty(), "{:?}", cgroups_named(&prefixes));
+}
