@@ -148,8 +148,8 @@ async fn create_sandbox(
         parse(&body)?
     };
     let cp = cp(&st)?;
-    let s = cp.create_sandbox(&c, req).await?;
-    Ok((StatusCode::CREATED, Json(cp.view(&s).await?)).into_response())
+    let view = cp.create_sandbox(&c, req).await?;
+    Ok((StatusCode::CREATED, Json(view)).into_response())
 }
 
 async fn list_sandboxes(

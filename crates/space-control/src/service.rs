@@ -54,6 +54,60 @@ pub struct ControlPlane {
     reconcile_after_secs: i64,
     /// Where snapshots are kept (one replica's disk; shared storage for several).
     snapshot_dir: std::path::PathBuf,
+    /// Sandboxes per worker as placement sees them.
+    load: std::sync::Mutex<LoadView>,
+    /// Creates under way at once; the others wait their turn, first come first served.
+    creates: tokio::sync::Semaphore,
+}
+
+/// How long placement trusts the store's count of sandboxes per worker.
+const LOAD_TTL: Duration = Duration::from_secs(1);
+
+/// Sandboxes per worker for placement: the store's count, re-read at most every
+/// [`LOAD_TTL`] (counting is a scan of every sandbox), plus the creates this process
+/// has placed and not finished — so a burst of creates spreads over the workers
+/// instead of reading the same stale count. (A create is counted twice between its
+/// allocation and its end: placement errs on the side of the busier worker.) Worker
+/// states are always read fresh: placement never picks a draining or dead worker.
+#[derive(Debug, Default)]
+struct LoadView {
+    read_at: Option<std::time::Instant>,
+    counted: BTreeMap<WorkerId, u64>,
+    in_flight: BTreeMap<WorkerId, u64>,
+}
+
+impl LoadView {
+    fn is_stale(&self) -> bool {
+        self.read_at.is_none_or(|t| t.elapsed() >= LOAD_TTL)
+    }
+
+    fn refresh(&mut self, counted: BTreeMap<WorkerId, u64>) {
+        self.counted = counted;
+        self.read_at = Some(std::time::Instant::now());
+    }
+
+    fn load(&self, w: &WorkerId) -> u64 {
+        self.counted.get(w).copied().unwrap_or(0) + self.in_flight.get(w).copied().unwrap_or(0)
+    }
+}
+
+/// A create placed on `worker` and not finished: counted by placement until dropped.
+struct Placed<'a> {
+    cp: &'a ControlPlane,
+    worker: WorkerRecord,
+}
+
+impl Drop for Placed<'_> {
+    fn drop(&mut self) {
+        let mut view = self
+            .cp
+            .load
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = view.in_flight.get_mut(&self.worker.id) {
+            *n = n.saturating_sub(1);
+        }
+    }
 }
 
 /// Marks a sandbox busy for as long as it lives; with a lease, also renews the
@@ -95,6 +149,13 @@ impl ControlPlane {
             enroll_secret,
             metrics: Metrics::default(),
             busy: std::sync::Mutex::new(Default::default()),
+            load: std::sync::Mutex::new(LoadView::default()),
+            creates: tokio::sync::Semaphore::new(
+                std::env::var("SPACE_CREATE_CONCURRENCY")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(8),
+            ),
             reconcile_after_secs: std::env::var("SPACE_RECONCILE_AFTER_SECS")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -216,19 +277,29 @@ impl ControlPlane {
     pub async fn view(&self, s: &SandboxRecord) -> Result<api::Sandbox, ApiError> {
         let execution = match s.state {
             SandboxState::Stopped => None,
-            _ => self
-                .store
-                .current_execution(&s.id)
-                .await?
-                .map(|e| ExecutionView {
-                    generation: e.generation,
-                    execution_id: e.execution_id,
-                    worker: e.worker,
-                    substrate: e.substrate,
-                    activation: e.activation,
-                }),
+            _ => self.store.current_execution(&s.id).await?,
         };
-        Ok(api::Sandbox {
+        let mut view = self.view_of(s, execution.as_ref());
+        if s.state == SandboxState::Migrating {
+            view.step = self
+                .store
+                .kv_get(&step_key(&s.id))
+                .await?
+                .filter(|v| !v.is_empty());
+        }
+        Ok(view)
+    }
+
+    /// The API view of `s` with its current execution `e` (no step).
+    fn view_of(&self, s: &SandboxRecord, e: Option<&ExecutionRecord>) -> api::Sandbox {
+        let execution = e.map(|e| ExecutionView {
+            generation: e.generation,
+            execution_id: e.execution_id,
+            worker: e.worker.clone(),
+            substrate: e.substrate,
+            activation: e.activation,
+        });
+        api::Sandbox {
             id: s.id,
             state: api_state(s.state),
             template: s.template.clone(),
@@ -236,15 +307,8 @@ impl ControlPlane {
             expires_at: s.expires_at.map(|t| api::rfc3339(t.max(0) as u64)),
             execution,
             metadata: s.metadata.clone(),
-            step: match s.state {
-                SandboxState::Migrating => self
-                    .store
-                    .kv_get(&step_key(&s.id))
-                    .await?
-                    .filter(|v| !v.is_empty()),
-                _ => None,
-            },
-        })
+            step: None,
+        }
     }
 
     /// The sandbox's current execution, which must be running (`409 not_running`
@@ -274,7 +338,7 @@ impl ControlPlane {
         &self,
         caller: &Caller,
         req: CreateSandbox,
-    ) -> Result<SandboxRecord, ApiError> {
+    ) -> Result<api::Sandbox, ApiError> {
         let template = req.template.unwrap_or_else(|| "default".into());
         if template != "default" {
             return Err(ApiError::bad_request(format!(
@@ -306,7 +370,13 @@ impl ControlPlane {
         if metadata.to_string().len() > 16 * 1024 {
             return Err(ApiError::bad_request("metadata is over 16 KiB"));
         }
-        let worker = self.place(req.worker.as_ref(), None).await?;
+        let _turn = self
+            .creates
+            .acquire()
+            .await
+            .map_err(|_| ApiError::unavailable("shutting down"))?;
+        let placed = self.place_create(req.worker.as_ref()).await?;
+        let worker = &placed.worker;
         let now = now_secs() as i64;
         let record = SandboxRecord {
             id: SandboxId::from_bytes(random_bytes()),
@@ -326,8 +396,10 @@ impl ControlPlane {
                 .kv_set(&ttl_pause_key(&record.id), "pause")
                 .await?;
         }
-        if let Err(e) = self.start_execution(&record, &worker).await {
-            let _ = self
+        let exe = match self.start_execution(&record, worker).await {
+            Ok(exe) => exe,
+            Err(e) => {
+                let _ = self
                 .store
                 .set_sandbox_state(
                     &record.id,
@@ -335,8 +407,9 @@ impl ControlPlane {
                     Some(SandboxState::Starting),
                 )
                 .await;
-            return Err(e);
-        }
+                return Err(e);
+            }
+        };
         self.store
             .set_sandbox_state(
                 &record.id,
@@ -344,7 +417,21 @@ impl ControlPlane {
                 Some(SandboxState::Starting),
             )
             .await?;
-        Ok(self.store.get_sandbox(&record.id).await?)
+        // Built from what was written (the conditional updates above succeeded), not
+        // read back: a create under load costs no extra reads.
+        let s = SandboxRecord {
+            state: SandboxState::Running,
+            generation: exe.generation,
+            ..record
+        };
+        Ok(self.view_of(&s, Some(&exe)))
+    }
+
+    /// Chooses a worker for a new sandbox, counted as in flight there until the
+    /// returned guard is dropped.
+    async fn place_create(&self, requested: Option<&WorkerId>) -> Result<Placed<'_>, ApiError> {
+        let worker = self.choose_worker(requested, None, true).await?;
+        Ok(Placed { cp: self, worker })
     }
 
     /// Chooses a worker.
@@ -352,22 +439,56 @@ impl ControlPlane {
         &self,
         requested: Option<&WorkerId>,
         exclude: Option<&WorkerId>,
-    ) -> Result<WorkerId, ApiError> {
+    ) -> Result<WorkerRecord, ApiError> {
+        self.choose_worker(requested, exclude, false).await
+    }
+
+    /// Chooses a worker; with `in_flight`, counts one more create on it in the same
+    /// step, so that concurrent choices see each other.
+    async fn choose_worker(
+        &self,
+        requested: Option<&WorkerId>,
+        exclude: Option<&WorkerId>,
+        in_flight: bool,
+    ) -> Result<WorkerRecord, ApiError> {
         let workers = self.store.list_workers().await?;
-        let load = self.store.count_active_by_worker().await?;
+        let stale = self
+            .load
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_stale();
+        let counted = match stale {
+            true => Some(self.store.count_active_by_worker().await?),
+            false => None,
+        };
+        let mut view = self
+            .load
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(counted) = counted {
+            view.refresh(counted);
+        }
         let candidates: Vec<Candidate> = workers
             .iter()
             .map(|w| Candidate {
                 id: w.id.clone(),
                 active: w.state == WorkerState::Active,
                 capacity: w.capacity,
-                load: load.get(&w.id).copied().unwrap_or(0) as u32,
+                load: u32::try_from(view.load(&w.id)).unwrap_or(u32::MAX),
             })
             .collect();
-        placement::choose(&candidates, requested, exclude).map_err(|e| match e {
+        let chosen = placement::choose(&candidates, requested, exclude).map_err(|e| match e {
             placement::PlacementError::UnknownWorker(_) => ApiError::bad_request(e.to_string()),
             _ => ApiError::unavailable(e.to_string()),
-        })
+        })?;
+        if in_flight {
+            *view.in_flight.entry(chosen.clone()).or_default() += 1;
+        }
+        drop(view);
+        workers
+            .into_iter()
+            .find(|w| w.id == chosen)
+            .ok_or_else(|| ApiError::unavailable(format!("worker {chosen} is gone")))
     }
 
     /// Allocates the next generation on `worker`, installs it there and waits for the
@@ -375,9 +496,9 @@ impl ControlPlane {
     pub async fn start_execution(
         &self,
         s: &SandboxRecord,
-        worker: &WorkerId,
+        w: &WorkerRecord,
     ) -> Result<ExecutionRecord, ApiError> {
-        let w = self.store.get_worker(worker).await?;
+        let worker = &w.id;
         let now = now_secs() as i64;
         let exe = self
             .store
@@ -389,19 +510,26 @@ impl ControlPlane {
                 now,
             )
             .await?;
-        let outcome = self.deliver(&w, Update::Install(install_of(s, &exe))).await;
+        let outcome = self.deliver(w, Update::Install(install_of(s, &exe))).await;
         match outcome {
             Ok(ack) if ack.state == "running" => {
+                let now = now_secs() as i64;
                 self.store
                     .set_execution_state(
                         &s.id,
                         exe.generation,
                         ExecutionState::Running,
                         Some(ExecutionState::Pending),
-                        now_secs() as i64,
+                        now,
                     )
                     .await?;
-                Ok(self.store.get_execution(&s.id, exe.generation).await?)
+                // What the conditional update wrote: nothing else changes a pending
+                // execution.
+                Ok(ExecutionRecord {
+                    state: ExecutionState::Running,
+                    updated_at: now,
+                    ..exe
+                })
             }
             other => {
                 let _ = self
@@ -650,7 +778,7 @@ impl ControlPlane {
         }
         self.step(&s.id, format!("starting the new execution on {}", tw.id))
             .await;
-        self.start_execution(s, target).await?;
+        self.start_execution(s, &tw).await?;
         self.step(
             &s.id,
             format!("retiring the old execution on {}", src.worker),
@@ -1188,7 +1316,7 @@ impl ControlPlane {
             self.store
                 .set_sandbox_state(sandbox, SandboxState::Starting, Some(s.state))
                 .await?;
-            let started = self.start_execution(&s, &w.id).await;
+            let started = self.start_execution(&s, w).await;
             let next = if started.is_ok() {
                 SandboxState::Running
             } else {

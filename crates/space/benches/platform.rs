@@ -88,6 +88,13 @@ fn main() {
         .build()
         .expect("runtime");
     let pool = space_worker::daemon::DEFAULT_WARM_POOL.to_string();
+    if let (Ok(u), Ok(k)) = (std::env::var("P4_URL"), std::env::var("P4_KEY")) {
+        let auth = format!("Bearer {k}");
+        let (burst, _) = p4_creates(&rt, &HttpClient::new(Duration::from_secs(30)), &u, &auth);
+        println!("P4EXT burst p50 {:.1} p99 {:.1}", pct(&burst, 0.5), pct(&burst, 0.99));
+        println!("P4EXT all {:?}", burst.iter().map(|d| d.as_millis()).collect::<Vec<_>>());
+        return;
+    }
     let cluster = support::Cluster::start_with_env(&[("SPACE_WARM_POOL", pool.as_str())]);
     // Measure on a quiet machine: the pools fill first.
     cluster.wait_for_warm_pools(space_worker::daemon::DEFAULT_WARM_POOL);
@@ -502,6 +509,10 @@ fn p4_creates(
         }
         out.into_iter().unzip()
     });
+    if std::env::var_os("P4_BURST_ONLY").is_some() {
+        burst.sort();
+        return (burst, Vec::new());
+    }
     let mut single = Vec::new();
     for _ in 0..20 {
         let (took, id) = rt.block_on(create(http.clone(), url.to_owned(), auth.to_owned()));

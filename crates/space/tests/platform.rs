@@ -130,6 +130,35 @@ fn two_workers_share_the_load_and_an_explicit_worker_is_honoured() {
 }
 
 #[test]
+fn concurrent_creates_spread_evenly_over_the_workers() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let (url, auth) = (c.url.clone(), format!("Bearer {}", c.admin_key));
+    // All at once: placement must count what it placed, not only what the store shows.
+    let threads: Vec<_> = (0..16)
+        .map(|_| {
+            let (url, auth) = (url.clone(), auth.clone());
+            std::thread::spawn(move || {
+                let (status, body) =
+                    http("POST", &format!("{url}/v1/sandboxes"), Some(&auth), b"{}");
+                assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+                json(&body)["id"].as_str().unwrap().to_owned()
+            })
+        })
+        .collect();
+    let mut on_w1 = 0;
+    for t in threads {
+        let id = t.join().unwrap();
+        if c.sandbox(&id)["execution"]["worker"] == "w1" {
+            on_w1 += 1;
+        }
+    }
+    assert!((7..=9).contains(&on_w1), "{on_w1} of 16 on w1");
+}
+
+#[test]
 fn restart_of_space_up_keeps_sandboxes_keys_and_files() {
     if !can_run_jails() {
         return;
