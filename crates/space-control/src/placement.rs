@@ -13,6 +13,8 @@ pub struct Candidate {
     pub capacity: u32,
     /// Sandboxes it holds.
     pub load: u32,
+    /// Whether it can start a sandbox from a warm jail (or may: unknown counts as yes).
+    pub warm: bool,
 }
 
 /// Why no worker was chosen.
@@ -30,8 +32,9 @@ pub enum PlacementError {
 }
 
 /// Picks the least-loaded active worker with room (ties broken by ID so the choice is
-/// deterministic), or the explicitly requested one if it is active and has room.
-/// `exclude` is never chosen (the current worker, for a migration).
+/// deterministic), preferring workers that can start it from a warm jail; or the
+/// explicitly requested one if it is active and has room. `exclude` is never chosen
+/// (the current worker, for a migration).
 pub fn choose(
     candidates: &[Candidate],
     requested: Option<&WorkerId>,
@@ -57,7 +60,10 @@ pub fn choose(
             // Compare load / capacity without floating point.
             let l = u64::from(a.load) * u64::from(b.capacity);
             let r = u64::from(b.load) * u64::from(a.capacity);
-            l.cmp(&r).then_with(|| a.id.cmp(&b.id))
+            b.warm
+                .cmp(&a.warm)
+                .then(l.cmp(&r))
+                .then_with(|| a.id.cmp(&b.id))
         })
         .map(|c| c.id.clone())
         .ok_or(PlacementError::Full)
@@ -73,6 +79,7 @@ mod tests {
             active,
             capacity,
             load,
+            warm: true,
         }
     }
 
@@ -119,6 +126,23 @@ mod tests {
             choose(&[c("w1", true, 1, 1)], None, None),
             Err(PlacementError::Full)
         );
+    }
+
+    #[test]
+    fn a_worker_with_warm_jails_is_preferred_over_a_less_loaded_one_without() {
+        let mut cold = c("w1", true, 10, 1);
+        cold.warm = false;
+        let ws = [cold.clone(), c("w2", true, 10, 5)];
+        assert_eq!(choose(&ws, None, None).unwrap().as_str(), "w2");
+        // Without warm jails anywhere, load decides again; a full worker stays out.
+        let mut busy = c("w2", true, 10, 5);
+        busy.warm = false;
+        assert_eq!(
+            choose(&[cold.clone(), busy], None, None).unwrap().as_str(),
+            "w1"
+        );
+        let full = c("w2", true, 5, 5);
+        assert_eq!(choose(&[cold, full], None, None).unwrap().as_str(), "w1");
     }
 
     #[test]

@@ -60,6 +60,12 @@ pub struct ControlPlane {
     creates: tokio::sync::Semaphore,
 }
 
+/// Creates processed at once by one control plane; more wait their turn in arrival
+/// order, so that a burst is served first come first served instead of every create
+/// sharing the CPU (and finishing late) together, and workers never see an unbounded
+/// number of launches at once.
+const CREATES_AT_ONCE: usize = 16;
+
 /// How long placement trusts the store's count of sandboxes per worker.
 const LOAD_TTL: Duration = Duration::from_secs(1);
 
@@ -69,12 +75,20 @@ const LOAD_TTL: Duration = Duration::from_secs(1);
 /// instead of reading the same stale count. (A create is counted twice between its
 /// allocation and its end: placement errs on the side of the busier worker.) Worker
 /// states are always read fresh: placement never picks a draining or dead worker.
+///
+/// It also estimates each worker's ready warm jails: the count its last install
+/// acknowledgement reported, less the creates placed there since; an estimate older
+/// than [`WARM_ESTIMATE_TTL`] is unknown (the pool refills between bursts).
 #[derive(Debug, Default)]
 struct LoadView {
     read_at: Option<std::time::Instant>,
     counted: BTreeMap<WorkerId, u64>,
     in_flight: BTreeMap<WorkerId, u64>,
+    warm: BTreeMap<WorkerId, (std::time::Instant, u32)>,
 }
+
+/// How long a worker's reported count of warm jails guides placement.
+const WARM_ESTIMATE_TTL: Duration = Duration::from_secs(2);
 
 impl LoadView {
     fn is_stale(&self) -> bool {
@@ -88,6 +102,37 @@ impl LoadView {
 
     fn load(&self, w: &WorkerId) -> u64 {
         self.counted.get(w).copied().unwrap_or(0) + self.in_flight.get(w).copied().unwrap_or(0)
+    }
+
+    /// Whether `w` may have a warm jail for one more create (unknown counts as yes).
+    fn may_be_warm(&self, w: &WorkerId) -> bool {
+        match self.warm.get(w) {
+            Some((at, n)) if at.elapsed() < WARM_ESTIMATE_TTL => *n > 0,
+            _ => true,
+        }
+    }
+
+    fn placed_on(&mut self, w: &WorkerId) {
+        *self.in_flight.entry(w.clone()).or_default() += 1;
+        if let Some((_, n)) = self.warm.get_mut(w) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    /// `ready` as reported by an install's acknowledgement, while that create is still
+    /// in flight: the other creates in flight there take from it too.
+    fn reported_warm(&mut self, w: &WorkerId, ready: u32) {
+        let others = self
+            .in_flight
+            .get(w)
+            .copied()
+            .unwrap_or(1)
+            .saturating_sub(1);
+        let left = u64::from(ready).saturating_sub(others);
+        self.warm.insert(
+            w.clone(),
+            (std::time::Instant::now(), u32::try_from(left).unwrap_or(0)),
+        );
     }
 }
 
@@ -150,12 +195,7 @@ impl ControlPlane {
             metrics: Metrics::default(),
             busy: std::sync::Mutex::new(Default::default()),
             load: std::sync::Mutex::new(LoadView::default()),
-            creates: tokio::sync::Semaphore::new(
-                std::env::var("SPACE_CREATE_CONCURRENCY")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(8),
-            ),
+            creates: tokio::sync::Semaphore::new(CREATES_AT_ONCE),
             reconcile_after_secs: std::env::var("SPACE_RECONCILE_AFTER_SECS")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -400,13 +440,13 @@ impl ControlPlane {
             Ok(exe) => exe,
             Err(e) => {
                 let _ = self
-                .store
-                .set_sandbox_state(
-                    &record.id,
-                    SandboxState::Stopped,
-                    Some(SandboxState::Starting),
-                )
-                .await;
+                    .store
+                    .set_sandbox_state(
+                        &record.id,
+                        SandboxState::Stopped,
+                        Some(SandboxState::Starting),
+                    )
+                    .await;
                 return Err(e);
             }
         };
@@ -475,6 +515,7 @@ impl ControlPlane {
                 active: w.state == WorkerState::Active,
                 capacity: w.capacity,
                 load: u32::try_from(view.load(&w.id)).unwrap_or(u32::MAX),
+                warm: view.may_be_warm(&w.id),
             })
             .collect();
         let chosen = placement::choose(&candidates, requested, exclude).map_err(|e| match e {
@@ -482,7 +523,7 @@ impl ControlPlane {
             _ => ApiError::unavailable(e.to_string()),
         })?;
         if in_flight {
-            *view.in_flight.entry(chosen.clone()).or_default() += 1;
+            view.placed_on(&chosen);
         }
         drop(view);
         workers
@@ -511,6 +552,12 @@ impl ControlPlane {
             )
             .await?;
         let outcome = self.deliver(w, Update::Install(install_of(s, &exe))).await;
+        if let Some(ready) = outcome.as_ref().ok().and_then(|a| a.warm_ready) {
+            self.load
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .reported_warm(worker, ready);
+        }
         match outcome {
             Ok(ack) if ack.state == "running" => {
                 let now = now_secs() as i64;

@@ -404,6 +404,10 @@ pub struct UpdateAck {
     pub message: Option<String>,
     /// The worker's bundle version after the update.
     pub bundle_version: u64,
+    /// Warm jails the worker has ready after the update (placement prefers workers
+    /// that can start a sandbox from one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_ready: Option<u32>,
 }
 
 /// Formats Unix seconds as RFC 3339 UTC (`2026-11-30T01:02:03Z`).

@@ -161,27 +161,29 @@ fn writer_loop(conn: &Mutex<Connection>, jobs: &mpsc::Receiver<Box<dyn WriteJob>
 
 /// One transaction, one savepoint per write; the commit's outcome.
 fn run_group(c: &mut Connection, group: &mut [Box<dyn WriteJob>]) -> Result<(), StoreError> {
-    c.execute_batch("BEGIN IMMEDIATE").map_err(sqlite_err)?;
-    for job in group.iter_mut() {
-        let step = c
-            .execute_batch("SAVEPOINT write")
+    // Prepared once per connection: these run for every write.
+    let run = |c: &Connection, sql: &str| {
+        c.prepare_cached(sql)
+            .and_then(|mut s| s.execute([]))
+            .map(drop)
             .map_err(sqlite_err)
-            .and_then(|()| {
-                let sql = if job.run(c) {
-                    "RELEASE write"
-                } else {
-                    "ROLLBACK TO write; RELEASE write"
-                };
-                c.execute_batch(sql).map_err(sqlite_err)
-            });
+    };
+    run(c, "BEGIN IMMEDIATE")?;
+    for job in group.iter_mut() {
+        let step = run(c, "SAVEPOINT write").and_then(|()| {
+            if job.run(c) {
+                run(c, "RELEASE write")
+            } else {
+                run(c, "ROLLBACK TO write").and_then(|()| run(c, "RELEASE write"))
+            }
+        });
         if let Err(e) = step {
             let _ = c.execute_batch("ROLLBACK");
             return Err(e);
         }
     }
-    c.execute_batch("COMMIT").map_err(|e| {
+    run(c, "COMMIT").inspect_err(|_| {
         let _ = c.execute_batch("ROLLBACK");
-        sqlite_err(e)
     })
 }
 

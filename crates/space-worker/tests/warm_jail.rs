@@ -72,7 +72,11 @@ fn gone(handle: &SandboxHandle) {
     for p in [Some(handle.init), handle.agent].into_iter().flatten() {
         assert!(!p.is_alive(), "process {} survived", p.pid);
     }
-    assert!(!handle.sandbox_dir.exists(), "{}", handle.sandbox_dir.display());
+    assert!(
+        !handle.sandbox_dir.exists(),
+        "{}",
+        handle.sandbox_dir.display()
+    );
     assert!(!handle.socket_path.exists());
     for dir in handle.cgroups.dirs() {
         assert!(!dir.exists(), "{}", dir.display());
@@ -99,7 +103,9 @@ fn a_warm_jail_answers_nothing_before_activation_then_serves_its_execution() {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let stream = UnixStream::connect(&socket).unwrap();
-        let _ = tx.send(AgentConnection::handshake_verified(stream, nonce, &secret).map(|c| c.identity()));
+        let _ = tx.send(
+            AgentConnection::handshake_verified(stream, nonce, &secret).map(|c| c.identity()),
+        );
     });
     assert!(
         rx.recv_timeout(Duration::from_millis(300)).is_err(),
@@ -129,15 +135,19 @@ fn a_warm_jail_answers_nothing_before_activation_then_serves_its_execution() {
     for (old, new) in before.cgroups.dirs().iter().zip(renamed.dirs()) {
         assert!(!old.exists() && new.exists(), "{}", new.display());
     }
-    assert!(handle
-        .cgroups
-        .procs()
-        .unwrap()
-        .contains(&handle.agent.unwrap().pid));
+    assert!(
+        handle
+            .cgroups
+            .procs()
+            .unwrap()
+            .contains(&handle.agent.unwrap().pid)
+    );
 
     let mut c = spaced_host::connect(&launch::bridge_target(&bridge, &act)).unwrap();
     assert_eq!(c.identity(), act.identity());
-    let out = c.exec(ExecSpec::shell("hostname; echo $$ > /root/pid")).unwrap();
+    let out = c
+        .exec(ExecSpec::shell("hostname; echo $$ > /root/pid"))
+        .unwrap();
     assert_eq!(out.status.outcome, ExitOutcome::Code(0));
     assert_eq!(
         String::from_utf8(out.stdout).unwrap().trim(),
@@ -146,11 +156,14 @@ fn a_warm_jail_answers_nothing_before_activation_then_serves_its_execution() {
     assert!(handle.upper_dir.join("root/pid").is_file());
     drop(c);
 
-    launch::teardown(&*e.driver, e.data.path(), Some(&handle), Some(&bridge), Layer::Discard);
-    let _ = nix::sys::wait::waitpid(
-        nix::unistd::Pid::from_raw(bridge.process.pid as i32),
-        None,
+    launch::teardown(
+        &*e.driver,
+        e.data.path(),
+        Some(&handle),
+        Some(&bridge),
+        Layer::Discard,
     );
+    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(bridge.process.pid as i32), None);
     gone(&handle);
 }
 
@@ -202,10 +215,10 @@ fn a_failed_activation_destroys_the_warm_jail() {
     let key = ExecutionKey::new(act.sandbox.to_string(), act.execution_id.to_string());
     let taken = e.data.path().join("sandboxes").join(key.dir_name());
     std::fs::create_dir_all(taken.join("keep")).unwrap();
-    assert!(e
-        .driver
-        .activate(warm, &key, &act.encode(), None)
-        .is_err());
-    assert!(taken.join("keep").is_dir(), "an existing directory was replaced");
+    assert!(e.driver.activate(warm, &key, &act.encode(), None).is_err());
+    assert!(
+        taken.join("keep").is_dir(),
+        "an existing directory was replaced"
+    );
     gone(&handle);
 }

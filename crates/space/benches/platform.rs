@@ -91,8 +91,15 @@ fn main() {
     if let (Ok(u), Ok(k)) = (std::env::var("P4_URL"), std::env::var("P4_KEY")) {
         let auth = format!("Bearer {k}");
         let (burst, _) = p4_creates(&rt, &HttpClient::new(Duration::from_secs(30)), &u, &auth);
-        println!("P4EXT burst p50 {:.1} p99 {:.1}", pct(&burst, 0.5), pct(&burst, 0.99));
-        println!("P4EXT all {:?}", burst.iter().map(|d| d.as_millis()).collect::<Vec<_>>());
+        println!(
+            "P4EXT burst p50 {:.1} p99 {:.1}",
+            pct(&burst, 0.5),
+            pct(&burst, 0.99)
+        );
+        println!(
+            "P4EXT all {:?}",
+            burst.iter().map(|d| d.as_millis()).collect::<Vec<_>>()
+        );
         return;
     }
     let cluster = support::Cluster::start_with_env(&[("SPACE_WARM_POOL", pool.as_str())]);

@@ -30,11 +30,19 @@ fn warm_names(dir: &std::path::Path) -> Vec<String> {
 fn cgroups_named(prefixes: &[String]) -> Vec<PathBuf> {
     let mut found = Vec::new();
     for controller in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
-        for parent in std::fs::read_dir(controller.path()).into_iter().flatten().flatten() {
+        for parent in std::fs::read_dir(controller.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             if !parent.path().is_dir() {
                 continue;
             }
-            for child in std::fs::read_dir(parent.path()).into_iter().flatten().flatten() {
+            for child in std::fs::read_dir(parent.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
                 let name = child.file_name().to_string_lossy().into_owned();
                 if prefixes.iter().any(|p| name.starts_with(p.as_str())) {
                     found.push(child.path());
@@ -78,7 +86,10 @@ fn creates_are_served_by_warm_jails_and_the_pool_refills() {
         .filter(|n| !n.starts_with("warm_"))
         .collect();
     for id in &ids {
-        assert!(named.iter().any(|n| n.starts_with(id.as_str())), "{named:?}");
+        assert!(
+            named.iter().any(|n| n.starts_with(id.as_str())),
+            "{named:?}"
+        );
     }
     // The pool fills up again once creates stop.
     c.wait_for_warm_pools(pool_size());
@@ -113,18 +124,16 @@ fn a_crashed_worker_leaves_no_warm_jail_behind() {
         for dir in ["sandboxes", "run"] {
             let now = warm_names(&c.worker_dir(w).join(dir));
             assert!(
-                prefixes.iter().all(|p| !now.iter().any(|n| n.starts_with(p.as_str()))),
+                prefixes
+                    .iter()
+                    .all(|p| !now.iter().any(|n| n.starts_with(p.as_str()))),
                 "{w}/{dir}: {now:?}"
             );
         }
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     while !cgroups_named(&prefixes).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "{:?}",
-            cgroups_named(&prefixes)
-        );
+        assert!(Instant::now() < deadline, "{:?}", cgroups_named(&prefixes));
         std::thread::sleep(Duration::from_millis(50));
     }
     // And the platform still creates sandboxes.
@@ -149,5 +158,9 @@ fn a_clean_stop_leaves_no_warm_jail_behind() {
         assert!(warm_names(&c.worker_dir(w).join("sandboxes")).is_empty());
         assert!(warm_names(&c.worker_dir(w).join("run")).is_empty());
     }
-    assert!(cgroups_named(&prefixes).is_empty(), "{:?}", cgroups_named(&prefixes));
+    assert!(
+        cgroups_named(&prefixes).is_empty(),
+        "{:?}",
+        cgroups_named(&prefixes)
+    );
 }

@@ -174,11 +174,8 @@ impl Records {
     pub fn max_generation(&self, sandbox: &SandboxId) -> Result<u64, RecordError> {
         self.with(|c| {
             let v: Option<i64> = c
-                .query_row(
-                    "SELECT max_generation FROM generations WHERE sandbox = ?1",
-                    params![sandbox.to_string()],
-                    |r| r.get(0),
-                )
+                .prepare_cached("SELECT max_generation FROM generations WHERE sandbox = ?1")?
+                .query_row(params![sandbox.to_string()], |r| r.get(0))
                 .optional()?;
             Ok(v.map_or(0, |g| g as u64))
         })
@@ -216,18 +213,19 @@ impl Records {
             let outcome = self
                 .with(|c| {
                     let tx = c.unchecked_transaction()?;
+                    let mut record = tx.prepare_cached(
+                        "INSERT INTO executions (sandbox, generation, body, state) VALUES (?1, ?2, ?3, ?4)
+                         ON CONFLICT (sandbox, generation) DO UPDATE SET body = excluded.body, state = excluded.state",
+                    )?;
+                    let mut highest = tx.prepare_cached(
+                        "INSERT INTO generations (sandbox, max_generation) VALUES (?1, ?2)
+                         ON CONFLICT (sandbox) DO UPDATE SET max_generation = MAX(max_generation, excluded.max_generation)",
+                    )?;
                     for (_, sandbox, generation, body, state) in &batch {
-                        tx.execute(
-                            "INSERT INTO executions (sandbox, generation, body, state) VALUES (?1, ?2, ?3, ?4)
-                             ON CONFLICT (sandbox, generation) DO UPDATE SET body = excluded.body, state = excluded.state",
-                            params![sandbox, generation, body, state],
-                        )?;
-                        tx.execute(
-                            "INSERT INTO generations (sandbox, max_generation) VALUES (?1, ?2)
-                             ON CONFLICT (sandbox) DO UPDATE SET max_generation = MAX(max_generation, excluded.max_generation)",
-                            params![sandbox, generation],
-                        )?;
+                        record.execute(params![sandbox, generation, body, state])?;
+                        highest.execute(params![sandbox, generation])?;
                     }
+                    drop((record, highest));
                     tx.commit()?;
                     Ok(())
                 })

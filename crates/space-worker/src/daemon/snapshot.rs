@@ -377,6 +377,7 @@ pub mod http {
             Ok(Ok(())) => axum::Json(UpdateAck {
                 state: "installed".into(),
                 message: None,
+                warm_ready: None,
                 bundle_version: w
                     .keys
                     .read()

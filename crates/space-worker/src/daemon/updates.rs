@@ -75,6 +75,7 @@ fn ack(worker: &Worker, state: &str, message: Option<String>) -> UpdateAck {
         state: state.to_owned(),
         message,
         bundle_version: bundle_version(worker),
+        warm_ready: Some(u32::try_from(worker.warm.ready()).unwrap_or(u32::MAX)),
     }
 }
 
