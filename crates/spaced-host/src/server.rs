@@ -72,6 +72,7 @@ pub fn run(spec: BridgeSpec, listener: UnixListener) -> io::Result<()> {
                 if let Err(e) = serve(&conn, &spec) {
                     log_refusal(&spec, &e);
                     refuse(&conn, &spec, &e);
+                    drain(&conn);
                 }
                 active.fetch_sub(1, Ordering::AcqRel);
             });
@@ -89,7 +90,25 @@ fn log_refusal(spec: &BridgeSpec, e: &BridgeError) {
     );
 }
 
-/// Tells the worker why, as a connection-level agent error, then closes.
+/// After a refusal, reads what the client still sends (its hello, typically) until it
+/// closes or briefly goes quiet: closing a Unix socket with unread data resets the
+/// peer, which could then lose the refusal before reading it.
+fn drain(conn: &UnixStream) {
+    use std::io::Read;
+    let _ = conn.set_read_timeout(Some(std::time::Duration::from_millis(200)));
+    let mut sink = [0u8; 4096];
+    let mut left = 1usize << 20;
+    let mut r = conn;
+    while left > 0 {
+        match r.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => left = left.saturating_sub(n),
+        }
+    }
+    let _ = conn.shutdown(Shutdown::Both);
+}
+
+/// Tells the worker why, as a connection-level agent error, then closes its half.
 fn refuse(conn: &UnixStream, spec: &BridgeSpec, e: &BridgeError) {
     let kind = match e {
         BridgeError::Busy => ErrorKind::Busy,
@@ -103,7 +122,7 @@ fn refuse(conn: &UnixStream, spec: &BridgeSpec, e: &BridgeError) {
     };
     let mut w = conn;
     let _ = frame::write_frame(&mut w, &codec::encode(&frame));
-    let _ = conn.shutdown(Shutdown::Both);
+    let _ = conn.shutdown(Shutdown::Write);
 }
 
 fn serve(conn: &UnixStream, spec: &BridgeSpec) -> Result<(), BridgeError> {
