@@ -46,6 +46,10 @@ pub struct Metrics {
     pub capabilities_issued: Counter,
     /// Route recoveries at the edge.
     pub recoveries: Family<RecoveryLabels, Counter>,
+    /// Creates served by claiming a standby sandbox.
+    pub standby_claims: Counter,
+    /// Standby sandboxes ready (refreshed by the standby keeper).
+    pub standby_ready: Gauge,
 }
 
 impl Default for Metrics {
@@ -74,6 +78,18 @@ impl Default for Metrics {
             "Capabilities signed",
             capabilities_issued.clone(),
         );
+        let standby_claims = Counter::default();
+        let standby_ready = Gauge::default();
+        registry.register(
+            "space_control_standby_claims",
+            "Creates served by claiming a standby sandbox",
+            standby_claims.clone(),
+        );
+        registry.register(
+            "space_control_standby_ready",
+            "Standby sandboxes ready to be claimed",
+            standby_ready.clone(),
+        );
         registry.register(
             "space_edge_route_recoveries",
             "Route recoveries after a worker rejected a capability",
@@ -86,6 +102,8 @@ impl Default for Metrics {
             sandboxes,
             capabilities_issued,
             recoveries,
+            standby_claims,
+            standby_ready,
         }
     }
 }

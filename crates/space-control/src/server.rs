@@ -24,6 +24,8 @@ pub struct ControlConfig {
     pub data_dir: PathBuf,
     /// `postgres://…` to use PostgreSQL instead of SQLite.
     pub database_url: Option<String>,
+    /// Standby sandboxes to keep ready for creates to claim (0: none).
+    pub standby: usize,
 }
 
 impl ControlConfig {
@@ -38,6 +40,9 @@ impl ControlConfig {
         }
         if self.data_dir.as_os_str().is_empty() {
             return Err("--data-dir must not be empty".into());
+        }
+        if self.standby > 1000 {
+            return Err("--standby must be at most 1000".into());
         }
         Ok(())
     }
@@ -163,7 +168,9 @@ pub async fn serve(config: ControlConfig) -> Result<ServerHandle, String> {
     };
     let app = router(state);
     let (stop, mut stopped) = watch::channel(false);
+    cp.set_standby_target(config.standby);
     let background = spawn_background(Arc::clone(&cp), stop.subscribe());
+    let keeper = spawn_standby_keeper(Arc::clone(&cp), stop.subscribe());
     let task = tokio::spawn(async move {
         let shutdown = async move {
             let _ = stopped.wait_for(|s| *s).await;
@@ -175,6 +182,7 @@ pub async fn serve(config: ControlConfig) -> Result<ServerHandle, String> {
             tracing::error!(error = %e, "server failed");
         }
         background.abort();
+        keeper.abort();
     });
     Ok(ServerHandle {
         addr,
@@ -183,6 +191,32 @@ pub async fn serve(config: ControlConfig) -> Result<ServerHandle, String> {
         enroll_secret,
         stop,
         task,
+    })
+}
+
+/// Keeps the standby sandboxes topped up, one at a time, in quiet moments.
+fn spawn_standby_keeper(cp: Arc<ControlPlane>, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut pause = Duration::from_millis(100);
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = stop.changed() => return,
+            }
+            if cp.standby_target() == 0 {
+                pause = Duration::from_millis(500);
+                continue;
+            }
+            pause = match cp.keep_standby().await {
+                // Another one may be due right away.
+                Ok(true) => Duration::ZERO,
+                Ok(false) => Duration::from_millis(100),
+                Err(e) => {
+                    tracing::warn!(error = %e.message, "standby sandbox failed to start");
+                    Duration::from_secs(2)
+                }
+            };
+        }
     })
 }
 

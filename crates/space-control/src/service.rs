@@ -56,15 +56,19 @@ pub struct ControlPlane {
     snapshot_dir: std::path::PathBuf,
     /// Sandboxes per worker as placement sees them.
     load: std::sync::Mutex<LoadView>,
-    /// Creates under way at once; the others wait their turn, first come first served.
-    creates: tokio::sync::Semaphore,
+    /// Standby sandboxes to keep ready (0: none).
+    standby_target: std::sync::atomic::AtomicUsize,
+    /// When a create last ran in this process: the standby keeper waits for a quiet
+    /// moment before refilling, so refills never compete with a burst.
+    last_create: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
-/// Creates processed at once by one control plane; more wait their turn in arrival
-/// order, so that a burst is served first come first served instead of every create
-/// sharing the CPU (and finishing late) together, and workers never see an unbounded
-/// number of launches at once.
-const CREATES_AT_ONCE: usize = 16;
+/// The tenant that owns standby sandboxes until a create claims one. Tenant IDs that
+/// callers get are `ten_…`: no API key can ever act for it.
+pub const STANDBY_TENANT: &str = "_standby";
+
+/// How long after the last create the standby keeper waits before refilling.
+const STANDBY_QUIET: Duration = Duration::from_millis(300);
 
 /// How long placement trusts the store's count of sandboxes per worker.
 const LOAD_TTL: Duration = Duration::from_secs(1);
@@ -186,6 +190,15 @@ impl ControlPlane {
         snapshot_dir: std::path::PathBuf,
     ) -> Result<Arc<Self>, ApiError> {
         let keys = Keyring::load(&store, now_secs() as i64).await?;
+        let standby = Tenant {
+            id: STANDBY_TENANT.into(),
+            name: "standby sandboxes".into(),
+            created_at: now_secs() as i64,
+        };
+        match store.create_tenant(&standby).await {
+            Ok(()) | Err(space_store::StoreError::Conflict(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
         Ok(Arc::new(Self {
             store,
             keys: RwLock::new(Arc::new(keys)),
@@ -195,7 +208,8 @@ impl ControlPlane {
             metrics: Metrics::default(),
             busy: std::sync::Mutex::new(Default::default()),
             load: std::sync::Mutex::new(LoadView::default()),
-            creates: tokio::sync::Semaphore::new(CREATES_AT_ONCE),
+            standby_target: std::sync::atomic::AtomicUsize::new(0),
+            last_create: std::sync::Mutex::new(None),
             reconcile_after_secs: std::env::var("SPACE_RECONCILE_AFTER_SECS")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -410,21 +424,44 @@ impl ControlPlane {
         if metadata.to_string().len() > 16 * 1024 {
             return Err(ApiError::bad_request("metadata is over 16 KiB"));
         }
-        let _turn = self
-            .creates
-            .acquire()
-            .await
-            .map_err(|_| ApiError::unavailable("shutting down"))?;
+        if caller.tenant != STANDBY_TENANT {
+            *self
+                .last_create
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                Some(std::time::Instant::now());
+        }
+        let now = now_secs() as i64;
+        let expires_at = req.ttl_secs.map(|t| now + t as i64);
+        // A standby sandbox is a default sandbox that already runs: claiming one is a
+        // single write. Sandboxes with their own environment or a chosen worker are
+        // started for the request.
+        let plain = env.is_empty() && req.worker.is_none();
+        if plain && caller.tenant != STANDBY_TENANT && self.standby_target() > 0 {
+            let claim = space_store::Claim {
+                tenant: caller.tenant.clone(),
+                created_at: now,
+                expires_at,
+                metadata: metadata.clone(),
+            };
+            if let Some(s) = self.store.claim_standby(STANDBY_TENANT, &claim).await? {
+                if pause_at_ttl {
+                    self.store.kv_set(&ttl_pause_key(&s.id), "pause").await?;
+                }
+                self.metrics.standby_claims.inc();
+                self.metrics.standby_ready.dec();
+                return self.view(&s).await;
+            }
+        }
         let placed = self.place_create(req.worker.as_ref()).await?;
         let worker = &placed.worker;
-        let now = now_secs() as i64;
         let record = SandboxRecord {
             id: SandboxId::from_bytes(random_bytes()),
             tenant: caller.tenant.clone(),
             template,
             state: SandboxState::Starting,
             created_at: now,
-            expires_at: req.ttl_secs.map(|t| now + t as i64),
+            expires_at,
             metadata,
             env,
             generation: 0,
@@ -465,6 +502,56 @@ impl ControlPlane {
             ..record
         };
         Ok(self.view_of(&s, Some(&exe)))
+    }
+
+    /// How many standby sandboxes this control plane keeps ready.
+    pub fn standby_target(&self) -> usize {
+        self.standby_target
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets how many standby sandboxes to keep ready (0: none; existing ones stay
+    /// until claimed).
+    pub fn set_standby_target(&self, n: usize) {
+        self.standby_target
+            .store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// One step of the standby keeper: when no create ran for [`STANDBY_QUIET`] and
+    /// fewer than the target are ready or starting, starts one (through the normal
+    /// create path: placement, warm jail, acknowledged install). Returns whether it
+    /// started one.
+    pub async fn keep_standby(&self) -> Result<bool, ApiError> {
+        let target = self.standby_target();
+        let standby = self.store.list_sandboxes(STANDBY_TENANT).await?;
+        let ready = standby
+            .iter()
+            .filter(|s| s.state == SandboxState::Running)
+            .count();
+        self.metrics
+            .standby_ready
+            .set(i64::try_from(ready).unwrap_or(i64::MAX));
+        // Starting ones count towards the target: they will be ready.
+        let ready = standby
+            .iter()
+            .filter(|s| s.state != SandboxState::Stopped)
+            .count();
+        let quiet = self
+            .last_create
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_none_or(|t| t.elapsed() >= STANDBY_QUIET);
+        if ready >= target || !quiet {
+            return Ok(false);
+        }
+        let standby = Caller {
+            tenant: STANDBY_TENANT.into(),
+            key_id: "standby".into(),
+            admin: false,
+        };
+        self.create_sandbox(&standby, CreateSandbox::default())
+            .await?;
+        Ok(true)
     }
 
     /// Chooses a worker for a new sandbox, counted as in flight there until the

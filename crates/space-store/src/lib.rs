@@ -45,6 +45,19 @@ pub enum StoreError {
     Backend(String),
 }
 
+/// What a tenant's create stamps on a standby sandbox it claims.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    /// The new owner.
+    pub tenant: String,
+    /// Unix seconds: the claim is the sandbox's creation as far as its owner sees.
+    pub created_at: i64,
+    /// Unix seconds, when it has a TTL.
+    pub expires_at: Option<i64>,
+    /// The owner's metadata.
+    pub metadata: serde_json::Value,
+}
+
 /// A store on one of the two backends.
 #[derive(Clone, Debug)]
 pub enum Store {
@@ -191,6 +204,18 @@ impl Store {
         expected: Option<SandboxState>,
     ) -> Result<(), StoreError> {
         dispatch!(self.set_sandbox_state(id, state, expected))
+    }
+
+    /// Hands one running sandbox of the standby tenant `standby` (the oldest) to
+    /// `claim.tenant`, stamping its creation time, expiry and metadata; `None` when
+    /// there is none. Atomic: concurrent claims, also from other replicas, never get
+    /// the same sandbox.
+    pub async fn claim_standby(
+        &self,
+        standby: &str,
+        claim: &Claim,
+    ) -> Result<Option<SandboxRecord>, StoreError> {
+        dispatch!(self.claim_standby(standby, claim))
     }
 
     /// For capacity-aware placement: per worker, the number of sandboxes that are not

@@ -354,6 +354,25 @@ impl PgStore {
             .ok_or_else(|| StoreError::NotFound(format!("sandbox {id}")))
     }
 
+    /// See [`crate::Store::claim_standby`].
+    pub async fn claim_standby(
+        &self,
+        standby: &str,
+        claim: &crate::Claim,
+    ) -> Result<Option<SandboxRecord>, StoreError> {
+        let metadata = serde_json::to_string(&claim.metadata)
+            .map_err(|e| StoreError::Backend(format!("metadata does not serialize: {e}")))?;
+        let q = sql::claim_standby(rows::SANDBOX_COLUMNS, "FOR UPDATE SKIP LOCKED");
+        let params: Params = &[
+            &standby,
+            &claim.tenant,
+            &claim.created_at,
+            &claim.expires_at,
+            &metadata,
+        ];
+        self.one(&q, params, rows::sandbox).await
+    }
+
     /// A tenant's sandboxes, oldest first.
     pub async fn list_sandboxes(&self, tenant: &str) -> Result<Vec<SandboxRecord>, StoreError> {
         let q = sql::select(

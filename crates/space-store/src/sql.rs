@@ -240,6 +240,18 @@ pub(crate) const KV_INSERT_IF_ABSENT: &str =
 
 /// `SELECT <columns> FROM <table> <tail>`, for the reads whose column list lives in
 /// [`crate::rows`].
+/// Hands the oldest running sandbox of the standby tenant `$1` to tenant `$2`, with
+/// its creation time, expiry and metadata (`$3`–`$5`); returns its row. `lock` is
+/// PostgreSQL's `FOR UPDATE SKIP LOCKED` (concurrent claims take different rows), or
+/// empty on SQLite (whose writes are serialised).
+pub(crate) fn claim_standby(columns: &str, lock: &str) -> String {
+    format!(
+        "UPDATE sandboxes SET tenant = $2, created_at = $3, expires_at = $4, metadata = $5 \
+         WHERE tenant = $1 AND id = (SELECT id FROM sandboxes WHERE tenant = $1 AND state = 'running' \
+         ORDER BY created_at, id LIMIT 1 {lock}) RETURNING {columns}"
+    )
+}
+
 pub(crate) fn select(columns: &str, table: &str, tail: &str) -> String {
     format!("SELECT {columns} FROM {table} {tail}")
 }

@@ -545,6 +545,33 @@ impl SqliteStore {
         .await
     }
 
+    /// See [`crate::Store::claim_standby`].
+    pub async fn claim_standby(
+        &self,
+        standby: &str,
+        claim: &crate::Claim,
+    ) -> Result<Option<SandboxRecord>, StoreError> {
+        let metadata = serde_json::to_string(&claim.metadata)
+            .map_err(|e| StoreError::Backend(format!("metadata does not serialize: {e}")))?;
+        let (standby, c2) = (standby.to_owned(), claim.clone());
+        self.call(move |c| {
+            let q = sql::claim_standby(rows::SANDBOX_COLUMNS, "");
+            query_one(
+                c,
+                &q,
+                &[
+                    &standby,
+                    &c2.tenant,
+                    &c2.created_at,
+                    &c2.expires_at,
+                    &metadata,
+                ],
+                |r| rows::sandbox(r),
+            )
+        })
+        .await
+    }
+
     /// Active sandboxes per worker; workers with none are absent.
     pub async fn count_active_by_worker(&self) -> Result<BTreeMap<WorkerId, u64>, StoreError> {
         self.read(|c| {

@@ -5,7 +5,8 @@
 //!   jail), sequential p50/p99, versus a direct call to a guest agent on a pooled
 //!   connection measured in the same run; and throughput with 16 concurrent clients.
 //! - P4: 50 sandbox creates at once through the public API, each ready for its first
-//!   exec when the call returns: p50/p99.
+//!   exec when the call returns (a command runs in each afterwards): p50/p99, served by
+//!   standby sandboxes (`--standby 64`), by warm jails (the default) and with no pools.
 //!
 //! `cargo bench -p space --bench platform` (root).
 
@@ -87,24 +88,15 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
+    // The defaults of `space up` (warm pools of 32 per worker) plus standby sandboxes
+    // for P4's burst of 50.
     let pool = space_worker::daemon::DEFAULT_WARM_POOL.to_string();
-    if let (Ok(u), Ok(k)) = (std::env::var("P4_URL"), std::env::var("P4_KEY")) {
-        let auth = format!("Bearer {k}");
-        let (burst, _) = p4_creates(&rt, &HttpClient::new(Duration::from_secs(30)), &u, &auth);
-        println!(
-            "P4EXT burst p50 {:.1} p99 {:.1}",
-            pct(&burst, 0.5),
-            pct(&burst, 0.99)
-        );
-        println!(
-            "P4EXT all {:?}",
-            burst.iter().map(|d| d.as_millis()).collect::<Vec<_>>()
-        );
-        return;
-    }
-    let cluster = support::Cluster::start_with_env(&[("SPACE_WARM_POOL", pool.as_str())]);
+    let cluster = support::Cluster::start_with_env(&[
+        ("SPACE_WARM_POOL", pool.as_str()),
+        ("SPACE_STANDBY", STANDBY),
+    ]);
     // Measure on a quiet machine: the pools fill first.
-    cluster.wait_for_warm_pools(space_worker::daemon::DEFAULT_WARM_POOL);
+    wait_for_pools(&cluster, true);
     let url = cluster.url.clone();
     let auth = format!("Bearer {}", cluster.admin_key);
 
@@ -178,55 +170,6 @@ fn main() {
         times
     });
     direct_mode.sort();
-    {
-        let worker_base = cap["route"]["worker_url"]
-            .as_str()
-            .expect("url")
-            .to_string();
-        let probe = |base: &str, path: &str, auth: &str| {
-            let mut c = BlockingHttp::connect(base);
-            for _ in 0..200 {
-                c.get(path, auth);
-            }
-            let mut t = Vec::with_capacity(2000);
-            for _ in 0..2000 {
-                let s = Instant::now();
-                let (st, _) = c.get(path, auth);
-                t.push(s.elapsed());
-                assert_eq!(st, 200);
-            }
-            t.sort();
-            pct(&t, 0.5)
-        };
-        let fpath = format!("/v1/sandboxes/{id}/files?path=/root/4k.bin");
-        println!("PROBE blocking e2e read: {:.3}", probe(&url, &fpath, &auth));
-        println!(
-            "PROBE blocking direct-mode read: {:.3}",
-            probe(&worker_base, &fpath, &spacecap)
-        );
-        println!(
-            "PROBE blocking worker healthz: {:.3}",
-            probe(&worker_base, "/healthz", "x")
-        );
-        println!(
-            "PROBE blocking edge whoami: {:.3}",
-            probe(&url, "/v1/whoami", &auth)
-        );
-        let hz = format!("{worker_base}/healthz");
-        let mut t: Vec<Duration> = rt.block_on(async {
-            let mut t = Vec::new();
-            for _ in 0..2000 {
-                let s = Instant::now();
-                http.call(hyper::Method::GET, &hz, &[], Bytes::new())
-                    .await
-                    .expect("hz");
-                t.push(s.elapsed());
-            }
-            t
-        });
-        t.sort();
-        println!("PROBE tokio worker healthz: {:.3}", pct(&t, 0.5));
-    }
     println!(
         "P3 4 KiB read, direct agent (pooled): p50 {direct_p50:.3} ms, p99 {direct_p99:.3} ms"
     );
@@ -271,9 +214,6 @@ fn main() {
         done.load(std::sync::atomic::Ordering::Relaxed) as f64 / 5.0
     });
     println!("P3 throughput, 16 concurrent clients, 4 KiB reads end to end: {ops:.0} ops/s");
-    if std::env::var_os("PROBE_ONLY").is_some() {
-        return;
-    }
 
     // ---- P5 (in place) ---------------------------------------------------------------
     let (mut pauses, mut resumes) = (Vec::new(), Vec::new());
@@ -447,68 +387,122 @@ fn main() {
     );
 
     // ---- P4 -------------------------------------------------------------------------
-    // With the warm pool (the default), once both workers' pools are full.
-    cluster.wait_for_warm_pools(space_worker::daemon::DEFAULT_WARM_POOL);
-    let (burst, single) = p4_creates(&rt, &http, &url, &auth);
-    println!(
-        "P4 create, 50 concurrent through the public API (warm pool): p50 {:.1} ms, p99 {:.1} ms",
-        pct(&burst, 0.5),
-        pct(&burst, 0.99)
-    );
-    println!(
-        "P4 create, one at a time (warm pool): p50 {:.1} ms, p99 {:.1} ms",
-        pct(&single, 0.5),
-        pct(&single, 0.99)
-    );
+    // Three ways a create can be served, each measured on full pools:
+    // - a standby sandbox claimed (one write), with `--standby 64`;
+    // - a warm jail activated on a worker (the default of `space up`);
+    // - a jail and bridge launched for the create (no pools).
+    let report = |name: &str, cluster: &support::Cluster, standby: bool| {
+        let url = cluster.url.clone();
+        let auth = format!("Bearer {}", cluster.admin_key);
+        wait_for_pools(cluster, standby);
+        let burst = p4_burst(&rt, &http, &url, &auth);
+        wait_for_pools(cluster, standby);
+        let single = p4_single(&rt, &http, &url, &auth);
+        println!(
+            "P4 create, 50 concurrent through the public API ({name}): p50 {:.1} ms, p99 {:.1} ms",
+            pct(&burst, 0.5),
+            pct(&burst, 0.99)
+        );
+        println!(
+            "P4 create, one at a time ({name}): p50 {:.1} ms, p99 {:.1} ms",
+            pct(&single, 0.5),
+            pct(&single, 0.99)
+        );
+    };
+    report("standby sandboxes", &cluster, true);
     drop(cluster);
-    // The same without the pool: every create launches its jail and bridge.
+    let warm = support::Cluster::start_with_env(&[("SPACE_WARM_POOL", pool.as_str())]);
+    report("warm jails", &warm, false);
+    drop(warm);
     let cold = support::Cluster::start_with_env(&[("SPACE_WARM_POOL", "0")]);
-    let cold_url = cold.url.clone();
-    let cold_auth = format!("Bearer {}", cold.admin_key);
-    let (burst, single) = p4_creates(&rt, &http, &cold_url, &cold_auth);
-    println!(
-        "P4 create, 50 concurrent through the public API (no pool): p50 {:.1} ms, p99 {:.1} ms",
-        pct(&burst, 0.5),
-        pct(&burst, 0.99)
-    );
-    println!(
-        "P4 create, one at a time (no pool): p50 {:.1} ms, p99 {:.1} ms",
-        pct(&single, 0.5),
-        pct(&single, 0.99)
-    );
+    report("no pools", &cold, false);
 }
 
-/// 50 creates at once, then 20 one at a time; each sandbox then runs a command, so
-/// "created" means ready for its first exec.
-fn p4_creates(
+/// Standby sandboxes the benchmark's first cluster keeps (more than P4's burst).
+const STANDBY: &str = "64";
+
+/// Waits until the workers' warm pools are full and, with `standby`, the standby
+/// sandboxes are ready (twice, a keeper tick apart, so a refill under way is seen).
+fn wait_for_pools(cluster: &support::Cluster, standby: bool) {
+    let n = space_worker::daemon::DEFAULT_WARM_POOL;
+    let want: f64 = STANDBY.parse().expect("standby");
+    for _ in 0..2 {
+        if cluster.worker_metric("w1", "space_worker_warm_ready") as usize > 0 {
+            cluster.wait_for_warm_pools(n);
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while standby && control_metric(cluster, "space_control_standby_ready") < want {
+            assert!(
+                Instant::now() < deadline,
+                "standby sandboxes did not fill up"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(400));
+    }
+}
+
+fn control_metric(cluster: &support::Cluster, name: &str) -> f64 {
+    let (_, body) = support::http("GET", &format!("{}/metrics", cluster.url), None, b"");
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// One create through the public API, and a command run in the new sandbox (not
+/// timed): "created" means ready for its first exec.
+async fn create_one(http: HttpClient, url: String, auth: String) -> (Duration, String) {
+    let h = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+    ];
+    let t = Instant::now();
+    let a = http
+        .call(
+            hyper::Method::POST,
+            &format!("{url}/v1/sandboxes"),
+            &h,
+            Bytes::from_static(b"{}"),
+        )
+        .await
+        .expect("create");
+    let took = t.elapsed();
+    assert_eq!(a.status, 201, "{}", String::from_utf8_lossy(&a.body));
+    let id: serde_json::Value = serde_json::from_slice(&a.body).expect("json");
+    (took, id["id"].as_str().expect("id").to_owned())
+}
+
+async fn first_exec(http: &HttpClient, url: &str, auth: &str, ids: &[String]) {
+    let h = [
+        ("authorization", auth),
+        ("content-type", "application/json"),
+    ];
+    for id in ids {
+        let a = http
+            .call(
+                hyper::Method::POST,
+                &format!("{url}/v1/sandboxes/{id}/exec"),
+                &h,
+                Bytes::from_static(br#"{"cmd":["true"]}"#),
+            )
+            .await
+            .expect("exec");
+        assert_eq!(a.status, 200, "{}", String::from_utf8_lossy(&a.body));
+    }
+}
+
+/// 50 creates at once.
+fn p4_burst(
     rt: &tokio::runtime::Runtime,
     http: &HttpClient,
     url: &str,
     auth: &str,
-) -> (Vec<Duration>, Vec<Duration>) {
-    let create = |http: HttpClient, url: String, auth: String| async move {
-        let h = [
-            ("authorization", auth.as_str()),
-            ("content-type", "application/json"),
-        ];
-        let t = Instant::now();
-        let a = http
-            .call(
-                hyper::Method::POST,
-                &format!("{url}/v1/sandboxes"),
-                &h,
-                Bytes::from_static(b"{}"),
-            )
-            .await
-            .expect("create");
-        let took = t.elapsed();
-        assert_eq!(a.status, 201, "{}", String::from_utf8_lossy(&a.body));
-        let id: serde_json::Value = serde_json::from_slice(&a.body).expect("json");
-        (took, id["id"].as_str().expect("id").to_owned())
-    };
-    let (mut burst, mut ids): (Vec<Duration>, Vec<String>) = rt.block_on(async {
+) -> Vec<Duration> {
+    let (mut times, ids): (Vec<Duration>, Vec<String>) = rt.block_on(async {
         let tasks: Vec<_> = (0..50)
-            .map(|_| tokio::spawn(create(http.clone(), url.to_owned(), auth.to_owned())))
+            .map(|_| tokio::spawn(create_one(http.clone(), url.to_owned(), auth.to_owned())))
             .collect();
         let mut out = Vec::new();
         for t in tasks {
@@ -516,88 +510,26 @@ fn p4_creates(
         }
         out.into_iter().unzip()
     });
-    if std::env::var_os("P4_BURST_ONLY").is_some() {
-        burst.sort();
-        return (burst, Vec::new());
-    }
-    let mut single = Vec::new();
+    rt.block_on(first_exec(http, url, auth, &ids));
+    times.sort();
+    times
+}
+
+/// 20 creates one after the other.
+fn p4_single(
+    rt: &tokio::runtime::Runtime,
+    http: &HttpClient,
+    url: &str,
+    auth: &str,
+) -> Vec<Duration> {
+    let mut times = Vec::new();
+    let mut ids = Vec::new();
     for _ in 0..20 {
-        let (took, id) = rt.block_on(create(http.clone(), url.to_owned(), auth.to_owned()));
-        single.push(took);
+        let (took, id) = rt.block_on(create_one(http.clone(), url.to_owned(), auth.to_owned()));
+        times.push(took);
         ids.push(id);
     }
-    rt.block_on(async {
-        let h = [
-            ("authorization", auth),
-            ("content-type", "application/json"),
-        ];
-        for id in &ids {
-            let a = http
-                .call(
-                    hyper::Method::POST,
-                    &format!("{url}/v1/sandboxes/{id}/exec"),
-                    &h,
-                    Bytes::from_static(br#"{"cmd":["true"]}"#),
-                )
-                .await
-                .expect("exec");
-            assert_eq!(a.status, 200, "{}", String::from_utf8_lossy(&a.body));
-        }
-    });
-    burst.sort();
-    single.sort();
-    (burst, single)
-}
-
-/// A minimal blocking HTTP/1.1 keep-alive GET (content-length bodies only).
-struct BlockingHttp {
-    stream: std::net::TcpStream,
-    buf: Vec<u8>,
-}
-
-impl BlockingHttp {
-    fn connect(url: &str) -> Self {
-        let hostport = url
-            .trim_start_matches("http://")
-            .split('/')
-            .next()
-            .expect("host");
-        let stream = std::net::TcpStream::connect(hostport).expect("connect");
-        stream.set_nodelay(true).expect("nodelay");
-        Self {
-            stream,
-            buf: Vec::with_capacity(16 * 1024),
-        }
-    }
-    fn get(&mut self, path_and_query: &str, auth: &str) -> (u16, usize) {
-        use std::io::{Read, Write};
-        let req =
-            format!("GET {path_and_query} HTTP/1.1\r\nhost: x\r\nauthorization: {auth}\r\n\r\n");
-        self.stream.write_all(req.as_bytes()).expect("write");
-        self.buf.clear();
-        let mut chunk = [0u8; 16384];
-        loop {
-            let n = self.stream.read(&mut chunk).expect("read");
-            assert!(n > 0, "closed");
-            self.buf.extend_from_slice(&chunk[..n]);
-            if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                let head = std::str::from_utf8(&self.buf[..end]).expect("head");
-                let status: u16 = head[9..12].parse().expect("status");
-                let len: usize = head
-                    .lines()
-                    .find_map(|l| {
-                        let (k, v) = l.split_once(':')?;
-                        k.eq_ignore_ascii_case("content-length")
-                            .then(|| v.trim().parse().ok())?
-                    })
-                    .expect("content-length");
-                while self.buf.len() < end + 4 + len {
-                    let n = self.stream.read(&mut chunk).expect("read");
-                    assert!(n > 0, "closed");
-                    self.buf.extend_from_slice(&chunk[..n]);
-                }
-                return (status, len);
-            }
-        }
-    }
+    rt.block_on(first_exec(http, url, auth, &ids));
+    times.sort();
+    times
 }

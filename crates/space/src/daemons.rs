@@ -36,6 +36,7 @@ pub async fn control(a: ControlArgs) -> Result<(), String> {
         listen: a.listen,
         data_dir: a.data_dir,
         database_url: a.database_url,
+        standby: a.standby,
     })
     .await?;
     println!("control plane listening on http://{}", handle.addr);

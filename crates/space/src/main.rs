@@ -91,6 +91,10 @@ pub struct UpArgs {
     /// Jails each worker keeps launched ahead of demand (0 turns the pool off).
     #[arg(long, env = "SPACE_WARM_POOL", default_value_t = space_worker::daemon::DEFAULT_WARM_POOL)]
     pub warm_pool: usize,
+    /// Sandboxes kept running, unowned, for creates to claim: a create without its own
+    /// environment or worker then costs one write (0 turns it off).
+    #[arg(long, env = "SPACE_STANDBY", default_value_t = 0)]
+    pub standby: usize,
 }
 
 /// `space control`.
@@ -105,6 +109,9 @@ pub struct ControlArgs {
     /// PostgreSQL URL (`postgres://…`); SQLite in the data directory otherwise.
     #[arg(long, env = "SPACE_DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
+    /// Sandboxes kept running, unowned, for creates to claim (0 turns it off).
+    #[arg(long, env = "SPACE_STANDBY", default_value_t = 0)]
+    pub standby: usize,
 }
 
 /// `space worker`.

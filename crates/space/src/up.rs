@@ -38,6 +38,7 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
         listen: a.listen,
         data_dir: data_dir.clone(),
         database_url: None,
+        standby: a.standby,
     })
     .await?;
     let url = format!("http://{}", handle.addr);
@@ -80,6 +81,8 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
 
     stop.await;
     println!("stopping…");
+    // No new standby sandbox while the workers go.
+    handle.cp.set_standby_target(0);
     stopping.store(true, Ordering::SeqCst);
     stop_children(&children).await;
     for s in supervisors {

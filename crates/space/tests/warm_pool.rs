@@ -164,3 +164,117 @@ fn a_clean_stop_leaves_no_warm_jail_behind() {
         cgroups_named(&prefixes)
     );
 }
+
+fn control_metric(c: &Cluster, name: &str) -> f64 {
+    let (_, body) = support::http("GET", &format!("{}/metrics", c.url), None, b"");
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn wait_for_standby(c: &Cluster, n: f64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while control_metric(c, "space_control_standby_ready") < n {
+        assert!(
+            Instant::now() < deadline,
+            "standby sandboxes did not come up"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_plain_create_claims_a_standby_sandbox_that_then_belongs_to_the_caller_alone() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start_with_env(&[("SPACE_STANDBY", "2")]);
+    let admin = format!("Bearer {}", c.admin_key);
+    wait_for_standby(&c, 2.0);
+    // Standby sandboxes belong to nobody: no tenant lists them.
+    let (_, body) = support::http("GET", &format!("{}/v1/sandboxes", c.url), Some(&admin), b"");
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&body).unwrap(),
+        serde_json::json!([])
+    );
+    let make_tenant = |name: &str| {
+        let (status, body) = support::http(
+            "POST",
+            &format!("{}/v1/tenants", c.url),
+            Some(&admin),
+            format!(r#"{{"name":"{name}"}}"#).as_bytes(),
+        );
+        assert_eq!(status, 201);
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        format!("Bearer {}", v["api_key"].as_str().unwrap())
+    };
+    let (alice, bob) = (make_tenant("alice"), make_tenant("bob"));
+    let (status, body) = support::http(
+        "POST",
+        &format!("{}/v1/sandboxes", c.url),
+        Some(&alice),
+        br#"{"metadata":{"job":"7"},"ttl_secs":600}"#,
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let created: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        control_metric(&c, "space_control_standby_claims_total"),
+        1.0
+    );
+    let id = created["id"].as_str().unwrap().to_owned();
+    // Stamped for its owner: metadata, a TTL from now, running, with an execution.
+    assert_eq!(created["metadata"]["job"], "7");
+    assert_eq!(created["state"], "running");
+    assert!(created["execution"]["generation"].as_u64().unwrap() >= 1);
+    assert!(created["expires_at"].is_string());
+    let (_, listed) = support::http("GET", &format!("{}/v1/sandboxes", c.url), Some(&alice), b"");
+    let listed: serde_json::Value = serde_json::from_slice(&listed).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 1);
+    assert_eq!(listed[0]["id"], id.as_str());
+    // Alice's alone: Bob gets 404, as for any sandbox not his.
+    let (status, _) = support::http(
+        "GET",
+        &format!("{}/v1/sandboxes/{id}", c.url),
+        Some(&bob),
+        b"",
+    );
+    assert_eq!(status, 404);
+    // Ready for its first exec, with its own hostname.
+    let (status, body) = support::http(
+        "POST",
+        &format!("{}/v1/sandboxes/{id}/exec", c.url),
+        Some(&alice),
+        br#"{"cmd":["hostname"]}"#,
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let out: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(out["stdout"].as_str().unwrap().trim(), id.replace('_', "-"));
+    // A create with its own environment starts its own sandbox.
+    let (status, body) = support::http(
+        "POST",
+        &format!("{}/v1/sandboxes", c.url),
+        Some(&alice),
+        br#"{"env":{"GREETING":"hi"}}"#,
+    );
+    assert_eq!(status, 201);
+    assert_eq!(
+        control_metric(&c, "space_control_standby_claims_total"),
+        1.0
+    );
+    let env_id = serde_json::from_slice::<serde_json::Value>(&body).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (_, body) = support::http(
+        "POST",
+        &format!("{}/v1/sandboxes/{env_id}/exec", c.url),
+        Some(&alice),
+        br#"{"cmd":["sh","-c","echo $GREETING"]}"#,
+    );
+    let out: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(out["stdout"].as_str().unwrap(), "hi\n");
+    // The keeper tops the standby sandboxes up again.
+    wait_for_standby(&c, 2.0);
+}

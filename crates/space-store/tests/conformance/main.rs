@@ -45,6 +45,7 @@ conformance!(
     records::signing_key_state_changes_are_stored,
     records::bundles_never_roll_back,
     records::kv_insert_if_absent_keeps_the_first_value,
+    records::standby_sandboxes_are_claimed_oldest_first_once_each_and_only_when_running,
     executions::allocate_execution_gives_1_2_3_and_a_failed_execution_keeps_its_number,
     executions::an_execution_id_used_twice_conflicts_and_consumes_no_generation,
     executions::a_stopped_or_missing_sandbox_gets_no_generation,

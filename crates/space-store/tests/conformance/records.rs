@@ -371,3 +371,76 @@ pub async fn kv_insert_if_absent_keeps_the_first_value(f: &Fixture) {
     assert!(!b.kv_insert_if_absent("anchor", "from-b").await.unwrap());
     assert_eq!(b.kv_get("anchor").await.unwrap().as_deref(), Some("from-a"));
 }
+
+pub async fn standby_sandboxes_are_claimed_oldest_first_once_each_and_only_when_running(
+    f: &Fixture,
+) {
+    let store = f.open().await;
+    for t in ["_standby", "ten_a", "ten_b"] {
+        store.create_tenant(&tenant(t)).await.unwrap();
+    }
+    let claim = |t: &str, n: i64| space_store::Claim {
+        tenant: t.into(),
+        created_at: NOW + 1000 + n,
+        expires_at: None,
+        metadata: serde_json::json!({ "claimed": n }),
+    };
+    // None yet; a starting one is not ready.
+    assert_eq!(
+        store
+            .claim_standby("_standby", &claim("ten_a", 0))
+            .await
+            .unwrap(),
+        None
+    );
+    for n in 1..=6u8 {
+        store.create_sandbox(&sandbox(n, "_standby")).await.unwrap();
+    }
+    assert_eq!(
+        store
+            .claim_standby("_standby", &claim("ten_a", 0))
+            .await
+            .unwrap(),
+        None
+    );
+    for n in 1..=5u8 {
+        store
+            .set_sandbox_state(&sandbox_id(n), SandboxState::Running, None)
+            .await
+            .unwrap();
+    }
+    // The oldest goes first, stamped for its new owner.
+    let first = store
+        .claim_standby("_standby", &claim("ten_a", 1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.id, sandbox_id(1));
+    assert_eq!(first.tenant, "ten_a");
+    assert_eq!(first.created_at, NOW + 1001);
+    assert_eq!(first.expires_at, None);
+    assert_eq!(first.metadata, serde_json::json!({ "claimed": 1 }));
+    assert_eq!(store.get_sandbox(&sandbox_id(1)).await.unwrap(), first);
+    // Concurrent claims (two stores: two control planes) never share a sandbox.
+    let other = f.open().await;
+    let claims: Vec<_> = (2..=6)
+        .map(|n| claim(if n % 2 == 0 { "ten_a" } else { "ten_b" }, n))
+        .collect();
+    let (a, b, c, d, e) = tokio::join!(
+        store.claim_standby("_standby", &claims[0]),
+        other.claim_standby("_standby", &claims[1]),
+        store.claim_standby("_standby", &claims[2]),
+        other.claim_standby("_standby", &claims[3]),
+        store.claim_standby("_standby", &claims[4]),
+    );
+    let got: Vec<_> = [a, b, c, d, e].into_iter().map(|r| r.unwrap()).collect();
+    let mut ids: Vec<_> = got.iter().flatten().map(|s| s.id).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 4, "{got:?}");
+    assert_eq!(got.iter().filter(|s| s.is_none()).count(), 1);
+    // What is left: the one still starting, under the standby tenant.
+    let left = store.list_sandboxes("_standby").await.unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].id, sandbox_id(6));
+}
