@@ -278,3 +278,59 @@ fn a_plain_create_claims_a_standby_sandbox_that_then_belongs_to_the_caller_alone
     // The keeper tops the standby sandboxes up again.
     wait_for_standby(&c, 2.0);
 }
+
+/// `spaced-host` zombies whose parent is a worker of this cluster.
+fn zombie_bridges(c: &Cluster) -> Vec<i32> {
+    let data = c.data_dir();
+    let workers: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd);
+            cmd.contains("worker") && cmd.contains(data.to_str().unwrap())
+        })
+        .collect();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let Some(rest) = stat.rsplit_once(") ").map(|(_, r)| r.to_owned()) else {
+                return false;
+            };
+            let f: Vec<&str> = rest.split(' ').collect();
+            stat.contains("(spaced-host)")
+                && f.first() == Some(&"Z")
+                && f.get(1)
+                    .and_then(|p| p.parse::<i32>().ok())
+                    .is_some_and(|pp| workers.contains(&pp))
+        })
+        .collect()
+}
+
+#[test]
+fn bridges_of_deleted_sandboxes_are_reaped() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let ids: Vec<String> = (0..3).map(|_| c.create(&[])).collect();
+    for id in &ids {
+        assert!(c.cli(&["sandbox", "rm", id]).status.success());
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let zombies = zombie_bridges(&c);
+        if zombies.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "bridges left as zombies: {zombies:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -318,27 +318,31 @@ pub fn teardown(
     }
 }
 
-/// Reaps exited bridges (children of the worker) so they never linger as zombies. Jail
-/// inits are reaped by the substrate, so only recorded bridge PIDs are waited for.
-pub fn spawn_reaper(is_bridge: impl Fn(i32) -> bool + Send + 'static) {
+/// Reaps exited bridges (children of the worker) so they never linger as zombies for
+/// more than a second. Jail inits are reaped by the substrate and warm bridges by the
+/// pool, so only the recorded bridges (`bridges()`: PID and start time) are looked at:
+/// one non-blocking `waitid` peek each (a bridge of an earlier worker process is not a
+/// child: `ECHILD`), and a zombie is reaped only if it is still the recorded process,
+/// never another child that reused the PID.
+pub fn spawn_reaper(bridges: impl Fn() -> Vec<(i32, u64)> + Send + 'static) {
     let spawned = std::thread::Builder::new()
         .name("reaper".into())
         .stack_size(64 * 1024)
         .spawn(move || {
             loop {
-                std::thread::sleep(Duration::from_millis(200));
-                let me = std::process::id() as i32;
-                let Ok(children) = crate::substrate::process::children(me) else {
-                    continue;
-                };
-                for pid in children {
-                    let zombie =
-                        crate::substrate::process::read_stat(pid).is_ok_and(|s| s.state == 'Z');
-                    if zombie && is_bridge(pid) {
-                        let _ = nix::sys::wait::waitpid(
-                            nix::unistd::Pid::from_raw(pid),
-                            Some(nix::sys::wait::WaitPidFlag::WNOHANG),
-                        );
+                std::thread::sleep(Duration::from_secs(1));
+                use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid, waitpid};
+                for (pid, start_time) in bridges() {
+                    let who = nix::unistd::Pid::from_raw(pid);
+                    let peek = waitid(
+                        Id::Pid(who),
+                        WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT,
+                    );
+                    let exited = matches!(peek, Ok(s) if s != WaitStatus::StillAlive);
+                    let same = crate::substrate::process::read_stat(pid)
+                        .is_ok_and(|s| s.start_time == start_time);
+                    if exited && same {
+                        let _ = waitpid(who, Some(WaitPidFlag::WNOHANG));
                     }
                 }
             }

@@ -223,17 +223,20 @@ impl Worker {
             worker.put_slot(r, None);
         }
         let me = Arc::downgrade(&worker);
-        launch::spawn_reaper(move |pid| {
-            me.upgrade().is_some_and(|w| {
-                w.slots.read().is_ok_and(|slots| {
-                    slots.values().any(|s| {
-                        s.record
-                            .bridge
-                            .as_ref()
-                            .is_some_and(|b| b.process.pid == pid as u32)
+        launch::spawn_reaper(move || {
+            me.upgrade()
+                .and_then(|w| {
+                    w.slots.read().ok().map(|slots| {
+                        slots
+                            .values()
+                            .filter_map(|s| s.record.bridge.as_ref())
+                            .filter_map(|b| {
+                                Some((i32::try_from(b.process.pid).ok()?, b.process.start_time))
+                            })
+                            .collect()
                     })
                 })
-            })
+                .unwrap_or_default()
         });
         Ok(worker)
     }
