@@ -141,6 +141,17 @@ impl<S: Read + Write> AgentConnection<S> {
         self.ack.identity()
     }
 
+    /// Continues this handshaken session on `stream`, which must carry the very
+    /// connection the handshake ran on (a verifying relay handing the agent's socket
+    /// over, say): the acknowledged identity and the request numbering carry over.
+    pub fn continue_on<T>(self, stream: T) -> AgentConnection<T> {
+        AgentConnection {
+            stream,
+            ack: self.ack,
+            next_id: self.next_id,
+        }
+    }
+
     /// The underlying stream (for timeouts, or for tests that misbehave on purpose).
     pub fn stream_mut(&mut self) -> &mut S {
         &mut self.stream

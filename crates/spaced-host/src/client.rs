@@ -56,7 +56,41 @@ pub fn connect(target: &BridgeTarget) -> Result<AgentConnection<UnixStream>, Bri
     }
     let (_, again) = peer_process(conn.stream_mut().as_fd())?;
     target.bridge.verify(&again.identity)?;
-    Ok(conn)
+    // The bridge hands over the transport it verified; the session goes on there.
+    let agent = receive_handover(conn.stream_mut())?;
+    Ok(conn.continue_on(agent))
+}
+
+/// Receives the agent connection the bridge passes after a verified handshake.
+fn receive_handover(bridge: &UnixStream) -> Result<UnixStream, BridgeClientError> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, recvmsg};
+    use std::mem::MaybeUninit;
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut byte = [0u8; 1];
+    let got = recvmsg(
+        bridge,
+        &mut [io::IoSliceMut::new(&mut byte)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )
+    .map_err(io::Error::from)?;
+    let mut fds: Vec<std::os::fd::OwnedFd> = Vec::new();
+    for msg in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(passed) = msg {
+            fds.extend(passed);
+        }
+    }
+    if got.bytes != 1 || byte != *crate::server::HANDOVER || fds.len() != 1 {
+        return Err(BridgeClientError::Connect(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the bridge did not hand over exactly one agent connection",
+        )));
+    }
+    let agent = UnixStream::from(fds.remove(0));
+    // It must be a connected stream socket with a live peer (the agent).
+    peer_process(agent.as_fd())?;
+    Ok(agent)
 }
 
 /// Idle verified connections to one execution's bridge. A connection never outlives

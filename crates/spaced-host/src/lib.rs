@@ -6,8 +6,11 @@
 //! transport's peer is the recorded jail process (PID, start time, executable, uid,
 //! pidfd) and that the kernel's socket table shows that process holding the listener,
 //! relays the worker's `Hello`, and checks that the agent's answer proves the expected
-//! execution with this activation's secret. Only then does it forward anything else.
-//! A dropped connection is never re-established behind the worker's back.
+//! execution with this activation's secret and that the same process still holds the
+//! transport. Only then does it forward the rest — by handing the verified transport
+//! connection itself to the worker (`SCM_RIGHTS`), so that requests do not pay two more
+//! thread wake-ups in a relay. A dropped connection is never re-established behind
+//! the worker's back: the worker must connect, and be verified, again.
 //!
 //! The worker side ([`client`]) checks the bridge the same way: peer credentials of the
 //! bridge process against the record, the handshake, and the peer again afterwards.

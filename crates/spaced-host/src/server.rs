@@ -1,4 +1,5 @@
-//! The bridge: accept the worker, verify the guest transport and handshake, then relay.
+//! The bridge: accept the worker, verify the guest transport and handshake, then hand
+//! the verified agent connection to the worker.
 
 use std::io::{self, Write};
 use std::net::Shutdown;
@@ -166,8 +167,40 @@ fn serve(conn: &UnixStream, spec: &BridgeSpec) -> Result<(), BridgeError> {
     spec.agent.verify(&peer.identity)?;
 
     worker.write_all(&frame::frame_bytes(&ack_body)?)?;
-    relay(conn, &agent)
+    hand_over(conn, &agent)
 }
+
+/// Passes the verified agent connection to the worker (`SCM_RIGHTS`, with one byte)
+/// and steps out of the path: every later byte goes between the worker and the agent
+/// directly, on the connection this bridge verified (peer, socket table, proof, peer
+/// again). Relaying would cost two more thread wake-ups per request for no check.
+/// The bridge's own copy closes when this returns; nothing reconnects.
+fn hand_over(worker: &UnixStream, agent: &UnixStream) -> Result<(), BridgeError> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
+    use std::mem::MaybeUninit;
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    let fds = [agent.as_fd()];
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(BridgeError::Io(io::Error::other(
+            "no room for the descriptor",
+        )));
+    }
+    let sent = sendmsg(
+        worker,
+        &[io::IoSlice::new(HANDOVER)],
+        &mut control,
+        SendFlags::empty(),
+    )
+    .map_err(io::Error::from)?;
+    if sent != HANDOVER.len() {
+        return Err(BridgeError::Io(io::Error::other("short hand-over")));
+    }
+    Ok(())
+}
+
+/// The byte that carries the agent's descriptor to the worker.
+pub const HANDOVER: &[u8] = b"H";
 
 /// Connects to the agent and checks the transport: safe path, the peer is the recorded
 /// process, and the kernel's socket table shows that process holding the listener.
@@ -181,22 +214,4 @@ fn open_verified_transport(spec: &BridgeSpec) -> Result<UnixStream, BridgeError>
         return Err(PeerError::SocketTable("the recorded agent does not hold the listener").into());
     }
     Ok(agent)
-}
-
-/// Moves bytes both ways until either side closes, then closes both.
-fn relay(worker: &UnixStream, agent: &UnixStream) -> Result<(), BridgeError> {
-    let (mut w_in, mut a_out) = (worker.try_clone()?, agent.try_clone()?);
-    let upstream = thread::Builder::new()
-        .stack_size(THREAD_STACK)
-        .spawn(move || {
-            let _ = io::copy(&mut w_in, &mut a_out);
-            let _ = a_out.shutdown(Shutdown::Both);
-            let _ = w_in.shutdown(Shutdown::Both);
-        })?;
-    let (mut a_in, mut w_out) = (agent, worker);
-    let _ = io::copy(&mut a_in, &mut w_out);
-    let _ = worker.shutdown(Shutdown::Both);
-    let _ = agent.shutdown(Shutdown::Both);
-    let _ = upstream.join();
-    Ok(())
 }

@@ -172,3 +172,19 @@ fn dropped_agent_ends_the_connection_and_nothing_reconnects() {
         "a new connection must not reach anything"
     );
 }
+
+#[test]
+fn after_the_handshake_the_worker_holds_the_verified_agent_connection_itself() {
+    let mut sbx = Sandbox::start();
+    let mut conn = connect(&sbx.target).unwrap();
+    // The stream the worker now talks on is connected to the agent, not to the bridge.
+    let peer =
+        rustix::net::sockopt::socket_peercred(std::os::fd::AsFd::as_fd(conn.stream_mut())).unwrap();
+    assert_eq!(peer.pid.as_raw_nonzero().get() as u32, sbx.agent.0.id());
+    // So the bridge is out of the path: an established connection keeps working
+    // without it, and no new connection gets anywhere.
+    sbx.bridge.0.kill().unwrap();
+    sbx.bridge.0.wait().unwrap();
+    conn.stat("/").unwrap();
+    assert!(connect(&sbx.target).is_err());
+}
