@@ -135,6 +135,9 @@ impl Drop for SandboxTurn<'_> {
     }
 }
 
+/// Sandboxes torn down at once when the worker stops them all.
+const STOP_AT_ONCE: usize = 8;
+
 /// The comparator's view of a record.
 pub fn installed_of(worker: &WorkerId, r: &ExecutionRecord) -> InstalledIdentity {
     InstalledIdentity {
@@ -554,19 +557,30 @@ impl Worker {
 
     /// Stops every sandbox's processes (clean shutdown); records stay as they are, so
     /// a restart reports them lost and the control plane starts new executions.
-    pub async fn stop_all(&self) {
+    pub async fn stop_all(self: &Arc<Self>) {
         let slots: Vec<Arc<Slot>> = self
             .slots
             .read()
             .map(|s| s.values().cloned().collect())
             .unwrap_or_default();
+        // Several at a time: a teardown mostly waits (for processes to die, for the
+        // disk), and a worker with hundreds of sandboxes must stop within its
+        // supervisor's grace period.
+        let mut stopping = tokio::task::JoinSet::new();
         for s in slots {
-            s.lease.send_replace(true);
-            if let Some(pool) = &s.pool {
-                pool.clear();
+            while stopping.len() >= STOP_AT_ONCE {
+                let _ = stopping.join_next().await;
             }
-            self.teardown(&s.record, launch::Layer::Keep).await;
+            let worker = Arc::clone(self);
+            stopping.spawn(async move {
+                s.lease.send_replace(true);
+                if let Some(pool) = &s.pool {
+                    pool.clear();
+                }
+                worker.teardown(&s.record, launch::Layer::Keep).await;
+            });
         }
+        while stopping.join_next().await.is_some() {}
         // The worker's own cgroup parents go too once empty (rmdir refuses otherwise).
         let parent = self.substrate.config().cgroup_parent.clone();
         for dir in self.substrate.hierarchy().parent_dirs(&parent) {
