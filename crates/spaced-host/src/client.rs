@@ -5,6 +5,7 @@ use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use space_peer::{PeerError, ProcessIdentity, check_socket_path, peer_process};
 use space_proto::client::{AgentConnection, ClientError};
@@ -56,15 +57,40 @@ pub fn connect(target: &BridgeTarget) -> Result<AgentConnection<UnixStream>, Bri
     }
     let (_, again) = peer_process(conn.stream_mut().as_fd())?;
     target.bridge.verify(&again.identity)?;
-    // The bridge hands over the transport it verified; the session goes on there.
-    let agent = receive_handover(conn.stream_mut())?;
-    Ok(conn.continue_on(agent))
+    // The bridge hands over the transport it verified; the session goes on there. A
+    // bridge started by an earlier version (re-adopted after an upgrade) relays
+    // instead: then the session stays on the bridge's stream.
+    match receive_handover(conn.stream_mut())? {
+        Some(agent) => Ok(conn.continue_on(agent)),
+        None => Ok(conn),
+    }
 }
 
-/// Receives the agent connection the bridge passes after a verified handshake.
-fn receive_handover(bridge: &UnixStream) -> Result<UnixStream, BridgeClientError> {
+/// How long the worker waits for the hand-over before taking the bridge for a relay.
+const HANDOVER_WAIT: Duration = Duration::from_secs(1);
+
+/// Receives the agent connection the bridge passes after a verified handshake;
+/// `None` if nothing arrives within [`HANDOVER_WAIT`] (a relaying bridge sends
+/// nothing unasked).
+fn receive_handover(bridge: &UnixStream) -> Result<Option<UnixStream>, BridgeClientError> {
+    use rustix::event::{PollFd, PollFlags, poll};
     use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, recvmsg};
     use std::mem::MaybeUninit;
+    let wait = rustix::event::Timespec {
+        tv_sec: HANDOVER_WAIT.as_secs() as i64,
+        tv_nsec: 0,
+    };
+    let mut watch = [PollFd::new(bridge, PollFlags::IN)];
+    let ready = loop {
+        match poll(&mut watch, Some(&wait)) {
+            Ok(n) => break n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(BridgeClientError::Connect(e.into())),
+        }
+    };
+    if ready == 0 {
+        return Ok(None);
+    }
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let mut byte = [0u8; 1];
@@ -90,7 +116,7 @@ fn receive_handover(bridge: &UnixStream) -> Result<UnixStream, BridgeClientError
     let agent = UnixStream::from(fds.remove(0));
     // It must be a connected stream socket with a live peer (the agent).
     peer_process(agent.as_fd())?;
-    Ok(agent)
+    Ok(Some(agent))
 }
 
 /// Idle verified connections to one execution's bridge. A connection never outlives
@@ -150,5 +176,51 @@ impl BridgePool {
         if let Ok(mut idle) = self.idle.lock() {
             idle.clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    #[test]
+    fn a_bridge_that_sends_nothing_is_taken_for_a_relay() {
+        let (worker, _bridge) = UnixStream::pair().unwrap();
+        let t = std::time::Instant::now();
+        assert!(receive_handover(&worker).unwrap().is_none());
+        assert!(t.elapsed() >= HANDOVER_WAIT);
+    }
+
+    #[test]
+    fn a_handed_over_connection_reaches_the_peer_it_was_connected_to() {
+        use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
+        use std::mem::MaybeUninit;
+        let (worker, bridge) = UnixStream::pair().unwrap();
+        let (agent_side, mut agent) = UnixStream::pair().unwrap();
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        let fds = [agent_side.as_fd()];
+        assert!(control.push(SendAncillaryMessage::ScmRights(&fds)));
+        sendmsg(
+            &bridge,
+            &[io::IoSlice::new(crate::server::HANDOVER)],
+            &mut control,
+            SendFlags::empty(),
+        )
+        .unwrap();
+        drop(agent_side);
+        let mut got = receive_handover(&worker).unwrap().unwrap();
+        got.write_all(b"ping").unwrap();
+        let mut buf = [0u8; 4];
+        agent.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"ping");
+    }
+
+    #[test]
+    fn a_byte_without_a_connection_is_refused() {
+        let (worker, mut bridge) = UnixStream::pair().unwrap();
+        bridge.write_all(crate::server::HANDOVER).unwrap();
+        assert!(receive_handover(&worker).is_err());
     }
 }
