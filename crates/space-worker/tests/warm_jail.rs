@@ -58,6 +58,16 @@ fn env(name: &str) -> Option<Env> {
     })
 }
 
+fn prelaunch(e: &Env) -> space_worker::substrate::jail::warm::WarmJail {
+    e.driver
+        .prelaunch(
+            e.data.path(),
+            Limits::default(),
+            AgentCommand::spaced_guest(&e.bins.agent),
+        )
+        .unwrap()
+}
+
 fn activation() -> Activation {
     Activation {
         sandbox: SandboxId::from_bytes(random()),
@@ -86,14 +96,7 @@ fn gone(handle: &SandboxHandle) {
 #[test]
 fn a_warm_jail_answers_nothing_before_activation_then_serves_its_execution() {
     let Some(e) = env("serve") else { return };
-    let warm = e
-        .driver
-        .prelaunch(
-            e.data.path(),
-            Limits::default(),
-            AgentCommand::spaced_guest(&e.bins.agent),
-        )
-        .unwrap();
+    let warm = prelaunch(&e);
     let before = warm.handle().clone();
     assert!(before.key.sandbox_id.starts_with("warm_"));
     // A handshake sent now waits: the agent has no identity to prove.
@@ -170,14 +173,7 @@ fn a_warm_jail_answers_nothing_before_activation_then_serves_its_execution() {
 #[test]
 fn a_discarded_warm_jail_leaves_nothing() {
     let Some(e) = env("discard") else { return };
-    let warm = e
-        .driver
-        .prelaunch(
-            e.data.path(),
-            Limits::default(),
-            AgentCommand::spaced_guest(&e.bins.agent),
-        )
-        .unwrap();
+    let warm = prelaunch(&e);
     let handle = warm.handle().clone();
     assert!(handle.init.is_alive());
     e.driver.discard(warm);
@@ -187,14 +183,7 @@ fn a_discarded_warm_jail_leaves_nothing() {
 #[test]
 fn a_failed_activation_destroys_the_warm_jail() {
     let Some(e) = env("fail") else { return };
-    let warm = e
-        .driver
-        .prelaunch(
-            e.data.path(),
-            Limits::default(),
-            AgentCommand::spaced_guest(&e.bins.agent),
-        )
-        .unwrap();
+    let warm = prelaunch(&e);
     let handle = warm.handle().clone();
     // A key that could escape its directory is refused; the jail goes.
     let bad = ExecutionKey::new("../escape", "1");
@@ -202,14 +191,7 @@ fn a_failed_activation_destroys_the_warm_jail() {
     gone(&handle);
 
     // Taken by an existing directory: refused, nothing renamed over it, jail gone.
-    let warm = e
-        .driver
-        .prelaunch(
-            e.data.path(),
-            Limits::default(),
-            AgentCommand::spaced_guest(&e.bins.agent),
-        )
-        .unwrap();
+    let warm = prelaunch(&e);
     let handle = warm.handle().clone();
     let act = activation();
     let key = ExecutionKey::new(act.sandbox.to_string(), act.execution_id.to_string());

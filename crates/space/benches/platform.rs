@@ -431,7 +431,7 @@ fn wait_for_pools(cluster: &support::Cluster, standby: bool) {
             cluster.wait_for_warm_pools(n);
         }
         let deadline = Instant::now() + Duration::from_secs(120);
-        while standby && control_metric(cluster, "space_control_standby_ready") < want {
+        while standby && cluster.control_metric("space_control_standby_ready") < want {
             assert!(
                 Instant::now() < deadline,
                 "standby sandboxes did not fill up"
@@ -440,15 +440,6 @@ fn wait_for_pools(cluster: &support::Cluster, standby: bool) {
         }
         std::thread::sleep(Duration::from_millis(400));
     }
-}
-
-fn control_metric(cluster: &support::Cluster, name: &str) -> f64 {
-    let (_, body) = support::http("GET", &format!("{}/metrics", cluster.url), None, b"");
-    String::from_utf8_lossy(&body)
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
 }
 
 /// One create through the public API, and a command run in the new sandbox (not

@@ -165,18 +165,9 @@ fn a_clean_stop_leaves_no_warm_jail_behind() {
     );
 }
 
-fn control_metric(c: &Cluster, name: &str) -> f64 {
-    let (_, body) = support::http("GET", &format!("{}/metrics", c.url), None, b"");
-    String::from_utf8_lossy(&body)
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 fn wait_for_standby(c: &Cluster, n: f64) {
     let deadline = Instant::now() + Duration::from_secs(60);
-    while control_metric(c, "space_control_standby_ready") < n {
+    while c.control_metric("space_control_standby_ready") < n {
         assert!(
             Instant::now() < deadline,
             "standby sandboxes did not come up"
@@ -219,10 +210,7 @@ fn a_plain_create_claims_a_standby_sandbox_that_then_belongs_to_the_caller_alone
     );
     assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
     let created: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(
-        control_metric(&c, "space_control_standby_claims_total"),
-        1.0
-    );
+    assert_eq!(c.control_metric("space_control_standby_claims_total"), 1.0);
     let id = created["id"].as_str().unwrap().to_owned();
     // Stamped for its owner: metadata, a TTL from now, running, with an execution.
     assert_eq!(created["metadata"]["job"], "7");
@@ -259,10 +247,7 @@ fn a_plain_create_claims_a_standby_sandbox_that_then_belongs_to_the_caller_alone
         br#"{"env":{"GREETING":"hi"}}"#,
     );
     assert_eq!(status, 201);
-    assert_eq!(
-        control_metric(&c, "space_control_standby_claims_total"),
-        1.0
-    );
+    assert_eq!(c.control_metric("space_control_standby_claims_total"), 1.0);
     let env_id = serde_json::from_slice::<serde_json::Value>(&body).unwrap()["id"]
         .as_str()
         .unwrap()

@@ -210,6 +210,17 @@ impl Cluster {
             .unwrap_or(0.0)
     }
 
+    /// A metric of the control plane (first sample named exactly `name`), 0 when
+    /// absent.
+    pub fn control_metric(&self, name: &str) -> f64 {
+        let (_, body) = http("GET", &format!("{}/metrics", self.url), None, b"");
+        String::from_utf8_lossy(&body)
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+
     /// Waits until every worker has `n` warm jails ready.
     pub fn wait_for_warm_pools(&self, n: usize) {
         let deadline = Instant::now() + Duration::from_secs(120);
