@@ -525,9 +525,15 @@ pub async fn serve_until(
     app: Router,
     signal: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, app)
-        .with_graceful_shutdown(signal)
-        .await
+    axum::serve(
+        axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            // Small answers go out at once (no Nagle delay behind an unacked write).
+            let _ = tcp.set_nodelay(true);
+        }),
+        app,
+    )
+    .with_graceful_shutdown(signal)
+    .await
 }
 
 /// The router of a standalone edge: sandbox operations are forwarded to workers with
