@@ -1,9 +1,13 @@
-//! A small blocking client for one agent connection.
+//! A small client for one agent connection: blocking, and with the `tokio` feature
+//! also asynchronous ([`AgentConnection::run_async`]).
 //!
-//! Used by the bridge, tests and benchmarks. It checks, on every frame, that the answer
-//! names the execution the handshake named and the request it waits for. Any error but
-//! [`ClientError::Agent`] leaves the connection in an unknown state: drop it and open a
-//! new one, which passes the handshake again (no transparent reconnects).
+//! Used by the bridge, the worker, tests and benchmarks. It checks, on every frame, that
+//! the answer names the execution the handshake named and the request it waits for. Any
+//! error but [`ClientError::Agent`] leaves the connection in an unknown state: drop it
+//! and open a new one, which passes the handshake again (no transparent reconnects).
+//!
+//! An operation is a [`Call`]: the frames it sends and a fold over its answers, the same
+//! whichever way the connection is driven.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -74,6 +78,180 @@ pub struct ExecOutput {
     pub status: ExitStatus,
 }
 
+/// How a [`Call`] folds the agent's answers: `Ok(None)` wants more, `Ok(Some(_))` is
+/// the result, `Err(body)` is an answer that does not fit the operation.
+type Fold<T> = Box<dyn FnMut(AgentBody) -> Result<Option<T>, AgentBody> + Send>;
+
+/// One operation: the request and the input that follows it, and a fold over the
+/// answers up to the final one.
+pub struct Call<T> {
+    /// Taken when the call starts.
+    op: Option<Operation>,
+    inputs: Vec<Input>,
+    fold: Fold<T>,
+}
+
+impl<T> std::fmt::Debug for Call<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Call")
+            .field("op", &self.op)
+            .field("inputs", &self.inputs.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> Call<T> {
+    /// A call sending `op`, then `inputs`, and folding the answers with `fold`.
+    pub fn new(
+        op: Operation,
+        inputs: Vec<Input>,
+        fold: impl FnMut(AgentBody) -> Result<Option<T>, AgentBody> + Send + 'static,
+    ) -> Self {
+        Self {
+            op: Some(op),
+            inputs,
+            fold: Box::new(fold),
+        }
+    }
+
+    /// Feeds one answer to request `id`.
+    fn feed(&mut self, id: RequestId, body: AgentBody) -> Result<Option<T>, ClientError> {
+        (self.fold)(body).map_err(|other| ClientError::unexpected(id, &other))
+    }
+}
+
+impl Call<()> {
+    fn done(op: Operation) -> Self {
+        Self::new(op, Vec::new(), |body| match body {
+            AgentBody::Done => Ok(Some(())),
+            other => Err(other),
+        })
+    }
+
+    /// Creates a directory.
+    pub fn mkdir(path: &str, parents: bool) -> Self {
+        Self::done(Operation::Mkdir {
+            path: path.into(),
+            parents,
+        })
+    }
+
+    /// Removes a file or directory.
+    pub fn remove(path: &str, recursive: bool) -> Self {
+        Self::done(Operation::Remove {
+            path: path.into(),
+            recursive,
+        })
+    }
+
+    /// Renames `from` to `to`.
+    pub fn rename(from: &str, to: &str) -> Self {
+        Self::done(Operation::Rename {
+            from: from.into(),
+            to: to.into(),
+        })
+    }
+}
+
+impl Call<FileStat> {
+    /// Describes `path` (without following a final symlink).
+    pub fn stat(path: &str) -> Self {
+        Self::new(
+            Operation::Stat { path: path.into() },
+            Vec::new(),
+            |body| match body {
+                AgentBody::Stat(s) => Ok(Some(s)),
+                other => Err(other),
+            },
+        )
+    }
+}
+
+impl Call<Vec<DirEntry>> {
+    /// Lists a directory (in the directory's order).
+    pub fn list(path: &str) -> Self {
+        let mut out = Vec::new();
+        Self::new(
+            Operation::List { path: path.into() },
+            Vec::new(),
+            move |body| match body {
+                AgentBody::Entries(batch) => {
+                    out.extend(batch);
+                    Ok(None)
+                }
+                AgentBody::Done => Ok(Some(std::mem::take(&mut out))),
+                other => Err(other),
+            },
+        )
+    }
+}
+
+impl Call<Vec<u8>> {
+    /// Reads at most `max_bytes` of a file, from its start.
+    pub fn read_file(path: &str, max_bytes: u64) -> Self {
+        let op = Operation::ReadFile {
+            path: path.into(),
+            offset: 0,
+            max_bytes,
+        };
+        let mut out = Vec::new();
+        Self::new(op, Vec::new(), move |body| match body {
+            AgentBody::FileData(chunk) => {
+                out.extend_from_slice(&chunk);
+                Ok(None)
+            }
+            AgentBody::ReadEnd { .. } => Ok(Some(std::mem::take(&mut out))),
+            other => Err(other),
+        })
+    }
+}
+
+impl Call<u64> {
+    /// Replaces a file atomically with `data`; the result is the bytes written.
+    pub fn write_file(path: &str, data: &[u8], mode: Option<u32>) -> Self {
+        let op = Operation::WriteFile {
+            path: path.into(),
+            mode,
+            parents: false,
+        };
+        let inputs = data
+            .chunks(MAX_CHUNK)
+            .map(|c| Input::Data(c.to_vec()))
+            .chain([Input::End])
+            .collect();
+        Self::new(op, inputs, |body| match body {
+            AgentBody::Written { bytes } => Ok(Some(bytes)),
+            other => Err(other),
+        })
+    }
+}
+
+impl Call<ExecOutput> {
+    /// Runs a process to its end and collects its output in memory. For long or large
+    /// output, send [`Operation::Exec`] and read the chunks as they come instead.
+    pub fn exec(spec: ExecSpec) -> Self {
+        let mut pid = None;
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        Self::new(Operation::Exec(spec), Vec::new(), move |body| {
+            match (pid, body) {
+                (None, AgentBody::Started { pid: p }) => pid = Some(p),
+                (Some(_), AgentBody::Stdout(c)) => stdout.extend_from_slice(&c),
+                (Some(_), AgentBody::Stderr(c)) => stderr.extend_from_slice(&c),
+                (Some(pid), AgentBody::Exited(status)) => {
+                    return Ok(Some(ExecOutput {
+                        pid,
+                        stdout: std::mem::take(&mut stdout),
+                        stderr: std::mem::take(&mut stderr),
+                        status,
+                    }));
+                }
+                (_, other) => return Err(other),
+            }
+            Ok(None)
+        })
+    }
+}
+
 /// One handshaken connection to an agent.
 #[derive(Debug)]
 pub struct AgentConnection<S = UnixStream> {
@@ -130,7 +308,9 @@ impl<S: Read + Write> AgentConnection<S> {
             Err(ClientError::BadProof)
         }
     }
+}
 
+impl<S> AgentConnection<S> {
     /// The agent's handshake answer.
     pub fn ack(&self) -> &HelloAck {
         &self.ack
@@ -152,11 +332,66 @@ impl<S: Read + Write> AgentConnection<S> {
         }
     }
 
+    /// Continues this session on `f(stream)`: the same connection in another wrapper
+    /// (a non-blocking stream for an event loop, say).
+    pub fn map_stream<T, E>(
+        self,
+        f: impl FnOnce(S) -> Result<T, E>,
+    ) -> Result<AgentConnection<T>, E> {
+        Ok(AgentConnection {
+            stream: f(self.stream)?,
+            ack: self.ack,
+            next_id: self.next_id,
+        })
+    }
+
     /// The underlying stream (for timeouts, or for tests that misbehave on purpose).
     pub fn stream_mut(&mut self) -> &mut S {
         &mut self.stream
     }
 
+    /// The frames that start `call` (its request and all its input, in one buffer: one
+    /// write) under a fresh request id.
+    fn start<T>(&mut self, call: &mut Call<T>) -> Result<(RequestId, Vec<u8>), ClientError> {
+        let Some(op) = call.op.take() else {
+            return Err(ClientError::Unexpected {
+                request: self.next_id,
+                what: "a call started twice".into(),
+            });
+        };
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut out =
+            frame::frame_bytes(&codec::encode(&ClientFrame::Request(Request { id, op })))?;
+        for input in std::mem::take(&mut call.inputs) {
+            out.extend(frame::frame_bytes(&codec::encode(&ClientFrame::Input(
+                InputFrame { id, input },
+            )))?);
+        }
+        Ok((id, out))
+    }
+
+    /// Decodes an answer frame meant for request `id`. An answer from another execution
+    /// or for another request is an error; so is a connection-level error from the agent.
+    fn answer(&self, id: RequestId, frame: &[u8]) -> Result<AgentBody, ClientError> {
+        let frame = guest::decode_agent_frame(frame)?;
+        if frame.execution_id != self.ack.execution_id {
+            return Err(ClientError::WrongExecution {
+                expected: self.ack.execution_id,
+                got: frame.execution_id,
+            });
+        }
+        match frame.body {
+            AgentBody::Error(e) if frame.request_id == id || frame.request_id == CONNECTION => {
+                Err(ClientError::Agent(e))
+            }
+            body if frame.request_id == id => Ok(body),
+            body => Err(ClientError::unexpected(id, &body)),
+        }
+    }
+}
+
+impl<S: Read + Write> AgentConnection<S> {
     /// Starts an operation and returns its id. Read its answers with
     /// [`AgentConnection::next_answer`] until one [`AgentBody::is_final`].
     pub fn send_request(&mut self, op: Operation) -> Result<RequestId, ClientError> {
@@ -177,95 +412,53 @@ impl<S: Read + Write> AgentConnection<S> {
     /// Reads the next answer to request `id`. An answer from another execution or for
     /// another request is an error; so is a connection-level error from the agent.
     pub fn next_answer(&mut self, id: RequestId) -> Result<AgentBody, ClientError> {
-        let frame = guest::decode_agent_frame(&frame::read_frame(&mut self.stream)?)?;
-        if frame.execution_id != self.ack.execution_id {
-            return Err(ClientError::WrongExecution {
-                expected: self.ack.execution_id,
-                got: frame.execution_id,
-            });
-        }
-        match frame.body {
-            AgentBody::Error(e) if frame.request_id == id || frame.request_id == CONNECTION => {
-                Err(ClientError::Agent(e))
-            }
-            body if frame.request_id == id => Ok(body),
-            body => Err(ClientError::unexpected(id, &body)),
-        }
+        let frame = frame::read_frame(&mut self.stream)?;
+        self.answer(id, &frame)
     }
 
-    /// Runs a one-answer operation and returns its final body.
-    fn call(&mut self, op: Operation) -> Result<(RequestId, AgentBody), ClientError> {
-        let id = self.send_request(op)?;
-        Ok((id, self.next_answer(id)?))
+    /// Runs `call` to its final answer.
+    pub fn run<T>(&mut self, mut call: Call<T>) -> Result<T, ClientError> {
+        let (id, frames) = self.start(&mut call)?;
+        self.stream
+            .write_all(&frames)
+            .and_then(|()| self.stream.flush())
+            .map_err(FrameError::Io)?;
+        loop {
+            let body = self.next_answer(id)?;
+            if let Some(out) = call.feed(id, body)? {
+                return Ok(out);
+            }
+        }
     }
 
     /// Describes `path` (without following a final symlink).
     pub fn stat(&mut self, path: &str) -> Result<FileStat, ClientError> {
-        match self.call(Operation::Stat { path: path.into() })? {
-            (_, AgentBody::Stat(s)) => Ok(s),
-            (id, other) => Err(ClientError::unexpected(id, &other)),
-        }
+        self.run(Call::stat(path))
     }
 
     /// Lists a directory (in the directory's order).
     pub fn list(&mut self, path: &str) -> Result<Vec<DirEntry>, ClientError> {
-        let id = self.send_request(Operation::List { path: path.into() })?;
-        let mut out = Vec::new();
-        loop {
-            match self.next_answer(id)? {
-                AgentBody::Entries(batch) => out.extend(batch),
-                AgentBody::Done => return Ok(out),
-                other => return Err(ClientError::unexpected(id, &other)),
-            }
-        }
-    }
-
-    fn expect_done(&mut self, op: Operation) -> Result<(), ClientError> {
-        match self.call(op)? {
-            (_, AgentBody::Done) => Ok(()),
-            (id, other) => Err(ClientError::unexpected(id, &other)),
-        }
+        self.run(Call::list(path))
     }
 
     /// Creates a directory.
     pub fn mkdir(&mut self, path: &str, parents: bool) -> Result<(), ClientError> {
-        self.expect_done(Operation::Mkdir {
-            path: path.into(),
-            parents,
-        })
+        self.run(Call::mkdir(path, parents))
     }
 
     /// Removes a file or directory.
     pub fn remove(&mut self, path: &str, recursive: bool) -> Result<(), ClientError> {
-        self.expect_done(Operation::Remove {
-            path: path.into(),
-            recursive,
-        })
+        self.run(Call::remove(path, recursive))
     }
 
     /// Renames `from` to `to`.
     pub fn rename(&mut self, from: &str, to: &str) -> Result<(), ClientError> {
-        self.expect_done(Operation::Rename {
-            from: from.into(),
-            to: to.into(),
-        })
+        self.run(Call::rename(from, to))
     }
 
     /// Reads at most `max_bytes` of a file, from its start.
     pub fn read_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>, ClientError> {
-        let id = self.send_request(Operation::ReadFile {
-            path: path.into(),
-            offset: 0,
-            max_bytes,
-        })?;
-        let mut out = Vec::new();
-        loop {
-            match self.next_answer(id)? {
-                AgentBody::FileData(chunk) => out.extend_from_slice(&chunk),
-                AgentBody::ReadEnd { .. } => return Ok(out),
-                other => return Err(ClientError::unexpected(id, &other)),
-            }
-        }
+        self.run(Call::read_file(path, max_bytes))
     }
 
     /// Replaces a file atomically with `data`; returns the bytes written.
@@ -275,43 +468,33 @@ impl<S: Read + Write> AgentConnection<S> {
         data: &[u8],
         mode: Option<u32>,
     ) -> Result<u64, ClientError> {
-        let id = self.send_request(Operation::WriteFile {
-            path: path.into(),
-            mode,
-            parents: false,
-        })?;
-        for chunk in data.chunks(MAX_CHUNK) {
-            self.send_input(id, Input::Data(chunk.to_vec()))?;
-        }
-        self.send_input(id, Input::End)?;
-        match self.next_answer(id)? {
-            AgentBody::Written { bytes } => Ok(bytes),
-            other => Err(ClientError::unexpected(id, &other)),
-        }
+        self.run(Call::write_file(path, data, mode))
     }
 
     /// Runs a process to its end and collects its output in memory. For long or large
     /// output, send [`Operation::Exec`] and read the chunks as they come instead.
     pub fn exec(&mut self, spec: ExecSpec) -> Result<ExecOutput, ClientError> {
-        let id = self.send_request(Operation::Exec(spec))?;
-        let pid = match self.next_answer(id)? {
-            AgentBody::Started { pid } => pid,
-            other => return Err(ClientError::unexpected(id, &other)),
-        };
-        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        self.run(Call::exec(spec))
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> AgentConnection<S> {
+    /// Runs `call` to its final answer on an asynchronous stream. Dropping the future
+    /// part-way leaves the connection in an unknown state: drop the connection too.
+    pub async fn run_async<T>(&mut self, mut call: Call<T>) -> Result<T, ClientError> {
+        use tokio::io::AsyncWriteExt;
+        let (id, frames) = self.start(&mut call)?;
+        self.stream
+            .write_all(&frames)
+            .await
+            .map_err(FrameError::Io)?;
+        self.stream.flush().await.map_err(FrameError::Io)?;
         loop {
-            match self.next_answer(id)? {
-                AgentBody::Stdout(c) => stdout.extend_from_slice(&c),
-                AgentBody::Stderr(c) => stderr.extend_from_slice(&c),
-                AgentBody::Exited(status) => {
-                    return Ok(ExecOutput {
-                        pid,
-                        stdout,
-                        stderr,
-                        status,
-                    });
-                }
-                other => return Err(ClientError::unexpected(id, &other)),
+            let frame = frame::read_frame_async(&mut self.stream).await?;
+            let body = self.answer(id, &frame)?;
+            if let Some(out) = call.feed(id, body)? {
+                return Ok(out);
             }
         }
     }
@@ -334,5 +517,164 @@ impl ExecSpec {
     /// `sh -c script`, with empty, closed stdin.
     pub fn shell(script: &str) -> Self {
         Self::command(["/bin/sh", "-c", script])
+    }
+}
+
+#[cfg(all(test, feature = "tokio"))]
+mod async_tests {
+    use super::*;
+    use crate::guest::{AgentFrame, decode_client_frame};
+    use space_identity::SandboxId;
+
+    const EXECUTION: [u8; 16] = [7; 16];
+
+    /// A handshaken connection on a tokio stream, and the scripted agent's end.
+    fn connected() -> (
+        AgentConnection<tokio::net::UnixStream>,
+        std::os::unix::net::UnixStream,
+    ) {
+        let (ours, mut agent) = UnixStream::pair().unwrap();
+        let peer = std::thread::spawn(move || {
+            let _hello = frame::read_frame(&mut agent).unwrap();
+            let ack = HelloAck {
+                protocol_version: PROTOCOL_VERSION,
+                sandbox: SandboxId::from_bytes([1; 16]),
+                generation: 3,
+                execution_id: ExecutionId::from_bytes(EXECUTION),
+                activation: 1,
+                proof: [0; 32],
+            };
+            answer(&mut agent, EXECUTION, CONNECTION, AgentBody::HelloAck(ack));
+            agent
+        });
+        let conn = AgentConnection::handshake(ours, [9; 32]).unwrap();
+        let agent = peer.join().unwrap();
+        let conn = conn
+            .map_stream(|s| {
+                s.set_nonblocking(true)?;
+                tokio::net::UnixStream::from_std(s)
+            })
+            .unwrap();
+        (conn, agent)
+    }
+
+    fn answer(agent: &mut UnixStream, execution: [u8; 16], request_id: RequestId, body: AgentBody) {
+        let f = AgentFrame {
+            execution_id: ExecutionId::from_bytes(execution),
+            request_id,
+            body,
+        };
+        frame::write_frame(agent, &codec::encode(&f)).unwrap();
+    }
+
+    /// The next frame the client sent, decoded.
+    fn sent(agent: &mut UnixStream) -> ClientFrame {
+        decode_client_frame(&frame::read_frame(agent).unwrap()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_read_collects_its_chunks_and_the_request_numbering_goes_on() {
+        let (mut conn, mut agent) = connected();
+        let peer = std::thread::spawn(move || {
+            for id in [1, 2] {
+                match sent(&mut agent) {
+                    ClientFrame::Request(r) => {
+                        assert_eq!(r.id, id);
+                        assert!(
+                            matches!(r.op, Operation::ReadFile { ref path, .. } if path == "/f")
+                        );
+                    }
+                    other => panic!("{other:?}"),
+                }
+                answer(&mut agent, EXECUTION, id, AgentBody::FileData(vec![1, 2]));
+                answer(&mut agent, EXECUTION, id, AgentBody::FileData(vec![3]));
+                answer(
+                    &mut agent,
+                    EXECUTION,
+                    id,
+                    AgentBody::ReadEnd {
+                        bytes: 3,
+                        truncated: false,
+                    },
+                );
+            }
+        });
+        for _ in 0..2 {
+            let got = conn.run_async(Call::read_file("/f", 10)).await.unwrap();
+            assert_eq!(got, vec![1, 2, 3]);
+        }
+        peer.join().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_write_sends_its_input_in_order_after_the_request() {
+        let (mut conn, mut agent) = connected();
+        let data = vec![5u8; MAX_CHUNK + 10];
+        let peer = std::thread::spawn(move || {
+            assert!(matches!(sent(&mut agent), ClientFrame::Request(r) if r.id == 1));
+            let mut got = Vec::new();
+            loop {
+                match sent(&mut agent) {
+                    ClientFrame::Input(InputFrame {
+                        id: 1,
+                        input: Input::Data(d),
+                    }) => got.extend(d),
+                    ClientFrame::Input(InputFrame {
+                        id: 1,
+                        input: Input::End,
+                    }) => break,
+                    other => panic!("{other:?}"),
+                }
+            }
+            let bytes = got.len() as u64;
+            answer(&mut agent, EXECUTION, 1, AgentBody::Written { bytes });
+            got
+        });
+        let n = conn
+            .run_async(Call::write_file("/f", &data, None))
+            .await
+            .unwrap();
+        assert_eq!(n, data.len() as u64);
+        assert_eq!(peer.join().unwrap(), data);
+    }
+
+    #[tokio::test]
+    async fn answers_from_another_execution_or_request_are_refused() {
+        for (execution, request) in [([8; 16], 1), (EXECUTION, 2), (EXECUTION, CONNECTION)] {
+            let (mut conn, mut agent) = connected();
+            let peer = std::thread::spawn(move || {
+                sent(&mut agent);
+                answer(&mut agent, execution, request, AgentBody::Done);
+                agent
+            });
+            let r = conn.run_async(Call::remove("/f", false)).await;
+            match r {
+                Err(ClientError::WrongExecution { .. }) => assert_eq!(execution, [8; 16]),
+                Err(ClientError::Unexpected { request: 1, .. }) => assert_eq!(execution, EXECUTION),
+                other => panic!("{other:?}"),
+            }
+            drop(peer.join().unwrap());
+        }
+    }
+
+    #[tokio::test]
+    async fn an_answer_that_does_not_fit_the_operation_is_refused_and_a_closed_agent_is_an_error() {
+        let (mut conn, mut agent) = connected();
+        let peer = std::thread::spawn(move || {
+            sent(&mut agent);
+            answer(&mut agent, EXECUTION, 1, AgentBody::Done);
+            sent(&mut agent);
+        });
+        let r = conn.run_async(Call::stat("/f")).await;
+        assert!(
+            matches!(r, Err(ClientError::Unexpected { request: 1, .. })),
+            "{r:?}"
+        );
+        let r = conn.run_async(Call::stat("/f")).await;
+        assert!(
+            matches!(r, Err(ClientError::Frame(FrameError::Closed))),
+            "{r:?}"
+        );
+        peer.join().unwrap();
     }
 }

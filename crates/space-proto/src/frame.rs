@@ -93,6 +93,32 @@ pub fn read_frame(r: &mut impl Read) -> Result<Vec<u8>, FrameError> {
     Ok(body)
 }
 
+/// [`read_frame`] on an asynchronous stream.
+#[cfg(feature = "tokio")]
+pub async fn read_frame_async(
+    r: &mut (impl tokio::io::AsyncRead + Unpin),
+) -> Result<Vec<u8>, FrameError> {
+    use tokio::io::AsyncReadExt;
+    let mut header = [0u8; HEADER_LEN];
+    let mut have = 0;
+    while have < HEADER_LEN {
+        match r.read(&mut header[have..]).await {
+            Ok(0) if have == 0 => return Err(FrameError::Closed),
+            Ok(0) => return Err(FrameError::Truncated),
+            Ok(n) => have += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let len = check_len(u32::from_be_bytes(header).into())?;
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).await.map_err(|e| match e.kind() {
+        io::ErrorKind::UnexpectedEof => FrameError::Truncated,
+        _ => FrameError::Io(e),
+    })?;
+    Ok(body)
+}
+
 /// An incremental frame reader for event loops: it is fed from a non-blocking source
 /// and never reads past the end of the frame it is assembling, so the bytes of the next
 /// frame stay in the socket for whoever reads after it.

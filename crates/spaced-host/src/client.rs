@@ -121,14 +121,18 @@ fn receive_handover(bridge: &UnixStream) -> Result<Option<UnixStream>, BridgeCli
 
 /// Idle verified connections to one execution's bridge. A connection never outlives
 /// its execution: the pool is bound to one [`ServedIdentity`] and is dropped with it.
+///
+/// `S` is the stream the idle connections are kept on: the blocking [`UnixStream`]
+/// [`connect`] makes, or the same connection made non-blocking for an event loop (the
+/// worker's). Whoever takes a connection out owns it until it gives it back.
 #[derive(Debug)]
-pub struct BridgePool {
+pub struct BridgePool<S = UnixStream> {
     target: BridgeTarget,
-    idle: Mutex<Vec<AgentConnection<UnixStream>>>,
+    idle: Mutex<Vec<AgentConnection<S>>>,
     max_idle: usize,
 }
 
-impl BridgePool {
+impl<S> BridgePool<S> {
     /// A pool for `target` keeping at most `max_idle` idle connections.
     pub fn new(target: BridgeTarget, max_idle: usize) -> Self {
         Self {
@@ -143,13 +147,14 @@ impl BridgePool {
         self.target.served
     }
 
-    /// An idle connection, or a new verified one.
-    pub fn take(&self) -> Result<AgentConnection<UnixStream>, BridgeClientError> {
-        let idle = self.idle.lock().ok().and_then(|mut v| v.pop());
-        match idle {
-            Some(conn) => Ok(conn),
-            None => connect(&self.target),
-        }
+    /// The bridge new connections go to (see [`connect`]).
+    pub fn target(&self) -> &BridgeTarget {
+        &self.target
+    }
+
+    /// An idle connection, if there is one.
+    pub fn idle(&self) -> Option<AgentConnection<S>> {
+        self.idle.lock().ok().and_then(|mut v| v.pop())
     }
 
     /// A new verified connection that never returns to the pool (for a stream, which
@@ -160,7 +165,7 @@ impl BridgePool {
 
     /// Returns a connection whose last request completed cleanly. Anything else must be
     /// dropped by the caller instead (a cancelled request closes its connection).
-    pub fn give_back(&self, conn: AgentConnection<UnixStream>) {
+    pub fn give_back(&self, conn: AgentConnection<S>) {
         if conn.identity() != self.target.served {
             return;
         }
@@ -175,6 +180,16 @@ impl BridgePool {
     pub fn clear(&self) {
         if let Ok(mut idle) = self.idle.lock() {
             idle.clear();
+        }
+    }
+}
+
+impl BridgePool<UnixStream> {
+    /// An idle connection, or a new verified one.
+    pub fn take(&self) -> Result<AgentConnection<UnixStream>, BridgeClientError> {
+        match self.idle() {
+            Some(conn) => Ok(conn),
+            None => connect(&self.target),
         }
     }
 }

@@ -20,11 +20,11 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use space_identity::{Access, Endpoint, Operation, SandboxId, Token, Verdict};
 use space_proto::api::{ErrorBody, ExecRequest, ExecResponse, FileEntry, SignedUpdate};
-use space_proto::client::{AgentConnection, ClientError};
+use space_proto::client::{AgentConnection, Call, ClientError};
 use space_proto::guest::{ErrorKind, ExecSpec, ExitOutcome, FileKind};
 
 use super::records::RecordState;
-use super::state::{Slot, Worker};
+use super::state::{AgentPool, AgentStream, Slot, Worker};
 use super::updates;
 
 /// Largest file accepted in one PUT, and read in one GET.
@@ -373,28 +373,22 @@ async fn unpaused(w: &Worker, mut slot: Arc<Slot>) -> Result<Arc<Slot>, Rejectio
     Ok(slot)
 }
 
-/// Runs `f` on a pooled, verified bridge connection, blocking in place. The
-/// connection goes back to the pool only after a clean answer.
-async fn with_conn<T: Send + 'static>(
-    slot: &Arc<Slot>,
-    f: impl FnOnce(&mut AgentConnection) -> Result<T, ClientError> + Send + 'static,
-) -> Result<T, Rejection> {
+/// Runs `call` on a pooled, verified agent connection, on this task: no thread waits
+/// for the agent, and no other thread is woken for it. The connection goes back to the
+/// pool only after a clean answer; a request cancelled part-way drops it.
+async fn with_conn<T: Send + 'static>(slot: &Arc<Slot>, call: Call<T>) -> Result<T, Rejection> {
     let Some(pool) = slot.pool.clone() else {
-        return Err(reject(
-            StatusCode::MISDIRECTED_REQUEST,
-            "refresh_route",
-            "execution not running",
-            Some("not_running"),
-        ));
+        return Err(not_running());
     };
     let lease = slot.lease();
-    // On this worker thread (the runtime moves its other tasks away): handing the
-    // call to the blocking pool would cost two more thread wake-ups per operation.
-    let result = tokio::task::block_in_place(move || {
-        let mut conn = pool
-            .take()
-            .map_err(|e| reject(StatusCode::BAD_GATEWAY, "bridge", e.to_string(), None))?;
-        match f(&mut conn) {
+    let result = async {
+        let mut conn = match pool.idle() {
+            Some(conn) => conn,
+            None => connect(&pool)
+                .await
+                .map_err(|e| reject(StatusCode::BAD_GATEWAY, "bridge", e, None))?,
+        };
+        match conn.run_async(call).await {
             Ok(v) => {
                 pool.give_back(conn);
                 Ok(v)
@@ -411,7 +405,8 @@ async fn with_conn<T: Send + 'static>(
                 None,
             )),
         }
-    });
+    }
+    .await;
     // The connection broke because the execution was retired or replaced meanwhile
     // (a migration, say): that is a stale route, not a broken backend.
     match result {
@@ -423,6 +418,21 @@ async fn with_conn<T: Send + 'static>(
         )),
         other => other,
     }
+}
+
+/// A new verified connection to the pool's bridge (the checks and the handshake run
+/// once, on the blocking pool), made non-blocking for the runtime.
+async fn connect(pool: &AgentPool) -> Result<AgentConnection<AgentStream>, String> {
+    let target = pool.target().clone();
+    let conn = tokio::task::spawn_blocking(move || spaced_host::connect(&target))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    conn.map_stream(|s| {
+        s.set_nonblocking(true)?;
+        AgentStream::from_std(s)
+    })
+    .map_err(|e: std::io::Error| e.to_string())
 }
 
 pub(crate) fn agent_error(e: &space_proto::guest::WireError) -> Response {
@@ -574,7 +584,7 @@ async fn exec(
     };
     let execution_id = slot.record.execution_id;
     let resp = once(&w, sandbox, &headers, || async {
-        match with_conn(&slot, move |c| c.exec(spec)).await {
+        match with_conn(&slot, Call::exec(spec)).await {
             Ok(out) => {
                 let (exit_code, signal) = match out.status.outcome {
                     ExitOutcome::Code(c) => (c, None),
@@ -633,7 +643,7 @@ async fn file_op<T, F, R>(
 ) -> Response
 where
     T: Send + 'static,
-    F: FnOnce(&mut AgentConnection, &str) -> Result<T, ClientError> + Send + 'static,
+    F: FnOnce(&str) -> Call<T>,
     R: FnOnce(T) -> Response,
 {
     let start = Instant::now();
@@ -647,7 +657,7 @@ where
         Err(r) => *r,
         Ok((sandbox, slot, path)) => {
             let run = || async {
-                match with_conn(&slot, move |c| f(c, &path)).await {
+                match with_conn(&slot, f(&path)).await {
                     Ok(v) => with_execution(respond(v), &slot),
                     Err(r) => *r,
                 }
@@ -669,7 +679,7 @@ async fn read_file(
     Query(q): Query<PathQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let read = |c: &mut AgentConnection, path: &str| c.read_file(path, MAX_FILE as u64);
+    let read = |path: &str| Call::read_file(path, MAX_FILE as u64);
     let respond = |data: Vec<u8>| {
         ([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response()
     };
@@ -693,7 +703,7 @@ async fn write_file(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let write = move |c: &mut AgentConnection, path: &str| c.write_file(path, &body, None);
+    let write = move |path: &str| Call::write_file(path, &body, None);
     let respond = |_| StatusCode::NO_CONTENT.into_response();
     file_op(
         &w,
@@ -714,7 +724,7 @@ async fn remove_file(
     Query(q): Query<PathQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let remove = |c: &mut AgentConnection, path: &str| c.remove(path, true);
+    let remove = |path: &str| Call::remove(path, true);
     let respond = |()| StatusCode::NO_CONTENT.into_response();
     file_op(
         &w,
@@ -735,7 +745,7 @@ async fn list_files(
     Query(q): Query<PathQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let list = |c: &mut AgentConnection, path: &str| c.list(path);
+    let list = |path: &str| Call::list(path);
     let respond = |entries: Vec<space_proto::guest::DirEntry>| {
         let out: Vec<FileEntry> = entries
             .into_iter()

@@ -16,6 +16,13 @@ use space_proto::api::{SignedUpdate, Update};
 use space_proto::guest::Activation;
 use spaced_host::BridgePool;
 
+/// A verified agent connection as the worker keeps it: non-blocking, driven by the
+/// runtime (no thread waits on an agent).
+pub type AgentStream = tokio::net::UnixStream;
+
+/// The worker's pool of verified connections to one execution.
+pub type AgentPool = BridgePool<AgentStream>;
+
 use super::launch::{self, Binaries};
 use super::records::{ExecutionRecord, RecordState, Records};
 use super::{WorkerConfig, updates};
@@ -29,7 +36,7 @@ pub struct Slot {
     /// The identity the comparator checks against.
     pub installed: InstalledIdentity,
     /// Verified connections to the bridge, while running.
-    pub pool: Option<Arc<BridgePool>>,
+    pub pool: Option<Arc<AgentPool>>,
     /// The streams' lease on this execution's identity epoch: set to `true` (and
     /// every stream holding it ends with "execution replaced") the moment the worker
     /// retires, fails or replaces the execution. Pausing and resuming keep it.
@@ -264,7 +271,7 @@ impl Worker {
     }
 
     /// Makes `record` the sandbox's current slot if it is not older than the one held.
-    pub fn put_slot(&self, record: ExecutionRecord, pool: Option<Arc<BridgePool>>) {
+    pub fn put_slot(&self, record: ExecutionRecord, pool: Option<Arc<AgentPool>>) {
         let installed = installed_of(&self.id, &record);
         let Ok(mut slots) = self.slots.write() else {
             return;
@@ -494,7 +501,7 @@ impl Worker {
             });
         if alive {
             if let Some(b) = &r.bridge {
-                let pool = Arc::new(BridgePool::new(
+                let pool = Arc::new(AgentPool::new(
                     launch::bridge_target(b, &activation_of(r)),
                     32,
                 ));

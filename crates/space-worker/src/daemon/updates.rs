@@ -7,7 +7,6 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use space_identity::{ExecutionId, SandboxId, SignedKeyBundle};
 use space_proto::api::{InstallExecution, SignedUpdate, Update, UpdateAck, UpdateBody};
-use spaced_host::BridgePool;
 
 use super::launch;
 use super::records::{ExecutionRecord, RecordState};
@@ -367,7 +366,7 @@ async fn install_execution(
                 worker.teardown(&record, launch::Layer::Keep).await;
                 return Err(refuse(500, e));
             }
-            let pool = Arc::new(BridgePool::new(
+            let pool = Arc::new(super::state::AgentPool::new(
                 launch::bridge_target(&bridge, &activation_of(&record)),
                 32,
             ));
