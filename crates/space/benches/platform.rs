@@ -8,7 +8,7 @@
 //!   exec when the call returns (a command runs in each afterwards): p50/p99, served by
 //!   standby sandboxes (`--standby 64`), by warm jails (the default) and with no pools.
 //!
-//! `cargo bench -p space --bench platform` (root).
+//! `cargo bench -p space --bench platform` (root); `SPACE_BENCH_ONLY=p3` stops after P3.
 
 #![allow(clippy::print_stdout)] // A bench binary reports on stdout.
 
@@ -110,18 +110,27 @@ fn main() {
     );
     let (direct_p50, direct_p99) = direct_agent_read_p50(2000);
     let http = HttpClient::new(Duration::from_secs(30));
+    // Sequential timings run on a one-thread runtime with its own client, as the direct
+    // baseline runs on one thread: the measuring client's own wake-ups then do not
+    // cross CPUs (on the multi-thread runtime they add ~80 µs to every round trip here).
+    let seq = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let seq_http = HttpClient::new(Duration::from_secs(30));
     let read_url = format!("{url}/v1/sandboxes/{id}/files?path=/root/4k.bin");
-    let e2e: Vec<Duration> = rt.block_on(async {
+    let e2e: Vec<Duration> = seq.block_on(async {
         let h = [("authorization", auth.as_str())];
         for _ in 0..200 {
-            http.call(hyper::Method::GET, &read_url, &h, Bytes::new())
+            seq_http
+                .call(hyper::Method::GET, &read_url, &h, Bytes::new())
                 .await
                 .expect("warm");
         }
         let mut times = Vec::with_capacity(2000);
         for _ in 0..2000 {
             let t = Instant::now();
-            let a = http
+            let a = seq_http
                 .call(hyper::Method::GET, &read_url, &h, Bytes::new())
                 .await
                 .expect("read");
@@ -155,12 +164,12 @@ fn main() {
         cap["route"]["worker_url"].as_str().expect("url")
     );
     let spacecap = format!("SpaceCap {}", cap["token"].as_str().expect("token"));
-    let mut direct_mode: Vec<Duration> = rt.block_on(async {
+    let mut direct_mode: Vec<Duration> = seq.block_on(async {
         let h = [("authorization", spacecap.as_str())];
         let mut times = Vec::with_capacity(2000);
         for _ in 0..2000 {
             let t = Instant::now();
-            let a = http
+            let a = seq_http
                 .call(hyper::Method::GET, &worker_read, &h, Bytes::new())
                 .await
                 .expect("read");
@@ -214,6 +223,28 @@ fn main() {
         done.load(std::sync::atomic::Ordering::Relaxed) as f64 / 5.0
     });
     println!("P3 throughput, 16 concurrent clients, 4 KiB reads end to end: {ops:.0} ops/s");
+    // What one HTTP round trip costs with this client: the worker's and the edge's
+    // cheapest answers (no sandbox behind them).
+    let worker_health = format!(
+        "{}/healthz",
+        cap["route"]["worker_url"].as_str().expect("url")
+    );
+    let hops: Vec<(&str, String, &str)> = vec![
+        ("worker /healthz", worker_health, ""),
+        ("edge /v1/whoami", format!("{url}/v1/whoami"), auth.as_str()),
+    ];
+    for (name, target, authorization) in hops {
+        let mut times = seq.block_on(sequential(&seq_http, &target, authorization, 2000));
+        times.sort();
+        println!(
+            "P3 one HTTP round trip, {name}: p50 {:.3} ms, p99 {:.3} ms",
+            pct(&times, 0.5),
+            pct(&times, 0.99)
+        );
+    }
+    if std::env::var("SPACE_BENCH_ONLY").as_deref() == Ok("p3") {
+        return;
+    }
 
     // ---- P5 (in place) ---------------------------------------------------------------
     let (mut pauses, mut resumes) = (Vec::new(), Vec::new());
@@ -416,6 +447,34 @@ fn main() {
     drop(warm);
     let cold = support::Cluster::start_with_env(&[("SPACE_WARM_POOL", "0")]);
     report("no pools", &cold, false);
+}
+
+/// `n` GETs of `target` one after the other (after 200 not timed).
+async fn sequential(
+    http: &HttpClient,
+    target: &str,
+    authorization: &str,
+    n: usize,
+) -> Vec<Duration> {
+    let h = [("authorization", authorization)];
+    let h = if authorization.is_empty() {
+        &h[..0]
+    } else {
+        &h[..]
+    };
+    let mut times = Vec::with_capacity(n);
+    for i in 0..n + 200 {
+        let t = Instant::now();
+        let a = http
+            .call(hyper::Method::GET, target, h, Bytes::new())
+            .await
+            .expect("get");
+        if i >= 200 {
+            times.push(t.elapsed());
+        }
+        assert_eq!(a.status, 200, "{target}");
+    }
+    times
 }
 
 /// Standby sandboxes the benchmark's first cluster keeps (more than P4's burst).
