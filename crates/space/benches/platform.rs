@@ -97,9 +97,52 @@ fn main() {
     ]);
     // Measure on a quiet machine: the pools fill first.
     wait_for_pools(&cluster, true);
+
+    let http = HttpClient::new(Duration::from_secs(30));
+    if std::env::var("SPACE_BENCH_ONLY").as_deref() != Ok("p4") {
+        p3_to_p8(&rt, &cluster);
+        if std::env::var("SPACE_BENCH_ONLY").as_deref() == Ok("p3") {
+            return;
+        }
+    }
+
+    // ---- P4 -------------------------------------------------------------------------
+    // Three ways a create can be served, each measured on full pools:
+    // - a standby sandbox claimed (one write), with `--standby 64`;
+    // - a warm jail activated on a worker (the default of `space up`);
+    // - a jail and bridge launched for the create (no pools).
+    let report = |name: &str, cluster: &support::Cluster, standby: bool| {
+        let url = cluster.url.clone();
+        let auth = format!("Bearer {}", cluster.admin_key);
+        wait_for_pools(cluster, standby);
+        let burst = p4_burst(&rt, &http, &url, &auth);
+        wait_for_pools(cluster, standby);
+        let single = p4_single(&rt, &http, &url, &auth);
+        println!(
+            "P4 create, 50 concurrent through the public API ({name}): min {:.1} ms, p50 {:.1} ms, p99 {:.1} ms",
+            pct(&burst, 0.0),
+            pct(&burst, 0.5),
+            pct(&burst, 0.99)
+        );
+        println!(
+            "P4 create, one at a time ({name}): p50 {:.1} ms, p99 {:.1} ms",
+            pct(&single, 0.5),
+            pct(&single, 0.99)
+        );
+    };
+    report("standby sandboxes", &cluster, true);
+    drop(cluster);
+    let warm = support::Cluster::start_with_env(&[("SPACE_WARM_POOL", pool.as_str())]);
+    report("warm jails", &warm, false);
+    drop(warm);
+    let cold = support::Cluster::start_with_env(&[("SPACE_WARM_POOL", "0")]);
+    report("no pools", &cold, false);
+}
+
+/// P3, P5 (in place and migrate), P6 and P8 on `cluster`.
+fn p3_to_p8(rt: &tokio::runtime::Runtime, cluster: &support::Cluster) {
     let url = cluster.url.clone();
     let auth = format!("Bearer {}", cluster.admin_key);
-
     // ---- P3 -------------------------------------------------------------------------
     let id = cluster.create(&[]);
     assert!(
@@ -245,7 +288,6 @@ fn main() {
     if std::env::var("SPACE_BENCH_ONLY").as_deref() == Ok("p3") {
         return;
     }
-
     // ---- P5 (in place) ---------------------------------------------------------------
     let (mut pauses, mut resumes) = (Vec::new(), Vec::new());
     rt.block_on(async {
@@ -416,37 +458,6 @@ fn main() {
         "P8 last of 20 streams closed after the retirement was acknowledged: {:.2} ms",
         p8.as_secs_f64() * 1e3
     );
-
-    // ---- P4 -------------------------------------------------------------------------
-    // Three ways a create can be served, each measured on full pools:
-    // - a standby sandbox claimed (one write), with `--standby 64`;
-    // - a warm jail activated on a worker (the default of `space up`);
-    // - a jail and bridge launched for the create (no pools).
-    let report = |name: &str, cluster: &support::Cluster, standby: bool| {
-        let url = cluster.url.clone();
-        let auth = format!("Bearer {}", cluster.admin_key);
-        wait_for_pools(cluster, standby);
-        let burst = p4_burst(&rt, &http, &url, &auth);
-        wait_for_pools(cluster, standby);
-        let single = p4_single(&rt, &http, &url, &auth);
-        println!(
-            "P4 create, 50 concurrent through the public API ({name}): p50 {:.1} ms, p99 {:.1} ms",
-            pct(&burst, 0.5),
-            pct(&burst, 0.99)
-        );
-        println!(
-            "P4 create, one at a time ({name}): p50 {:.1} ms, p99 {:.1} ms",
-            pct(&single, 0.5),
-            pct(&single, 0.99)
-        );
-    };
-    report("standby sandboxes", &cluster, true);
-    drop(cluster);
-    let warm = support::Cluster::start_with_env(&[("SPACE_WARM_POOL", pool.as_str())]);
-    report("warm jails", &warm, false);
-    drop(warm);
-    let cold = support::Cluster::start_with_env(&[("SPACE_WARM_POOL", "0")]);
-    report("no pools", &cold, false);
 }
 
 /// `n` GETs of `target` one after the other (after 200 not timed).
