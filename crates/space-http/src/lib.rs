@@ -58,14 +58,25 @@ pub struct Answer {
 /// by a new one once.
 #[derive(Clone, Debug)]
 pub struct HttpClient {
-    idle: Arc<Mutex<HashMap<String, Vec<Conn>>>>,
+    idle: Arc<Mutex<Pool>>,
     timeout: Duration,
+    /// An idle connection older than this is closed rather than reused.
+    idle_for: Duration,
+}
+
+/// Idle connections by peer (`host:port`).
+#[derive(Debug)]
+struct Pool {
+    peers: HashMap<String, Vec<Conn>>,
+    /// When connections idle for too long were last closed, for every peer (peers that
+    /// went away, a restarted worker's old address, keep nothing open for long).
+    swept: Instant,
 }
 
 /// Idle connections kept per peer.
 const MAX_IDLE_PER_PEER: usize = 64;
 
-/// An idle connection older than this is closed rather than reused.
+/// How long a connection may stay idle in the pool.
 const IDLE_FOR: Duration = Duration::from_secs(30);
 
 /// One connection: its request handle and the connection itself, polled by whoever
@@ -87,8 +98,8 @@ impl std::fmt::Debug for Conn {
 impl Conn {
     /// Whether the connection can take a request: not closed by the peer meanwhile
     /// (polled once, without waiting) and not idle for too long.
-    fn usable(&mut self) -> bool {
-        if self.idle_since.elapsed() > IDLE_FOR {
+    fn usable(&mut self, idle_for: Duration) -> bool {
+        if self.idle_since.elapsed() > idle_for {
             return false;
         }
         let mut cx = Context::from_waker(Waker::noop());
@@ -108,8 +119,12 @@ impl HttpClient {
     /// A client whose calls time out after `timeout`.
     pub fn new(timeout: Duration) -> Self {
         Self {
-            idle: Arc::new(Mutex::new(HashMap::new())),
+            idle: Arc::new(Mutex::new(Pool {
+                peers: HashMap::new(),
+                swept: Instant::now(),
+            })),
             timeout,
+            idle_for: IDLE_FOR,
         }
     }
 
@@ -169,10 +184,10 @@ impl HttpClient {
 
     /// A usable idle connection to `peer`, if any (closed ones are dropped).
     fn checkout(&self, peer: &str) -> Option<Conn> {
-        let mut idle = self.idle.lock().ok()?;
-        let list = idle.get_mut(peer)?;
+        let mut pool = self.idle.lock().ok()?;
+        let list = pool.peers.get_mut(peer)?;
         while let Some(mut c) = list.pop() {
-            if c.usable() {
+            if c.usable(self.idle_for) {
                 return Some(c);
             }
         }
@@ -181,12 +196,31 @@ impl HttpClient {
 
     fn checkin(&self, peer: String, mut conn: Conn) {
         conn.idle_since = Instant::now();
-        if let Ok(mut idle) = self.idle.lock() {
-            let list = idle.entry(peer).or_default();
-            if list.len() < MAX_IDLE_PER_PEER {
-                list.push(conn);
-            }
+        let Ok(mut pool) = self.idle.lock() else {
+            return;
+        };
+        let list = pool.peers.entry(peer).or_default();
+        if list.len() < MAX_IDLE_PER_PEER {
+            list.push(conn);
         }
+        // At most once a second: close what idled too long, for every peer.
+        if pool.swept.elapsed() >= Duration::from_secs(1).min(self.idle_for) {
+            pool.swept = Instant::now();
+            let idle_for = self.idle_for;
+            pool.peers.retain(|_, list| {
+                list.retain(|c| c.idle_since.elapsed() <= idle_for);
+                !list.is_empty()
+            });
+        }
+    }
+
+    /// Idle connections held, over all peers.
+    #[cfg(test)]
+    fn idle_count(&self) -> usize {
+        self.idle
+            .lock()
+            .map(|p| p.peers.values().map(Vec::len).sum())
+            .unwrap_or(0)
     }
 
     /// POSTs JSON.
@@ -488,6 +522,24 @@ mod tests {
             let r = c.call(Method::GET, bad, &[], Bytes::new()).await;
             assert!(matches!(r, Err(CallError::Url(_))), "{bad}");
         }
+    }
+
+    #[tokio::test]
+    async fn connections_to_a_peer_gone_quiet_are_closed_on_later_use() {
+        let (gone, gone_accepts, _) = server(Serve::KeepAlive).await;
+        let (busy, _, _) = server(Serve::KeepAlive).await;
+        let mut c = HttpClient::new(Duration::from_secs(5));
+        c.idle_for = Duration::from_millis(100);
+        assert_eq!(get(&c, &gone).await.unwrap().status, StatusCode::OK);
+        assert_eq!(c.idle_count(), 1);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        // A call to another peer sweeps the first one's stale connection.
+        assert_eq!(get(&c, &busy).await.unwrap().status, StatusCode::OK);
+        assert_eq!(c.idle_count(), 1);
+        // And a stale connection is never reused: a new one is made.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(get(&c, &gone).await.unwrap().status, StatusCode::OK);
+        assert_eq!(gone_accepts.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]
