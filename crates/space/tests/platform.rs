@@ -448,6 +448,47 @@ fn replayed_exec_with_the_same_idempotency_key_has_no_second_effect() {
 }
 
 #[test]
+fn an_exec_whose_client_went_away_runs_to_its_end_and_its_retry_gets_that_answer() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let id = c.create(&[]);
+    let body =
+        br#"{"cmd":["sh","-c","echo start >> /root/log; sleep 1; echo end >> /root/log; echo done"]}"#;
+    let url = format!("{}/v1/sandboxes/{id}/exec", c.url);
+    let auth = format!("Bearer {}", c.admin_key);
+    let headers = [
+        ("content-type", "application/json"),
+        ("authorization", auth.as_str()),
+        ("idempotency-key", "slow-1"),
+    ];
+    // The client gives up after 300 ms and closes its connection.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let gave_up = rt.block_on(
+        space_http::HttpClient::new(std::time::Duration::from_millis(300)).call(
+            hyper::Method::POST,
+            &url,
+            &headers,
+            bytes::Bytes::from_static(body),
+        ),
+    );
+    assert!(matches!(gave_up, Err(space_http::CallError::Timeout)));
+    let retry = support::http_with(&url, &auth, body, &[("idempotency-key", "slow-1")]);
+    assert_eq!(retry.0, 200, "{}", String::from_utf8_lossy(&retry.1));
+    assert_eq!(json(&retry.1)["stdout"], "done\n");
+    let log = c.cli(&["fs", "get", &id, "/root/log", "-"]);
+    assert_eq!(
+        String::from_utf8_lossy(&log.stdout),
+        "start\nend\n",
+        "one run, to its end"
+    );
+}
+
+#[test]
 fn key_rotation_publishes_the_new_key_before_signing_and_old_capabilities_keep_working() {
     if !can_run_jails() {
         return;

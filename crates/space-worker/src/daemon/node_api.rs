@@ -456,6 +456,20 @@ fn with_execution(mut resp: Response, slot: &Slot) -> Response {
     resp
 }
 
+/// Runs `fut` in its own task to its end, whatever becomes of the caller.
+async fn detached<T: Send + 'static>(
+    fut: impl std::future::Future<Output = T> + Send + 'static,
+) -> Result<T, Rejection> {
+    tokio::spawn(fut).await.map_err(|e| {
+        reject(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("operation task: {e}"),
+            None,
+        )
+    })
+}
+
 fn observe(w: &Worker, op: &'static str, start: Instant) {
     w.metrics
         .latency
@@ -463,14 +477,17 @@ fn observe(w: &Worker, op: &'static str, start: Instant) {
         .observe(start.elapsed().as_secs_f64());
 }
 
-/// Runs a non-idempotent operation once per idempotency key.
+/// Runs a non-idempotent operation once per idempotency key, to its end: it runs in
+/// its own task, so a caller that goes away (a dropped connection, a client timeout)
+/// cancels neither the operation nor the recording of its answer, and a retry with the
+/// same key gets that answer instead of a second run.
 async fn once<F, Fut>(w: &Worker, sandbox: SandboxId, headers: &HeaderMap, run: F) -> Response
 where
     F: FnOnce() -> Fut,
-    Fut: std::future::Future<Output = Response>,
+    Fut: std::future::Future<Output = Response> + Send + 'static,
 {
     let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) else {
-        return run().await;
+        return detached(run()).await.unwrap_or_else(|r| *r);
     };
     if key.is_empty() || key.len() > 255 {
         return error(
@@ -481,9 +498,10 @@ where
         );
     }
     let cell = w.idempotency.cell(sandbox, key);
-    let stored = cell
-        .get_or_init(|| async {
-            let resp = run().await;
+    let operation = run();
+    let stored = detached(async move {
+        cell.get_or_init(|| async {
+            let resp = operation.await;
             let status = resp.status();
             let execution = resp
                 .headers()
@@ -512,7 +530,13 @@ where
             }
         })
         .await
-        .clone();
+        .clone()
+    })
+    .await;
+    let stored = match stored {
+        Ok(s) => s,
+        Err(r) => return *r,
+    };
     let mut resp = (
         stored.status,
         [(header::CONTENT_TYPE, stored.content_type)],
@@ -583,7 +607,7 @@ async fn exec(
         pty: None,
     };
     let execution_id = slot.record.execution_id;
-    let resp = once(&w, sandbox, &headers, || async {
+    let resp = once(&w, sandbox, &headers, move || async move {
         match with_conn(&slot, Call::exec(spec)).await {
             Ok(out) => {
                 let (exit_code, signal) = match out.status.outcome {
@@ -644,7 +668,7 @@ async fn file_op<T, F, R>(
 where
     T: Send + 'static,
     F: FnOnce(&str) -> Call<T>,
-    R: FnOnce(T) -> Response,
+    R: FnOnce(T) -> Response + Send + 'static,
 {
     let start = Instant::now();
     let admitted = match admit(w, headers, id, access)
@@ -656,8 +680,9 @@ where
     let resp = match admitted {
         Err(r) => *r,
         Ok((sandbox, slot, path)) => {
-            let run = || async {
-                match with_conn(&slot, f(&path)).await {
+            let call = f(&path);
+            let run = move || async move {
+                match with_conn(&slot, call).await {
                     Ok(v) => with_execution(respond(v), &slot),
                     Err(r) => *r,
                 }
