@@ -83,7 +83,9 @@ fn sandbox_id(s: &str) -> Result<SandboxId, ApiError> {
 
 /// The router.
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    // Changes of state run to their end whatever becomes of the caller (see
+    // `space_http::run_to_end`); forwarded operations are the worker's business.
+    let changes = Router::new()
         .route("/v1/sandboxes", post(create_sandbox).get(list_sandboxes))
         .route(
             "/v1/sandboxes/{id}",
@@ -94,6 +96,16 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/resume", post(resume))
         .route("/v1/sandboxes/{id}/migrate", post(migrate))
         .route("/v1/sandboxes/{id}/snapshot", post(snapshot))
+        .route("/v1/tenants", post(create_tenant))
+        .route("/v1/keys", post(create_key))
+        .route("/v1/keys/{id}", delete(revoke_key))
+        .route("/v1/signing-keys/rotate", post(rotate))
+        .route("/internal/v1/enroll", post(enroll))
+        .route("/internal/v1/workers/{id}/sync", post(sync))
+        .route("/internal/v1/workers/{id}/lost", post(lost))
+        .route_layer(middleware::from_fn(space_http::run_to_end));
+    Router::new()
+        .merge(changes)
         .route("/v1/sandboxes/{id}/exec", post(forward_exec))
         .route(
             "/v1/sandboxes/{id}/files",
@@ -105,14 +117,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/exec/stream", get(forward_stream))
         .route("/v1/workers", get(workers))
         .route("/v1/whoami", get(whoami))
-        .route("/v1/tenants", post(create_tenant))
-        .route("/v1/keys", post(create_key))
-        .route("/v1/keys/{id}", delete(revoke_key))
-        .route("/v1/signing-keys/rotate", post(rotate))
         .route("/metrics", get(metrics))
-        .route("/internal/v1/enroll", post(enroll))
-        .route("/internal/v1/workers/{id}/sync", post(sync))
-        .route("/internal/v1/workers/{id}/lost", post(lost))
         .fallback(|| async { ApiError::not_found("route") })
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn_with_state(state.clone(), observe))

@@ -489,6 +489,51 @@ fn an_exec_whose_client_went_away_runs_to_its_end_and_its_retry_gets_that_answer
 }
 
 #[test]
+fn a_migration_whose_client_went_away_still_finishes() {
+    if !can_run_jails() {
+        return;
+    }
+    // No reconciler within the test's time: the migration must finish on its own.
+    let c = Cluster::start_with_env(&[("SPACE_RECONCILE_AFTER_SECS", "600")]);
+    let id = c.create(&["--worker", "w1"]);
+    assert!(
+        c.cli_with_stdin(&["fs", "put", &id, "-", "/root/f"], b"moved")
+            .status
+            .success()
+    );
+    // The client gives up after 30 ms, well inside the migration, and disconnects.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let auth = format!("Bearer {}", c.admin_key);
+    let gave_up = rt.block_on(
+        space_http::HttpClient::new(std::time::Duration::from_millis(30)).call(
+            hyper::Method::POST,
+            &format!("{}/v1/sandboxes/{id}/migrate", c.url),
+            &[
+                ("authorization", auth.as_str()),
+                ("content-type", "application/json"),
+            ],
+            bytes::Bytes::from_static(br#"{"worker":"w2"}"#),
+        ),
+    );
+    assert!(matches!(gave_up, Err(space_http::CallError::Timeout)));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let after = loop {
+        let s = c.sandbox(&id);
+        if s["state"] != "migrating" {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "left half-way: {s}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(after["state"], "running", "{after}");
+    assert_eq!(after["execution"]["worker"], "w2", "{after}");
+    assert_eq!(stdout(&c.cli(&["fs", "get", &id, "/root/f"])), "moved");
+}
+
+#[test]
 fn key_rotation_publishes_the_new_key_before_signing_and_old_capabilities_keep_working() {
     if !can_run_jails() {
         return;

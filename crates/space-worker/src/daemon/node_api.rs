@@ -245,15 +245,21 @@ pub fn router(worker: Arc<Worker>) -> Router {
             "/v1/sandboxes/{id}/exec/stream",
             get(super::streams::exec_stream),
         )
-        .route("/internal/v1/updates", post(apply_update))
-        .route(
-            "/internal/v1/snapshot",
-            post(super::snapshot::http::snapshot),
-        )
-        .route(
-            "/internal/v1/layers",
-            post(super::snapshot::http::layer)
-                .layer(DefaultBodyLimit::max(super::snapshot::MAX_ARCHIVE as usize)),
+        .merge(
+            // Updates, snapshots and layers run to their end whatever becomes of the
+            // caller (see `space_http::run_to_end`).
+            Router::new()
+                .route("/internal/v1/updates", post(apply_update))
+                .route(
+                    "/internal/v1/snapshot",
+                    post(super::snapshot::http::snapshot),
+                )
+                .route(
+                    "/internal/v1/layers",
+                    post(super::snapshot::http::layer)
+                        .layer(DefaultBodyLimit::max(super::snapshot::MAX_ARCHIVE as usize)),
+                )
+                .route_layer(axum::middleware::from_fn(space_http::run_to_end)),
         )
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
