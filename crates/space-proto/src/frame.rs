@@ -76,21 +76,31 @@ pub fn read_frame(r: &mut impl Read) -> Result<Vec<u8>, FrameError> {
     let mut header = [0u8; HEADER_LEN];
     let mut have = 0;
     while have < HEADER_LEN {
-        match r.read(&mut header[have..]) {
-            Ok(0) if have == 0 => return Err(FrameError::Closed),
-            Ok(0) => return Err(FrameError::Truncated),
-            Ok(n) => have += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e.into()),
-        }
+        have += header_progress(have, r.read(&mut header[have..]))?;
     }
-    let len = check_len(u32::from_be_bytes(header).into())?;
-    let mut body = vec![0u8; len];
-    r.read_exact(&mut body).map_err(|e| match e.kind() {
+    let mut body = vec![0u8; check_len(u32::from_be_bytes(header).into())?];
+    r.read_exact(&mut body).map_err(body_error)?;
+    Ok(body)
+}
+
+/// What one read into a frame's header brought (0 after an interruption), or why the
+/// frame cannot be read.
+fn header_progress(have: usize, read: io::Result<usize>) -> Result<usize, FrameError> {
+    match read {
+        Ok(0) if have == 0 => Err(FrameError::Closed),
+        Ok(0) => Err(FrameError::Truncated),
+        Ok(n) => Ok(n),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A failed read of a frame's body: an end of stream there is a truncated frame.
+fn body_error(e: io::Error) -> FrameError {
+    match e.kind() {
         io::ErrorKind::UnexpectedEof => FrameError::Truncated,
         _ => FrameError::Io(e),
-    })?;
-    Ok(body)
+    }
 }
 
 /// [`read_frame`] on an asynchronous stream.
@@ -102,20 +112,10 @@ pub async fn read_frame_async(
     let mut header = [0u8; HEADER_LEN];
     let mut have = 0;
     while have < HEADER_LEN {
-        match r.read(&mut header[have..]).await {
-            Ok(0) if have == 0 => return Err(FrameError::Closed),
-            Ok(0) => return Err(FrameError::Truncated),
-            Ok(n) => have += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e.into()),
-        }
+        have += header_progress(have, r.read(&mut header[have..]).await)?;
     }
-    let len = check_len(u32::from_be_bytes(header).into())?;
-    let mut body = vec![0u8; len];
-    r.read_exact(&mut body).await.map_err(|e| match e.kind() {
-        io::ErrorKind::UnexpectedEof => FrameError::Truncated,
-        _ => FrameError::Io(e),
-    })?;
+    let mut body = vec![0u8; check_len(u32::from_be_bytes(header).into())?];
+    r.read_exact(&mut body).await.map_err(body_error)?;
     Ok(body)
 }
 

@@ -458,23 +458,12 @@ fn an_exec_whose_client_went_away_runs_to_its_end_and_its_retry_gets_that_answer
         br#"{"cmd":["sh","-c","echo start >> /root/log; sleep 1; echo end >> /root/log; echo done"]}"#;
     let url = format!("{}/v1/sandboxes/{id}/exec", c.url);
     let auth = format!("Bearer {}", c.admin_key);
-    let headers = [
-        ("content-type", "application/json"),
-        ("authorization", auth.as_str()),
-        ("idempotency-key", "slow-1"),
-    ];
-    // The client gives up after 300 ms and closes its connection.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let gave_up = rt.block_on(
-        space_http::HttpClient::new(std::time::Duration::from_millis(300)).call(
-            hyper::Method::POST,
-            &url,
-            &headers,
-            bytes::Bytes::from_static(body),
-        ),
+    let gave_up = support::post_within(
+        &url,
+        &auth,
+        body,
+        &[("idempotency-key", "slow-1")],
+        std::time::Duration::from_millis(300),
     );
     assert!(matches!(gave_up, Err(space_http::CallError::Timeout)));
     let retry = support::http_with(&url, &auth, body, &[("idempotency-key", "slow-1")]);
@@ -502,21 +491,12 @@ fn a_migration_whose_client_went_away_still_finishes() {
             .success()
     );
     // The client gives up after 30 ms, well inside the migration, and disconnects.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let auth = format!("Bearer {}", c.admin_key);
-    let gave_up = rt.block_on(
-        space_http::HttpClient::new(std::time::Duration::from_millis(30)).call(
-            hyper::Method::POST,
-            &format!("{}/v1/sandboxes/{id}/migrate", c.url),
-            &[
-                ("authorization", auth.as_str()),
-                ("content-type", "application/json"),
-            ],
-            bytes::Bytes::from_static(br#"{"worker":"w2"}"#),
-        ),
+    let gave_up = support::post_within(
+        &format!("{}/v1/sandboxes/{id}/migrate", c.url),
+        &format!("Bearer {}", c.admin_key),
+        br#"{"worker":"w2"}"#,
+        &[],
+        std::time::Duration::from_millis(30),
     );
     assert!(matches!(gave_up, Err(space_http::CallError::Timeout)));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);

@@ -343,26 +343,31 @@ pub fn http(method: &str, url: &str, auth: Option<&str>, body: &[u8]) -> (u16, V
 
 /// A POST with extra headers.
 pub fn http_with(url: &str, auth: &str, body: &[u8], extra: &[(&str, &str)]) -> (u16, Vec<u8>) {
+    let a = post_within(url, auth, body, extra, Duration::from_secs(60)).unwrap();
+    (a.status.as_u16(), a.body.to_vec())
+}
+
+/// A JSON POST whose client gives up (and disconnects) after `limit`.
+pub fn post_within(
+    url: &str,
+    auth: &str,
+    body: &[u8],
+    extra: &[(&str, &str)],
+    limit: Duration,
+) -> Result<space_http::Answer, space_http::CallError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(async {
-        let client = space_http::HttpClient::new(Duration::from_secs(60));
-        let mut headers = vec![
-            ("content-type", "application/json"),
-            ("authorization", auth),
-        ];
-        headers.extend_from_slice(extra);
-        let a = client
-            .call(
-                hyper::Method::POST,
-                url,
-                &headers,
-                bytes::Bytes::copy_from_slice(body),
-            )
-            .await
-            .unwrap();
-        (a.status.as_u16(), a.body.to_vec())
-    })
+    let mut headers = vec![
+        ("content-type", "application/json"),
+        ("authorization", auth),
+    ];
+    headers.extend_from_slice(extra);
+    rt.block_on(space_http::HttpClient::new(limit).call(
+        hyper::Method::POST,
+        url,
+        &headers,
+        bytes::Bytes::copy_from_slice(body),
+    ))
 }
