@@ -479,25 +479,60 @@ impl<S: Read + Write> AgentConnection<S> {
 }
 
 #[cfg(feature = "tokio")]
+impl<S: tokio::io::AsyncWrite + Unpin> AgentConnection<S> {
+    /// [`AgentConnection::send_request`] on an asynchronous stream.
+    pub async fn send_request_async(&mut self, op: Operation) -> Result<RequestId, ClientError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let frame = frame::frame_bytes(&codec::encode(&ClientFrame::Request(Request { id, op })))?;
+        write_async(&mut self.stream, &frame).await?;
+        Ok(id)
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl<S: tokio::io::AsyncRead + Unpin> AgentConnection<S> {
+    /// [`AgentConnection::next_answer`] on an asynchronous stream.
+    pub async fn next_answer_async(&mut self, id: RequestId) -> Result<AgentBody, ClientError> {
+        let frame = frame::read_frame_async(&mut self.stream).await?;
+        self.answer(id, &frame)
+    }
+}
+
+#[cfg(feature = "tokio")]
 impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> AgentConnection<S> {
     /// Runs `call` to its final answer on an asynchronous stream. Dropping the future
     /// part-way leaves the connection in an unknown state: drop the connection too.
     pub async fn run_async<T>(&mut self, mut call: Call<T>) -> Result<T, ClientError> {
-        use tokio::io::AsyncWriteExt;
         let (id, frames) = self.start(&mut call)?;
-        self.stream
-            .write_all(&frames)
-            .await
-            .map_err(FrameError::Io)?;
-        self.stream.flush().await.map_err(FrameError::Io)?;
+        write_async(&mut self.stream, &frames).await?;
         loop {
-            let frame = frame::read_frame_async(&mut self.stream).await?;
-            let body = self.answer(id, &frame)?;
+            let body = self.next_answer_async(id).await?;
             if let Some(out) = call.feed(id, body)? {
                 return Ok(out);
             }
         }
     }
+}
+
+/// Writes whole frames to an asynchronous stream.
+#[cfg(feature = "tokio")]
+pub async fn write_async(
+    w: &mut (impl tokio::io::AsyncWrite + Unpin),
+    frames: &[u8],
+) -> Result<(), ClientError> {
+    use tokio::io::AsyncWriteExt;
+    w.write_all(frames).await.map_err(FrameError::Io)?;
+    w.flush().await.map_err(FrameError::Io)?;
+    Ok(())
+}
+
+/// The frame carrying `input` for request `id` (for a writer that sends input on its
+/// own, apart from the connection reading the answers).
+pub fn input_frame(id: RequestId, input: Input) -> Result<Vec<u8>, ClientError> {
+    Ok(frame::frame_bytes(&codec::encode(&ClientFrame::Input(
+        InputFrame { id, input },
+    )))?)
 }
 
 impl ExecSpec {

@@ -953,6 +953,49 @@ mod streams {
     }
 
     #[test]
+    fn closing_a_terminal_ends_its_shell_in_the_sandbox() {
+        if !super::can_run_jails() {
+            return;
+        }
+        let c = Cluster::start();
+        let id = c.create(&[]);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut term = open(&c, &format!("/v1/sandboxes/{id}/terminal")).await;
+            term.send(Message::Binary(
+                b"echo $$ > /root/shell; echo saved-$((2*3))\n"
+                    .to_vec()
+                    .into(),
+            ))
+            .await
+            .unwrap();
+            let mut seen = String::new();
+            until(&mut term, |m| {
+                if let Message::Binary(b) = m {
+                    seen.push_str(&String::from_utf8_lossy(b));
+                }
+                seen.contains("saved-6")
+            })
+            .await;
+            term.close(None).await.unwrap();
+        });
+        // The shell's process is gone soon after (the worker closed its connection, the
+        // agent ended the process group).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let out = c.cli(&["exec", &id, "--", "sh", "-c", "kill -0 $(cat /root/shell)"]);
+            if out.status.code() == Some(1) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the shell outlived its terminal");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    #[test]
     fn terminal_and_watch_stream_through_the_edge_and_end_when_the_execution_is_retired() {
         if !super::can_run_jails() {
             return;

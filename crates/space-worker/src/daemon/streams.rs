@@ -6,8 +6,6 @@
 //! and output stop at once and the client gets close code 4001 "execution replaced".
 //! A bridge drop ends the stream; nothing reattaches silently.
 
-use std::io::Write;
-use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
@@ -15,12 +13,11 @@ use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use space_identity::Access;
-use space_proto::client::AgentConnection;
+use space_proto::client::{self, AgentConnection};
 use space_proto::guest::{
-    AgentBody, ClientFrame, ExecSpec, ExitOutcome, Input, InputFrame, Operation, PtySize,
-    RequestId, WatchEvent,
+    AgentBody, ExecSpec, ExitOutcome, Input, Operation, PtySize, RequestId, WatchEvent,
 };
-use space_proto::{codec, frame};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 
 use super::node_api::{Rejection, admit_stream};
@@ -186,54 +183,85 @@ pub async fn exec_stream(
 /// Close code for a malformed stream request.
 pub const CLOSE_BAD_REQUEST: u16 = 4000;
 
-/// A stream's agent side: the request it runs and a writer for its input.
+/// A stream's agent side: the request it runs, a writer for its input, and the task
+/// reading its answers (no thread: the connection is non-blocking).
 struct Opened {
     id: RequestId,
-    writer: UnixStream,
+    writer: OwnedWriteHalf,
     output: mpsc::Receiver<Out>,
+    reader: Reader,
 }
 
-/// Opens a dedicated connection, starts `op`, and spawns the thread that reads its
-/// answers.
+/// The reader task, stopped when the stream ends however it ends: with the writer
+/// dropped too, the connection is closed.
+struct Reader(tokio::task::JoinHandle<()>);
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Opens a dedicated connection (its checks and handshake on the blocking pool),
+/// starts `op`, and spawns the task that reads its answers.
 async fn open(slot: &Arc<Slot>, op: Operation) -> Result<Opened, Rejection> {
     let Some(pool) = slot.pool.clone() else {
         return Err(super::node_api::not_running());
     };
     let watch = matches!(op, Operation::Watch { .. });
-    let started = tokio::task::spawn_blocking(move || {
-        let mut conn = pool.dedicated().map_err(|e| e.to_string())?;
-        let id = conn.send_request(op).map_err(|e| e.to_string())?;
-        // The first answer tells whether the operation started.
-        let first = conn.next_answer(id).map_err(|e| e.to_string())?;
-        let writer = conn.stream_mut().try_clone().map_err(|e| e.to_string())?;
-        Ok::<_, String>((conn, id, first, writer))
-    })
-    .await
-    .map_err(|e| super::node_api::bad_gateway(e.to_string()))?
-    .map_err(super::node_api::bad_gateway)?;
-    let (conn, id, first, writer) = started;
+    let bad = |e: String| super::node_api::bad_gateway(e);
+    let conn = tokio::task::spawn_blocking(move || pool.dedicated())
+        .await
+        .map_err(|e| bad(e.to_string()))?
+        .map_err(|e| bad(e.to_string()))?;
+    let mut conn = conn
+        .map_stream(|s| {
+            s.set_nonblocking(true)?;
+            tokio::net::UnixStream::from_std(s)
+        })
+        .map_err(|e| bad(e.to_string()))?;
+    let id = conn
+        .send_request_async(op)
+        .await
+        .map_err(|e| bad(e.to_string()))?;
+    // The first answer tells whether the operation started.
+    let first = conn
+        .next_answer_async(id)
+        .await
+        .map_err(|e| bad(e.to_string()))?;
     match (&first, watch) {
         (AgentBody::Started { .. }, false) | (AgentBody::WatchStarted, true) => {}
         (AgentBody::Error(e), _) => return Err(Box::new(super::node_api::agent_error(e))),
-        (other, _) => {
-            return Err(super::node_api::bad_gateway(format!(
-                "unexpected {other:?}"
-            )));
-        }
+        (other, _) => return Err(bad(format!("unexpected {other:?}"))),
     }
+    let mut writer = None;
+    let conn = conn
+        .map_stream(|s| {
+            let (read, write) = s.into_split();
+            writer = Some(write);
+            Ok::<_, std::convert::Infallible>(read)
+        })
+        .unwrap_or_else(|never| match never {});
+    let writer = writer.ok_or_else(|| bad("split".into()))?;
     let (tx, output) = mpsc::channel(64);
-    std::thread::Builder::new()
-        .name("stream-reader".into())
-        .spawn(move || read_answers(conn, id, &tx))
-        .map_err(|e| super::node_api::bad_gateway(e.to_string()))?;
-    Ok(Opened { id, writer, output })
+    let reader = Reader(tokio::spawn(read_answers(conn, id, tx)));
+    Ok(Opened {
+        id,
+        writer,
+        output,
+        reader,
+    })
 }
 
 /// Forwards the agent's answers until the request ends or the connection breaks.
 /// The bounded channel applies backpressure to the agent.
-fn read_answers(mut conn: AgentConnection, id: RequestId, tx: &mpsc::Sender<Out>) {
+async fn read_answers(
+    mut conn: AgentConnection<OwnedReadHalf>,
+    id: RequestId,
+    tx: mpsc::Sender<Out>,
+) {
     loop {
-        let out = match conn.next_answer(id) {
+        let out = match conn.next_answer_async(id).await {
             Ok(AgentBody::Stdout(b)) => Out::Data(b),
             Ok(AgentBody::Stderr(b)) => Out::Stderr(b),
             Ok(AgentBody::WatchEvent(e)) => Out::Text(event_json(&e).to_string()),
@@ -251,7 +279,7 @@ fn read_answers(mut conn: AgentConnection, id: RequestId, tx: &mpsc::Sender<Out>
             Err(e) => Out::End(CLOSE_BACKEND_GONE, format!("backend connection ended: {e}")),
         };
         let end = matches!(out, Out::End(..));
-        if tx.blocking_send(out).is_err() || end {
+        if tx.send(out).await.is_err() || end {
             return;
         }
     }
@@ -273,10 +301,12 @@ fn event_json(e: &WatchEvent) -> serde_json::Value {
     }
 }
 
-fn send_input(writer: &mut UnixStream, id: RequestId, input: Input) -> std::io::Result<()> {
-    let body = codec::encode(&ClientFrame::Input(InputFrame { id, input }));
-    let bytes = frame::frame_bytes(&body).map_err(|e| std::io::Error::other(e.to_string()))?;
-    writer.write_all(&bytes)
+async fn send_input(
+    writer: &mut OwnedWriteHalf,
+    id: RequestId,
+    input: Input,
+) -> Result<(), client::ClientError> {
+    client::write_async(writer, &client::input_frame(id, input)?).await
 }
 
 async fn close(socket: &mut WebSocket, code: u16, reason: String) {
@@ -296,6 +326,7 @@ async fn relay(mut socket: WebSocket, slot: Arc<Slot>, opened: Opened, tagged: b
         id,
         mut writer,
         mut output,
+        reader: _reader,
     } = opened;
     let mut lease = slot.lease();
     if *lease.borrow() {
@@ -347,14 +378,14 @@ async fn relay(mut socket: WebSocket, slot: Arc<Slot>, opened: Opened, tagged: b
                     Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
                     _ => break,
                 };
-                if tokio::task::block_in_place(|| send_input(&mut writer, id, input)).is_err() {
+                if send_input(&mut writer, id, input).await.is_err() {
                     close(&mut socket, CLOSE_BACKEND_GONE, "backend connection ended".into()).await;
                     break;
                 }
             }
         }
     }
-    // Closing the connection ends the process group or the watch at the agent, and
-    // the reader thread with it.
-    let _ = writer.shutdown(std::net::Shutdown::Both);
+    // Closing the connection (both halves: the reader stops with `_reader`) ends the
+    // process group or the watch at the agent.
+    drop(writer);
 }
