@@ -67,6 +67,10 @@ pub struct ControlPlane {
 /// callers get are `ten_…`: no API key can ever act for it.
 pub const STANDBY_TENANT: &str = "_standby";
 
+/// Standby sandboxes `space up` keeps per worker unless told otherwise (`space
+/// control` keeps none by default: its operator sizes them).
+pub const STANDBY_PER_WORKER: usize = 16;
+
 /// How long after the last create the standby keeper waits before refilling.
 const STANDBY_QUIET: Duration = Duration::from_millis(300);
 

@@ -5,8 +5,9 @@
 //!   jail), sequential p50/p99, versus a direct call to a guest agent on a pooled
 //!   connection measured in the same run; and throughput with 16 concurrent clients.
 //! - P4: 50 sandbox creates at once through the public API, each ready for its first
-//!   exec when the call returns (a command runs in each afterwards): p50/p99, served by
-//!   standby sandboxes (`--standby 64`), by warm jails (the default) and with no pools.
+//!   exec when the call returns (a command runs in each afterwards): p50/p99 with the
+//!   defaults of `space up` (16 warm jails and 16 standby sandboxes per worker), with
+//!   32 warm jails per worker alone, and with no pools.
 //!
 //! `cargo bench -p space --bench platform` (root); `SPACE_BENCH_ONLY=p3` stops after P3.
 
@@ -88,15 +89,15 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    // The defaults of `space up` (warm pools of 32 per worker) plus standby sandboxes
-    // for P4's burst of 50.
-    let pool = space_worker::daemon::DEFAULT_WARM_POOL.to_string();
-    let cluster = support::Cluster::start_with_env(&[
-        ("SPACE_WARM_POOL", pool.as_str()),
-        ("SPACE_STANDBY", STANDBY),
-    ]);
+    // The defaults of `space up`: warm pools of 16 jails per worker and 16 standby
+    // sandboxes per worker (the test harness turns both down; set them back).
+    let defaults = Pools {
+        warm: space_worker::daemon::DEFAULT_WARM_POOL,
+        standby: space_control::service::STANDBY_PER_WORKER * 2,
+    };
+    let cluster = defaults.start();
     // Measure on a quiet machine: the pools fill first.
-    wait_for_pools(&cluster, true);
+    wait_for_pools(&cluster, defaults);
 
     let http = HttpClient::new(Duration::from_secs(30));
     if std::env::var("SPACE_BENCH_ONLY").as_deref() != Ok("p4") {
@@ -107,16 +108,17 @@ fn main() {
     }
 
     // ---- P4 -------------------------------------------------------------------------
-    // Three ways a create can be served, each measured on full pools:
-    // - a standby sandbox claimed (one write), with `--standby 64`;
-    // - a warm jail activated on a worker (the default of `space up`);
-    // - a jail and bridge launched for the create (no pools).
-    let report = |name: &str, cluster: &support::Cluster, standby: bool| {
+    // Three configurations, each measured on full pools:
+    // - the defaults of `space up`: creates claim standby sandboxes (one write) and,
+    //   once those are gone, activate warm jails;
+    // - warm jails alone, 32 per worker (as many launched ahead as the defaults);
+    // - a jail and bridge launched for every create (no pools).
+    let report = |name: &str, cluster: &support::Cluster, pools: Pools| {
         let url = cluster.url.clone();
         let auth = format!("Bearer {}", cluster.admin_key);
-        wait_for_pools(cluster, standby);
+        wait_for_pools(cluster, pools);
         let burst = p4_burst(&rt, &http, &url, &auth);
-        wait_for_pools(cluster, standby);
+        wait_for_pools(cluster, pools);
         let single = p4_single(&rt, &http, &url, &auth);
         println!(
             "P4 create, 50 concurrent through the public API ({name}): min {:.1} ms, p50 {:.1} ms, p99 {:.1} ms",
@@ -130,13 +132,25 @@ fn main() {
             pct(&single, 0.99)
         );
     };
-    report("standby sandboxes", &cluster, true);
+    report(
+        "defaults: 16 warm jails and 16 standby sandboxes per worker",
+        &cluster,
+        defaults,
+    );
     drop(cluster);
-    let warm = support::Cluster::start_with_env(&[("SPACE_WARM_POOL", pool.as_str())]);
-    report("warm jails", &warm, false);
-    drop(warm);
-    let cold = support::Cluster::start_with_env(&[("SPACE_WARM_POOL", "0")]);
-    report("no pools", &cold, false);
+    let warm = Pools {
+        warm: 32,
+        standby: 0,
+    };
+    let cluster = warm.start();
+    report("32 warm jails per worker, no standby", &cluster, warm);
+    drop(cluster);
+    let none = Pools {
+        warm: 0,
+        standby: 0,
+    };
+    let cluster = none.start();
+    report("no pools", &cluster, none);
 }
 
 /// P3, P5 (in place and migrate), P6 and P8 on `cluster`.
@@ -488,20 +502,34 @@ async fn sequential(
     times
 }
 
-/// Standby sandboxes the benchmark's first cluster keeps (more than P4's burst).
-const STANDBY: &str = "64";
+/// What a cluster keeps launched ahead of demand.
+#[derive(Clone, Copy)]
+struct Pools {
+    /// Warm jails per worker.
+    warm: usize,
+    /// Standby sandboxes in all.
+    standby: usize,
+}
 
-/// Waits until the workers' warm pools are full and, with `standby`, the standby
-/// sandboxes are ready (twice, a keeper tick apart, so a refill under way is seen).
-fn wait_for_pools(cluster: &support::Cluster, standby: bool) {
-    let n = space_worker::daemon::DEFAULT_WARM_POOL;
-    let want: f64 = STANDBY.parse().expect("standby");
+impl Pools {
+    fn start(self) -> support::Cluster {
+        let (warm, standby) = (self.warm.to_string(), self.standby.to_string());
+        support::Cluster::start_with_env(&[
+            ("SPACE_WARM_POOL", warm.as_str()),
+            ("SPACE_STANDBY", standby.as_str()),
+        ])
+    }
+}
+
+/// Waits until the workers' warm pools are full and the standby sandboxes are ready
+/// (twice, a keeper tick apart, so a refill under way is seen).
+fn wait_for_pools(cluster: &support::Cluster, pools: Pools) {
     for _ in 0..2 {
-        if cluster.worker_metric("w1", "space_worker_warm_ready") as usize > 0 {
-            cluster.wait_for_warm_pools(n);
+        if pools.warm > 0 {
+            cluster.wait_for_warm_pools(pools.warm);
         }
         let deadline = Instant::now() + Duration::from_secs(120);
-        while standby && cluster.control_metric("space_control_standby_ready") < want {
+        while cluster.control_metric("space_control_standby_ready") < pools.standby as f64 {
             assert!(
                 Instant::now() < deadline,
                 "standby sandboxes did not fill up"

@@ -92,9 +92,18 @@ pub struct UpArgs {
     #[arg(long, env = "SPACE_WARM_POOL", default_value_t = space_worker::daemon::DEFAULT_WARM_POOL)]
     pub warm_pool: usize,
     /// Sandboxes kept running, unowned, for creates to claim: a create without its own
-    /// environment or worker then costs one write (0 turns it off).
-    #[arg(long, env = "SPACE_STANDBY", default_value_t = 0)]
-    pub standby: usize,
+    /// environment or worker then costs one write (0 turns it off) [default: 16 per
+    /// worker].
+    #[arg(long, env = "SPACE_STANDBY")]
+    pub standby: Option<usize>,
+}
+
+impl UpArgs {
+    /// Standby sandboxes to keep: as asked, or 16 per worker.
+    pub fn standby(&self) -> usize {
+        self.standby
+            .unwrap_or(space_control::service::STANDBY_PER_WORKER * self.workers as usize)
+    }
 }
 
 /// `space control`.
@@ -326,5 +335,34 @@ fn main() -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::from(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn up(args: &[&str]) -> UpArgs {
+        let argv = ["space", "up"].iter().chain(args).copied();
+        match Cli::try_parse_from(argv).expect("parses").command {
+            Command::Up(a) => a,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn space_up_keeps_warm_jails_and_standby_sandboxes_per_worker_unless_told_otherwise() {
+        if std::env::var_os("SPACE_STANDBY").is_some()
+            || std::env::var_os("SPACE_WARM_POOL").is_some()
+        {
+            eprintln!("SKIPPED: SPACE_STANDBY / SPACE_WARM_POOL set in the environment");
+            return;
+        }
+        let a = up(&[]);
+        assert_eq!((a.warm_pool, a.standby()), (16, 32));
+        assert_eq!(up(&["--workers", "3"]).standby(), 48);
+        let off = up(&["--standby", "0", "--warm-pool", "0"]);
+        assert_eq!((off.warm_pool, off.standby()), (0, 0));
+        assert_eq!(up(&["--workers", "1", "--standby", "5"]).standby(), 5);
     }
 }

@@ -38,7 +38,9 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
         listen: a.listen,
         data_dir: data_dir.clone(),
         database_url: None,
-        standby: a.standby,
+        standby: a
+            .standby
+            .unwrap_or(space_control::service::STANDBY_PER_WORKER * a.workers as usize),
     })
     .await?;
     let url = format!("http://{}", handle.addr);

@@ -61,8 +61,10 @@ pub struct WorkerConfig {
     pub warm_pool: usize,
 }
 
-/// Default size of the warm pool: enough for a burst of 32 creates per worker.
-pub const DEFAULT_WARM_POOL: usize = 32;
+/// Default size of the warm pool per worker. With the standby sandboxes `space up`
+/// keeps (16 per worker), two workers serve a burst of 50 creates from what was
+/// launched ahead: 64 jails, as many as 32 warm jails per worker alone.
+pub const DEFAULT_WARM_POOL: usize = 16;
 
 impl WorkerConfig {
     /// Checks the settings.

@@ -89,6 +89,8 @@ impl Cluster {
             // Transitions a crash interrupted are finished quickly in tests.
             .env("SPACE_RECONCILE_AFTER_SECS", "1")
             .env("SPACE_WARM_POOL", TEST_WARM_POOL)
+            // No standby sandboxes unless a test asks: creates stay where tests put them.
+            .env("SPACE_STANDBY", "0")
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
