@@ -138,19 +138,14 @@ fn main() {
         defaults,
     );
     drop(cluster);
-    let warm = Pools {
-        warm: 32,
-        standby: 0,
-    };
-    let cluster = warm.start();
-    report("32 warm jails per worker, no standby", &cluster, warm);
-    drop(cluster);
-    let none = Pools {
-        warm: 0,
-        standby: 0,
-    };
-    let cluster = none.start();
-    report("no pools", &cluster, none);
+    for (name, warm) in [
+        ("32 warm jails per worker, no standby", 32),
+        ("no pools", 0),
+    ] {
+        let pools = Pools { warm, standby: 0 };
+        let cluster = pools.start();
+        report(name, &cluster, pools);
+    }
 }
 
 /// P3, P5 (in place and migrate), P6 and P8 on `cluster`.

@@ -945,6 +945,13 @@ mod streams {
         }
     }
 
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
     fn close_code(m: &Message) -> Option<u16> {
         match m {
             Message::Close(Some(f)) => Some(f.code.into()),
@@ -959,10 +966,7 @@ mod streams {
         }
         let c = Cluster::start();
         let id = c.create(&[]);
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         rt.block_on(async {
             let mut term = open(&c, &format!("/v1/sandboxes/{id}/terminal")).await;
             term.send(Message::Binary(
@@ -1002,10 +1006,7 @@ mod streams {
         }
         let c = Cluster::start();
         let id = c.create(&[]);
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         rt.block_on(async {
             let mut term = open(&c, &format!("/v1/sandboxes/{id}/terminal?rows=30&cols=100")).await;
             term.send(Message::Binary(b"echo hello-$((6*7)); stty size\n".to_vec().into()))
@@ -1048,10 +1049,7 @@ mod streams {
         }
         let c = Cluster::start();
         let id = c.create(&["--worker", "w1"]);
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         rt.block_on(async {
             let mut term = open(&c, &format!("/v1/sandboxes/{id}/terminal")).await;
             // Output that would go on forever if the old shell were still attached.
@@ -1117,10 +1115,7 @@ mod streams {
             .unwrap()
             .replacen("http", "ws", 1);
         let auth = format!("SpaceCap {}", cap["token"].as_str().unwrap());
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         rt.block_on(async {
             let mut sockets = Vec::new();
             for path in ["terminal", "watch?path=/root"] {
@@ -1151,10 +1146,7 @@ mod streams {
         }
         let c = Cluster::start();
         let id = c.create(&[]);
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         rt.block_on(async {
             let mut s = open(&c, &format!("/v1/sandboxes/{id}/exec/stream")).await;
             let req =
