@@ -38,9 +38,7 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
         listen: a.listen,
         data_dir: data_dir.clone(),
         database_url: None,
-        standby: a
-            .standby
-            .unwrap_or(space_control::service::STANDBY_PER_WORKER * a.workers as usize),
+        standby: a.standby(),
     })
     .await?;
     let url = format!("http://{}", handle.addr);
