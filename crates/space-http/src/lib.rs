@@ -166,7 +166,7 @@ impl HttpClient {
                 match exchange(&mut conn, request()?).await {
                     Ok((answer, reusable)) => {
                         if reusable {
-                            self.checkin(peer.clone(), conn);
+                            self.checkin(&peer, conn);
                         }
                         return Ok(answer);
                     }
@@ -194,14 +194,17 @@ impl HttpClient {
         None
     }
 
-    fn checkin(&self, peer: String, mut conn: Conn) {
+    fn checkin(&self, peer: &str, mut conn: Conn) {
         conn.idle_since = Instant::now();
         let Ok(mut pool) = self.idle.lock() else {
             return;
         };
-        let list = pool.peers.entry(peer).or_default();
-        if list.len() < MAX_IDLE_PER_PEER {
-            list.push(conn);
+        match pool.peers.get_mut(peer) {
+            Some(list) if list.len() < MAX_IDLE_PER_PEER => list.push(conn),
+            Some(_) => {}
+            None => {
+                pool.peers.insert(peer.to_owned(), vec![conn]);
+            }
         }
         // At most once a second: close what idled too long, for every peer.
         if pool.swept.elapsed() >= Duration::from_secs(1).min(self.idle_for) {
@@ -286,7 +289,7 @@ async fn exchange(c: &mut Conn, req: Request<Full<Bytes>>) -> Result<(Answer, bo
             work: std::pin::pin!(work),
             conn: &mut *conn,
             ended: false,
-            wakes: Arc::default(),
+            wakes: WakeFlag::new(),
         }
         .await
     };
@@ -304,7 +307,7 @@ struct Together<'a, W> {
     conn: &'a mut Connection<TokioIo<TcpStream>, Full<Bytes>>,
     /// The connection future completed (closed or failed).
     ended: bool,
-    wakes: Arc<WakeFlag>,
+    wakes: (Arc<WakeFlag>, Waker),
 }
 
 /// A waker that notes wakes arriving while its task is being polled here, and passes
@@ -314,6 +317,15 @@ struct WakeFlag {
     polling: std::sync::atomic::AtomicBool,
     woken: std::sync::atomic::AtomicBool,
     task: Mutex<Option<Waker>>,
+}
+
+impl WakeFlag {
+    /// A flag and the waker that sets it (made once per exchange, not per poll).
+    fn new() -> (Arc<Self>, Waker) {
+        let flag = Arc::new(Self::default());
+        let waker = Waker::from(Arc::clone(&flag));
+        (flag, waker)
+    }
 }
 
 impl std::task::Wake for WakeFlag {
@@ -339,27 +351,27 @@ impl<W: Future<Output = Result<Answer, Failure>>> Future for Together<'_, W> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         use std::sync::atomic::Ordering::SeqCst;
         let this = &mut *self;
-        if let Ok(mut task) = this.wakes.task.lock() {
+        let (wakes, waker) = &this.wakes;
+        if let Ok(mut task) = wakes.task.lock() {
             if !task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
                 *task = Some(cx.waker().clone());
             }
         }
-        let waker = Waker::from(Arc::clone(&this.wakes));
-        let mut inner = Context::from_waker(&waker);
+        let mut inner = Context::from_waker(waker);
         // Bounded: a pair that keeps waking each other yields to the scheduler.
         for _ in 0..64 {
-            this.wakes.woken.store(false, SeqCst);
-            this.wakes.polling.store(true, SeqCst);
+            wakes.woken.store(false, SeqCst);
+            wakes.polling.store(true, SeqCst);
             if !this.ended && Pin::new(&mut *this.conn).poll(&mut inner).is_ready() {
                 // The request future fails next, with what happened.
                 this.ended = true;
             }
             let answer = this.work.as_mut().poll(&mut inner);
-            this.wakes.polling.store(false, SeqCst);
+            wakes.polling.store(false, SeqCst);
             if let Poll::Ready(a) = answer {
                 return Poll::Ready((a, this.ended));
             }
-            if !this.wakes.woken.load(SeqCst) {
+            if !wakes.woken.load(SeqCst) {
                 return Poll::Pending;
             }
         }

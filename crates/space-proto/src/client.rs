@@ -359,16 +359,19 @@ impl<S> AgentConnection<S> {
                 what: "a call started twice".into(),
             });
         };
-        let id = self.next_id;
-        self.next_id += 1;
-        let mut out =
-            frame::frame_bytes(&codec::encode(&ClientFrame::Request(Request { id, op })))?;
+        let (id, mut out) = self.request_frame(op)?;
         for input in std::mem::take(&mut call.inputs) {
-            out.extend(frame::frame_bytes(&codec::encode(&ClientFrame::Input(
-                InputFrame { id, input },
-            )))?);
+            out.extend(input_frame(id, input)?);
         }
         Ok((id, out))
+    }
+
+    /// The frame starting `op` under a fresh request id.
+    fn request_frame(&mut self, op: Operation) -> Result<(RequestId, Vec<u8>), ClientError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let frame = frame::frame_bytes(&codec::encode(&ClientFrame::Request(Request { id, op })))?;
+        Ok((id, frame))
     }
 
     /// Decodes an answer frame meant for request `id`. An answer from another execution
@@ -395,17 +398,22 @@ impl<S: Read + Write> AgentConnection<S> {
     /// Starts an operation and returns its id. Read its answers with
     /// [`AgentConnection::next_answer`] until one [`AgentBody::is_final`].
     pub fn send_request(&mut self, op: Operation) -> Result<RequestId, ClientError> {
-        let id = self.next_id;
-        self.next_id += 1;
-        let body = codec::encode(&ClientFrame::Request(Request { id, op }));
-        frame::write_frame(&mut self.stream, &body)?;
+        let (id, frame) = self.request_frame(op)?;
+        self.write(&frame)?;
         Ok(id)
     }
 
     /// Sends input to the running request `id`.
     pub fn send_input(&mut self, id: RequestId, input: Input) -> Result<(), ClientError> {
-        let body = codec::encode(&ClientFrame::Input(InputFrame { id, input }));
-        frame::write_frame(&mut self.stream, &body)?;
+        self.write(&input_frame(id, input)?)
+    }
+
+    /// Writes whole frames.
+    fn write(&mut self, frames: &[u8]) -> Result<(), ClientError> {
+        self.stream
+            .write_all(frames)
+            .and_then(|()| self.stream.flush())
+            .map_err(FrameError::Io)?;
         Ok(())
     }
 
@@ -419,10 +427,7 @@ impl<S: Read + Write> AgentConnection<S> {
     /// Runs `call` to its final answer.
     pub fn run<T>(&mut self, mut call: Call<T>) -> Result<T, ClientError> {
         let (id, frames) = self.start(&mut call)?;
-        self.stream
-            .write_all(&frames)
-            .and_then(|()| self.stream.flush())
-            .map_err(FrameError::Io)?;
+        self.write(&frames)?;
         loop {
             let body = self.next_answer(id)?;
             if let Some(out) = call.feed(id, body)? {
@@ -482,9 +487,7 @@ impl<S: Read + Write> AgentConnection<S> {
 impl<S: tokio::io::AsyncWrite + Unpin> AgentConnection<S> {
     /// [`AgentConnection::send_request`] on an asynchronous stream.
     pub async fn send_request_async(&mut self, op: Operation) -> Result<RequestId, ClientError> {
-        let id = self.next_id;
-        self.next_id += 1;
-        let frame = frame::frame_bytes(&codec::encode(&ClientFrame::Request(Request { id, op })))?;
+        let (id, frame) = self.request_frame(op)?;
         write_async(&mut self.stream, &frame).await?;
         Ok(id)
     }

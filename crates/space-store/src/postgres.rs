@@ -360,8 +360,7 @@ impl PgStore {
         standby: &str,
         claim: &crate::Claim,
     ) -> Result<Option<SandboxRecord>, StoreError> {
-        let metadata = serde_json::to_string(&claim.metadata)
-            .map_err(|e| StoreError::Backend(format!("metadata does not serialize: {e}")))?;
+        let metadata = rows::to_json("metadata", &claim.metadata)?;
         let q = sql::claim_standby(rows::SANDBOX_COLUMNS, "FOR UPDATE SKIP LOCKED");
         let params: Params = &[
             &standby,

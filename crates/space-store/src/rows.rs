@@ -147,9 +147,14 @@ pub(crate) fn signing_key(r: &impl Cols) -> Result<SigningKeyRecord, StoreError>
 
 /// Sandbox metadata and environment as the JSON text both databases store.
 pub(crate) fn sandbox_json(s: &SandboxRecord) -> Result<(String, String), StoreError> {
-    let metadata = serde_json::to_string(&s.metadata)
-        .map_err(|e| StoreError::Backend(format!("metadata does not serialize: {e}")))?;
-    let env = serde_json::to_string(&s.env)
-        .map_err(|e| StoreError::Backend(format!("environment does not serialize: {e}")))?;
-    Ok((metadata, env))
+    Ok((
+        to_json("metadata", &s.metadata)?,
+        to_json("environment", &s.env)?,
+    ))
+}
+
+/// A JSON column's text; `what` names it in the error.
+pub(crate) fn to_json(what: &str, value: &impl serde::Serialize) -> Result<String, StoreError> {
+    serde_json::to_string(value)
+        .map_err(|e| StoreError::Backend(format!("{what} does not serialize: {e}")))
 }

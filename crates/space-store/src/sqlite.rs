@@ -551,8 +551,7 @@ impl SqliteStore {
         standby: &str,
         claim: &crate::Claim,
     ) -> Result<Option<SandboxRecord>, StoreError> {
-        let metadata = serde_json::to_string(&claim.metadata)
-            .map_err(|e| StoreError::Backend(format!("metadata does not serialize: {e}")))?;
+        let metadata = rows::to_json("metadata", &claim.metadata)?;
         let (standby, c2) = (standby.to_owned(), claim.clone());
         self.call(move |c| {
             let q = sql::claim_standby(rows::SANDBOX_COLUMNS, "");

@@ -184,16 +184,6 @@ impl<S> BridgePool<S> {
     }
 }
 
-impl BridgePool<UnixStream> {
-    /// An idle connection, or a new verified one.
-    pub fn take(&self) -> Result<AgentConnection<UnixStream>, BridgeClientError> {
-        match self.idle() {
-            Some(conn) => Ok(conn),
-            None => connect(&self.target),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

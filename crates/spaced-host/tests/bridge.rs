@@ -40,12 +40,14 @@ fn operations_through_the_bridge_reach_the_recorded_execution() {
 fn pooled_connection_is_reused_for_the_same_execution() {
     let sbx = Sandbox::start();
     let pool = BridgePool::new(sbx.target.clone(), 4);
-    let mut c = pool.take().unwrap();
+    assert!(pool.idle().is_none());
+    let mut c = connect(pool.target()).unwrap();
     c.stat("/").unwrap();
     pool.give_back(c);
-    let mut again = pool.take().unwrap();
+    let mut again = pool.idle().expect("the connection given back");
     again.stat("/").unwrap();
     assert_eq!(again.identity(), pool.served());
+    assert!(pool.idle().is_none(), "taken out, not copied");
 }
 
 #[test]
