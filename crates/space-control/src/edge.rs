@@ -12,9 +12,8 @@ use std::time::Duration;
 use axum::http::{HeaderMap, Method, StatusCode};
 use bytes::Bytes;
 use space_identity::{
-    Access, AccessSet, AfterRefresh, Execution, Generation, OperationClass, Placement, Progress,
-    Purpose, Recovery, RecoveryError, RecoveryStep, RefreshReason, Route, RouteCache,
-    RouteIdentity, SandboxId, Timestamp,
+    Access, AccessSet, AfterRefresh, OperationClass, Progress, Purpose, Recovery, RecoveryError,
+    RecoveryStep, RefreshReason, Route, RouteCache, RouteIdentity, SandboxId, Timestamp,
 };
 use space_proto::api::{CapabilityResponse, ErrorBody};
 
@@ -85,22 +84,6 @@ pub struct Forwarded {
     pub execution: Option<String>,
     /// Body.
     pub body: Bytes,
-}
-
-fn route_of(c: &CapabilityResponse) -> Route {
-    Route {
-        sandbox: c.route.sandbox,
-        execution: Execution {
-            generation: Generation(c.route.generation),
-            id: c.route.execution_id,
-        },
-        placement: Placement {
-            worker: c.route.worker.clone(),
-            substrate: c.route.substrate,
-            activation: c.route.activation,
-            pod_uid: c.route.pod_uid,
-        },
-    }
 }
 
 impl Edge {
@@ -382,7 +365,7 @@ impl Edge {
 /// The route a capability names and the grant to present it with (shared by every
 /// request that hits the cache, so a hit copies no strings).
 fn grant_of(caller: &Caller, cap: CapabilityResponse) -> (Route, Arc<Grant>) {
-    let route = route_of(&cap);
+    let route = cap.route.route();
     let grant = Grant {
         authorization: format!("SpaceCap {}", cap.token),
         worker_url: cap.route.worker_url,

@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use space_identity::{
-    Access, ExecutionId, PodUid, Protocol, Purpose, SandboxId, Substrate, WorkerId,
+    Access, Execution, ExecutionId, Generation, Placement, PodUid, Protocol, Purpose, Route,
+    SandboxId, Substrate, WorkerId,
 };
 
 /// Error body of every hop: `{"error": code, "message": text}`, plus the comparator's
@@ -203,6 +204,25 @@ pub struct RouteView {
     pub pod_uid: Option<PodUid>,
     /// The worker's node-api base URL (direct mode).
     pub worker_url: String,
+}
+
+impl RouteView {
+    /// The route it names, as the route cache and recovery rules compare it.
+    pub fn route(&self) -> Route {
+        Route {
+            sandbox: self.sandbox,
+            execution: Execution {
+                generation: Generation(self.generation),
+                id: self.execution_id,
+            },
+            placement: Placement {
+                worker: self.worker.clone(),
+                substrate: self.substrate,
+                activation: self.activation,
+                pod_uid: self.pod_uid,
+            },
+        }
+    }
 }
 
 /// A capability as handed to a client.

@@ -171,27 +171,21 @@ fn p3_to_p8(rt: &tokio::runtime::Runtime, cluster: &support::Cluster) {
         .expect("runtime");
     let seq_http = HttpClient::new(Duration::from_secs(30));
     let read_url = format!("{url}/v1/sandboxes/{id}/files?path=/root/4k.bin");
-    let e2e: Vec<Duration> = seq.block_on(async {
-        let h = [("authorization", auth.as_str())];
-        for _ in 0..200 {
-            seq_http
-                .call(hyper::Method::GET, &read_url, &h, Bytes::new())
-                .await
-                .expect("warm");
-        }
-        let mut times = Vec::with_capacity(2000);
-        for _ in 0..2000 {
-            let t = Instant::now();
-            let a = seq_http
-                .call(hyper::Method::GET, &read_url, &h, Bytes::new())
-                .await
-                .expect("read");
-            times.push(t.elapsed());
-            assert_eq!(a.body.len(), 4096, "status {}", a.status);
-        }
-        times
-    });
-    let mut e2e = e2e;
+    // More reads (for a profile): `SPACE_BENCH_P3_READS`.
+    let reads = std::env::var("SPACE_BENCH_P3_READS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(2000);
+    let read = seq.block_on(seq_http.call(
+        hyper::Method::GET,
+        &read_url,
+        &[("authorization", auth.as_str())],
+        Bytes::new(),
+    ));
+    assert_eq!(read.expect("read").body.len(), 4096);
+    eprintln!("P3: {reads} reads through the edge");
+    let mut e2e = seq.block_on(sequential(&seq_http, &read_url, &auth, reads));
+    eprintln!("P3: {reads} reads in direct mode");
     e2e.sort();
     let (e2e_p50, e2e_p99) = (pct(&e2e, 0.5), pct(&e2e, 0.99));
     // The same read in direct mode: a capability straight to the worker's node-api.
@@ -216,20 +210,7 @@ fn p3_to_p8(rt: &tokio::runtime::Runtime, cluster: &support::Cluster) {
         cap["route"]["worker_url"].as_str().expect("url")
     );
     let spacecap = format!("SpaceCap {}", cap["token"].as_str().expect("token"));
-    let mut direct_mode: Vec<Duration> = seq.block_on(async {
-        let h = [("authorization", spacecap.as_str())];
-        let mut times = Vec::with_capacity(2000);
-        for _ in 0..2000 {
-            let t = Instant::now();
-            let a = seq_http
-                .call(hyper::Method::GET, &worker_read, &h, Bytes::new())
-                .await
-                .expect("read");
-            times.push(t.elapsed());
-            assert_eq!(a.body.len(), 4096, "status {}", a.status);
-        }
-        times
-    });
+    let mut direct_mode = seq.block_on(sequential(&seq_http, &worker_read, &spacecap, reads));
     direct_mode.sort();
     println!(
         "P3 4 KiB read, direct agent (pooled): p50 {direct_p50:.3} ms, p99 {direct_p99:.3} ms"
@@ -489,10 +470,10 @@ async fn sequential(
             .call(hyper::Method::GET, target, h, Bytes::new())
             .await
             .expect("get");
+        assert_eq!(a.status, 200, "{target}");
         if i >= 200 {
             times.push(t.elapsed());
         }
-        assert_eq!(a.status, 200, "{target}");
     }
     times
 }

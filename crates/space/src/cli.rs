@@ -99,17 +99,7 @@ fn parse_env(pairs: &[String]) -> Result<serde_json::Map<String, serde_json::Val
     Ok(env)
 }
 
-pub(crate) fn encode_query(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~' | b'/') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
+pub(crate) use space_client::encode_query;
 
 /// Prints rows as aligned columns.
 fn table(headers: &[&str], rows: &[Vec<String>]) {

@@ -1,0 +1,674 @@
+//! The Rust SDK of SPACE.
+//!
+//! A [`Client`] holds the edge's URL and an API key. Lifecycle calls (create, get, list,
+//! delete, pause, resume, migrate) go to the edge. Sandbox-scoped operations (exec and
+//! files) go, by default, straight to the worker that serves the sandbox — **direct
+//! mode**: the client asks the edge for a capability once, caches the route it names
+//! until shortly before it expires, and sends each operation to that worker's node-api
+//! with `Authorization: SpaceCap …`. The worker admits every request against its own
+//! record of the execution, exactly as it does for the edge, so direct mode gives up no
+//! check; it only takes the edge's hop off the path.
+//!
+//! A worker that no longer serves the execution a capability names answers 421
+//! (RefreshRoute). The client then follows `IDENTITY.md` §4 as the edge does, with the
+//! same pure rules (`space_identity::Recovery`, `RouteCache`): one resolve per sandbox
+//! at a time (concurrent operations share it), one rebuilt attempt for an eligible
+//! operation, the cache entry replaced only if it still names the rejected route. A
+//! Deny (403) is surfaced and never retried. Exec, write and remove carry an
+//! idempotency key, so the one retry after a transport failure cannot run them twice.
+//!
+//! [`Options::direct`] `false` sends every operation through the edge instead (for
+//! clients that cannot reach the workers).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), space_client::Error> {
+//! let client = space_client::Client::new("http://127.0.0.1:7070", "space_…");
+//! let sandbox = client.create_sandbox(&Default::default()).await?;
+//! let out = client.exec(&sandbox.id, &space_client::exec(["echo", "hi"])).await?;
+//! assert_eq!(out.stdout, "hi\n");
+//! client.write_file(&sandbox.id, "/root/a.txt", "data").await?;
+//! let data = client.read_file(&sandbox.id, "/root/a.txt").await?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use hyper::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+use space_http::{Answer, CallError, HttpClient};
+use space_identity::{
+    AfterRefresh, OperationClass, Progress, Recovery, RecoveryError, RefreshReason, Route,
+    RouteCache, RouteIdentity, SandboxId, Timestamp, WorkerId,
+};
+use space_proto::api::{CapabilityResponse, ErrorBody};
+pub use space_proto::api::{
+    CreateSandbox, ExecRequest, ExecResponse, FileEntry, Sandbox, SandboxState,
+};
+
+/// Why a call failed.
+#[derive(Debug)]
+pub enum Error {
+    /// The platform answered with an error: `{"error", "message", "reason"?}`.
+    Api {
+        /// HTTP status.
+        status: StatusCode,
+        /// Stable code (`not_found`, `deny`, `refresh_route`, …).
+        code: String,
+        /// Human-readable text.
+        message: String,
+        /// The identity check's reason code, for `deny` and `refresh_route`.
+        reason: Option<String>,
+    },
+    /// No complete answer came back.
+    Transport(CallError),
+    /// The operation was not repeated on a new route: the route changed again after
+    /// the one rebuilt attempt, or a mutation may already have run at an execution
+    /// that is gone.
+    Route(RecoveryError),
+    /// An answer that is not what the API promises.
+    Decode(String),
+}
+
+impl Error {
+    /// The HTTP status of an API error.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            Self::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// The stable code of an API error.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            Self::Api { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Api {
+                status,
+                code,
+                message,
+                reason,
+            } => {
+                write!(f, "{message} ({code}, {}", status.as_u16())?;
+                match reason {
+                    Some(r) => write!(f, ", reason {r})"),
+                    None => f.write_str(")"),
+                }
+            }
+            Self::Transport(e) => write!(f, "{e}"),
+            Self::Route(e) => write!(f, "{e}"),
+            Self::Decode(e) => write!(f, "unexpected answer: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<CallError> for Error {
+    fn from(e: CallError) -> Self {
+        Self::Transport(e)
+    }
+}
+
+/// How a [`Client`] talks to the platform.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Send exec and file operations straight to the sandbox's worker (the default),
+    /// or through the edge.
+    pub direct: bool,
+    /// Longest wait for one answer (an exec waits for its command).
+    pub timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            direct: true,
+            timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// A client of one SPACE installation. Cheap to clone; clones share connections and
+/// the route cache.
+#[derive(Clone, Debug)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// The edge's base URL, without a trailing `/`.
+    url: String,
+    /// `Bearer <api key>`.
+    bearer: String,
+    http: HttpClient,
+    direct: bool,
+    routes: Mutex<RouteCache<Arc<Grant>>>,
+    /// One async lock per sandbox, so concurrent refreshes share one resolve.
+    resolving: Mutex<HashMap<SandboxId, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// What a cached route is used with.
+#[derive(Debug)]
+struct Grant {
+    /// `SpaceCap <token>`.
+    authorization: String,
+    /// The worker's node-api base URL.
+    worker_url: String,
+}
+
+/// Access a direct-mode capability asks for: what this client sends to workers.
+const ACCESS: &str = r#"{"access":["exec","fs_read","fs_write"],"purpose":"control"}"#;
+
+/// Ask for a new capability this long before the cached one expires.
+const RENEW_MARGIN_SECS: u64 = 10;
+
+/// Routes cached at most (one per sandbox used).
+const ROUTES: usize = 10_000;
+
+/// An [`ExecRequest`] running `argv`.
+pub fn exec<I, S>(argv: I) -> ExecRequest
+where
+    I: IntoIterator<Item = S>,
+    S: Into<String>,
+{
+    ExecRequest {
+        cmd: argv.into_iter().map(Into::into).collect(),
+        ..ExecRequest::default()
+    }
+}
+
+/// `s` as a URL query value (unreserved characters and `/` kept, the rest
+/// percent-encoded).
+pub fn encode_query(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~' | b'/') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+impl Client {
+    /// A client of the edge at `url` (`http://host:port`) with `api_key`, in direct
+    /// mode.
+    pub fn new(url: &str, api_key: &str) -> Self {
+        Self::with_options(url, api_key, Options::default())
+    }
+
+    /// A client with `options`.
+    pub fn with_options(url: &str, api_key: &str, options: Options) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                url: url.trim_end_matches('/').to_owned(),
+                bearer: format!("Bearer {api_key}"),
+                http: HttpClient::new(options.timeout),
+                direct: options.direct,
+                routes: Mutex::new(RouteCache::new(ROUTES)),
+                resolving: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    // ---- lifecycle (edge) -------------------------------------------------------------
+
+    /// Creates a sandbox.
+    pub async fn create_sandbox(&self, req: &CreateSandbox) -> Result<Sandbox, Error> {
+        decode(&self.edge_json(Method::POST, "/v1/sandboxes", req).await?)
+    }
+
+    /// One sandbox.
+    pub async fn sandbox(&self, id: &SandboxId) -> Result<Sandbox, Error> {
+        let a = self
+            .edge(
+                Method::GET,
+                &format!("/v1/sandboxes/{id}"),
+                None,
+                Bytes::new(),
+            )
+            .await?;
+        decode(&a)
+    }
+
+    /// The caller's sandboxes.
+    pub async fn sandboxes(&self) -> Result<Vec<Sandbox>, Error> {
+        decode(
+            &self
+                .edge(Method::GET, "/v1/sandboxes", None, Bytes::new())
+                .await?,
+        )
+    }
+
+    /// Stops and deletes a sandbox.
+    pub async fn delete_sandbox(&self, id: &SandboxId) -> Result<(), Error> {
+        self.edge(
+            Method::DELETE,
+            &format!("/v1/sandboxes/{id}"),
+            None,
+            Bytes::new(),
+        )
+        .await?;
+        if let Ok(mut routes) = self.inner.routes.lock() {
+            if let Some(e) = routes.get(id, now()) {
+                let identity = e.route.identity();
+                routes.remove_if_current(&identity);
+            }
+        }
+        Ok(())
+    }
+
+    /// Freezes a sandbox in place.
+    pub async fn pause(&self, id: &SandboxId) -> Result<Sandbox, Error> {
+        let path = format!("/v1/sandboxes/{id}/pause");
+        decode(&self.edge(Method::POST, &path, None, Bytes::new()).await?)
+    }
+
+    /// Resumes a paused sandbox, where it was or (as a new execution) on `worker`.
+    pub async fn resume(
+        &self,
+        id: &SandboxId,
+        worker: Option<&WorkerId>,
+    ) -> Result<Sandbox, Error> {
+        let body = serde_json::json!({ "worker": worker });
+        let path = format!("/v1/sandboxes/{id}/resume");
+        decode(&self.edge_json(Method::POST, &path, &body).await?)
+    }
+
+    /// Moves a sandbox to `worker` as a new execution.
+    pub async fn migrate(&self, id: &SandboxId, worker: &WorkerId) -> Result<Sandbox, Error> {
+        let body = serde_json::json!({ "worker": worker });
+        let path = format!("/v1/sandboxes/{id}/migrate");
+        decode(&self.edge_json(Method::POST, &path, &body).await?)
+    }
+
+    // ---- operations (worker in direct mode) -------------------------------------------
+
+    /// Runs a command to its end.
+    pub async fn exec(&self, id: &SandboxId, req: &ExecRequest) -> Result<ExecResponse, Error> {
+        let body = serde_json::to_vec(req).map_err(|e| Error::Decode(e.to_string()))?;
+        let a = self
+            .operate(
+                id,
+                Method::POST,
+                &format!("/v1/sandboxes/{id}/exec"),
+                Some("application/json"),
+                Bytes::from(body),
+                mutation(),
+            )
+            .await?;
+        decode(&a)
+    }
+
+    /// A file's bytes.
+    pub async fn read_file(&self, id: &SandboxId, path: &str) -> Result<Bytes, Error> {
+        let a = self
+            .operate(
+                id,
+                Method::GET,
+                &files(id, "files", path),
+                None,
+                Bytes::new(),
+                OperationClass::Read,
+            )
+            .await?;
+        Ok(a.body)
+    }
+
+    /// Writes a file, replacing what was there (its directory must exist).
+    pub async fn write_file(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        data: impl Into<Bytes>,
+    ) -> Result<(), Error> {
+        self.operate(
+            id,
+            Method::PUT,
+            &files(id, "files", path),
+            Some("application/octet-stream"),
+            data.into(),
+            mutation(),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// A directory's entries.
+    pub async fn list_files(&self, id: &SandboxId, path: &str) -> Result<Vec<FileEntry>, Error> {
+        let a = self
+            .operate(
+                id,
+                Method::GET,
+                &files(id, "files/list", path),
+                None,
+                Bytes::new(),
+                OperationClass::Read,
+            )
+            .await?;
+        decode(&a)
+    }
+
+    /// Removes a file or a directory with what is in it.
+    pub async fn remove_file(&self, id: &SandboxId, path: &str) -> Result<(), Error> {
+        self.operate(
+            id,
+            Method::DELETE,
+            &files(id, "files", path),
+            None,
+            Bytes::new(),
+            mutation(),
+        )
+        .await
+        .map(drop)
+    }
+
+    // ---- the two paths ----------------------------------------------------------------
+
+    /// One call to the edge; an error status becomes [`Error::Api`].
+    async fn edge(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        extra: Option<&[(&str, &str)]>,
+        body: Bytes,
+    ) -> Result<Answer, Error> {
+        let mut h = vec![("authorization", self.inner.bearer.as_str())];
+        h.extend_from_slice(extra.unwrap_or_default());
+        let url = format!("{}{path_and_query}", self.inner.url);
+        let a = self.inner.http.call(method, &url, &h, body).await?;
+        if a.status.is_success() {
+            Ok(a)
+        } else {
+            Err(api_error(&a))
+        }
+    }
+
+    async fn edge_json(
+        &self,
+        method: Method,
+        path: &str,
+        body: &impl serde::Serialize,
+    ) -> Result<Answer, Error> {
+        let body = serde_json::to_vec(body).map_err(|e| Error::Decode(e.to_string()))?;
+        let h = [("content-type", "application/json")];
+        self.edge(method, path, Some(&h), Bytes::from(body)).await
+    }
+
+    /// A sandbox-scoped operation: through the edge, or to the worker with recovery.
+    async fn operate(
+        &self,
+        sandbox: &SandboxId,
+        method: Method,
+        path_and_query: &str,
+        content_type: Option<&str>,
+        body: Bytes,
+        class: OperationClass,
+    ) -> Result<Answer, Error> {
+        let key = matches!(
+            class,
+            OperationClass::Mutation {
+                idempotency_key: true
+            }
+        )
+        .then(idempotency_key);
+        let mut extra: Vec<(&str, &str)> = Vec::with_capacity(2);
+        if let Some(ct) = content_type {
+            extra.push(("content-type", ct));
+        }
+        if let Some(k) = &key {
+            extra.push(("idempotency-key", k));
+        }
+        if !self.inner.direct {
+            return self.edge(method, path_and_query, Some(&extra), body).await;
+        }
+        let (mut route, mut grant) = self.route_for(sandbox).await?;
+        let mut recovery = Recovery::new(class);
+        loop {
+            let mut h = vec![("authorization", grant.authorization.as_str())];
+            h.extend_from_slice(&extra);
+            let url = format!("{}{path_and_query}", grant.worker_url);
+            let answer = match self
+                .inner
+                .http
+                .call(method.clone(), &url, &h, body.clone())
+                .await
+            {
+                Ok(a) => a,
+                Err(e) => {
+                    let progress = match e {
+                        CallError::Connect(_) => Progress::NotStarted,
+                        _ => Progress::Started,
+                    };
+                    if recovery.on_transport_failure(progress).is_err() {
+                        return Err(Error::Transport(e));
+                    }
+                    if progress == Progress::NotStarted {
+                        // Nothing reached the worker. It may have restarted under a new
+                        // address: resolve afresh and try once more.
+                        self.forget(&route.identity());
+                        (route, grant) = self.fresh(sandbox).await?;
+                    }
+                    continue;
+                }
+            };
+            match answer.status {
+                StatusCode::MISDIRECTED_REQUEST => {
+                    let reason = error_body(&answer)
+                        .and_then(|e| e.reason)
+                        .and_then(|r| r.parse().ok())
+                        .unwrap_or(RefreshReason::NotRunning);
+                    let used = route.identity();
+                    recovery
+                        .on_refresh(used.clone(), reason, Progress::NotStarted)
+                        .map_err(Error::Route)?;
+                    let (r, g) = self.repair(sandbox, &used).await?;
+                    recovery.on_resolved(&r.identity()).map_err(Error::Route)?;
+                    (route, grant) = (r, g);
+                }
+                StatusCode::FORBIDDEN => {
+                    self.forget(&route.identity());
+                    return Err(api_error(&answer));
+                }
+                s if s.is_success() => return Ok(answer),
+                _ => return Err(api_error(&answer)),
+            }
+        }
+    }
+
+    // ---- routes -----------------------------------------------------------------------
+
+    /// The cached route of `sandbox`, or a new capability from the edge.
+    async fn route_for(&self, sandbox: &SandboxId) -> Result<(Route, Arc<Grant>), Error> {
+        let hit = self.inner.routes.lock().ok().and_then(|r| {
+            r.get(sandbox, now())
+                .map(|e| (e.route.clone(), e.value.clone()))
+        });
+        match hit {
+            Some(hit) => Ok(hit),
+            None => self.fresh(sandbox).await,
+        }
+    }
+
+    /// A new capability, cached until shortly before it expires.
+    async fn fresh(&self, sandbox: &SandboxId) -> Result<(Route, Arc<Grant>), Error> {
+        let cap = self.authorize(sandbox).await?;
+        let until = Timestamp::from_unix_secs(cap.expires_at.saturating_sub(RENEW_MARGIN_SECS));
+        let (route, grant) = grant_of(cap);
+        if let Ok(mut routes) = self.inner.routes.lock() {
+            routes.insert(route.clone(), grant.clone(), until, now());
+        }
+        Ok((route, grant))
+    }
+
+    /// After a RefreshRoute on `rejected`: one resolve per sandbox at a time; later
+    /// arrivals take the repaired entry.
+    async fn repair(
+        &self,
+        sandbox: &SandboxId,
+        rejected: &RouteIdentity,
+    ) -> Result<(Route, Arc<Grant>), Error> {
+        let lock = match self.inner.resolving.lock() {
+            Ok(mut map) => {
+                if map.len() > ROUTES {
+                    map.retain(|_, l| Arc::strong_count(l) > 1);
+                }
+                Arc::clone(map.entry(*sandbox).or_default())
+            }
+            Err(_) => Arc::default(),
+        };
+        let _one_at_a_time = lock.lock().await;
+        if let Ok(routes) = self.inner.routes.lock() {
+            if let AfterRefresh::UseCurrent(e) = routes.after_refresh(rejected, now()) {
+                return Ok((e.route.clone(), e.value.clone()));
+            }
+        }
+        let cap = self.authorize(sandbox).await?;
+        let (route, grant) = grant_of(cap);
+        if let Ok(mut routes) = self.inner.routes.lock() {
+            // Only over the rejected route, keeping its expiry; an entry that expired
+            // meanwhile is authorized afresh by the next operation.
+            let _ = routes.replace_if_current(rejected, route.clone(), grant.clone(), now());
+        }
+        Ok((route, grant))
+    }
+
+    fn forget(&self, route: &RouteIdentity) {
+        if let Ok(mut routes) = self.inner.routes.lock() {
+            routes.remove_if_current(route);
+        }
+    }
+
+    /// A capability for the current execution of `sandbox`, from the edge.
+    async fn authorize(&self, sandbox: &SandboxId) -> Result<CapabilityResponse, Error> {
+        let h = [("content-type", "application/json")];
+        let a = self
+            .edge(
+                Method::POST,
+                &format!("/v1/sandboxes/{sandbox}/capabilities"),
+                Some(&h),
+                Bytes::from_static(ACCESS.as_bytes()),
+            )
+            .await?;
+        decode(&a)
+    }
+}
+
+fn grant_of(cap: CapabilityResponse) -> (Route, Arc<Grant>) {
+    let route = cap.route.route();
+    let grant = Grant {
+        authorization: format!("SpaceCap {}", cap.token),
+        worker_url: cap.route.worker_url,
+    };
+    (route, Arc::new(grant))
+}
+
+fn mutation() -> OperationClass {
+    OperationClass::Mutation {
+        idempotency_key: true,
+    }
+}
+
+fn files(id: &SandboxId, what: &str, path: &str) -> String {
+    format!("/v1/sandboxes/{id}/{what}?path={}", encode_query(path))
+}
+
+fn now() -> Timestamp {
+    Timestamp::from_unix_secs(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    )
+}
+
+/// 128 random bits, hex: the worker keeps an operation's answer under it, so a retry
+/// after a lost answer gets that answer instead of running the operation again.
+fn idempotency_key() -> String {
+    let mut bytes = [0u8; 16];
+    let mut filled = 0;
+    while filled < bytes.len() {
+        match rustix::rand::getrandom(&mut bytes[filled..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => {}
+            // getrandom(2) only fails on a kernel without it; nothing runs there.
+            Err(e) => panic!("getrandom failed: {e}"),
+        }
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn error_body(a: &Answer) -> Option<ErrorBody> {
+    serde_json::from_slice(&a.body).ok()
+}
+
+fn api_error(a: &Answer) -> Error {
+    let body = error_body(a).unwrap_or_else(|| ErrorBody {
+        error: "http".into(),
+        message: String::from_utf8_lossy(&a.body).into_owned(),
+        reason: None,
+    });
+    Error::Api {
+        status: a.status,
+        code: body.error,
+        message: body.message,
+        reason: body.reason,
+    }
+}
+
+fn decode<T: DeserializeOwned>(a: &Answer) -> Result<T, Error> {
+    serde_json::from_slice(&a.body).map_err(|e| Error::Decode(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_values_keep_paths_readable_and_encode_the_rest() {
+        assert_eq!(encode_query("/root/a-b_c.~d"), "/root/a-b_c.~d");
+        assert_eq!(encode_query("/a b&c=d?é"), "/a%20b%26c%3Dd%3F%C3%A9");
+    }
+
+    #[test]
+    fn idempotency_keys_are_fresh_128_bit_hex() {
+        let (a, b) = (idempotency_key(), idempotency_key());
+        assert_eq!(a.len(), 32);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn api_errors_keep_code_message_and_reason() {
+        let a = Answer {
+            status: StatusCode::FORBIDDEN,
+            headers: Default::default(),
+            body: Bytes::from_static(
+                br#"{"error":"deny","message":"denied","reason":"wrong_sandbox"}"#,
+            ),
+        };
+        let e = api_error(&a);
+        assert_eq!(e.status(), Some(StatusCode::FORBIDDEN));
+        assert_eq!(e.code(), Some("deny"));
+        assert_eq!(e.to_string(), "denied (deny, 403, reason wrong_sandbox)");
+        let plain = Answer {
+            status: StatusCode::BAD_GATEWAY,
+            headers: Default::default(),
+            body: Bytes::from_static(b"upstream gone"),
+        };
+        assert_eq!(api_error(&plain).to_string(), "upstream gone (http, 502)");
+    }
+}
