@@ -185,45 +185,93 @@ fn p3_to_p8(rt: &tokio::runtime::Runtime, cluster: &support::Cluster) {
     assert_eq!(read.expect("read").body.len(), 4096);
     eprintln!("P3: {reads} reads through the edge");
     let mut e2e = seq.block_on(sequential(&seq_http, &read_url, &auth, reads));
-    eprintln!("P3: {reads} reads in direct mode");
     e2e.sort();
     let (e2e_p50, e2e_p99) = (pct(&e2e, 0.5), pct(&e2e, 0.99));
-    // The same read in direct mode: a capability straight to the worker's node-api.
-    let cap: serde_json::Value = rt.block_on(async {
-        let h = [
-            ("authorization", auth.as_str()),
-            ("content-type", "application/json"),
-        ];
-        let a = http
-            .call(
-                hyper::Method::POST,
-                &format!("{url}/v1/sandboxes/{id}/capabilities"),
-                &h,
-                Bytes::from_static(br#"{"access":["fs_read"],"purpose":"control"}"#),
-            )
-            .await
-            .expect("capability");
-        serde_json::from_slice(&a.body).expect("capability json")
-    });
-    let worker_read = format!(
-        "{}/v1/sandboxes/{id}/files?path=/root/4k.bin",
-        cap["route"]["worker_url"].as_str().expect("url")
+    // The worker serving the sandbox, for its HTTP round-trip baseline.
+    let worker = cluster.sandbox(&id)["execution"]["worker"]
+        .as_str()
+        .expect("worker")
+        .to_owned();
+    let (_, worker_url) = cluster
+        .worker_urls()
+        .into_iter()
+        .find(|(w, _)| *w == worker)
+        .expect("worker url");
+    // The same read through the SDK in direct mode (`space-client`): a capability from
+    // the edge once, then straight to the worker's node-api.
+    let sdk = space_client::Client::with_options(
+        &url,
+        &cluster.admin_key,
+        space_client::Options {
+            timeout: Duration::from_secs(10),
+            ..space_client::Options::default()
+        },
     );
-    let spacecap = format!("SpaceCap {}", cap["token"].as_str().expect("token"));
-    let mut direct_mode = seq.block_on(sequential(&seq_http, &worker_read, &spacecap, reads));
+    let sandbox: SandboxId = id.parse().expect("sandbox id");
+    eprintln!("P3: {reads} reads through the SDK in direct mode");
+    let mut direct_mode: Vec<Duration> = seq.block_on(async {
+        let mut times = Vec::with_capacity(reads);
+        for i in 0..reads + 200 {
+            let t = Instant::now();
+            let data = sdk.read_file(&sandbox, "/root/4k.bin").await.expect("read");
+            if i >= 200 {
+                times.push(t.elapsed());
+            }
+            assert_eq!(data.len(), 4096);
+        }
+        times
+    });
     direct_mode.sort();
     println!(
         "P3 4 KiB read, direct agent (pooled): p50 {direct_p50:.3} ms, p99 {direct_p99:.3} ms"
     );
     println!(
-        "P3 4 KiB read, direct mode worker→bridge→agent: p50 {:.3} ms, p99 {:.3} ms",
+        "P3 4 KiB read, SDK direct mode worker→bridge→agent: p50 {:.3} ms, p99 {:.3} ms",
         pct(&direct_mode, 0.5),
         pct(&direct_mode, 0.99)
     );
     println!("P3 4 KiB read, edge→worker→bridge→agent: p50 {e2e_p50:.3} ms, p99 {e2e_p99:.3} ms");
     println!(
-        "P3 ratio p50 end-to-end / direct: {:.2}x",
+        "P3 ratio p50 through the edge / direct: {:.2}x",
         e2e_p50 / direct_p50
+    );
+    println!(
+        "P3 ratio p50 SDK direct mode / direct: {:.2}x",
+        pct(&direct_mode, 0.5) / direct_p50
+    );
+    let (sdk_ops, sdk_failed) = rt.block_on(async {
+        let until = Instant::now() + Duration::from_secs(5);
+        let mut tasks = Vec::new();
+        for _ in 0..16 {
+            let sdk = sdk.clone();
+            tasks.push(tokio::spawn(async move {
+                let (mut done, mut failed) = (0u64, Vec::new());
+                while Instant::now() < until {
+                    match sdk.read_file(&sandbox, "/root/4k.bin").await {
+                        Ok(_) => done += 1,
+                        Err(e) => failed.push(e.to_string()),
+                    }
+                }
+                (done, failed)
+            }));
+        }
+        let (mut done, mut failed) = (0, Vec::new());
+        for t in tasks {
+            let (d, f) = t.await.expect("task");
+            done += d;
+            failed.extend(f);
+        }
+        (done as f64 / 5.0, failed)
+    });
+    if !sdk_failed.is_empty() {
+        println!(
+            "P3 SDK throughput: {} reads failed, first: {}",
+            sdk_failed.len(),
+            sdk_failed[0]
+        );
+    }
+    println!(
+        "P3 throughput, 16 concurrent SDK tasks in direct mode, 4 KiB reads: {sdk_ops:.0} ops/s"
     );
 
     let ops = rt.block_on(async {
@@ -258,10 +306,7 @@ fn p3_to_p8(rt: &tokio::runtime::Runtime, cluster: &support::Cluster) {
     println!("P3 throughput, 16 concurrent clients, 4 KiB reads end to end: {ops:.0} ops/s");
     // What one HTTP round trip costs with this client: the worker's and the edge's
     // cheapest answers (no sandbox behind them).
-    let worker_health = format!(
-        "{}/healthz",
-        cap["route"]["worker_url"].as_str().expect("url")
-    );
+    let worker_health = format!("{worker_url}/healthz");
     let hops: Vec<(&str, String, &str)> = vec![
         ("worker /healthz", worker_health, ""),
         ("edge /v1/whoami", format!("{url}/v1/whoami"), auth.as_str()),

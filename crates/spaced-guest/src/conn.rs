@@ -8,7 +8,7 @@ use space_proto::codec;
 use space_proto::frame::{self, FrameError};
 use space_proto::guest::{
     self, AgentBody, AgentFrame, CONNECTION, ClientFrame, ErrorKind, HelloAck, Input, InputFrame,
-    Operation, PROTOCOL_VERSION, Request, RequestId, WireError,
+    MAX_CHUNK, Operation, PROTOCOL_VERSION, Request, RequestId, WireError,
 };
 
 use crate::server::Agent;
@@ -37,6 +37,8 @@ pub(crate) struct Conn<'a> {
     pub(crate) agent: &'a Agent,
     /// The request that finished last: input that raced with its end is dropped.
     last_finished: Option<RequestId>,
+    /// Frames of the answer under way not written yet (see [`Conn::queue`]).
+    pending: Vec<u8>,
 }
 
 impl<'a> Conn<'a> {
@@ -51,11 +53,34 @@ impl<'a> Conn<'a> {
         frame::frame_bytes(&codec::encode(&msg)).unwrap_or_default()
     }
 
-    /// Sends an answer, blocking until the socket takes it: a slow reader slows the
-    /// producer rather than growing a buffer here.
+    /// Sends an answer (after any frames queued before it), blocking until the socket
+    /// takes it: a slow reader slows the producer rather than growing a buffer here.
     pub(crate) fn send(&mut self, id: RequestId, body: AgentBody) -> Flow {
         let bytes = self.frame(id, body);
-        self.stream.write_all(&bytes).map_err(|_| End::Gone)
+        if self.pending.is_empty() {
+            return self.stream.write_all(&bytes).map_err(|_| End::Gone);
+        }
+        self.pending.extend_from_slice(&bytes);
+        self.flush()
+    }
+
+    /// Queues a frame of an answer that has more to come; it is written with the next
+    /// [`Conn::send`], or at once when a chunk's worth is queued. A small answer of
+    /// several frames (a file's data and its end, entries and their end) then leaves
+    /// in one write, and the peer is woken once for it instead of once per frame.
+    pub(crate) fn queue(&mut self, id: RequestId, body: AgentBody) -> Flow {
+        let bytes = self.frame(id, body);
+        self.pending.extend_from_slice(&bytes);
+        if self.pending.len() >= MAX_CHUNK {
+            return self.flush();
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Flow {
+        let result = self.stream.write_all(&self.pending).map_err(|_| End::Gone);
+        self.pending.clear();
+        result
     }
 
     /// Sends a final error for request `id`.
@@ -129,6 +154,7 @@ pub(crate) fn serve(stream: UnixStream, agent: &Agent) -> End {
         stream,
         agent,
         last_finished: None,
+        pending: Vec::new(),
     };
     if let Err(end) = handshake(&mut conn) {
         return end;
@@ -257,4 +283,77 @@ pub(crate) fn io_error(what: &str, e: &io::Error) -> WireError {
         },
     };
     WireError::new(kind, format!("{what}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use space_identity::{ExecutionId, SandboxId};
+    use space_proto::guest::Activation;
+
+    fn answers(peer: &mut UnixStream, n: usize) -> Vec<AgentBody> {
+        (0..n)
+            .map(|_| {
+                let body = frame::read_frame(peer).expect("frame");
+                guest::decode_agent_frame(&body).expect("agent frame").body
+            })
+            .collect()
+    }
+
+    #[test]
+    fn queued_frames_leave_with_the_next_send_or_once_a_chunk_is_queued() {
+        let activation = Activation {
+            sandbox: SandboxId::from_bytes([1; 16]),
+            generation: 1,
+            execution_id: ExecutionId::from_bytes([2; 16]),
+            activation: 1,
+            secret: [3; 32],
+        };
+        let agent = Agent::new(&activation, std::env::temp_dir(), 1);
+        let (ours, mut peer) = UnixStream::pair().expect("pair");
+        let mut conn = Conn {
+            stream: ours,
+            agent: &agent,
+            last_finished: None,
+            pending: Vec::new(),
+        };
+        let nothing_yet = |peer: &UnixStream| {
+            let mut byte = [0u8; 1];
+            peer.set_nonblocking(true).expect("nonblocking");
+            let r = (&*peer).read(&mut byte).map_err(|e| e.kind());
+            peer.set_nonblocking(false).expect("blocking");
+            r == Err(io::ErrorKind::WouldBlock)
+        };
+        // A small answer: its data waits for its end, and both leave together.
+        conn.queue(7, AgentBody::FileData(vec![1; 100]))
+            .expect("queue");
+        assert!(nothing_yet(&peer));
+        conn.send(
+            7,
+            AgentBody::ReadEnd {
+                bytes: 100,
+                truncated: false,
+            },
+        )
+        .expect("send");
+        assert_eq!(
+            answers(&mut peer, 2),
+            [
+                AgentBody::FileData(vec![1; 100]),
+                AgentBody::ReadEnd {
+                    bytes: 100,
+                    truncated: false
+                }
+            ]
+        );
+        assert!(nothing_yet(&peer));
+        // A chunk's worth does not wait: a large read streams as before.
+        conn.queue(8, AgentBody::FileData(vec![0; MAX_CHUNK]))
+            .expect("queue");
+        assert_eq!(
+            answers(&mut peer, 1),
+            [AgentBody::FileData(vec![0; MAX_CHUNK])]
+        );
+        assert!(conn.pending.is_empty());
+    }
 }

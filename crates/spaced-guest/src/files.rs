@@ -162,11 +162,11 @@ pub(crate) fn list(conn: &mut Conn<'_>, id: RequestId, path: &str) -> Flow {
             size: md.len(),
         });
         if batch.len() == LIST_BATCH {
-            conn.send(id, AgentBody::Entries(std::mem::take(&mut batch)))?;
+            conn.queue(id, AgentBody::Entries(std::mem::take(&mut batch)))?;
         }
     }
     if !batch.is_empty() {
-        conn.send(id, AgentBody::Entries(batch))?;
+        conn.queue(id, AgentBody::Entries(batch))?;
     }
     conn.send(id, AgentBody::Done)
 }
@@ -194,7 +194,7 @@ pub(crate) fn read(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return conn.send_error(id, io_error(&format!("read {path}"), &e)),
         };
-        conn.send(id, AgentBody::FileData(buf[..n].to_vec()))?;
+        conn.queue(id, AgentBody::FileData(buf[..n].to_vec()))?;
         sent += n as u64;
     }
     // One more byte tells whether the cap cut the file short.
