@@ -8,6 +8,7 @@
 //! - After a restart, re-adopts executions whose processes survived and verify, and
 //!   reports the others lost; nothing is ever served under a retired identity.
 
+pub mod agent_socket;
 pub mod launch;
 pub mod node_api;
 pub mod records;

@@ -434,11 +434,8 @@ async fn connect(pool: &AgentPool) -> Result<AgentConnection<AgentStream>, Strin
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())?;
-    conn.map_stream(|s| {
-        s.set_nonblocking(true)?;
-        AgentStream::from_std(s)
-    })
-    .map_err(|e: std::io::Error| e.to_string())
+    conn.map_stream(AgentStream::new)
+        .map_err(|e: std::io::Error| e.to_string())
 }
 
 pub(crate) fn agent_error(e: &space_proto::guest::WireError) -> Response {

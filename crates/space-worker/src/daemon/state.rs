@@ -17,8 +17,8 @@ use space_proto::guest::Activation;
 use spaced_host::BridgePool;
 
 /// A verified agent connection as the worker keeps it: non-blocking, driven by the
-/// runtime (no thread waits on an agent).
-pub type AgentStream = tokio::net::UnixStream;
+/// runtime (no thread waits on an agent), woken only when the agent has written.
+pub type AgentStream = super::agent_socket::AgentSocket;
 
 /// The worker's pool of verified connections to one execution.
 pub type AgentPool = BridgePool<AgentStream>;
