@@ -39,7 +39,10 @@ pub async fn control(a: ControlArgs) -> Result<(), String> {
         standby: a.standby,
     })
     .await?;
-    println!("control plane listening on http://{}", handle.addr);
+    say(format_args!(
+        "control plane listening on http://{}",
+        handle.addr
+    ));
     stop.await;
     handle.shutdown().await;
     Ok(())
@@ -105,7 +108,10 @@ pub async fn worker(a: WorkerArgs) -> Result<(), String> {
             };
         }
     };
-    println!("worker {} listening on http://{}", a.id, handle.addr);
+    say(format_args!(
+        "worker {} listening on http://{}",
+        a.id, handle.addr
+    ));
     stop.await;
     handle.shutdown(true).await;
     Ok(())
@@ -119,7 +125,7 @@ pub async fn edge(a: EdgeArgs) -> Result<(), String> {
         .await
         .map_err(|e| format!("listen on {}: {e}", a.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    println!("edge listening on http://{addr}");
+    say(format_args!("edge listening on http://{addr}"));
     axum_serve(listener, app).await
 }
 
@@ -130,4 +136,18 @@ async fn axum_serve(
     space_control::api::serve_until(listener, app, shutdown_signal())
         .await
         .map_err(|e| e.to_string())
+}
+
+/// A line on standard output for whoever watches a daemon. Output that goes nowhere (a
+/// pipe whose reader went away) is no reason to stop: `println!` would panic there and
+/// take the daemon down mid-way (`space up` would leave its workers running).
+pub(crate) fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout(), "{line}");
+}
+
+/// [`say`] on standard error.
+pub(crate) fn complain(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
 }

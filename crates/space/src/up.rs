@@ -12,7 +12,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
 
 use crate::UpArgs;
-use crate::daemons::{own_dir, shutdown_signal};
+use crate::daemons::{complain, own_dir, say, shutdown_signal};
 
 /// How long workers get to stop before they are killed.
 const STOP_GRACE: Duration = Duration::from_secs(20);
@@ -42,12 +42,15 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
     })
     .await?;
     let url = format!("http://{}", handle.addr);
-    println!("SPACE is up at {url}");
-    println!("admin API key: {}", handle.admin_key_path.display());
-    println!(
+    say(format_args!("SPACE is up at {url}"));
+    say(format_args!(
+        "admin API key: {}",
+        handle.admin_key_path.display()
+    ));
+    say(format_args!(
         "try: SPACE_API_KEY=$(cat {}) space sandbox create",
         handle.admin_key_path.display()
-    );
+    ));
 
     let stopping = Arc::new(AtomicBool::new(false));
     let children: Arc<Mutex<Vec<Option<Child>>>> =
@@ -80,7 +83,7 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
     }
 
     stop.await;
-    println!("stopping…");
+    say(format_args!("stopping…"));
     // No new standby sandbox while the workers go.
     handle.cp.set_standby_target(0);
     stopping.store(true, Ordering::SeqCst);
@@ -89,7 +92,7 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
         let _ = s.await;
     }
     handle.shutdown().await;
-    println!("stopped");
+    say(format_args!("stopped"));
     Ok(())
 }
 
@@ -113,7 +116,9 @@ async fn supervise(
     let exe = match std::env::current_exe() {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("worker {id}: cannot find the space executable: {e}");
+            complain(format_args!(
+                "worker {id}: cannot find the space executable: {e}"
+            ));
             return;
         }
     };
@@ -128,7 +133,7 @@ async fn supervise(
         match spawned {
             Ok(child) => children.lock().await[slot] = Some(child),
             Err(e) => {
-                eprintln!("worker {id}: cannot start: {e}");
+                complain(format_args!("worker {id}: cannot start: {e}"));
                 tokio::time::sleep(backoff).await;
                 continue;
             }
@@ -145,7 +150,7 @@ async fn supervise(
                 Ok(Some(status)) => {
                     table[slot] = None;
                     if !stopping.load(Ordering::SeqCst) {
-                        eprintln!("worker {id} exited ({status}); restarting");
+                        complain(format_args!("worker {id} exited ({status}); restarting"));
                     }
                     break;
                 }

@@ -1,0 +1,92 @@
+//! `space up` as a process: what it does with its output and its children.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::{can_run_jails, space_bin};
+
+/// PIDs of processes whose command line mentions `needle`.
+fn processes_naming(needle: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(needle) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+#[test]
+fn space_up_whose_output_goes_nowhere_still_stops_its_workers() {
+    if !can_run_jails() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let mut up = Command::new(space_bin())
+        .args([
+            "up",
+            "--listen",
+            "127.0.0.1:0",
+            "--workers",
+            "1",
+            "--warm-pool",
+            "0",
+            "--standby",
+            "0",
+            "--data-dir",
+        ])
+        .arg(&data)
+        .env("SPACE_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("space up");
+    let mut lines = BufReader::new(up.stdout.take().expect("stdout")).lines();
+    let first = lines.next().expect("a line").expect("utf-8");
+    assert!(first.starts_with("SPACE is up at "), "{first}");
+    // Whoever read its output goes away: every later line goes to a closed pipe.
+    drop(lines);
+    drop(up.stderr.take());
+    let worker_dir = data.join("workers").join("w1");
+    let needle = worker_dir.to_string_lossy().into_owned();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while processes_naming(&needle).is_empty() {
+        assert!(Instant::now() < deadline, "the worker did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stop = |up: &mut std::process::Child| {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(up.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            if let Some(status) = up.try_wait().expect("wait") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = up.kill();
+                panic!("space up did not stop");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let status = stop(&mut up);
+    let left = processes_naming(&needle);
+    for pid in &left {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    assert!(status.success(), "space up exited with {status}");
+    assert!(left.is_empty(), "worker processes left running: {left:?}");
+}
