@@ -36,8 +36,13 @@ fn random<const N: usize>() -> [u8; N] {
     out
 }
 
-/// A guest agent outside any jail, on a pooled, handshaken connection: the baseline.
-fn direct_agent_read_p50(iterations: usize) -> (f64, f64) {
+/// A guest agent outside any jail, on a pooled, handshaken connection: the baseline,
+/// from a blocking client and from an asynchronous one on `seq` (the runtime the other
+/// P3 rows are measured from). Sorted times of each.
+fn direct_agent_reads(
+    iterations: usize,
+    seq: &tokio::runtime::Runtime,
+) -> (Vec<Duration>, Vec<Duration>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let activation = Activation {
         sandbox: SandboxId::from_bytes(random()),
@@ -68,17 +73,39 @@ fn direct_agent_read_p50(iterations: usize) -> (f64, f64) {
     let mut conn = AgentConnection::handshake_verified(stream, random(), &activation.secret)
         .expect("handshake");
     let path = file.to_str().expect("utf-8");
-    let mut times = Vec::with_capacity(iterations);
+    let mut blocking = Vec::with_capacity(iterations);
     for _ in 0..iterations {
         let t = Instant::now();
         let data = conn.read_file(path, 1 << 20).expect("read");
-        times.push(t.elapsed());
+        blocking.push(t.elapsed());
         assert_eq!(data.len(), 4096);
     }
+    blocking.sort();
+    let mut asynchronous = seq.block_on(async {
+        let mut conn = conn
+            .map_stream(|s| {
+                s.set_nonblocking(true)?;
+                tokio::net::UnixStream::from_std(s)
+            })
+            .expect("non-blocking");
+        let mut times = Vec::with_capacity(iterations);
+        for i in 0..iterations + 200 {
+            let t = Instant::now();
+            let data = conn
+                .run_async(space_proto::client::Call::read_file(path, 1 << 20))
+                .await
+                .expect("read");
+            if i >= 200 {
+                times.push(t.elapsed());
+            }
+            assert_eq!(data.len(), 4096);
+        }
+        times
+    });
+    asynchronous.sort();
     let _ = child.kill();
     let _ = child.wait();
-    times.sort();
-    (pct(&times, 0.5), pct(&times, 0.99))
+    (blocking, asynchronous)
 }
 
 fn main() {
@@ -160,7 +187,6 @@ fn p3_to_p8(rt: &tokio::runtime::Runtime, cluster: &support::Cluster) {
             .status
             .success()
     );
-    let (direct_p50, direct_p99) = direct_agent_read_p50(2000);
     let http = HttpClient::new(Duration::from_secs(30));
     // Sequential timings run on a one-thread runtime with its own client, as the direct
     // baseline runs on one thread: the measuring client's own wake-ups then do not
@@ -170,6 +196,8 @@ fn p3_to_p8(rt: &tokio::runtime::Runtime, cluster: &support::Cluster) {
         .build()
         .expect("runtime");
     let seq_http = HttpClient::new(Duration::from_secs(30));
+    let (direct, direct_async) = direct_agent_reads(2000, &seq);
+    let (direct_p50, direct_p99) = (pct(&direct, 0.5), pct(&direct, 0.99));
     let read_url = format!("{url}/v1/sandboxes/{id}/files?path=/root/4k.bin");
     // More reads (for a profile): `SPACE_BENCH_P3_READS`.
     let reads = std::env::var("SPACE_BENCH_P3_READS")
@@ -223,7 +251,12 @@ fn p3_to_p8(rt: &tokio::runtime::Runtime, cluster: &support::Cluster) {
     });
     direct_mode.sort();
     println!(
-        "P3 4 KiB read, direct agent (pooled): p50 {direct_p50:.3} ms, p99 {direct_p99:.3} ms"
+        "P3 4 KiB read, direct agent (pooled, blocking client): p50 {direct_p50:.3} ms, p99 {direct_p99:.3} ms"
+    );
+    println!(
+        "P3 4 KiB read, direct agent (pooled, async client as below): p50 {:.3} ms, p99 {:.3} ms",
+        pct(&direct_async, 0.5),
+        pct(&direct_async, 0.99)
     );
     println!(
         "P3 4 KiB read, SDK direct mode worker→bridge→agent: p50 {:.3} ms, p99 {:.3} ms",
@@ -231,13 +264,16 @@ fn p3_to_p8(rt: &tokio::runtime::Runtime, cluster: &support::Cluster) {
         pct(&direct_mode, 0.99)
     );
     println!("P3 4 KiB read, edge→worker→bridge→agent: p50 {e2e_p50:.3} ms, p99 {e2e_p99:.3} ms");
+    let direct_async_p50 = pct(&direct_async, 0.5);
     println!(
-        "P3 ratio p50 through the edge / direct: {:.2}x",
-        e2e_p50 / direct_p50
+        "P3 ratio p50 through the edge / direct: {:.2}x (async client {:.2}x)",
+        e2e_p50 / direct_p50,
+        e2e_p50 / direct_async_p50
     );
     println!(
-        "P3 ratio p50 SDK direct mode / direct: {:.2}x",
-        pct(&direct_mode, 0.5) / direct_p50
+        "P3 ratio p50 SDK direct mode / direct: {:.2}x (async client {:.2}x)",
+        pct(&direct_mode, 0.5) / direct_p50,
+        pct(&direct_mode, 0.5) / direct_async_p50
     );
     let (sdk_ops, sdk_failed) = rt.block_on(async {
         let until = Instant::now() + Duration::from_secs(5);
