@@ -46,14 +46,22 @@ fn on(worker: &str) -> CreateSandbox {
     }
 }
 
-#[test]
-fn direct_mode_runs_exec_and_files_on_the_worker_without_the_edge() {
+/// A cluster, an admin's client in direct mode and a runtime; `None` (the test skips)
+/// where jails cannot run.
+fn start() -> Option<(Cluster, Client, tokio::runtime::Runtime)> {
     if !can_run_jails() {
-        return;
+        return None;
     }
     let c = Cluster::start();
     let client = Client::new(&c.url, &c.admin_key);
-    let rt = runtime();
+    Some((c, client, runtime()))
+}
+
+#[test]
+fn direct_mode_runs_exec_and_files_on_the_worker_without_the_edge() {
+    let Some((c, client, rt)) = start() else {
+        return;
+    };
     rt.block_on(async {
         let s = client.create_sandbox(&on("w1")).await.expect("create");
         let id = s.id;
@@ -163,12 +171,9 @@ fn direct_mode_runs_exec_and_files_on_the_worker_without_the_edge() {
 
 #[test]
 fn direct_mode_follows_a_migration_and_a_resume_elsewhere_with_one_shared_resolve() {
-    if !can_run_jails() {
+    let Some((c, client, rt)) = start() else {
         return;
-    }
-    let c = Cluster::start();
-    let client = Client::new(&c.url, &c.admin_key);
-    let rt = runtime();
+    };
     rt.block_on(async {
         let s = client.create_sandbox(&on("w1")).await.expect("create");
         let id = s.id;
@@ -233,13 +238,10 @@ fn direct_mode_follows_a_migration_and_a_resume_elsewhere_with_one_shared_resolv
 
 #[test]
 fn another_tenants_sandbox_is_refused_and_unknown_ones_are_not_found() {
-    if !can_run_jails() {
+    let Some((c, admin, rt)) = start() else {
         return;
-    }
-    let c = Cluster::start();
-    let rt = runtime();
+    };
     rt.block_on(async {
-        let admin = Client::new(&c.url, &c.admin_key);
         let mine = admin.create_sandbox(&on("w1")).await.expect("create");
         admin
             .write_file(&mine.id, "/root/mine.txt", "mine")
