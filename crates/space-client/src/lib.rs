@@ -33,6 +33,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -158,6 +159,18 @@ struct Inner {
     routes: Mutex<RouteCache<Arc<Grant>>>,
     /// One async lock per sandbox, so concurrent refreshes share one resolve.
     resolving: Mutex<HashMap<SandboxId, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// What one attempt on a route gave.
+enum Attempt<T> {
+    /// The operation's outcome (an error here is not about the route).
+    Done(Result<T, Error>),
+    /// 421: the route is stale (the worker's error body).
+    Refresh(Option<ErrorBody>),
+    /// 403: refused for good.
+    Denied(Error),
+    /// No complete answer, at this progress.
+    Failed(Error, Progress),
 }
 
 /// What a cached route is used with.
@@ -436,26 +449,59 @@ impl Client {
         if !self.inner.direct {
             return self.edge(method, path_and_query, Some(&extra), body).await;
         }
+        let extra = &extra;
+        self.on_route(sandbox, class, |grant| {
+            let (method, body) = (method.clone(), body.clone());
+            async move {
+                let mut h = vec![("authorization", grant.authorization.as_str())];
+                h.extend_from_slice(extra);
+                let url = format!("{}{path_and_query}", grant.worker_url);
+                match self.inner.http.call(method, &url, &h, body).await {
+                    Ok(a) => match a.status {
+                        StatusCode::MISDIRECTED_REQUEST => Attempt::Refresh(error_body(&a)),
+                        StatusCode::FORBIDDEN => Attempt::Denied(api_error(&a)),
+                        s if s.is_success() => Attempt::Done(Ok(a)),
+                        _ => Attempt::Done(Err(api_error(&a))),
+                    },
+                    Err(e) => {
+                        let progress = match e {
+                            CallError::Connect(_) => Progress::NotStarted,
+                            _ => Progress::Started,
+                        };
+                        Attempt::Failed(Error::Transport(e), progress)
+                    }
+                }
+            }
+        })
+        .await
+    }
+
+    /// Runs `attempt` on the route of `sandbox` with the recovery rules: after a
+    /// RefreshRoute one (shared) resolve and one rebuilt attempt; a Deny surfaced and
+    /// the route dropped; after a transport failure that allows it, one more try (on a
+    /// route resolved afresh when nothing reached the worker).
+    async fn on_route<T, F, Fut>(
+        &self,
+        sandbox: &SandboxId,
+        class: OperationClass,
+        mut attempt: F,
+    ) -> Result<T, Error>
+    where
+        F: FnMut(Arc<Grant>) -> Fut,
+        Fut: Future<Output = Attempt<T>>,
+    {
         let (mut route, mut grant) = self.route_for(sandbox).await?;
         let mut recovery = Recovery::new(class);
         loop {
-            let mut h = vec![("authorization", grant.authorization.as_str())];
-            h.extend_from_slice(&extra);
-            let url = format!("{}{path_and_query}", grant.worker_url);
-            let answer = match self
-                .inner
-                .http
-                .call(method.clone(), &url, &h, body.clone())
-                .await
-            {
-                Ok(a) => a,
-                Err(e) => {
-                    let progress = match e {
-                        CallError::Connect(_) => Progress::NotStarted,
-                        _ => Progress::Started,
-                    };
+            match attempt(Arc::clone(&grant)).await {
+                Attempt::Done(result) => return result,
+                Attempt::Denied(e) => {
+                    self.forget(&route.identity());
+                    return Err(e);
+                }
+                Attempt::Failed(e, progress) => {
                     if recovery.on_transport_failure(progress).is_err() {
-                        return Err(Error::Transport(e));
+                        return Err(e);
                     }
                     if progress == Progress::NotStarted {
                         // Nothing reached the worker. It may have restarted under a new
@@ -463,12 +509,9 @@ impl Client {
                         self.forget(&route.identity());
                         (route, grant) = self.fresh(sandbox).await?;
                     }
-                    continue;
                 }
-            };
-            match answer.status {
-                StatusCode::MISDIRECTED_REQUEST => {
-                    let reason = error_body(&answer)
+                Attempt::Refresh(body) => {
+                    let reason = body
                         .and_then(|e| e.reason)
                         .and_then(|r| r.parse().ok())
                         .unwrap_or(RefreshReason::NotRunning);
@@ -480,12 +523,6 @@ impl Client {
                     recovery.on_resolved(&r.identity()).map_err(Error::Route)?;
                     (route, grant) = (r, g);
                 }
-                StatusCode::FORBIDDEN => {
-                    self.forget(&route.identity());
-                    return Err(api_error(&answer));
-                }
-                s if s.is_success() => return Ok(answer),
-                _ => return Err(api_error(&answer)),
             }
         }
     }
