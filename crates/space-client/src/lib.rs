@@ -38,6 +38,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
 use hyper::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use space_http::{Answer, CallError, HttpClient};
@@ -49,6 +50,11 @@ use space_proto::api::{CapabilityResponse, ErrorBody};
 pub use space_proto::api::{
     CreateSandbox, ExecRequest, ExecResponse, FileEntry, Sandbox, SandboxState,
 };
+use tokio_tungstenite::MaybeTlsStream;
+use tokio_tungstenite::tungstenite::Error as WsError;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 
 /// Why a call failed.
 #[derive(Debug)]
@@ -72,6 +78,8 @@ pub enum Error {
     Route(RecoveryError),
     /// An answer that is not what the API promises.
     Decode(String),
+    /// A stream could not be opened, or ended abnormally.
+    Stream(String),
 }
 
 impl Error {
@@ -110,6 +118,7 @@ impl fmt::Display for Error {
             Self::Transport(e) => write!(f, "{e}"),
             Self::Route(e) => write!(f, "{e}"),
             Self::Decode(e) => write!(f, "unexpected answer: {e}"),
+            Self::Stream(e) => write!(f, "stream: {e}"),
         }
     }
 }
@@ -183,7 +192,7 @@ struct Grant {
 }
 
 /// Access a direct-mode capability asks for: what this client sends to workers.
-const ACCESS: &str = r#"{"access":["exec","fs_read","fs_write"],"purpose":"control"}"#;
+const ACCESS: &str = r#"{"access":["exec","fs_read","fs_write","watch"],"purpose":"control"}"#;
 
 /// Ask for a new capability this long before the cached one expires.
 const RENEW_MARGIN_SECS: u64 = 10;
@@ -388,6 +397,72 @@ impl Client {
         )
         .await
         .map(drop)
+    }
+
+    // ---- streams ----------------------------------------------------------------------
+
+    /// Runs a command and streams its output as it is produced.
+    pub async fn exec_stream(
+        &self,
+        id: &SandboxId,
+        req: &ExecRequest,
+    ) -> Result<ExecStream, Error> {
+        let spec = serde_json::to_string(req).map_err(|e| Error::Decode(e.to_string()))?;
+        let mut socket = self
+            .open_stream(id, &format!("/v1/sandboxes/{id}/exec/stream"))
+            .await?;
+        socket
+            .send(Message::Text(spec.into()))
+            .await
+            .map_err(|e| Error::Stream(e.to_string()))?;
+        Ok(ExecStream { socket })
+    }
+
+    /// Streams changes under `path` (one JSON event each) until dropped.
+    pub async fn watch(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        recursive: bool,
+    ) -> Result<WatchStream, Error> {
+        let path = encode_query(path);
+        let socket = self
+            .open_stream(
+                id,
+                &format!("/v1/sandboxes/{id}/watch?path={path}&recursive={recursive}"),
+            )
+            .await?;
+        Ok(WatchStream { socket })
+    }
+
+    /// Opens a WebSocket at `path_and_query`: on the sandbox's worker (with recovery:
+    /// a refused upgrade is an HTTP answer like any other) or through the edge.
+    async fn open_stream(
+        &self,
+        sandbox: &SandboxId,
+        path_and_query: &str,
+    ) -> Result<Socket, Error> {
+        if !self.inner.direct {
+            let url = format!("{}{path_and_query}", self.inner.url);
+            // The edge recovers on its side; whatever it answers is final here.
+            return match connect(&url, &self.inner.bearer).await {
+                Attempt::Done(r) => r,
+                Attempt::Denied(e) | Attempt::Failed(e, _) => Err(e),
+                Attempt::Refresh(body) => Err(Error::Api {
+                    status: StatusCode::MISDIRECTED_REQUEST,
+                    code: "refresh_route".into(),
+                    message: body
+                        .as_ref()
+                        .map_or_else(String::new, |b| b.message.clone()),
+                    reason: body.and_then(|b| b.reason),
+                }),
+            };
+        }
+        self.on_route(sandbox, OperationClass::StreamOpen, |grant| async move {
+            let url = format!("{}{path_and_query}", grant.worker_url);
+            connect(&url, &grant.authorization).await
+        })
+        .await
     }
 
     // ---- the two paths ----------------------------------------------------------------
@@ -603,6 +678,127 @@ impl Client {
             .await?;
         decode(&a)
     }
+}
+
+type Socket = tokio_tungstenite::WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// One WebSocket connection attempt to `url` (`http://…`) with `authorization`.
+async fn connect(url: &str, authorization: &str) -> Attempt<Socket> {
+    let bad = |e: String| Attempt::Done(Err(Error::Stream(e)));
+    let mut req = match url.replacen("http", "ws", 1).into_client_request() {
+        Ok(r) => r,
+        Err(e) => return bad(format!("bad url {url}: {e}")),
+    };
+    match authorization.parse() {
+        Ok(v) => {
+            req.headers_mut().insert("authorization", v);
+        }
+        Err(_) => return bad("the credential is not a header value".into()),
+    }
+    match tokio_tungstenite::connect_async(req).await {
+        Ok((socket, _)) => Attempt::Done(Ok(socket)),
+        Err(WsError::Http(resp)) => {
+            let body = resp.body().as_deref().unwrap_or_default();
+            let answer = Answer {
+                status: resp.status(),
+                headers: Default::default(),
+                body: Bytes::copy_from_slice(body),
+            };
+            match answer.status {
+                StatusCode::MISDIRECTED_REQUEST => Attempt::Refresh(error_body(&answer)),
+                StatusCode::FORBIDDEN => Attempt::Denied(api_error(&answer)),
+                _ => Attempt::Done(Err(api_error(&answer))),
+            }
+        }
+        // Nothing reached the worker.
+        Err(WsError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            Attempt::Failed(Error::Stream(e.to_string()), Progress::NotStarted)
+        }
+        Err(e) => Attempt::Failed(Error::Stream(e.to_string()), Progress::Started),
+    }
+}
+
+/// What a streaming exec yields.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExecEvent {
+    /// Bytes the command wrote to stdout.
+    Stdout(Bytes),
+    /// Bytes the command wrote to stderr.
+    Stderr(Bytes),
+    /// The command ended: its exit code, `128 + signal` when a signal killed it.
+    Exited(i32),
+}
+
+/// A command's output as it is produced ([`Client::exec_stream`]).
+#[derive(Debug)]
+pub struct ExecStream {
+    socket: Socket,
+}
+
+impl ExecStream {
+    /// The next piece of output, then [`ExecEvent::Exited`], then `None`. The stream
+    /// ends in an error when the execution it ran in was replaced meanwhile (close
+    /// code 4001), which is never silently reattached.
+    pub async fn next(&mut self) -> Option<Result<ExecEvent, Error>> {
+        loop {
+            match self.socket.next().await? {
+                Ok(Message::Binary(b)) if !b.is_empty() => {
+                    let data = b.slice(1..);
+                    return Some(Ok(match b[0] {
+                        2 => ExecEvent::Stderr(data),
+                        _ => ExecEvent::Stdout(data),
+                    }));
+                }
+                Ok(Message::Close(frame)) => return Some(closed(frame).map(ExecEvent::Exited)),
+                Ok(_) => {}
+                Err(e) => return Some(Err(Error::Stream(e.to_string()))),
+            }
+        }
+    }
+}
+
+/// Changes under a path ([`Client::watch`]).
+#[derive(Debug)]
+pub struct WatchStream {
+    socket: Socket,
+}
+
+impl WatchStream {
+    /// The next change (`{"kind", "path", …}` as the agent reports it); `None` once the
+    /// watch ended normally.
+    pub async fn next(&mut self) -> Option<Result<serde_json::Value, Error>> {
+        loop {
+            match self.socket.next().await? {
+                Ok(Message::Text(t)) => {
+                    return Some(
+                        serde_json::from_str(t.as_str()).map_err(|e| Error::Decode(e.to_string())),
+                    );
+                }
+                Ok(Message::Close(frame)) => return closed(frame).err().map(Err),
+                Ok(_) => {}
+                Err(e) => return Some(Err(Error::Stream(e.to_string()))),
+            }
+        }
+    }
+}
+
+/// How a stream's close frame reads: 1000 with `exited N` / `killed by signal N` is a
+/// normal end; any other code is an error naming the reason.
+fn closed(frame: Option<CloseFrame>) -> Result<i32, Error> {
+    let Some(f) = frame else {
+        return Ok(0);
+    };
+    if u16::from(f.code) != 1000 {
+        return Err(Error::Stream(format!(
+            "closed: {} ({})",
+            f.reason,
+            u16::from(f.code)
+        )));
+    }
+    let number = |prefix: &str| f.reason.as_str().strip_prefix(prefix)?.parse::<i32>().ok();
+    Ok(number("exited ")
+        .or_else(|| number("killed by signal ").map(|s| 128 + s))
+        .unwrap_or(0))
 }
 
 fn grant_of(cap: CapabilityResponse) -> (Route, Arc<Grant>) {

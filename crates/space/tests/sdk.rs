@@ -5,7 +5,7 @@
 
 mod support;
 
-use space_client::{Client, CreateSandbox, Options, exec};
+use space_client::{Client, CreateSandbox, ExecEvent, Options, exec};
 use space_identity::{SandboxId, WorkerId};
 use support::{Cluster, can_run_jails};
 
@@ -24,7 +24,7 @@ fn metric(c: &Cluster, name: &str) -> f64 {
 
 /// Requests the edge answered on `route` (its template), any status.
 fn edge_requests(c: &Cluster, route: &str) -> f64 {
-    ["2xx", "4xx", "5xx"]
+    ["1xx", "2xx", "4xx", "5xx"]
         .iter()
         .map(|s| {
             metric(
@@ -287,5 +287,75 @@ fn another_tenants_sandbox_is_refused_and_unknown_ones_are_not_found() {
                 .expect("read"),
             "mine"
         );
+    });
+}
+
+#[test]
+fn streams_open_on_the_worker_and_follow_a_migration() {
+    let Some((c, client, rt)) = start() else {
+        return;
+    };
+    rt.block_on(async {
+        let id = client.create_sandbox(&on("w1")).await.expect("create").id;
+        let run = |client: Client| async move {
+            let mut stream = client
+                .exec_stream(
+                    &id,
+                    &exec([
+                        "sh",
+                        "-c",
+                        "echo out; echo err >&2; sleep 0.2; echo more; exit 4",
+                    ]),
+                )
+                .await
+                .expect("open");
+            let (mut out, mut err, mut exited) = (Vec::new(), Vec::new(), None);
+            while let Some(event) = stream.next().await {
+                match event.expect("event") {
+                    ExecEvent::Stdout(b) => out.extend_from_slice(&b),
+                    ExecEvent::Stderr(b) => err.extend_from_slice(&b),
+                    ExecEvent::Exited(code) => exited = Some(code),
+                }
+            }
+            (out, err, exited)
+        };
+        let expected = (b"out\nmore\n".to_vec(), b"err\n".to_vec(), Some(4));
+        assert_eq!(run(client.clone()).await, expected);
+        assert_eq!(edge_requests(&c, "/v1/sandboxes/{id}/exec/stream"), 0.0);
+        // A watch sees a file written afterwards.
+        let mut watch = client.watch(&id, "/root", false).await.expect("watch");
+        client
+            .write_file(&id, "/root/seen.txt", "x")
+            .await
+            .expect("write");
+        let event = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            loop {
+                let e = watch.next().await.expect("open").expect("event");
+                if e.to_string().contains("seen.txt") {
+                    return e;
+                }
+            }
+        })
+        .await
+        .expect("an event for the file");
+        assert!(event.to_string().contains("seen.txt"), "{event}");
+        drop(watch);
+        // After a migration the cached route is stale: the stream opens at w2.
+        client
+            .migrate(&id, &"w2".parse::<WorkerId>().expect("id"))
+            .await
+            .expect("migrate");
+        assert_eq!(run(client.clone()).await, expected);
+        // Through the edge, the same.
+        let via_edge = Client::with_options(
+            &c.url,
+            &c.admin_key,
+            Options {
+                direct: false,
+                ..Options::default()
+            },
+        );
+        assert_eq!(run(via_edge).await, expected);
+        assert_eq!(edge_requests(&c, "/v1/sandboxes/{id}/exec/stream"), 1.0);
     });
 }
