@@ -192,7 +192,8 @@ struct Grant {
 }
 
 /// Access a direct-mode capability asks for: what this client sends to workers.
-const ACCESS: &str = r#"{"access":["exec","fs_read","fs_write","watch"],"purpose":"control"}"#;
+const ACCESS: &str =
+    r#"{"access":["exec","fs_read","fs_write","watch","terminal"],"purpose":"control"}"#;
 
 /// Ask for a new capability this long before the cached one expires.
 const RENEW_MARGIN_SECS: u64 = 10;
@@ -433,6 +434,17 @@ impl Client {
             )
             .await?;
         Ok(WatchStream { socket })
+    }
+
+    /// Opens an interactive shell on a terminal of `rows` × `cols`.
+    pub async fn terminal(&self, id: &SandboxId, rows: u16, cols: u16) -> Result<Terminal, Error> {
+        let socket = self
+            .open_stream(
+                id,
+                &format!("/v1/sandboxes/{id}/terminal?rows={rows}&cols={cols}"),
+            )
+            .await?;
+        Ok(Terminal { socket })
     }
 
     /// Opens a WebSocket at `path_and_query`: on the sandbox's worker (with recovery:
@@ -755,6 +767,55 @@ impl ExecStream {
             }
         }
     }
+}
+
+/// An interactive shell ([`Client::terminal`]): bytes both ways.
+#[derive(Debug)]
+pub struct Terminal {
+    socket: Socket,
+}
+
+impl Terminal {
+    /// Types `bytes`.
+    pub async fn send(&mut self, bytes: impl Into<Bytes>) -> Result<(), Error> {
+        self.socket
+            .send(Message::Binary(bytes.into()))
+            .await
+            .map_err(|e| Error::Stream(e.to_string()))
+    }
+
+    /// Resizes the terminal.
+    pub async fn resize(&mut self, rows: u16, cols: u16) -> Result<(), Error> {
+        let size = format!(r#"{{"rows":{rows},"cols":{cols}}}"#);
+        self.socket
+            .send(Message::Text(size.into()))
+            .await
+            .map_err(|e| Error::Stream(e.to_string()))
+    }
+
+    /// The next output of the terminal, then [`TerminalEvent::Exited`] with the shell's
+    /// exit code, then `None`.
+    pub async fn next(&mut self) -> Option<Result<TerminalEvent, Error>> {
+        loop {
+            match self.socket.next().await? {
+                Ok(Message::Binary(b)) => return Some(Ok(TerminalEvent::Output(b))),
+                Ok(Message::Close(frame)) => {
+                    return Some(closed(frame).map(TerminalEvent::Exited));
+                }
+                Ok(_) => {}
+                Err(e) => return Some(Err(Error::Stream(e.to_string()))),
+            }
+        }
+    }
+}
+
+/// What a terminal yields.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TerminalEvent {
+    /// Bytes the terminal shows.
+    Output(Bytes),
+    /// The shell ended with this code (`128 + signal` when killed).
+    Exited(i32),
 }
 
 /// Changes under a path ([`Client::watch`]).

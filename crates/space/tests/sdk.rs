@@ -359,3 +359,34 @@ fn streams_open_on_the_worker_and_follow_a_migration() {
         assert_eq!(edge_requests(&c, "/v1/sandboxes/{id}/exec/stream"), 1.0);
     });
 }
+
+#[test]
+fn a_terminal_runs_a_shell_on_the_worker_and_ends_with_its_exit_code() {
+    let Some((c, client, rt)) = start() else {
+        return;
+    };
+    rt.block_on(async {
+        let id = client.create_sandbox(&on("w2")).await.expect("create").id;
+        let mut term = client.terminal(&id, 30, 100).await.expect("terminal");
+        term.resize(40, 120).await.expect("resize");
+        term.send("stty size; echo to-the-$((6*7)); exit 5\n")
+            .await
+            .expect("type");
+        let (mut shown, mut exited) = (Vec::new(), None);
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+            while let Some(event) = term.next().await {
+                match event.expect("event") {
+                    space_client::TerminalEvent::Output(b) => shown.extend_from_slice(&b),
+                    space_client::TerminalEvent::Exited(code) => exited = Some(code),
+                }
+            }
+        })
+        .await;
+        let shown = String::from_utf8_lossy(&shown);
+        assert!(ended.is_ok(), "the shell did not end: {shown}");
+        assert!(shown.contains("to-the-42"), "{shown}");
+        assert!(shown.contains("40 120"), "{shown}");
+        assert_eq!(exited, Some(5), "{shown}");
+        assert_eq!(edge_requests(&c, "/v1/sandboxes/{id}/terminal"), 0.0);
+    });
+}
