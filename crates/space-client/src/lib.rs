@@ -43,8 +43,8 @@ use hyper::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use space_http::{Answer, CallError, HttpClient};
 use space_identity::{
-    AfterRefresh, OperationClass, Progress, Recovery, RecoveryError, RefreshReason, Route,
-    RouteCache, RouteIdentity, SandboxId, Timestamp, WorkerId,
+    AfterRefresh, OperationClass, Progress, Recovery, RecoveryError, Route, RouteCache,
+    RouteIdentity, SandboxId, Timestamp, WorkerId,
 };
 use space_proto::api::{CapabilityResponse, ErrorBody};
 pub use space_proto::api::{
@@ -598,10 +598,7 @@ impl Client {
                     }
                 }
                 Attempt::Refresh(body) => {
-                    let reason = body
-                        .and_then(|e| e.reason)
-                        .and_then(|r| r.parse().ok())
-                        .unwrap_or(RefreshReason::NotRunning);
+                    let reason = space_proto::api::refresh_reason(body.as_ref());
                     let used = route.identity();
                     recovery
                         .on_refresh(used.clone(), reason, Progress::NotStarted)

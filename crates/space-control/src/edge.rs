@@ -13,7 +13,7 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use bytes::Bytes;
 use space_identity::{
     Access, AccessSet, AfterRefresh, OperationClass, Progress, Purpose, Recovery, RecoveryError,
-    RecoveryStep, RefreshReason, Route, RouteCache, RouteIdentity, SandboxId, Timestamp,
+    RecoveryStep, Route, RouteCache, RouteIdentity, SandboxId, Timestamp,
 };
 use space_proto::api::{CapabilityResponse, ErrorBody};
 
@@ -305,11 +305,8 @@ impl Edge {
             };
             match answer.status {
                 StatusCode::MISDIRECTED_REQUEST => {
-                    let reason: RefreshReason = serde_json::from_slice::<ErrorBody>(&answer.body)
-                        .ok()
-                        .and_then(|e| e.reason)
-                        .and_then(|r| r.parse().ok())
-                        .unwrap_or(RefreshReason::NotRunning);
+                    let body = serde_json::from_slice::<ErrorBody>(&answer.body).ok();
+                    let reason = space_proto::api::refresh_reason(body.as_ref());
                     let used = route.identity();
                     match recovery.on_refresh(used.clone(), reason, Progress::NotStarted) {
                         Ok(_) => {}

@@ -8,7 +8,7 @@
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use axum::http::StatusCode;
 use futures_util::{SinkExt, StreamExt};
-use space_identity::{OperationClass, Progress, Recovery, RefreshReason, SandboxId};
+use space_identity::{OperationClass, Progress, Recovery, SandboxId};
 use space_proto::api::ErrorBody;
 use tokio_tungstenite::tungstenite::{self, client::IntoClientRequest};
 
@@ -53,10 +53,7 @@ impl Edge {
                         .as_ref()
                         .and_then(|b| serde_json::from_slice(b).ok());
                     if status == StatusCode::MISDIRECTED_REQUEST {
-                        let reason: RefreshReason = body
-                            .and_then(|b| b.reason)
-                            .and_then(|r| r.parse().ok())
-                            .unwrap_or(RefreshReason::NotRunning);
+                        let reason = space_proto::api::refresh_reason(body.as_ref());
                         let used = route.identity();
                         recovery
                             .on_refresh(used.clone(), reason, Progress::NotStarted)

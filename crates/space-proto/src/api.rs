@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use space_identity::{
-    Access, Execution, ExecutionId, Generation, Placement, PodUid, Protocol, Purpose, Route,
-    SandboxId, Substrate, WorkerId,
+    Access, Execution, ExecutionId, Generation, Placement, PodUid, Protocol, Purpose,
+    RefreshReason, Route, SandboxId, Substrate, WorkerId,
 };
 
 /// Error body of every hop: `{"error": code, "message": text}`, plus the comparator's
@@ -24,6 +24,14 @@ pub struct ErrorBody {
     /// The comparator's reason code, for `refresh_route` and `deny`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+}
+
+/// The reason a 421 answer gives for its RefreshRoute (`not_running` when its body is
+/// not an error body or names no reason it knows).
+pub fn refresh_reason(body: Option<&ErrorBody>) -> RefreshReason {
+    body.and_then(|e| e.reason.as_deref())
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(RefreshReason::NotRunning)
 }
 
 /// Lifecycle state of a sandbox.
@@ -478,5 +486,25 @@ mod tests {
         let text = serde_json::to_string(&u).unwrap();
         assert!(text.contains(r#""kind":"retire""#), "{text}");
         assert_eq!(serde_json::from_str::<Update>(&text).unwrap(), u);
+    }
+
+    #[test]
+    fn a_421_body_gives_its_refresh_reason_and_anything_else_not_running() {
+        let body = |reason: Option<&str>| ErrorBody {
+            error: "refresh_route".into(),
+            message: String::new(),
+            reason: reason.map(str::to_owned),
+        };
+        assert_eq!(
+            refresh_reason(Some(&body(Some("wrong_worker")))),
+            RefreshReason::WrongWorker
+        );
+        assert_eq!(
+            refresh_reason(Some(&body(Some("retired")))),
+            RefreshReason::Retired
+        );
+        for unknown in [Some(&body(Some("made_up"))), Some(&body(None)), None] {
+            assert_eq!(refresh_reason(unknown), RefreshReason::NotRunning);
+        }
     }
 }
