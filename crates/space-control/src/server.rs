@@ -100,12 +100,35 @@ pub fn read_or_create_secret(
     Ok(value)
 }
 
+/// Creates the data directory 0700 and refuses to start on one that group or others
+/// can reach, or whose secret files (the SQLite store with the trust-anchor and
+/// signing-key seeds and the enrollment secret, `admin.key`, `enroll.key`) they can
+/// read: someone else may have read them already, so nothing is loosened or
+/// tightened silently.
+fn check_data_dir(config: &ControlConfig) -> Result<(), String> {
+    use space_http::private_dir::{
+        check_database_files, check_private_dir, check_secret_file, ensure_private_dir,
+    };
+    let dir = &config.data_dir;
+    ensure_private_dir(dir)?;
+    if config.database_url.is_none() {
+        check_database_files(&dir.join("control.db"))?;
+    }
+    for name in ["admin.key", "enroll.key", "admin.key.tmp", "enroll.key.tmp"] {
+        check_secret_file(&dir.join(name))?;
+    }
+    let snapshots = dir.join("snapshots");
+    if snapshots.exists() {
+        check_private_dir(&snapshots)?;
+    }
+    Ok(())
+}
+
 /// Opens the store, loads keys, writes `admin.key` and `enroll.key` on first start, and
 /// serves until [`ServerHandle::shutdown`].
 pub async fn serve(config: ControlConfig) -> Result<ServerHandle, String> {
     config.validate()?;
-    std::fs::create_dir_all(&config.data_dir)
-        .map_err(|e| format!("{}: {e}", config.data_dir.display()))?;
+    check_data_dir(&config)?;
     let url = match &config.database_url {
         Some(u) => u.clone(),
         None => config.data_dir.join("control.db").display().to_string(),

@@ -17,6 +17,8 @@ use hyper::{Method, Request, StatusCode, Uri};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
+pub mod private_dir;
+
 /// Largest answer body read from a peer (a snapshot archive is the largest).
 pub const MAX_ANSWER: usize = 1 << 30;
 

@@ -154,6 +154,27 @@ impl Store {
         dispatch!(self.upsert_worker(worker))
     }
 
+    /// Enrolls a worker. With `proven` `None`, only a new worker ID: `Conflict` if the
+    /// ID is taken. With `Some(hash)`, only an existing worker whose stored credential
+    /// hash is `hash` (the caller checked the worker holds that credential): its URL,
+    /// substrate, capacity, state and `last_seen` are replaced, its credential and
+    /// `registered_at` kept; `Conflict` if the hash differs, `NotFound` if absent.
+    /// Atomic, also between replicas. Returns the stored record.
+    pub async fn enroll_worker(
+        &self,
+        worker: &WorkerRecord,
+        proven: Option<[u8; 32]>,
+    ) -> Result<WorkerRecord, StoreError> {
+        dispatch!(self.enroll_worker(worker, proven))
+    }
+
+    /// Reserves `n` (≥ 1) consecutive update sequence numbers for `worker` and returns
+    /// the highest; the range is `last - n + 1 ..= last`. Numbers start at 1, only grow,
+    /// are never handed out twice (also across replicas and restarts).
+    pub async fn reserve_update_seqs(&self, worker: &WorkerId, n: u64) -> Result<u64, StoreError> {
+        dispatch!(self.reserve_update_seqs(worker, n))
+    }
+
     /// One worker; `NotFound` if absent.
     pub async fn get_worker(&self, id: &WorkerId) -> Result<WorkerRecord, StoreError> {
         dispatch!(self.get_worker(id))
@@ -423,6 +444,32 @@ fn worker_counts(pairs: Vec<(String, i64)>) -> Result<BTreeMap<WorkerId, u64>, S
             Ok((id, n))
         })
         .collect()
+}
+
+fn enroll_outcome(changed: u64, proven: bool, id: &str) -> Result<(), StoreError> {
+    match (changed, proven) {
+        (1.., _) => Ok(()),
+        (0, false) => Err(StoreError::Conflict(format!(
+            "worker {id} is enrolled already"
+        ))),
+        (0, true) => Err(StoreError::Conflict(format!(
+            "worker {id} holds another credential"
+        ))),
+    }
+}
+
+fn reserved_seq(last: i64, n: u64) -> Result<u64, StoreError> {
+    u64::try_from(last)
+        .ok()
+        .filter(|l| *l >= n)
+        .ok_or_else(|| StoreError::Backend(format!("stored update sequence {last}")))
+}
+
+fn seq_count(n: u64) -> Result<i64, StoreError> {
+    i64::try_from(n)
+        .ok()
+        .filter(|n| *n >= 1)
+        .ok_or_else(|| StoreError::Conflict(format!("cannot reserve {n} update sequence numbers")))
 }
 
 fn bundle_outcome(changed: u64, version: u64) -> Result<(), StoreError> {

@@ -291,6 +291,64 @@ impl PgStore {
             .ok_or_else(|| StoreError::Backend("upsert returned no row".into()))
     }
 
+    /// See [`crate::Store::enroll_worker`].
+    pub async fn enroll_worker(
+        &self,
+        w: &WorkerRecord,
+        proven: Option<[u8; 32]>,
+    ) -> Result<WorkerRecord, StoreError> {
+        let id = w.id.to_string();
+        let capacity = i64::from(w.capacity);
+        let changed = match proven {
+            None => {
+                let params: Params = &[
+                    &id,
+                    &w.url,
+                    &w.substrate.as_str(),
+                    &capacity,
+                    &w.state.as_str(),
+                    &w.credential_hash.as_slice(),
+                    &w.registered_at,
+                    &w.last_seen,
+                ];
+                self.exec(sql::ENROLL_NEW_WORKER, params).await?
+            }
+            Some(hash) => {
+                let params: Params = &[
+                    &id,
+                    &w.url,
+                    &w.substrate.as_str(),
+                    &capacity,
+                    &w.state.as_str(),
+                    &hash.as_slice(),
+                    &w.last_seen,
+                ];
+                let n = self.exec(sql::REENROLL_WORKER, params).await?;
+                if n == 0 {
+                    self.get_worker(&w.id).await?;
+                }
+                n
+            }
+        };
+        crate::enroll_outcome(changed, proven.is_some(), &id)?;
+        self.get_worker(&w.id).await
+    }
+
+    /// See [`crate::Store::reserve_update_seqs`].
+    pub async fn reserve_update_seqs(&self, worker: &WorkerId, n: u64) -> Result<u64, StoreError> {
+        let id = worker.to_string();
+        let count = crate::seq_count(n)?;
+        let last = self
+            .one(sql::RESERVE_UPDATE_SEQ, &[&id, &count], |r| {
+                r.try_get::<_, i64>(0).map_err(pg_err)
+            })
+            .await?
+            .ok_or_else(|| {
+                StoreError::Backend("reserving update sequence numbers returned no row".into())
+            })?;
+        crate::reserved_seq(last, n)
+    }
+
     /// One worker.
     pub async fn get_worker(&self, id: &WorkerId) -> Result<WorkerRecord, StoreError> {
         let id = id.to_string();

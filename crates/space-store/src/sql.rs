@@ -16,10 +16,11 @@ pub(crate) struct Migration {
 
 /// Every migration, in order. Append only: a released step is never edited, because
 /// databases that already applied it would not see the change.
-pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "initial schema",
-    sqlite: r#"
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "initial schema",
+        sqlite: r#"
 CREATE TABLE tenants (
     id TEXT PRIMARY KEY,
     name TEXT NOT NULL,
@@ -88,7 +89,7 @@ CREATE TABLE kv (
     value TEXT NOT NULL
 );
 "#,
-    postgres: r#"
+        postgres: r#"
 CREATE TABLE tenants (
     id TEXT PRIMARY KEY,
     name TEXT NOT NULL,
@@ -157,7 +158,24 @@ CREATE TABLE kv (
     value TEXT NOT NULL
 );
 "#,
-}];
+    },
+    Migration {
+        version: 2,
+        name: "per-worker update sequence",
+        sqlite: r#"
+CREATE TABLE update_sequences (
+    worker TEXT PRIMARY KEY,
+    last INTEGER NOT NULL CHECK (last >= 0)
+);
+"#,
+        postgres: r#"
+CREATE TABLE update_sequences (
+    worker TEXT PRIMARY KEY,
+    last BIGINT NOT NULL CHECK (last >= 0)
+);
+"#,
+    },
+];
 
 /// The newest schema version this build knows.
 pub(crate) fn latest_version() -> i64 {
@@ -185,6 +203,20 @@ pub(crate) const UPSERT_WORKER: &str = "INSERT INTO workers (id, url, substrate,
      ON CONFLICT (id) DO UPDATE SET url = excluded.url, substrate = excluded.substrate, \
      capacity = excluded.capacity, state = excluded.state, \
      credential_hash = excluded.credential_hash, last_seen = excluded.last_seen";
+/// First enrollment of a worker ID: a row that exists already is left alone (the
+/// caller refuses: re-enrolling needs the worker's own credential).
+pub(crate) const ENROLL_NEW_WORKER: &str = "INSERT INTO workers (id, url, substrate, capacity, state, credential_hash, registered_at, last_seen) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (id) DO NOTHING";
+/// Re-enrollment: only while the stored credential hash is the one the worker proved
+/// it holds (a compare-and-set, so a concurrent change of credential wins or loses
+/// whole); the credential and the first registration time stay.
+pub(crate) const REENROLL_WORKER: &str = "UPDATE workers SET url = $2, substrate = $3, capacity = $4, state = $5, last_seen = $7 \
+     WHERE id = $1 AND credential_hash = $6";
+/// Reserves the next `$2` update sequence numbers of worker `$1` and returns the
+/// highest: one atomic increment under the row's lock, so two control-plane replicas
+/// never hand out the same number, and numbers survive restarts.
+pub(crate) const RESERVE_UPDATE_SEQ: &str = "INSERT INTO update_sequences (worker, last) VALUES ($1, $2) \
+     ON CONFLICT (worker) DO UPDATE SET last = update_sequences.last + excluded.last RETURNING last";
 pub(crate) const SET_WORKER_STATE: &str = "UPDATE workers SET state = $2 WHERE id = $1";
 pub(crate) const TOUCH_WORKER: &str = "UPDATE workers SET last_seen = $2 WHERE id = $1";
 

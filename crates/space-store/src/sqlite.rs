@@ -432,6 +432,67 @@ impl SqliteStore {
         .await
     }
 
+    /// See [`crate::Store::enroll_worker`].
+    pub async fn enroll_worker(
+        &self,
+        w: &WorkerRecord,
+        proven: Option<[u8; 32]>,
+    ) -> Result<WorkerRecord, StoreError> {
+        let w = w.clone();
+        self.call(move |c| {
+            let id = w.id.to_string();
+            let capacity = i64::from(w.capacity);
+            let changed = match proven {
+                None => {
+                    let params: Params = &[
+                        &id,
+                        &w.url,
+                        &w.substrate.as_str(),
+                        &capacity,
+                        &w.state.as_str(),
+                        &w.credential_hash.as_slice(),
+                        &w.registered_at,
+                        &w.last_seen,
+                    ];
+                    exec(c, sql::ENROLL_NEW_WORKER, params)?
+                }
+                Some(hash) => {
+                    let params: Params = &[
+                        &id,
+                        &w.url,
+                        &w.substrate.as_str(),
+                        &capacity,
+                        &w.state.as_str(),
+                        &hash.as_slice(),
+                        &w.last_seen,
+                    ];
+                    let n = exec(c, sql::REENROLL_WORKER, params)?;
+                    if n == 0 {
+                        get_worker(c, &id)?;
+                    }
+                    n
+                }
+            };
+            crate::enroll_outcome(changed, proven.is_some(), &id)?;
+            get_worker(c, &id)
+        })
+        .await
+    }
+
+    /// See [`crate::Store::reserve_update_seqs`].
+    pub async fn reserve_update_seqs(&self, worker: &WorkerId, n: u64) -> Result<u64, StoreError> {
+        let id = worker.to_string();
+        let count = crate::seq_count(n)?;
+        self.call(move |c| {
+            let last: i64 = c
+                .prepare_cached(&dollar_to_question(sql::RESERVE_UPDATE_SEQ))
+                .and_then(|mut s| s.query_row(rusqlite::params![id, count], |r| r.get(0)))
+                .map_err(sqlite_err)?;
+            crate::reserved_seq(last, n)
+        })
+        .await
+    }
+
     /// One worker.
     pub async fn get_worker(&self, id: &WorkerId) -> Result<WorkerRecord, StoreError> {
         let id = id.to_string();
@@ -839,9 +900,14 @@ impl SqliteStore {
 fn open_connection(path: &Path) -> Result<Connection, StoreError> {
     // A fresh data directory is the normal first start of `space up`.
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)
             .map_err(|e| StoreError::Backend(format!("create {}: {e}", parent.display())))?;
     }
+    create_private(path)?;
     let conn = Connection::open(path).map_err(sqlite_err)?;
     // Set first: switching to WAL itself may have to wait for another connection.
     conn.busy_timeout(BUSY_TIMEOUT).map_err(sqlite_err)?;
@@ -857,6 +923,39 @@ fn open_connection(path: &Path) -> Result<Connection, StoreError> {
     conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")
         .map_err(sqlite_err)?;
     Ok(conn)
+}
+
+/// Creates the database file 0600 before SQLite opens it (SQLite gives its `-wal`,
+/// `-shm` and `-journal` files the database's mode), so the seeds and secrets it will
+/// hold are never readable by others, not even for a moment; refuses an existing file
+/// that group or others can read or write.
+fn create_private(path: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| StoreError::Backend(format!("open {}: {e}", path.display())))?;
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        let file = Path::new(&name);
+        let Ok(meta) = std::fs::metadata(file) else {
+            continue;
+        };
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(StoreError::Backend(format!(
+                "{} is open to group or others (mode {mode:04o}); it holds the platform's \
+                 signing seeds and secrets: run `chmod 600 {}`",
+                file.display(),
+                file.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A read-only connection to a database the writer has opened (and put in WAL mode).

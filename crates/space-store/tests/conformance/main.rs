@@ -6,6 +6,7 @@
 mod executions;
 mod fixture;
 mod records;
+mod workers;
 
 use fixture::Fixture;
 
@@ -55,4 +56,7 @@ conformance!(
     executions::activation_and_pod_uid_updates_are_stored,
     executions::count_active_by_worker_counts_only_current_executions_of_live_sandboxes,
     executions::two_control_planes_allocating_concurrently_for_one_sandbox_never_share_a_generation,
+    workers::enrolling_a_taken_worker_id_needs_the_credential_it_holds,
+    workers::update_sequences_start_at_1_only_grow_per_worker_and_survive_reopening,
+    workers::two_control_planes_reserving_update_sequences_never_share_one,
 );
