@@ -18,8 +18,8 @@ use crate::codec::{self, DecodeError};
 use crate::frame::{self, FrameError};
 use crate::guest::{
     self, AgentBody, CONNECTION, ClientFrame, DirEntry, ExecSpec, ExitStatus, FileStat, Hello,
-    HelloAck, Input, InputFrame, MAX_CHUNK, Operation, PROTOCOL_VERSION, Request, RequestId,
-    ServedIdentity, WireError,
+    HelloAck, Input, InputFrame, MAX_CHUNK, Operation, OutputCap, PROTOCOL_VERSION, Request,
+    RequestId, ServedIdentity, WireError,
 };
 
 /// Why a client call failed.
@@ -229,15 +229,30 @@ impl Call<u64> {
 impl Call<ExecOutput> {
     /// Runs a process to its end and collects its output in memory. For long or large
     /// output, send [`Operation::Exec`] and read the chunks as they come instead.
+    ///
+    /// With `spec.max_output_bytes`, the collection enforces the cap too (whatever the
+    /// agent sends): each stream keeps at most that many bytes of its JSON encoding
+    /// ([`crate::guest::OutputCap`]), and the status says when a stream was cut.
     pub fn exec(spec: ExecSpec) -> Self {
         let mut pid = None;
         let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        let mut caps = spec
+            .max_output_bytes
+            .map(|n| [OutputCap::new(n), OutputCap::new(n)]);
         Self::new(Operation::Exec(spec), Vec::new(), move |body| {
-            match (pid, body) {
-                (None, AgentBody::Started { pid: p }) => pid = Some(p),
-                (Some(_), AgentBody::Stdout(c)) => stdout.extend_from_slice(&c),
-                (Some(_), AgentBody::Stderr(c)) => stderr.extend_from_slice(&c),
-                (Some(pid), AgentBody::Exited(status)) => {
+            match (pid, body, &mut caps) {
+                (None, AgentBody::Started { pid: p }, _) => pid = Some(p),
+                (Some(_), AgentBody::Stdout(c), Some([cap, _])) => cap.push(&c, &mut stdout),
+                (Some(_), AgentBody::Stderr(c), Some([_, cap])) => cap.push(&c, &mut stderr),
+                (Some(_), AgentBody::Stdout(c), None) => stdout.extend_from_slice(&c),
+                (Some(_), AgentBody::Stderr(c), None) => stderr.extend_from_slice(&c),
+                (Some(pid), AgentBody::Exited(mut status), caps) => {
+                    if let Some([out, err]) = caps {
+                        out.finish(&mut stdout);
+                        err.finish(&mut stderr);
+                        status.stdout_truncated |= out.truncated();
+                        status.stderr_truncated |= err.truncated();
+                    }
                     return Ok(Some(ExecOutput {
                         pid,
                         stdout: std::mem::take(&mut stdout),
@@ -245,7 +260,7 @@ impl Call<ExecOutput> {
                         status,
                     }));
                 }
-                (_, other) => return Err(other),
+                (_, other, _) => return Err(other),
             }
             Ok(None)
         })

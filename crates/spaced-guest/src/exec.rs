@@ -6,6 +6,11 @@
 //! the child's output is read only when the previous frame has left, and the socket is
 //! read only when the previous stdin bytes have reached the child. A child that writes
 //! faster than the client reads blocks on its full pipe.
+//!
+//! With `max_output_bytes` (a non-streaming exec, collected whole by the host), each
+//! stream is sent up to that cap ([`OutputCap`]); the rest is still read — the child
+//! must not block on a full pipe — and dropped, and `Exited` says which streams were
+//! cut.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -21,8 +26,8 @@ use rustix::fs::{Mode, OFlags};
 use rustix::termios::Winsize;
 use space_proto::frame::FrameReader;
 use space_proto::guest::{
-    AgentBody, ErrorKind, ExecSpec, ExitOutcome, ExitStatus, Input, MAX_CHUNK, PtySize, RequestId,
-    WireError,
+    AgentBody, ErrorKind, ExecSpec, ExitOutcome, ExitStatus, Input, MAX_CHUNK, OutputCap, PtySize,
+    RequestId, WireError,
 };
 
 use crate::conn::{Conn, DontWait, End, Flow, io_error};
@@ -46,6 +51,61 @@ const DRAIN_LIMIT: usize = 1 << 20;
 enum Stream {
     Stdout,
     Stderr,
+}
+
+impl Stream {
+    fn body(self, data: Vec<u8>) -> AgentBody {
+        match self {
+            Self::Stdout => AgentBody::Stdout(data),
+            Self::Stderr => AgentBody::Stderr(data),
+        }
+    }
+}
+
+/// The caps of a non-streaming exec's streams (`None`: no cap).
+struct Caps(Option<[OutputCap; 2]>);
+
+impl Caps {
+    fn new(spec: &ExecSpec) -> Self {
+        Self(
+            spec.max_output_bytes
+                .map(|n| [OutputCap::new(n), OutputCap::new(n)]),
+        )
+    }
+
+    fn slot(stream: Stream) -> usize {
+        match stream {
+            Stream::Stdout => 0,
+            Stream::Stderr => 1,
+        }
+    }
+
+    /// What of `data`, read from `stream`, to send (empty: nothing).
+    fn admit(&mut self, stream: Stream, data: &[u8]) -> Vec<u8> {
+        match &mut self.0 {
+            None => data.to_vec(),
+            Some(caps) => {
+                let mut out = Vec::new();
+                caps[Self::slot(stream)].push(data, &mut out);
+                out
+            }
+        }
+    }
+
+    /// `stream` ended: what its cap still held back.
+    fn finish(&mut self, stream: Stream) -> Vec<u8> {
+        let mut out = Vec::new();
+        if let Some(caps) = &mut self.0 {
+            caps[Self::slot(stream)].finish(&mut out);
+        }
+        out
+    }
+
+    fn truncated(&self, stream: Stream) -> bool {
+        self.0
+            .as_ref()
+            .is_some_and(|caps| caps[Self::slot(stream)].truncated())
+    }
 }
 
 struct Output {
@@ -300,18 +360,27 @@ fn pump(conn: &mut Conn<'_>, id: RequestId, r: &mut Running, spec: &ExecSpec) ->
     let mut timed_out = false;
     let mut readbuf = vec![0u8; MAX_CHUNK];
     let mut rotate = 0usize;
+    let mut caps = Caps::new(spec);
 
     loop {
         if let Some(st) = status {
             let outputs_done = r.outputs.iter().all(|o| !o.open);
             if outbox.is_empty() && (outputs_done || exited_at.elapsed() >= LINGER) {
-                drain(conn, id, r, &mut readbuf)?;
+                drain(conn, id, r, &mut readbuf, &mut caps)?;
                 let outcome = match (st.code(), st.signal()) {
                     (Some(c), _) => ExitOutcome::Code(c),
                     (None, Some(s)) => ExitOutcome::Signal(s),
                     (None, None) => ExitOutcome::Code(-1),
                 };
-                return conn.send(id, AgentBody::Exited(ExitStatus { outcome, timed_out }));
+                return conn.send(
+                    id,
+                    AgentBody::Exited(ExitStatus {
+                        outcome,
+                        timed_out,
+                        stdout_truncated: caps.truncated(Stream::Stdout),
+                        stderr_truncated: caps.truncated(Stream::Stderr),
+                    }),
+                );
             }
         }
 
@@ -409,18 +478,20 @@ fn pump(conn: &mut Conn<'_>, id: RequestId, r: &mut Running, spec: &ExecSpec) ->
             write_stdin(r, &mut stdin, &mut close_stdin_after);
         }
         if let Some(i) = ready_output {
-            match read_output(&r.outputs[i].fd, &mut readbuf) {
-                Chunk::Data(n) => {
-                    let body = match r.outputs[i].stream {
-                        Stream::Stdout => AgentBody::Stdout(readbuf[..n].to_vec()),
-                        Stream::Stderr => AgentBody::Stderr(readbuf[..n].to_vec()),
-                    };
-                    outbox.set(conn.frame(id, body));
-                    // Most of the time the socket has room: skip a poll round trip.
-                    flush(conn, &mut outbox)?;
+            let stream = r.outputs[i].stream;
+            let data = match read_output(&r.outputs[i].fd, &mut readbuf) {
+                // Past its cap, a stream's bytes are dropped here.
+                Chunk::Data(n) => caps.admit(stream, &readbuf[..n]),
+                Chunk::Nothing => Vec::new(),
+                Chunk::End => {
+                    r.outputs[i].open = false;
+                    caps.finish(stream)
                 }
-                Chunk::Nothing => {}
-                Chunk::End => r.outputs[i].open = false,
+            };
+            if !data.is_empty() {
+                outbox.set(conn.frame(id, stream.body(data)));
+                // Most of the time the socket has room: skip a poll round trip.
+                flush(conn, &mut outbox)?;
             }
         }
     }
@@ -539,22 +610,33 @@ fn write_stdin(r: &mut Running, stdin: &mut Pending, close_after: &mut bool) {
     }
 }
 
-/// After the grace period, sends what the outputs hold right now (up to a limit).
-fn drain(conn: &mut Conn<'_>, id: RequestId, r: &mut Running, buf: &mut [u8]) -> Flow {
+/// After the grace period, sends what the outputs hold right now (up to a limit), and
+/// what the caps held back.
+fn drain(
+    conn: &mut Conn<'_>,
+    id: RequestId,
+    r: &mut Running,
+    buf: &mut [u8],
+    caps: &mut Caps,
+) -> Flow {
     let mut budget = DRAIN_LIMIT;
     for i in 0..r.outputs.len() {
+        let stream = r.outputs[i].stream;
         while r.outputs[i].open && budget > 0 {
             match rustix::io::read(r.outputs[i].fd.as_fd(), &mut *buf) {
                 Ok(0) | Err(_) => r.outputs[i].open = false,
                 Ok(n) => {
                     budget = budget.saturating_sub(n);
-                    let body = match r.outputs[i].stream {
-                        Stream::Stdout => AgentBody::Stdout(buf[..n].to_vec()),
-                        Stream::Stderr => AgentBody::Stderr(buf[..n].to_vec()),
-                    };
-                    conn.send(id, body)?;
+                    let data = caps.admit(stream, &buf[..n]);
+                    if !data.is_empty() {
+                        conn.send(id, stream.body(data))?;
+                    }
                 }
             }
+        }
+        let held = caps.finish(stream);
+        if !held.is_empty() {
+            conn.send(id, stream.body(held))?;
         }
     }
     Ok(())

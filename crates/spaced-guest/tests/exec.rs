@@ -342,3 +342,105 @@ fn dropping_the_connection_kills_the_running_process() {
         "process outlived its connection"
     );
 }
+
+/// Bytes of `bytes` in the exec answer's JSON string (without quotes).
+fn json_len(bytes: &[u8]) -> usize {
+    space_proto::guest::json_str_len(&String::from_utf8_lossy(bytes))
+}
+
+/// Peak RSS of a process, KiB.
+fn vm_hwm_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM")
+}
+
+/// Runs `spec` and collects the agent's frames as sent (no collector-side cap).
+fn raw_exec(
+    conn: &mut space_proto::client::AgentConnection,
+    spec: ExecSpec,
+) -> (Vec<u8>, Vec<u8>, space_proto::guest::ExitStatus) {
+    let id = conn.send_request(Operation::Exec(spec)).unwrap();
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    loop {
+        match conn.next_answer(id).unwrap() {
+            AgentBody::Started { .. } => {}
+            AgentBody::Stdout(c) => out.extend(c),
+            AgentBody::Stderr(c) => err.extend(c),
+            AgentBody::Exited(s) => return (out, err, s),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn capped_exec_output_flood_stops_at_the_cap_and_says_truncated() {
+    let agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    let cap: u64 = 1 << 20;
+    let peak_before = vm_hwm_kib(agent.pid());
+    // 100 MB of NULs on stdout, 50 MB of `yes` on stderr: the process must run to its
+    // end (the agent drains its pipes past the cap) and exit 7.
+    let mut spec =
+        ExecSpec::shell("head -c 100000000 /dev/zero; yes | head -c 50000000 >&2; exit 7");
+    spec.max_output_bytes = Some(cap);
+    spec.timeout_ms = Some(60_000);
+    let (out, err, status) = raw_exec(&mut conn, spec);
+    assert_eq!(status.outcome, ExitOutcome::Code(7), "{status:?}");
+    assert!(!status.timed_out);
+    assert!(
+        status.stdout_truncated && status.stderr_truncated,
+        "{status:?}"
+    );
+    // A NUL is `\u0000` in the answer: six bytes of the cap each.
+    assert_eq!(out.len() as u64, cap / 6);
+    assert!(out.iter().all(|&b| b == 0));
+    let n = json_len(&err) as u64;
+    assert!(
+        n <= cap && n + 3 > cap,
+        "stderr encodes to {n} for a cap of {cap}"
+    );
+    assert!(err.starts_with(b"y\ny\n"));
+    let grown = vm_hwm_kib(agent.pid()).saturating_sub(peak_before);
+    assert!(grown < 8 << 10, "agent peak RSS grew {grown} KiB");
+}
+
+#[test]
+fn capped_exec_output_under_the_cap_is_whole_and_not_truncated() {
+    let agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    // Text with multi-byte characters, an escape-heavy tail and invalid bytes that
+    // straddle read boundaries: exactly what fits is what the answer holds.
+    let script =
+        "for i in $(seq 1 3000); do printf 'héllo €%s\\t\"\\n' $i; done; printf '\\377\\342\\202'";
+    let mut spec = ExecSpec::shell(script);
+    spec.max_output_bytes = Some(u64::MAX);
+    let (whole, _, _) = raw_exec(&mut conn, spec.clone());
+    let exact = json_len(&whole) as u64;
+    spec.max_output_bytes = Some(exact);
+    let out = conn.exec(spec.clone()).unwrap();
+    assert_eq!(out.stdout, whole);
+    assert!(!out.status.stdout_truncated && !out.status.stderr_truncated);
+    spec.max_output_bytes = Some(exact - 1);
+    let out = conn.exec(spec).unwrap();
+    assert!(out.status.stdout_truncated);
+    assert!(whole.starts_with(&out.stdout));
+    assert!(json_len(&out.stdout) as u64 <= exact - 1);
+}
+
+#[test]
+fn a_capped_flood_that_times_out_says_both() {
+    let agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    let mut spec = ExecSpec::command(["yes"]);
+    spec.max_output_bytes = Some(4096);
+    spec.timeout_ms = Some(500);
+    let out = conn.exec(spec).unwrap();
+    assert!(out.status.timed_out);
+    assert!(out.status.stdout_truncated);
+    assert_eq!(out.status.outcome, ExitOutcome::Signal(9));
+    assert!(json_len(&out.stdout) <= 4096);
+}

@@ -10,8 +10,9 @@ use space_identity::{ExecutionId, SandboxId};
 
 use crate::codec::wire;
 
-/// The protocol version this crate speaks. The agent refuses any other.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The protocol version this crate speaks. The agent refuses any other. (2: exec output
+/// caps — `ExecSpec::max_output_bytes` and the truncation flags of `ExitStatus`.)
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Domain separation for the proof, so the secret's MAC can never be confused with any
 /// other use of the same key.

@@ -141,6 +141,10 @@ pub struct ExecSpec {
     /// Run under a new pseudo-terminal of this size (stdout and stderr merge into
     /// `Stdout`).
     pub pty: Option<PtySize>,
+    /// Cap each output stream at this many bytes of its JSON encoding (see
+    /// [`super::OutputCap`]): output past it is read and dropped, and `Exited` says so.
+    /// `None`: no cap (streaming).
+    pub max_output_bytes: Option<u64>,
 }
 
 /// Terminal size in character cells.
@@ -257,6 +261,10 @@ pub struct ExitStatus {
     pub outcome: ExitOutcome,
     /// Whether the agent killed it for exceeding `timeout_ms`.
     pub timed_out: bool,
+    /// Whether stdout went past `max_output_bytes` (the rest was dropped).
+    pub stdout_truncated: bool,
+    /// Whether stderr went past `max_output_bytes` (the rest was dropped).
+    pub stderr_truncated: bool,
 }
 
 /// Exit code or killing signal.

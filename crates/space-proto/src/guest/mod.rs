@@ -3,6 +3,7 @@
 mod activation;
 mod handshake;
 mod messages;
+mod output;
 
 #[cfg(test)]
 mod proptests;
@@ -16,6 +17,7 @@ pub use messages::{
     ExitStatus, FileKind, FileStat, Input, InputFrame, MAX_CHUNK, Operation, PtySize, Request,
     RequestId, WatchEndReason, WatchEvent, WireError,
 };
+pub use output::{OutputCap, json_char_len, json_str_len};
 
 use crate::codec::{self, DecodeError};
 

@@ -30,17 +30,21 @@ fn operation() -> impl Strategy<Value = Operation> {
         option::of(bytes()),
         option::of(any::<u64>()),
         option::of(pty()),
+        option::of(any::<u64>()),
     )
-        .prop_map(|(argv, env, cwd, stdin, timeout_ms, pty)| {
-            Operation::Exec(ExecSpec {
-                argv,
-                env,
-                cwd,
-                stdin,
-                timeout_ms,
-                pty,
-            })
-        });
+        .prop_map(
+            |(argv, env, cwd, stdin, timeout_ms, pty, max_output_bytes)| {
+                Operation::Exec(ExecSpec {
+                    argv,
+                    env,
+                    cwd,
+                    stdin,
+                    timeout_ms,
+                    pty,
+                    max_output_bytes,
+                })
+            },
+        );
     prop_oneof![
         exec,
         (text(), any::<u64>(), any::<u64>()).prop_map(|(path, offset, max_bytes)| {
@@ -150,8 +154,18 @@ fn agent_body() -> impl Strategy<Value = AgentBody> {
             any::<i32>().prop_map(ExitOutcome::Signal)
         ],
         any::<bool>(),
+        any::<(bool, bool)>(),
     )
-        .prop_map(|(outcome, timed_out)| AgentBody::Exited(ExitStatus { outcome, timed_out }));
+        .prop_map(
+            |(outcome, timed_out, (stdout_truncated, stderr_truncated))| {
+                AgentBody::Exited(ExitStatus {
+                    outcome,
+                    timed_out,
+                    stdout_truncated,
+                    stderr_truncated,
+                })
+            },
+        );
     let stat = (
         file_kind(),
         any::<u64>(),

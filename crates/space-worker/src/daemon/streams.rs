@@ -74,6 +74,7 @@ pub async fn terminal(
         stdin: None,
         timeout_ms: None,
         pty: Some(size),
+        max_output_bytes: None,
     };
     match open(&slot, Operation::Exec(spec)).await {
         Ok(opened) => ws.on_upgrade(move |socket| relay(socket, slot, opened, false)),
@@ -165,6 +166,8 @@ pub async fn exec_stream(
             stdin: req.stdin.map(String::into_bytes),
             timeout_ms: req.timeout_secs.map(|s| s.saturating_mul(1000)),
             pty: None,
+            // A stream is read as it comes: nothing is collected, nothing capped.
+            max_output_bytes: None,
         };
         match open(&slot, Operation::Exec(spec)).await {
             Ok(opened) => relay(socket, slot, opened, true).await,
