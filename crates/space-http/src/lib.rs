@@ -84,8 +84,8 @@ const IDLE_FOR: Duration = Duration::from_secs(30);
 /// One connection: its request handle and the connection itself, polled by whoever
 /// holds it.
 struct Conn {
-    sender: SendRequest<Full<Bytes>>,
-    conn: Connection<TokioIo<TcpStream>, Full<Bytes>>,
+    sender: SendRequest<ReqBody>,
+    conn: Connection<TokioIo<TcpStream>, ReqBody>,
     idle_since: Instant,
 }
 
@@ -140,6 +140,72 @@ impl HttpClient {
         headers: &[(&str, &str)],
         body: Bytes,
     ) -> Result<Answer, CallError> {
+        let mut body = Some(ReqBody::from(body));
+        self.call_inner(method, url, headers, &mut body, Read::Collect)
+            .await
+    }
+
+    /// Sends one request whose body is `len` bytes of `file` (from its start),
+    /// streamed from disk; a new connection carries it (a body read from a file is
+    /// not sent twice). The answer is read whole (at most [`MAX_ANSWER`]).
+    pub async fn call_with_file(
+        &self,
+        method: Method,
+        url: &str,
+        headers: &[(&str, &str)],
+        file: std::fs::File,
+        len: u64,
+    ) -> Result<Answer, CallError> {
+        let mut body = Some(ReqBody::file(file, len));
+        self.call_inner(method, url, headers, &mut body, Read::Collect)
+            .await
+    }
+
+    /// Sends one request and, when the answer is a success, streams its body into
+    /// `sink` on a blocking thread (a bounded queue of chunks between), failing once
+    /// it passes `limit` bytes. Returns the answer (its body empty on success, the
+    /// peer's error — at most 64 KiB — otherwise) and, on success, `sink` back with
+    /// the number of bytes written.
+    pub async fn call_to_sink<W: std::io::Write + Send + 'static>(
+        &self,
+        method: Method,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: Bytes,
+        limit: u64,
+        sink: W,
+    ) -> Result<(Answer, Option<(W, u64)>), CallError> {
+        let (tx, done) = spool(sink);
+        let mut body = Some(ReqBody::from(body));
+        let answer = self
+            .call_inner(method, url, headers, &mut body, Read::Spool { limit, tx })
+            .await;
+        let written = match done.await {
+            Ok(Ok(w)) => Some(w),
+            Ok(Err(e)) => return Err(CallError::Transport(format!("writing the answer: {e}"))),
+            Err(e) => return Err(CallError::Transport(e.to_string())),
+        };
+        let answer = answer?;
+        if !answer.status.is_success() {
+            return Ok((answer, None));
+        }
+        let len = answer
+            .headers
+            .get(SPOOLED)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        Ok((answer, written.map(|w| (w, len))))
+    }
+
+    async fn call_inner(
+        &self,
+        method: Method,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: &mut Option<ReqBody>,
+        read: Read,
+    ) -> Result<Answer, CallError> {
         let bad_url = || CallError::Url(url.to_owned());
         let uri: Uri = url.parse().map_err(|_| bad_url())?;
         if uri.scheme_str() != Some("http") {
@@ -147,7 +213,8 @@ impl HttpClient {
         }
         let peer = uri.authority().ok_or_else(bad_url)?.as_str().to_owned();
         let path = uri.path_and_query().map_or("/", |p| p.as_str());
-        let request = || {
+        let once = body.as_ref().is_some_and(ReqBody::is_file);
+        let mut request = || {
             let mut req = Request::builder()
                 .method(method.clone())
                 .uri(path)
@@ -155,10 +222,18 @@ impl HttpClient {
             for (k, v) in headers {
                 req = req.header(*k, *v);
             }
-            req.body(Full::new(body.clone())).map_err(|_| bad_url())
+            // Bytes are cloned for a retry; a file body is taken (and sent once).
+            let b = if once {
+                body.take()
+            } else {
+                body.as_ref().and_then(ReqBody::bytes)
+            }
+            .ok_or_else(|| CallError::Connect("the request body was sent already".into()))?;
+            req.body(b).map_err(|_| bad_url())
         };
+        let mut read = Some(read);
         let fut = async {
-            let mut pooled = true;
+            let mut pooled = !once;
             loop {
                 let mut conn = match self.checkout(&peer).filter(|_| pooled) {
                     Some(c) => c,
@@ -167,7 +242,8 @@ impl HttpClient {
                         connect(&peer).await?
                     }
                 };
-                match exchange(&mut conn, request()?).await {
+                let how = read.take().unwrap_or(Read::Collect);
+                match exchange(&mut conn, request()?, how).await {
                     Ok((answer, reusable)) => {
                         if reusable {
                             self.checkin(&peer, conn);
@@ -175,9 +251,12 @@ impl HttpClient {
                         return Ok(answer);
                     }
                     // A pooled connection the peer had closed: once more on a new one.
-                    Err(Failure::NotSent(_)) if pooled => pooled = false,
-                    Err(Failure::NotSent(e)) => return Err(CallError::Connect(e)),
-                    Err(Failure::Sent(e)) => return Err(CallError::Transport(e)),
+                    Err((Failure::NotSent(_), how)) if pooled => {
+                        pooled = false;
+                        read = how;
+                    }
+                    Err((Failure::NotSent(e), _)) => return Err(CallError::Connect(e)),
+                    Err((Failure::Sent(e), _)) => return Err(CallError::Transport(e)),
                 }
             }
         };
@@ -260,16 +339,42 @@ async fn connect(peer: &str) -> Result<Conn, CallError> {
     })
 }
 
+/// How an answer's body is read.
+enum Read {
+    /// Into memory, at most [`MAX_ANSWER`].
+    Collect,
+    /// A success's body to a spool writer (at most `limit` bytes); any other answer's
+    /// into memory, at most 64 KiB.
+    Spool {
+        limit: u64,
+        tx: tokio::sync::mpsc::Sender<Bytes>,
+    },
+}
+
+/// The header (set on [`Answer::headers`] by [`HttpClient::call_to_sink`]) holding the
+/// bytes spooled.
+const SPOOLED: &str = "x-space-spooled-bytes";
+
+/// Largest error answer read when the answer was to be spooled.
+const MAX_SPOOL_ERROR: usize = 64 << 10;
+
 /// One request and its whole answer on `c`, polling the connection alongside. The
-/// flag says whether the connection can serve another request.
-async fn exchange(c: &mut Conn, req: Request<Full<Bytes>>) -> Result<(Answer, bool), Failure> {
+/// flag says whether the connection can serve another request. A failure hands back
+/// how the body was to be read when it is the same for a retry.
+async fn exchange(
+    c: &mut Conn,
+    req: Request<ReqBody>,
+    read: Read,
+) -> Result<(Answer, bool), (Failure, Option<Read>)> {
     let Conn { sender, conn, .. } = c;
+    let mut read = Some(read);
     let (answer, conn_ended) = {
-        let work = async {
-            sender
-                .ready()
-                .await
-                .map_err(|e| Failure::NotSent(e.to_string()))?;
+        let read = &mut read;
+        let sender = &mut *sender;
+        let work = async move {
+            if let Err(e) = sender.ready().await {
+                return Err(Failure::NotSent(e.to_string()));
+            }
             let resp = sender.try_send_request(req).await.map_err(|mut e| {
                 if e.take_message().is_some() {
                     Failure::NotSent(e.into_error().to_string())
@@ -277,12 +382,20 @@ async fn exchange(c: &mut Conn, req: Request<Full<Bytes>>) -> Result<(Answer, bo
                     Failure::Sent(e.into_error().to_string())
                 }
             })?;
-            let (parts, body) = resp.into_parts();
-            let body = Limited::new(body, MAX_ANSWER)
-                .collect()
-                .await
-                .map_err(|e| Failure::Sent(e.to_string()))?
-                .to_bytes();
+            let (mut parts, body) = resp.into_parts();
+            let body = match read.take() {
+                Some(Read::Spool { limit, tx }) if parts.status.is_success() => {
+                    let n = spool_into(body, limit, &tx)
+                        .await
+                        .map_err(|e| Failure::Sent(e.to_string()))?;
+                    if let Ok(v) = hyper::header::HeaderValue::from_str(&n.to_string()) {
+                        parts.headers.insert(SPOOLED, v);
+                    }
+                    Bytes::new()
+                }
+                Some(Read::Spool { .. }) => collect(body, MAX_SPOOL_ERROR).await?,
+                _ => collect(body, MAX_ANSWER).await?,
+            };
             Ok(Answer {
                 status: parts.status,
                 headers: parts.headers,
@@ -298,7 +411,224 @@ async fn exchange(c: &mut Conn, req: Request<Full<Bytes>>) -> Result<(Answer, bo
         .await
     };
     let reusable = !conn_ended && !sender.is_closed();
-    answer.map(|a| (a, reusable))
+    answer.map(|a| (a, reusable)).map_err(|f| (f, read))
+}
+
+async fn collect(body: hyper::body::Incoming, limit: usize) -> Result<Bytes, Failure> {
+    Ok(Limited::new(body, limit)
+        .collect()
+        .await
+        .map_err(|e| Failure::Sent(e.to_string()))?
+        .to_bytes())
+}
+
+/// Sends `body`'s data to `tx`, failing once it passes `limit` bytes; the bytes sent.
+async fn spool_into<B>(
+    body: B,
+    limit: u64,
+    tx: &tokio::sync::mpsc::Sender<Bytes>,
+) -> std::io::Result<u64>
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
+    let mut body = std::pin::pin!(body);
+    let mut n = 0u64;
+    while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+        let frame = frame.map_err(|e| std::io::Error::other(e.to_string()))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        n += data.len() as u64;
+        if n > limit {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::FileTooLarge,
+                format!("the body is over the limit of {limit} bytes"),
+            ));
+        }
+        if tx.send(data).await.is_err() {
+            return Err(std::io::Error::other("the writer stopped"));
+        }
+    }
+    Ok(n)
+}
+
+/// A writer of chunks into `sink` on a blocking thread, behind a queue of 8.
+fn spool<W: std::io::Write + Send + 'static>(
+    mut sink: W,
+) -> (
+    tokio::sync::mpsc::Sender<Bytes>,
+    tokio::task::JoinHandle<std::io::Result<W>>,
+) {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(8);
+    let done = tokio::task::spawn_blocking(move || {
+        while let Some(chunk) = rx.blocking_recv() {
+            sink.write_all(&chunk)?;
+        }
+        sink.flush()?;
+        Ok(sink)
+    });
+    (tx, done)
+}
+
+/// Streams a request or answer body into `sink` (on a blocking thread, a bounded queue
+/// of chunks between), failing with [`std::io::ErrorKind::FileTooLarge`] once it passes
+/// `limit` bytes: what a server does with a large body it has authorized. Returns
+/// `sink` and the number of bytes written.
+pub async fn spool_body<B, W>(body: B, limit: u64, sink: W) -> std::io::Result<(W, u64)>
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+    W: std::io::Write + Send + 'static,
+{
+    let (tx, done) = spool(sink);
+    let n = spool_into(body, limit, &tx).await;
+    drop(tx);
+    let sink = done.await.map_err(std::io::Error::other)?;
+    let n = n?;
+    Ok((sink?, n))
+}
+
+/// A request body: bytes in hand, or a file read from disk as it is sent.
+#[derive(Debug)]
+pub enum ReqBody {
+    /// Bytes.
+    Bytes(Full<Bytes>),
+    /// A file.
+    File(FileBody),
+}
+
+impl ReqBody {
+    /// `len` bytes of `file` from its start.
+    pub fn file(file: std::fs::File, len: u64) -> Self {
+        Self::File(FileBody::new(file, len))
+    }
+
+    fn is_file(&self) -> bool {
+        matches!(self, Self::File(_))
+    }
+
+    /// A copy of a body of bytes (a file body is sent once).
+    fn bytes(&self) -> Option<Self> {
+        match self {
+            Self::Bytes(b) => Some(Self::Bytes(b.clone())),
+            Self::File(_) => None,
+        }
+    }
+}
+
+impl From<Bytes> for ReqBody {
+    fn from(b: Bytes) -> Self {
+        Self::Bytes(Full::new(b))
+    }
+}
+
+impl hyper::body::Body for ReqBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, std::io::Error>>> {
+        match self.get_mut() {
+            Self::Bytes(b) => Pin::new(b)
+                .poll_frame(cx)
+                .map(|f| f.map(|r| r.map_err(|never| match never {}))),
+            Self::File(f) => Pin::new(f).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Bytes(b) => b.is_end_stream(),
+            Self::File(f) => f.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match self {
+            Self::Bytes(b) => b.size_hint(),
+            Self::File(f) => f.size_hint(),
+        }
+    }
+}
+
+/// A body of exactly `len` bytes of a file, read on a blocking thread in 256 KiB
+/// chunks as they are sent (at most 4 chunks read ahead): a large file goes out
+/// without being held in memory. A file shorter than `len` fails the body.
+#[derive(Debug)]
+pub struct FileBody {
+    rx: tokio::sync::mpsc::Receiver<std::io::Result<Bytes>>,
+    len: u64,
+    sent: u64,
+}
+
+impl FileBody {
+    /// `len` bytes of `file`, from its start. Must be called within a Tokio runtime.
+    pub fn new(file: std::fs::File, len: u64) -> Self {
+        use std::os::unix::fs::FileExt;
+        const CHUNK: u64 = 256 << 10;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::task::spawn_blocking(move || {
+            let mut at = 0u64;
+            while at < len {
+                let want = usize::try_from(CHUNK.min(len - at)).unwrap_or(1 << 18);
+                let mut buf = vec![0u8; want];
+                let r = match file.read_at(&mut buf, at) {
+                    Ok(0) => Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "the file is shorter than its announced length",
+                    )),
+                    Ok(n) => {
+                        buf.truncate(n);
+                        at += n as u64;
+                        Ok(Bytes::from(buf))
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => Err(e),
+                };
+                let failed = r.is_err();
+                if tx.blocking_send(r).is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Self { rx, len, sent: 0 }
+    }
+}
+
+impl hyper::body::Body for FileBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, std::io::Error>>> {
+        if self.sent >= self.len {
+            return Poll::Ready(None);
+        }
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(Some(Ok(b))) => {
+                self.sent += b.len() as u64;
+                Poll::Ready(Some(Ok(hyper::body::Frame::data(b))))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
+            Poll::Ready(None) => {
+                Poll::Ready(Some(Err(std::io::Error::other("the file reader stopped"))))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.sent >= self.len
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.len - self.sent)
+    }
 }
 
 /// Polls a request's future and its connection in one task until the request is
@@ -308,7 +638,7 @@ async fn exchange(c: &mut Conn, req: Request<Full<Bytes>>) -> Result<(Answer, bo
 /// to steal the task.
 struct Together<'a, W> {
     work: Pin<&'a mut W>,
-    conn: &'a mut Connection<TokioIo<TcpStream>, Full<Bytes>>,
+    conn: &'a mut Connection<TokioIo<TcpStream>, ReqBody>,
     /// The connection future completed (closed or failed).
     ended: bool,
     wakes: (Arc<WakeFlag>, Waker),
@@ -946,5 +1276,96 @@ mod tests {
         let _ = stop.send(());
         assert!(closed_within(&mut idle, Duration::from_secs(2)).await);
         assert_eq!(slow.await.unwrap().body, &b"slow"[..]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_file_body_streams_out_and_an_answer_spools_to_a_sink_within_its_limit() {
+        use std::io::Write as _;
+        let app = axum::Router::new()
+            .route(
+                "/echo",
+                axum::routing::post(|body: Bytes| async move { body }),
+            )
+            .layer(axum::extract::DefaultBodyLimit::disable());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/echo", listener.local_addr().unwrap());
+        tokio::spawn(serve_until(listener, app, std::future::pending()));
+        let data: Vec<u8> = (0..3u32 << 20).map(|i| (i % 251) as u8).collect();
+        let mut f = tempfile_for_test();
+        f.write_all(&data).unwrap();
+        let c = HttpClient::new(Duration::from_secs(10));
+        let a = c
+            .call_with_file(
+                Method::POST,
+                &url,
+                &[],
+                f.try_clone().unwrap(),
+                data.len() as u64,
+            )
+            .await
+            .unwrap();
+        assert_eq!(a.status, StatusCode::OK);
+        assert!(
+            a.body == data,
+            "the file did not arrive intact: {} of {}",
+            a.body.len(),
+            data.len()
+        );
+        // A file shorter than announced fails the call rather than sending garbage.
+        let short = c
+            .call_with_file(
+                Method::POST,
+                &url,
+                &[],
+                f.try_clone().unwrap(),
+                data.len() as u64 + 1,
+            )
+            .await;
+        assert!(short.is_err());
+        // Spooled within the limit: every byte reaches the sink.
+        let (a, spooled) = c
+            .call_to_sink(
+                Method::POST,
+                &url,
+                &[],
+                Bytes::from(data.clone()),
+                3 << 20,
+                Vec::new(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(a.status, StatusCode::OK);
+        let (sink, n) = spooled.unwrap();
+        assert_eq!((n, sink == data), (data.len() as u64, true));
+        // Past it: refused, and at most the limit was written.
+        let over = c
+            .call_to_sink(
+                Method::POST,
+                &url,
+                &[],
+                Bytes::from(data.clone()),
+                1 << 20,
+                Vec::new(),
+            )
+            .await;
+        assert!(
+            matches!(over, Err(CallError::Transport(ref e)) if e.contains("limit")),
+            "{over:?}"
+        );
+    }
+
+    fn tempfile_for_test() -> std::fs::File {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc_o_tmpfile())
+            .open(std::env::temp_dir())
+            .unwrap()
+    }
+
+    /// `O_TMPFILE` on Linux (x86_64 and aarch64).
+    fn libc_o_tmpfile() -> i32 {
+        0o20_000_000 | 0o200_000
     }
 }
