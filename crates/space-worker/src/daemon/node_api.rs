@@ -233,10 +233,22 @@ fn error(
 /// The router.
 pub fn router(worker: Arc<Worker>) -> Router {
     Router::new()
-        .route("/v1/sandboxes/{id}/exec", post(exec))
+        .route(
+            "/v1/sandboxes/{id}/exec",
+            post(exec).route_layer(axum::middleware::from_fn_with_state(
+                Arc::clone(&worker),
+                admitted_first,
+            )),
+        )
         .route(
             "/v1/sandboxes/{id}/files",
-            get(read_file).put(write_file).delete(remove_file),
+            get(read_file)
+                .put(write_file)
+                .delete(remove_file)
+                .route_layer(axum::middleware::from_fn_with_state(
+                    Arc::clone(&worker),
+                    admitted_first,
+                )),
         )
         .route("/v1/sandboxes/{id}/files/list", get(list_files))
         .route("/v1/sandboxes/{id}/terminal", get(super::streams::terminal))
@@ -252,13 +264,12 @@ pub fn router(worker: Arc<Worker>) -> Router {
                 .route("/internal/v1/updates", post(apply_update))
                 .route(
                     "/internal/v1/snapshot",
-                    post(super::snapshot::http::snapshot),
+                    post(super::snapshot::http::snapshot)
+                        .layer(DefaultBodyLimit::max(MAX_SIGNED_REQUEST)),
                 )
-                .route(
-                    "/internal/v1/layers",
-                    post(super::snapshot::http::layer)
-                        .layer(DefaultBodyLimit::max(super::snapshot::MAX_ARCHIVE as usize)),
-                )
+                // The body is streamed to disk once the signed update in its header
+                // is verified (no body limit here: the signed size is the limit).
+                .route("/internal/v1/layers", post(super::snapshot::http::layer))
                 .route_layer(axum::middleware::from_fn(space_http::run_to_end)),
         )
         .route("/metrics", get(metrics))
@@ -266,6 +277,62 @@ pub fn router(worker: Arc<Worker>) -> Router {
         .fallback(|| async { error(StatusCode::NOT_FOUND, "not_found", "no such route", None) })
         .layer(DefaultBodyLimit::max(MAX_FILE))
         .with_state(worker)
+}
+
+/// Largest body of a request that carries its own signature (a snapshot order).
+const MAX_SIGNED_REQUEST: usize = 64 << 10;
+
+/// Admits the capability of an exec or file request before its body is read (the
+/// handler then admits it again, from the verified-token cache, and counts it): a
+/// request without a valid capability for a running execution here is answered — and
+/// its connection closed — without a byte of its body being read.
+async fn admitted_first(
+    State(w): State<Arc<Worker>>,
+    Path(id): Path<String>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let access = match *req.method() {
+        axum::http::Method::POST => Access::Exec,
+        // Reads take no body (one sent is never read): admitted by the handler alone.
+        axum::http::Method::GET => return next.run(req).await,
+        _ => Access::FsWrite,
+    };
+    let allowed = admission_token(req.headers()).is_some_and(|token| {
+        let Ok(sandbox) = id.parse::<SandboxId>() else {
+            return false;
+        };
+        let op = Operation {
+            path_sandbox: &sandbox,
+            bound_sandbox: None,
+            endpoint: Endpoint::Control { access },
+        };
+        matches!(w.admit(token.as_bytes(), &op).0, Verdict::Allow)
+    });
+    if allowed {
+        return next.run(req).await;
+    }
+    // Refused: the rejection (counted once) as `admit` words it; the body stays unread.
+    match admit(&w, req.headers(), &id, access) {
+        Err(r) => {
+            let mut resp = *r;
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            resp
+        }
+        // Allowed meanwhile (an install arrived): served.
+        Ok(_) => next.run(req).await,
+    }
+}
+
+/// The capability a request presents, if it parses.
+fn admission_token(headers: &HeaderMap) -> Option<Token> {
+    let text = headers
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("SpaceCap ")?;
+    Token::from_text(text.trim()).ok()
 }
 
 /// Admits a request or answers the rejection (401, 421, 403).

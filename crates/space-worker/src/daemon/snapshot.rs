@@ -10,14 +10,38 @@
 //! before unpacking anything.
 
 use std::fs;
-use std::io::{self, Read};
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::path::Path;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Component, Path, PathBuf};
 
 /// Largest archive a worker produces or accepts.
 pub const MAX_ARCHIVE: u64 = 1 << 30;
 
 const WHITEOUT_KEY: &str = "SPACE.whiteout";
+
+/// `MAX_ARCHIVE` (or any limit) in words, for errors.
+fn size_words(bytes: u64) -> String {
+    const GIB: u64 = 1 << 30;
+    const MIB: u64 = 1 << 20;
+    if bytes >= GIB && bytes % GIB == 0 {
+        format!("{} GiB", bytes / GIB)
+    } else if bytes >= GIB {
+        format!("{:.1} GiB", bytes as f64 / GIB as f64)
+    } else {
+        format!("{:.1} MiB", bytes as f64 / MIB as f64)
+    }
+}
+
+/// The error of a layer over `limit`.
+fn over_limit(limit: u64, what: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::FileTooLarge,
+        format!(
+            "the writable layer is over the snapshot size limit of {}: {what}",
+            size_words(limit)
+        ),
+    )
+}
 
 /// The `trusted.overlay.*` attributes of `path` (without following a symlink).
 fn overlay_xattrs(path: &Path) -> Vec<(String, Vec<u8>)> {
@@ -51,62 +75,282 @@ fn header_for(meta: &fs::Metadata, kind: tar::EntryType, size: u64) -> tar::Head
     h
 }
 
-fn add_tree(b: &mut tar::Builder<Vec<u8>>, root: &Path, rel: &Path) -> io::Result<()> {
-    let mut entries: Vec<fs::DirEntry> = fs::read_dir(root.join(rel))?.collect::<Result<_, _>>()?;
-    entries.sort_by_key(|e| e.file_name());
-    for e in entries {
-        let rel = rel.join(e.file_name());
-        let path = root.join(&rel);
-        let meta = fs::symlink_metadata(&path)?;
-        let ft = meta.file_type();
-        let xattrs = overlay_xattrs(&path);
-        let pax: Vec<(String, Vec<u8>)> = xattrs
-            .into_iter()
-            .map(|(k, v)| (format!("SCHILY.xattr.{k}"), v))
-            .collect();
-        if ft.is_char_device() && meta.rdev() == 0 {
-            b.append_pax_extensions([(WHITEOUT_KEY, &b"1"[..])])?;
-            let mut h = header_for(&meta, tar::EntryType::Regular, 0);
-            b.append_data(&mut h, &rel, io::empty())?;
-            continue;
+/// What an archive is written into: counts and hashes the bytes, and fails once they
+/// would pass the limit (so nothing past it is ever written).
+struct Sink<W> {
+    out: W,
+    written: u64,
+    limit: u64,
+    hash: blake3::Hasher,
+}
+
+impl<W: Write> Write for Sink<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.written + buf.len() as u64 > self.limit {
+            return Err(over_limit(
+                self.limit,
+                "the archive grew past it while it was written",
+            ));
         }
-        if !pax.is_empty() {
-            b.append_pax_extensions(pax.iter().map(|(k, v)| (k.as_str(), v.as_slice())))?;
-        }
-        if ft.is_dir() {
-            let mut h = header_for(&meta, tar::EntryType::Directory, 0);
-            b.append_data(&mut h, &rel, io::empty())?;
-            add_tree(b, root, &rel)?;
-        } else if ft.is_file() {
-            let mut h = header_for(&meta, tar::EntryType::Regular, meta.len());
-            b.append_data(&mut h, &rel, fs::File::open(&path)?)?;
-        } else if ft.is_symlink() {
-            let mut h = header_for(&meta, tar::EntryType::Symlink, 0);
-            b.append_link(&mut h, &rel, fs::read_link(&path)?)?;
-        }
-        // Sockets, FIFOs and other devices do not survive a snapshot.
+        let n = self.out.write(buf)?;
+        self.hash.update(&buf[..n]);
+        self.written += n as u64;
+        Ok(n)
     }
-    Ok(())
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+}
+
+/// What [`pack_into`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Packed {
+    /// Bytes of the archive.
+    pub size: u64,
+    /// BLAKE3 of those bytes, lowercase hex.
+    pub digest: String,
+}
+
+/// Tar bytes an entry of `len` data bytes takes at least (header and padding).
+fn entry_bytes(len: u64) -> u64 {
+    512 + len.div_ceil(512) * 512
+}
+
+struct Packer<W: Write> {
+    b: tar::Builder<Sink<W>>,
+    /// Bytes the archive takes so far, counting each file at its apparent size before
+    /// any of it is read.
+    planned: u64,
+}
+
+impl<W: Write> Packer<W> {
+    fn add_tree(&mut self, root: &Path, rel: &Path) -> io::Result<()> {
+        let limit = self.b.get_ref().limit;
+        let mut entries: Vec<fs::DirEntry> =
+            fs::read_dir(root.join(rel))?.collect::<Result<_, _>>()?;
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let rel = rel.join(e.file_name());
+            let path = root.join(&rel);
+            let meta = fs::symlink_metadata(&path)?;
+            let ft = meta.file_type();
+            let xattrs = overlay_xattrs(&path);
+            let pax: Vec<(String, Vec<u8>)> = xattrs
+                .into_iter()
+                .map(|(k, v)| (format!("SCHILY.xattr.{k}"), v))
+                .collect();
+            // Headers, long names and extension records: a generous bound per entry.
+            self.planned += 3 * 512 + rel.as_os_str().len() as u64;
+            if ft.is_file() {
+                // A sparse file counts at its apparent size: refused before a byte of
+                // it is read, however few blocks it really holds.
+                self.planned += entry_bytes(meta.len());
+                if self.planned > limit {
+                    return Err(over_limit(
+                        limit,
+                        &format!(
+                            "/{} is {} (sparse files count at their apparent size)",
+                            rel.display(),
+                            size_words(meta.len())
+                        ),
+                    ));
+                }
+            }
+            if ft.is_char_device() && meta.rdev() == 0 {
+                self.b.append_pax_extensions([(WHITEOUT_KEY, &b"1"[..])])?;
+                let mut h = header_for(&meta, tar::EntryType::Regular, 0);
+                self.b.append_data(&mut h, &rel, io::empty())?;
+                continue;
+            }
+            if !pax.is_empty() {
+                self.b
+                    .append_pax_extensions(pax.iter().map(|(k, v)| (k.as_str(), v.as_slice())))?;
+            }
+            if ft.is_dir() {
+                let mut h = header_for(&meta, tar::EntryType::Directory, 0);
+                self.b.append_data(&mut h, &rel, io::empty())?;
+                self.add_tree(root, &rel)?;
+            } else if ft.is_file() {
+                // Never through a symlink (the tree is the sandbox's).
+                let f = fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                    .open(&path)?;
+                let mut h = header_for(&meta, tar::EntryType::Regular, meta.len());
+                // Exactly the size in the header, whatever the file holds now.
+                self.b
+                    .append_data(&mut h, &rel, ExactLen::new(f, meta.len()))?;
+            } else if ft.is_symlink() {
+                let mut h = header_for(&meta, tar::EntryType::Symlink, 0);
+                self.b.append_link(&mut h, &rel, fs::read_link(&path)?)?;
+            }
+            // Sockets, FIFOs and other devices do not survive a snapshot.
+        }
+        Ok(())
+    }
+}
+
+/// A reader of exactly `len` bytes: `inner`'s, cut or padded with zeros.
+struct ExactLen<R> {
+    inner: R,
+    left: u64,
+    ended: bool,
+}
+
+impl<R: Read> ExactLen<R> {
+    fn new(inner: R, len: u64) -> Self {
+        Self {
+            inner,
+            left: len,
+            ended: false,
+        }
+    }
+}
+
+impl<R: Read> Read for ExactLen<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let want = usize::try_from(self.left)
+            .unwrap_or(usize::MAX)
+            .min(buf.len());
+        if want == 0 {
+            return Ok(0);
+        }
+        let n = if self.ended {
+            0
+        } else {
+            self.inner.read(&mut buf[..want])?
+        };
+        let n = if n == 0 {
+            self.ended = true;
+            buf[..want].fill(0);
+            want
+        } else {
+            n
+        };
+        self.left -= n as u64;
+        Ok(n)
+    }
 }
 
 /// Archives the directory tree at `upper` (which must not change meanwhile: the
-/// execution is frozen).
+/// execution is frozen) into `out`, streaming: at most one read buffer of a file is
+/// in memory at a time. Fails, naming the limit, before the archive would pass
+/// `limit` bytes; a file too large for it is refused before any of it is read.
+pub fn pack_into<W: Write>(upper: &Path, out: W, limit: u64) -> io::Result<Packed> {
+    let sink = Sink {
+        out,
+        written: 0,
+        limit,
+        hash: blake3::Hasher::new(),
+    };
+    let mut p = Packer {
+        b: tar::Builder::new(sink),
+        planned: 1024,
+    };
+    p.b.mode(tar::HeaderMode::Complete);
+    p.add_tree(upper, Path::new(""))?;
+    let mut sink = p.b.into_inner()?;
+    sink.flush()?;
+    Ok(Packed {
+        size: sink.written,
+        digest: sink.hash.finalize().to_hex().to_string(),
+    })
+}
+
+/// [`pack_into`] a new file in `dir` that has no name (unlinked as soon as it is
+/// made, so nothing is left behind whatever happens), rewound for reading.
+pub fn pack_to_temp(upper: &Path, dir: &Path, limit: u64) -> io::Result<(fs::File, Packed)> {
+    use std::io::Seek;
+    fs::create_dir_all(dir)?;
+    let mut f = tempfile_in(dir)?;
+    let packed = pack_into(
+        upper,
+        io::BufWriter::with_capacity(256 << 10, &mut f),
+        limit,
+    )?;
+    f.sync_data()?;
+    f.seek(io::SeekFrom::Start(0))?;
+    Ok((f, packed))
+}
+
+/// A new, already unlinked, private file in `dir`.
+pub fn tempfile_in(dir: &Path) -> io::Result<fs::File> {
+    fs::create_dir_all(dir)?;
+    fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .mode(0o600)
+        .open(dir)
+}
+
+/// Archives `upper` in memory (tests and small layers).
 pub fn pack(upper: &Path) -> io::Result<Vec<u8>> {
-    let mut b = tar::Builder::new(Vec::new());
-    b.mode(tar::HeaderMode::Complete);
-    add_tree(&mut b, upper, Path::new(""))?;
-    let out = b.into_inner()?;
-    if out.len() as u64 > MAX_ARCHIVE {
-        return Err(io::Error::other(
-            "writable layer over the snapshot size limit",
-        ));
-    }
+    let mut out = Vec::new();
+    pack_into(upper, &mut out, MAX_ARCHIVE)?;
     Ok(out)
 }
 
+/// An error about an archive entry that is refused.
+fn refused_entry(rel: &Path, why: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!(
+            "archive entry {:?} refused: {why}",
+            rel.display().to_string()
+        ),
+    )
+}
+
+/// `rel` as a path under `dest` whose every component is a plain name, whose parents
+/// are real directories under `dest` (created if missing, never through a symlink),
+/// and which does not exist yet — unless `dir_ok` and it is a real directory.
+fn place(dest: &Path, rel: &Path, dir_ok: bool) -> io::Result<PathBuf> {
+    let names: Vec<&std::ffi::OsStr> = rel
+        .components()
+        .map(|c| match c {
+            Component::Normal(n) => Ok(n),
+            _ => Err(refused_entry(
+                rel,
+                "absolute paths and `.`/`..` components leave the layer",
+            )),
+        })
+        .collect::<io::Result<_>>()?;
+    let Some((last, parents)) = names.split_last() else {
+        return Err(refused_entry(rel, "empty path"));
+    };
+    let mut at = dest.to_path_buf();
+    for name in parents {
+        at.push(name);
+        match fs::symlink_metadata(&at) {
+            Ok(m) if m.file_type().is_dir() => {}
+            Ok(_) => {
+                return Err(refused_entry(
+                    rel,
+                    "a parent is not a directory (never followed)",
+                ));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => fs::create_dir(&at)?,
+            Err(e) => return Err(e),
+        }
+    }
+    at.push(last);
+    match fs::symlink_metadata(&at) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(at),
+        Ok(m) if dir_ok && m.file_type().is_dir() => Ok(at),
+        Ok(_) => Err(refused_entry(rel, "a second entry for the same path")),
+        Err(e) => Err(e),
+    }
+}
+
 /// Unpacks an archive made by [`pack`] into `dest`, which must not exist: a new
-/// directory is filled, so nothing outside it can be touched.
-pub fn unpack(archive: &[u8], dest: &Path) -> io::Result<()> {
+/// directory is filled, so nothing outside it can be touched. The archive's contents
+/// are the sandbox's, so only directories, regular files, symlinks and whiteouts are
+/// accepted (no hard links, devices, FIFOs or sparse entries), every path must be
+/// made of plain names, and no symlink is followed: an entry below a symlink an
+/// earlier entry made, or over an existing path, is refused.
+pub fn unpack<R: Read>(archive: R, dest: &Path) -> io::Result<()> {
     fs::create_dir(dest)?;
     let mut a = tar::Archive::new(archive);
     a.set_preserve_permissions(true);
@@ -131,18 +375,15 @@ pub fn unpack(archive: &[u8], dest: &Path) -> io::Result<()> {
                 }
             }
         }
+        let rel = entry.path()?.into_owned();
+        let kind = entry.header().entry_type();
         if whiteout {
-            let rel = entry.path()?.into_owned();
-            if rel
-                .components()
-                .any(|c| !matches!(c, std::path::Component::Normal(_)))
-            {
-                return Err(io::Error::other("whiteout path leaves the layer"));
+            if kind != tar::EntryType::Regular || entry.size() != 0 {
+                return Err(refused_entry(&rel, "a whiteout holds no data"));
             }
-            let mut sink = Vec::new();
-            entry.read_to_end(&mut sink)?;
+            let at = place(dest, &rel, false)?;
             nix::sys::stat::mknod(
-                &dest.join(rel),
+                &at,
                 nix::sys::stat::SFlag::S_IFCHR,
                 nix::sys::stat::Mode::empty(),
                 0,
@@ -150,14 +391,29 @@ pub fn unpack(archive: &[u8], dest: &Path) -> io::Result<()> {
             .map_err(io::Error::from)?;
             continue;
         }
-        // `unpack_in` refuses paths that climb out of `dest` (also through symlinks).
-        let rel = entry.path()?.into_owned();
-        if !entry.unpack_in(dest)? {
-            return Err(io::Error::other("archive entry leaves the layer"));
-        }
+        let at = match kind {
+            tar::EntryType::Directory => place(dest, &rel, true)?,
+            tar::EntryType::Regular | tar::EntryType::Symlink => place(dest, &rel, false)?,
+            tar::EntryType::Link => return Err(refused_entry(&rel, "hard links are refused")),
+            tar::EntryType::Char | tar::EntryType::Block => {
+                return Err(refused_entry(
+                    &rel,
+                    "device nodes other than whiteouts are refused",
+                ));
+            }
+            other => {
+                return Err(refused_entry(
+                    &rel,
+                    &format!("entries of type {other:?} are refused"),
+                ));
+            }
+        };
+        // `place` made sure `at` is new (or a real directory) under real directories;
+        // tar creates files with O_EXCL and symlinks without following anything.
+        entry.unpack(&at)?;
         for (name, value) in xattrs {
             rustix::fs::lsetxattr(
-                dest.join(&rel).as_path(),
+                at.as_path(),
                 name.as_str(),
                 &value,
                 rustix::fs::XattrFlags::empty(),
@@ -203,7 +459,7 @@ mod tests {
         );
         let archive = pack(&src).unwrap();
         let dst = t.path().join("restored");
-        unpack(&archive, &dst).unwrap();
+        unpack(&archive[..], &dst).unwrap();
         assert_eq!(fs::read(dst.join("root/dir/file.txt")).unwrap(), b"data");
         assert_eq!(
             fs::read_link(dst.join("root/link")).unwrap(),
@@ -242,8 +498,202 @@ mod tests {
         h.set_cksum();
         b.append(&h, &b"x"[..]).unwrap();
         let archive = b.into_inner().unwrap();
-        assert!(unpack(&archive, &t.path().join("dest")).is_err());
+        assert!(unpack(&archive[..], &t.path().join("dest")).is_err());
         assert!(!t.path().join("escaped").exists());
+    }
+
+    /// An archive of `entries` (type, path, link target, data), paths written raw.
+    fn hostile(entries: &[(tar::EntryType, &str, &str, &[u8])]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (kind, path, link, data) in entries {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(*kind);
+            h.set_size(data.len() as u64);
+            h.set_mode(0o755);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_mtime(0);
+            if matches!(kind, tar::EntryType::Char | tar::EntryType::Block) {
+                h.set_device_major(1).unwrap();
+                h.set_device_minor(3).unwrap();
+            }
+            h.as_old_mut().name[..path.len()].copy_from_slice(path.as_bytes());
+            h.as_old_mut().linkname[..link.len()].copy_from_slice(link.as_bytes());
+            h.set_cksum();
+            b.append(&h, *data).unwrap();
+        }
+        b.into_inner().unwrap()
+    }
+
+    fn refused(archive: &[u8], dest: &Path, says: &str) {
+        let e = unpack(archive, dest).expect_err("a hostile archive was unpacked");
+        assert!(e.to_string().contains(says), "{e}");
+    }
+
+    #[test]
+    fn a_file_below_a_symlink_the_archive_made_is_refused_not_written_outside() {
+        let t = tempfile::tempdir().unwrap();
+        let outside = t.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        let archive = hostile(&[
+            (tar::EntryType::Symlink, "a", outside.to_str().unwrap(), b""),
+            (tar::EntryType::Regular, "a/x", "", b"planted"),
+        ]);
+        refused(&archive, &t.path().join("dest"), "never followed");
+        assert!(
+            !outside.join("x").exists(),
+            "a file was written through the symlink"
+        );
+        // Nor over the symlink itself (the same path twice).
+        let archive = hostile(&[
+            (
+                tar::EntryType::Symlink,
+                "b",
+                outside.join("y").to_str().unwrap(),
+                b"",
+            ),
+            (tar::EntryType::Regular, "b", "", b"planted"),
+        ]);
+        refused(&archive, &t.path().join("dest2"), "same path");
+        assert!(!outside.join("y").exists());
+    }
+
+    #[test]
+    fn hard_links_are_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let secret = t.path().join("secret");
+        fs::write(&secret, b"host").unwrap();
+        let archive = hostile(&[(tar::EntryType::Link, "l", secret.to_str().unwrap(), b"")]);
+        refused(&archive, &t.path().join("dest"), "hard links");
+        let archive = hostile(&[
+            (tar::EntryType::Regular, "f", "", b"x"),
+            (tar::EntryType::Link, "l", "f", b""),
+        ]);
+        refused(&archive, &t.path().join("dest2"), "hard links");
+    }
+
+    #[test]
+    fn device_nodes_and_fifos_are_refused() {
+        let t = tempfile::tempdir().unwrap();
+        for (i, kind) in [
+            tar::EntryType::Char,
+            tar::EntryType::Block,
+            tar::EntryType::Fifo,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let dest = t.path().join(format!("dest{i}"));
+            refused(&hostile(&[(kind, "mem", "", b"")]), &dest, "refused");
+            assert!(!dest.join("mem").exists());
+        }
+    }
+
+    #[test]
+    fn absolute_and_dotted_paths_are_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let abs = t.path().join("abs");
+        for (i, path) in [abs.to_str().unwrap(), "a/../../x", "./../x"]
+            .into_iter()
+            .enumerate()
+        {
+            let archive = hostile(&[(tar::EntryType::Regular, path, "", b"x")]);
+            assert!(
+                unpack(&archive[..], &t.path().join(format!("d{i}"))).is_err(),
+                "{path}"
+            );
+        }
+        assert!(!abs.exists());
+        assert!(!t.path().join("x").exists());
+    }
+
+    /// Peak RSS of this process (VmHWM), bytes.
+    fn peak_rss() -> u64 {
+        let status = fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            * 1024
+    }
+
+    /// A writer that only counts.
+    #[derive(Default)]
+    struct Count(u64);
+
+    impl Write for Count {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0 += buf.len() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_50_gib_sparse_file_is_refused_by_its_apparent_size_before_it_is_read() {
+        let t = tempfile::tempdir().unwrap();
+        let upper = t.path().join("upper");
+        fs::create_dir_all(upper.join("root")).unwrap();
+        fs::write(upper.join("root/small"), b"x").unwrap();
+        let big = fs::File::create(upper.join("root/big")).unwrap();
+        big.set_len(50 << 30).unwrap();
+        let before = peak_rss();
+        let mut out = Count::default();
+        let e = pack_into(&upper, &mut out, MAX_ARCHIVE).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::FileTooLarge);
+        let msg = e.to_string();
+        assert!(
+            msg.contains("1 GiB") && msg.contains("/root/big") && msg.contains("50 GiB"),
+            "{msg}"
+        );
+        assert!(
+            out.0 < 1 << 20,
+            "{} bytes written before the refusal",
+            out.0
+        );
+        let growth = peak_rss().saturating_sub(before);
+        assert!(growth < 32 << 20, "peak RSS grew {growth} bytes");
+    }
+
+    #[test]
+    fn an_archive_is_never_written_past_the_limit() {
+        let t = tempfile::tempdir().unwrap();
+        let upper = t.path().join("upper");
+        fs::create_dir_all(&upper).unwrap();
+        for i in 0..10 {
+            fs::write(upper.join(format!("f{i}")), vec![7u8; 20 << 10]).unwrap();
+        }
+        let limit = 100 << 10;
+        let mut out = Count::default();
+        let e = pack_into(&upper, &mut out, limit).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::FileTooLarge, "{e}");
+        assert!(
+            out.0 <= limit,
+            "{} bytes written past the limit of {limit}",
+            out.0
+        );
+        // Under the limit the same tree packs, with the digest of the bytes written.
+        let mut bytes = Vec::new();
+        let packed = pack_into(&upper, &mut bytes, 1 << 20).unwrap();
+        assert_eq!(packed.size, bytes.len() as u64);
+        assert_eq!(packed.digest, digest(&bytes));
+        // And a spooled archive unpacks from its file.
+        let (file, p) = pack_to_temp(&upper, &t.path().join("spool"), 1 << 20).unwrap();
+        assert_eq!(p, packed);
+        unpack(io::BufReader::new(file), &t.path().join("restored")).unwrap();
+        assert_eq!(
+            fs::read(t.path().join("restored/f3")).unwrap(),
+            vec![7u8; 20 << 10]
+        );
+        assert_eq!(
+            fs::read_dir(t.path().join("spool")).unwrap().count(),
+            0,
+            "a spool file was left"
+        );
     }
 }
 
@@ -279,8 +729,24 @@ pub mod http {
         })
     }
 
+    fn too_large(message: String) -> Response {
+        (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            axum::Json(serde_json::json!({"error": "too_large", "message": message})),
+        )
+            .into_response()
+    }
+
+    /// Where archives wait on their way in or out (files without a name: nothing is
+    /// left behind).
+    fn spool_dir(w: &Worker) -> std::path::PathBuf {
+        w.data_dir.join("spool")
+    }
+
     /// Freezes the execution the signed update names and answers with its writable
-    /// layer; header `space-snapshot-digest` holds the BLAKE3 digest.
+    /// layer; header `space-snapshot-digest` holds the BLAKE3 digest. The archive is
+    /// written to a file first (the limit enforced while it is written, a file too
+    /// large for it refused before it is read) and sent from there.
     pub async fn snapshot(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
         let Ok(signed) = serde_json::from_slice::<SignedUpdate>(&body) else {
             return refused(400, "invalid signed update");
@@ -307,30 +773,57 @@ pub mod http {
         else {
             return refused(409, "execution has no layer");
         };
-        match tokio::task::spawn_blocking(move || super::pack(&upper)).await {
-            Ok(Ok(archive)) => {
-                let digest = super::digest(&archive);
-                (
-                    [
-                        (header::CONTENT_TYPE, "application/x-tar".to_owned()),
-                        (
-                            header::HeaderName::from_static("space-snapshot-digest"),
-                            digest,
-                        ),
-                    ],
-                    archive,
-                )
-                    .into_response()
-            }
+        let spool = spool_dir(&w);
+        let packed = tokio::task::spawn_blocking(move || {
+            super::pack_to_temp(&upper, &spool, super::MAX_ARCHIVE)
+        })
+        .await;
+        match packed {
+            Ok(Ok((file, packed))) => (
+                [
+                    (header::CONTENT_TYPE, "application/x-tar".to_owned()),
+                    (
+                        header::HeaderName::from_static("space-snapshot-digest"),
+                        packed.digest,
+                    ),
+                ],
+                axum::body::Body::new(space_http::FileBody::new(file, packed.size)),
+            )
+                .into_response(),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::FileTooLarge => too_large(e.to_string()),
             Ok(Err(e)) => refused(500, format!("archive: {e}")),
             Err(e) => refused(500, e.to_string()),
         }
     }
 
+    /// A file being written that hashes what goes into it.
+    struct Hashing {
+        out: std::io::BufWriter<std::fs::File>,
+        hash: blake3::Hasher,
+    }
+
+    impl std::io::Write for Hashing {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let n = self.out.write(buf)?;
+            self.hash.update(&buf[..n]);
+            Ok(n)
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            self.out.flush()
+        }
+    }
+
     /// Receives a sandbox's writable layer for its next execution here. The signed
-    /// update names the archive's digest and size; anything else is refused before a
-    /// byte is unpacked.
-    pub async fn layer(State(w): State<Arc<Worker>>, headers: HeaderMap, body: Bytes) -> Response {
+    /// update (header `space-update`) names the archive's digest and size and is
+    /// verified before a byte of the body is read; the body is then streamed to a file
+    /// (refused past the signed size), its digest checked over the bytes received, and
+    /// only then unpacked.
+    pub async fn layer(
+        State(w): State<Arc<Worker>>,
+        headers: HeaderMap,
+        body: axum::body::Body,
+    ) -> Response {
         let signed: Option<SignedUpdate> = headers
             .get("space-update")
             .and_then(|v| v.to_str().ok())
@@ -351,24 +844,56 @@ pub mod http {
             Ok(_) => return refused(400, "not a layer update"),
             Err(e) => return fail(e),
         };
-        if body.len() as u64 != size || super::digest(&body) != digest {
+        if size > super::MAX_ARCHIVE {
+            return too_large(format!(
+                "the layer is {size} bytes, over the limit of {} bytes",
+                super::MAX_ARCHIVE
+            ));
+        }
+        let file = match super::tempfile_in(&spool_dir(&w)) {
+            Ok(f) => f,
+            Err(e) => return refused(500, format!("spool: {e}")),
+        };
+        let sink = Hashing {
+            out: std::io::BufWriter::with_capacity(256 << 10, file),
+            hash: blake3::Hasher::new(),
+        };
+        let (sink, received) = match space_http::spool_body(body, size, sink).await {
+            Ok(v) => v,
+            Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
+                return refused(
+                    403,
+                    "the archive is not the one the control plane signed (longer than signed)",
+                );
+            }
+            Err(e) => return refused(400, format!("receiving the layer: {e}")),
+        };
+        let got = sink.hash.finalize().to_hex().to_string();
+        if received != size || got != digest {
             return refused(
                 403,
                 "the archive is not the one the control plane signed (tampered or truncated)",
             );
         }
+        let mut file = match sink.out.into_inner() {
+            Ok(f) => f,
+            Err(e) => return refused(500, format!("spool: {}", e.error())),
+        };
         let _applying = w.update_lock.write().await;
         let dest = launch::kept_layer(&w.data_dir, &sandbox);
-        let incoming = dest.with_extension(format!(
-            "incoming-{}",
-            super::digest(&body).get(..12).unwrap_or("x")
-        ));
+        let incoming = dest.with_extension(format!("incoming-{}", got.get(..12).unwrap_or("x")));
         let result = tokio::task::spawn_blocking(move || {
+            use std::io::Seek;
+            file.seek(std::io::SeekFrom::Start(0))?;
             let _ = std::fs::remove_dir_all(&incoming);
             if let Some(parent) = incoming.parent() {
                 std::fs::create_dir_all(parent)?;
             }
-            super::unpack(&body, &incoming)?;
+            let unpacked = super::unpack(std::io::BufReader::new(file), &incoming);
+            if let Err(e) = unpacked {
+                let _ = std::fs::remove_dir_all(&incoming);
+                return Err(e);
+            }
             let _ = std::fs::remove_dir_all(&dest);
             std::fs::rename(&incoming, &dest)
         })
