@@ -144,7 +144,23 @@ pub struct ExecRequest {
     /// Kill after this many seconds.
     #[serde(default)]
     pub timeout_secs: Option<u64>,
+    /// Cap on each of stdout and stderr, in bytes of the answer's JSON
+    /// ([`DEFAULT_MAX_OUTPUT_BYTES`] when absent, at most [`MAX_OUTPUT_BYTES`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_bytes: Option<u64>,
 }
+
+/// Default cap on each output stream of a non-streaming exec: bytes of the stream's
+/// JSON string in the answer (for text, its size; a control character counts as its
+/// escape, `\u0000` six bytes). Output past it is read and dropped; the answer says
+/// `"truncated": true`. Streaming exec has no cap.
+pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 16 << 20;
+
+/// Largest `max_output_bytes` an exec may ask for.
+pub const MAX_OUTPUT_BYTES: u64 = 64 << 20;
+
+/// Exec timeout when the request names none.
+pub const DEFAULT_EXEC_TIMEOUT_SECS: u64 = 300;
 
 /// Answer to an exec.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -157,6 +173,15 @@ pub struct ExecResponse {
     /// Whether the timeout killed it.
     #[serde(default)]
     pub timed_out: bool,
+    /// Whether stdout or stderr went past `max_output_bytes` (the rest was dropped).
+    #[serde(default)]
+    pub truncated: bool,
+    /// Whether stdout went past `max_output_bytes`.
+    #[serde(default)]
+    pub stdout_truncated: bool,
+    /// Whether stderr went past `max_output_bytes`.
+    #[serde(default)]
+    pub stderr_truncated: bool,
     /// stdout (lossy UTF-8).
     pub stdout: String,
     /// stderr (lossy UTF-8).
