@@ -20,7 +20,7 @@ use seccompiler::BpfProgram;
 use crate::launcher::send_status;
 use crate::spec::{JailSpec, StatusEvent};
 use crate::sys::{self, Forked};
-use crate::{ACTIVATION_FD, JailError, LISTEN_FD, seccomp_profile};
+use crate::{ACTIVATION_FD, JailError, LISTEN_FD, rootfs, seccomp_profile, userns};
 
 /// Signals the init passes on to the agent (it is the agent's job to stop its
 /// own children gracefully).
@@ -37,7 +37,12 @@ const FORWARDED: &[Signal] = &[
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Runs the init; returns its exit code (the agent's, or 1 if the jail failed).
-pub fn run(spec: &JailSpec, agent: OwnedFd, filters: &[BpfProgram]) -> i32 {
+pub fn run(
+    spec: &JailSpec,
+    agent: OwnedFd,
+    userns: Option<OwnedFd>,
+    filters: &[BpfProgram],
+) -> i32 {
     let mut handled = SigSet::empty();
     handled.add(Signal::SIGCHLD);
     for &sig in FORWARDED {
@@ -45,7 +50,7 @@ pub fn run(spec: &JailSpec, agent: OwnedFd, filters: &[BpfProgram]) -> i32 {
     }
     // Hardened once, before the fork: the agent inherits the empty capability
     // sets, no_new_privs and the very same filter (one kernel copy per jail).
-    let started = finish_jail(spec)
+    let started = finish_jail(spec, userns)
         .and_then(|()| block(&handled))
         .and_then(|()| harden(filters))
         .and_then(|()| start_agent(spec, &agent));
@@ -73,8 +78,13 @@ fn block(set: &SigSet) -> Result<(), JailError> {
 }
 
 /// `/proc` for this PID namespace, the switch into the overlay root, hostname and
-/// loopback.
-fn finish_jail(spec: &JailSpec) -> Result<(), JailError> {
+/// loopback; then, as the sandbox's root when it has a user namespace, the homes and
+/// `/etc` (only now: no host path is reachable any more, see
+/// [`rootfs::finish_inside`]).
+fn finish_jail(spec: &JailSpec, userns: Option<OwnedFd>) -> Result<(), JailError> {
+    // Nothing of the workload may read or write this process's memory or
+    // descriptors through /proc or ptrace, even under the same uid.
+    sys::set_not_dumpable().map_err(|e| JailError::new("not dumpable", e.to_string()))?;
     let root = &spec.root_dir;
     // Mounted by PID 1 so that it shows this PID namespace, not the host's.
     mount(
@@ -94,7 +104,13 @@ fn finish_jail(spec: &JailSpec) -> Result<(), JailError> {
         .map_err(|e| JailError::new("detach old root", e.to_string()))?;
     chdir("/").map_err(|e| JailError::new("chdir /", e.to_string()))?;
     sethostname(&spec.hostname).map_err(|e| JailError::new("sethostname", e.to_string()))?;
-    sys::bring_up_loopback().map_err(|e| JailError::new("loopback up", e.to_string()))
+    sys::bring_up_loopback().map_err(|e| JailError::new("loopback up", e.to_string()))?;
+    if let Some(ns) = userns {
+        userns::enter(&ns).map_err(|e| JailError::new("enter user namespace", e.to_string()))?;
+        // Entering a namespace makes the process dumpable again.
+        sys::set_not_dumpable().map_err(|e| JailError::new("not dumpable", e.to_string()))?;
+    }
+    rootfs::finish_inside(&spec.hostname, spec.rootless.is_some())
 }
 
 /// `/proc` entries that reach the host kernel. The agent is uid 0 without

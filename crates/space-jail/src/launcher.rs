@@ -7,9 +7,9 @@ use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 
-use crate::spec::{JailSpec, MAX_SPEC_BYTES, Rootless, StatusEvent};
+use crate::spec::{DEFAULT_NOFILE, JailSpec, MAX_SPEC_BYTES, Rootless, StatusEvent};
 use crate::sys::{self, Forked};
-use crate::{ACTIVATION_FD, JailError, LISTEN_FD, init, rootfs, seccomp_profile};
+use crate::{ACTIVATION_FD, JailError, LISTEN_FD, init, rootfs, seccomp_profile, userns};
 
 /// Writes one status event on fd 1. A failed write means the worker is gone; the
 /// jail then carries on and the worker's sweep removes it, so errors are ignored.
@@ -155,17 +155,32 @@ fn launch() -> Result<(), JailError> {
     if let Some(r) = &spec.rootless {
         enter_user_namespace(r)?;
     }
-    rootfs::build(&spec)?;
+    // Root: the namespaces except PIDs came from the worker (see `lib.rs`).
+    let userns = match (&spec.userns, &spec.rootless) {
+        (Some(map), None) => Some(
+            userns::create(map)
+                .map_err(|e| JailError::new("create user namespace", e.to_string()))?,
+        ),
+        _ => None,
+    };
+    if spec.rootless.is_none() {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWPID)
+            .map_err(|e| JailError::new("unshare pid namespace", e.to_string()))?;
+    }
+    rootfs::build(&spec, userns.as_ref())?;
     let agent = open_agent(&spec)?;
     let filters =
         seccomp_profile::compile().map_err(|e| JailError::new("compile seccomp", e.to_string()))?;
     if let Some(r) = &spec.rootless {
         apply_rlimits(r)?;
     }
+    let nofile = spec.nofile.unwrap_or(DEFAULT_NOFILE);
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, nofile, nofile)
+        .map_err(|e| JailError::new("rlimit nofile", e.to_string()))?;
     match sys::fork().map_err(|e| JailError::new("fork init", e.to_string()))? {
         Forked::Child => {
             // PID 1 of the new PID namespace; never returns into this function.
-            let code = init::run(&spec, agent, &filters);
+            let code = init::run(&spec, agent, userns, &filters);
             sys::exit_now(code)
         }
         Forked::Parent(pid) => {

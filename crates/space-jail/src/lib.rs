@@ -23,11 +23,13 @@
 
 pub mod init;
 pub mod launcher;
+pub mod mounts;
 pub mod probe_agent;
 pub mod rootfs;
 pub mod seccomp_profile;
 pub mod spec;
 mod sys;
+pub mod userns;
 
 use std::fmt;
 use std::path::Path;

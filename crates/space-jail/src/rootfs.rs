@@ -1,17 +1,21 @@
 //! Builds the jail's root filesystem in the jail's private mount namespace: the
-//! overlay root, read-only system binds, `/tmp`, a minimal `/dev`, a home
-//! directory and a synthesized `/etc`. Runs in the first `space-jail` process,
-//! before the init forks; `/proc` and `pivot_root` come later, in the init.
+//! overlay root, read-only system binds, `/tmp` and a minimal `/dev` (in the first
+//! `space-jail` process, before the init forks); `/proc` and `pivot_root` come later,
+//! in the init, which then writes the homes and a synthesized `/etc`
+//! ([`finish_inside`]). Every path below the root is resolved without following
+//! links (see [`crate::mounts`]): the writable layer is the sandbox's.
 
 use std::fs;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt, symlink};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use nix::mount::{MsFlags, mount};
 use nix::sys::stat::{Mode, SFlag, makedev, mknod};
 
-use crate::JailError;
+use crate::mounts::{self, BindAttrs};
 use crate::spec::JailSpec;
+use crate::{JailError, userns};
 
 /// uid/gid of the unprivileged account in the synthesized `/etc/passwd`.
 pub const USER_ID: u32 = 1000;
@@ -25,25 +29,6 @@ const DEVICES: &[(&str, u64, u64)] = &[
     ("urandom", 1, 9),
     ("tty", 5, 0),
 ];
-
-/// Resolves `inside` (an absolute path in the jail) under `root`, refusing `..`
-/// so a spec cannot place a mount outside the jail's root.
-pub fn under_root(root: &Path, inside: &Path) -> Result<PathBuf, JailError> {
-    let mut out = root.to_path_buf();
-    for component in inside.components() {
-        match component {
-            Component::RootDir | Component::CurDir => {}
-            Component::Normal(part) => out.push(part),
-            Component::ParentDir | Component::Prefix(_) => {
-                return Err(JailError::new(
-                    "resolve path",
-                    format!("{} leaves the jail root", inside.display()),
-                ));
-            }
-        }
-    }
-    Ok(out)
-}
 
 fn mount_fs(
     stage: &str,
@@ -68,31 +53,25 @@ fn ensure_dir(path: &Path, mode: u32) -> Result<(), JailError> {
     }
 }
 
-/// Overlay mount options, refusing paths that would be parsed as option syntax.
-fn overlay_options(spec: &JailSpec) -> Result<String, JailError> {
-    let mut parts = Vec::with_capacity(3);
-    for (key, path) in [
-        ("lowerdir", &spec.lower_dir),
-        ("upperdir", &spec.upper_dir),
-        ("workdir", &spec.work_dir),
-    ] {
-        let text = path
-            .to_str()
-            .filter(|t| t.starts_with('/') && !t.contains([',', ':', '\\', '\n']))
-            .ok_or_else(|| {
-                JailError::new(
-                    "overlay options",
-                    format!("{key} {} is not an absolute plain path", path.display()),
-                )
-            })?;
-        parts.push(format!("{key}={text}"));
+/// The directory holding the writable layer (`upper/`, `work/`) and the mount point
+/// (`root/`): the worker creates all three side by side.
+fn layer_dir(spec: &JailSpec) -> Result<&Path, JailError> {
+    let parent = spec.root_dir.parent();
+    if parent.is_none() || spec.upper_dir.parent() != parent || spec.work_dir.parent() != parent {
+        return Err(JailError::new(
+            "validate spec",
+            "root, upper and work dirs must be side by side",
+        ));
     }
-    Ok(parts.join(","))
+    parent.ok_or_else(|| JailError::new("validate spec", "root dir has no parent"))
 }
 
 /// Builds the whole root under `spec.root_dir` (mount namespace must be private).
-pub fn build(spec: &JailSpec) -> Result<(), JailError> {
-    let root = &spec.root_dir;
+///
+/// With `userns` (the sandbox's user namespace, see [`crate::userns`]) the layers
+/// are idmapped through it; the init enters it after `pivot_root`
+/// ([`finish_inside`] then writes `/etc` and the homes).
+pub fn build(spec: &JailSpec, userns: Option<&OwnedFd>) -> Result<(), JailError> {
     // Nothing mounted below may propagate back to the host's namespace.
     mount(
         None::<&str>,
@@ -102,27 +81,133 @@ pub fn build(spec: &JailSpec) -> Result<(), JailError> {
         None::<&str>,
     )
     .map_err(|e| JailError::new("make / private", e.to_string()))?;
+    let layer = layer_dir(spec)?;
+    let lower_mount = layer.join("lower");
+    match fs::create_dir(&lower_mount) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(JailError::io("create lower mount point", &lower_mount, e)),
+    }
+    let idmap = userns.map(|fd| fd.as_fd());
+    if idmap.is_some() {
+        // The writable layer, seen through the sandbox's id mapping: on disk its
+        // files keep canonical ids whatever host range this execution has.
+        let tree = mounts::clone_tree(
+            layer,
+            BindAttrs {
+                read_only: false,
+                idmap,
+            },
+        )
+        .map_err(|e| JailError::new("idmap writable layer", e.to_string()))?;
+        let target =
+            mounts::open_dir_path(layer).map_err(|e| JailError::io("open layer", layer, e))?;
+        mounts::attach(&tree, target.as_fd())
+            .map_err(|e| JailError::new("idmap writable layer", e.to_string()))?;
+    }
+    // The template, read-only (and idmapped): mounted at `lower` beside the layer so
+    // that the overlay's options name only relative paths, and the jail's mountinfo
+    // shows no host path of the data directory or of the template.
+    let tree = mounts::clone_tree(
+        &spec.lower_dir,
+        BindAttrs {
+            read_only: true,
+            idmap,
+        },
+    )
+    .map_err(|e| JailError::new("bind template", e.to_string()))?;
+    let target = mounts::open_dir_path(&lower_mount)
+        .map_err(|e| JailError::io("open lower mount point", &lower_mount, e))?;
+    mounts::attach(&tree, target.as_fd())
+        .map_err(|e| JailError::new("bind template", e.to_string()))?;
+    drop((tree, target));
 
+    let inner = || build_root(spec, layer, idmap);
+    match spec.userns.as_ref().filter(|_| userns.is_some()) {
+        // Overlayfs creates its work dirs and copies up with its mounter's ids, which
+        // must be mapped by the idmapped layers.
+        Some(map) => userns::with_fs_ids(map, inner)
+            .map_err(|e| JailError::new("switch filesystem ids", e.to_string()))??,
+        None => inner()?,
+    }
+    Ok(())
+}
+
+fn build_root(
+    spec: &JailSpec,
+    layer: &Path,
+    idmap: Option<BorrowedFd<'_>>,
+) -> Result<(), JailError> {
+    let root = &spec.root_dir;
+    std::env::set_current_dir(layer).map_err(|e| JailError::io("enter layer dir", layer, e))?;
+    if spec.upper_dir != layer.join("upper") || spec.work_dir != layer.join("work") {
+        return Err(JailError::new(
+            "validate spec",
+            "the writable layer must be <dir>/upper and <dir>/work",
+        ));
+    }
+    // Relative to the layer dir (the current directory): mountinfo inside the jail
+    // shows these strings, not host paths.
+    let options = "lowerdir=lower,upperdir=upper,workdir=work";
     mount_fs(
         "mount overlay",
         "overlay",
         root,
         "overlay",
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        &overlay_options(spec)?,
+        options,
     )?;
+    let root_fd = mounts::open_dir_path(root).map_err(|e| JailError::io("open root", root, e))?;
 
     for bind in &spec.read_only_binds {
-        bind_read_only(&bind.source, &under_root(root, &bind.target)?)?;
+        let (target, _) =
+            mounts::ensure_dir(root_fd.as_fd(), &bind.target, 0o755).map_err(|e| {
+                JailError::new(
+                    "bind mount point",
+                    format!("{}: {e}", bind.target.display()),
+                )
+            })?;
+        let tree = mounts::clone_tree(
+            &bind.source,
+            BindAttrs {
+                read_only: true,
+                idmap,
+            },
+        )
+        .map_err(|e| {
+            JailError::new(
+                "bind system directory",
+                format!("{}: {e}", bind.source.display()),
+            )
+        })?;
+        mounts::attach(&tree, target.as_fd()).map_err(|e| {
+            JailError::new(
+                "bind system directory",
+                format!("{}: {e}", bind.source.display()),
+            )
+        })?;
+    }
+    for masked in &spec.masked_dirs {
+        mask_dir(root_fd.as_fd(), masked)?;
     }
 
+    let ids = spec
+        .userns
+        .as_ref()
+        .map(|m| format!(",uid={},gid={}", m.host_uid, m.host_gid))
+        .unwrap_or_default();
     for (dir, mode) in [
         ("proc", 0o555),
         ("tmp", 0o1777),
         ("dev", 0o755),
         ("etc", 0o755),
+        ("root", 0o700),
     ] {
-        ensure_dir(&root.join(dir), mode)?;
+        // A link or file the sandbox put in place of a mount point is replaced: from
+        // here on these paths are real directories, and nothing of the sandbox runs
+        // until the jail is finished.
+        mounts::ensure_dir(root_fd.as_fd(), Path::new(dir), mode)
+            .map_err(|e| JailError::new("create mount point", format!("/{dir}: {e}")))?;
     }
     let tmpfs_size = format!("size={}", spec.tmpfs_bytes.max(1 << 20));
     mount_fs(
@@ -131,55 +216,64 @@ pub fn build(spec: &JailSpec) -> Result<(), JailError> {
         &root.join("tmp"),
         "tmpfs",
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        &format!("mode=1777,{tmpfs_size}"),
+        &format!("mode=1777,{tmpfs_size}{ids}"),
     )?;
-    build_dev(&root.join("dev"), &tmpfs_size, spec.rootless.is_some())?;
-    build_homes(root, spec.rootless.is_some())?;
-    write_etc(&root.join("etc"), &spec.hostname)?;
+    let tty_gid = spec.userns.as_ref().map(|m| m.host_gid + 5);
+    build_dev(
+        &root.join("dev"),
+        &tmpfs_size,
+        &ids,
+        spec.rootless.is_some(),
+        tty_gid,
+    )?;
     Ok(())
 }
 
-/// Binds a host directory read-only: a bind mount cannot be made read-only in
-/// one step, so bind first, then remount with the flags.
-fn bind_read_only(source: &Path, target: &Path) -> Result<(), JailError> {
-    ensure_dir(target, 0o755)?;
-    mount(
-        Some(source),
-        target,
-        None::<&str>,
-        MsFlags::MS_BIND,
-        None::<&str>,
+/// Hides a directory of a read-only bind (e.g. the host's `/usr/local`) under an
+/// empty read-only tmpfs. Absent directories need no mask.
+fn mask_dir(root: BorrowedFd<'_>, inside: &Path) -> Result<(), JailError> {
+    let parts =
+        mounts::components(inside).map_err(|e| JailError::new("mask directory", e.to_string()))?;
+    let rel: PathBuf = parts.iter().collect();
+    let dir =
+        match mounts::open_beneath_across_mounts(root, &rel, libc::O_PATH | libc::O_DIRECTORY, 0) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+            Err(e) => {
+                return Err(JailError::new(
+                    "mask directory",
+                    format!("{}: {e}", inside.display()),
+                ));
+            }
+        };
+    mount_fs(
+        "mask directory",
+        "tmpfs",
+        &mounts::fd_path(dir.as_fd()),
+        "tmpfs",
+        MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        "size=0,mode=755",
     )
-    .map_err(|e| {
-        JailError::new(
-            "bind system directory",
-            format!("{}: {e}", source.display()),
-        )
-    })?;
-    mount(
-        None::<&str>,
-        target,
-        None::<&str>,
-        MsFlags::MS_BIND
-            | MsFlags::MS_REMOUNT
-            | MsFlags::MS_RDONLY
-            | MsFlags::MS_NOSUID
-            | MsFlags::MS_NODEV,
-        None::<&str>,
-    )
-    .map_err(|e| JailError::new("remount read-only", format!("{}: {e}", target.display())))
 }
 
 /// A tmpfs `/dev` holding only harmless character devices, a private devpts
-/// instance (so the jail's terminals are its own) and `/dev/shm`.
-fn build_dev(dev: &Path, tmpfs_size: &str, rootless: bool) -> Result<(), JailError> {
+/// instance (so the jail's terminals are its own) and `/dev/shm`. `dev` is a real
+/// directory of the jail's root (checked by the caller) and nothing of the sandbox
+/// runs yet, so paths below the fresh tmpfs are the builder's alone.
+fn build_dev(
+    dev: &Path,
+    tmpfs_size: &str,
+    ids: &str,
+    rootless: bool,
+    tty_gid: Option<u32>,
+) -> Result<(), JailError> {
     mount_fs(
         "mount /dev",
         "tmpfs",
         dev,
         "tmpfs",
         MsFlags::MS_NOSUID,
-        "mode=755,size=64k",
+        &format!("mode=755,size=64k{ids}"),
     )?;
     for &(name, major, minor) in DEVICES {
         let path = dev.join(name);
@@ -211,18 +305,20 @@ fn build_dev(dev: &Path, tmpfs_size: &str, rootless: bool) -> Result<(), JailErr
     }
     let pts = dev.join("pts");
     ensure_dir(&pts, 0o755)?;
+    // `gid=5` (tty) names a group a rootless jail's user namespace does not map; with
+    // the sandbox's own namespace it is the range's 5.
+    let devpts = match (rootless, tty_gid) {
+        (true, _) => "newinstance,ptmxmode=0666,mode=0620".to_owned(),
+        (false, Some(gid)) => format!("newinstance,ptmxmode=0666,mode=0620,gid={gid}"),
+        (false, None) => "newinstance,ptmxmode=0666,mode=0620,gid=5".to_owned(),
+    };
     mount_fs(
         "mount devpts",
         "devpts",
         &pts,
         "devpts",
         MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        // `gid=5` (tty) names a group a rootless jail's user namespace does not map.
-        if rootless {
-            "newinstance,ptmxmode=0666,mode=0620"
-        } else {
-            "newinstance,ptmxmode=0666,mode=0620,gid=5"
-        },
+        &devpts,
     )?;
     let shm = dev.join("shm");
     ensure_dir(&shm, 0o1777)?;
@@ -232,7 +328,7 @@ fn build_dev(dev: &Path, tmpfs_size: &str, rootless: bool) -> Result<(), JailErr
         &shm,
         "tmpfs",
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        &format!("mode=1777,{tmpfs_size}"),
+        &format!("mode=1777,{tmpfs_size}{ids}"),
     )?;
     for (link, target) in [
         ("ptmx", "pts/ptmx"),
@@ -247,20 +343,41 @@ fn build_dev(dev: &Path, tmpfs_size: &str, rootless: bool) -> Result<(), JailErr
     Ok(())
 }
 
-fn build_homes(root: &Path, rootless: bool) -> Result<(), JailError> {
-    let root_home = root.join("root");
-    ensure_dir(&root_home, 0o700)?;
-    let user_home = root.join("home/user");
-    if !user_home.exists() {
-        ensure_dir(&user_home, 0o755)?;
-        // A rootless jail maps only root: `user` cannot own anything there.
-        if !rootless {
-            std::os::unix::fs::chown(&user_home, Some(USER_ID), Some(USER_ID))
-                .map_err(|e| JailError::io("chown home", &user_home, e))?;
-        }
+/// Run by the init after `pivot_root` (and, with a user namespace, as the sandbox's
+/// root): the homes and the synthesized `/etc`, written through descriptors that
+/// never follow a link, into new inodes. Whatever the sandbox left at those names
+/// (a symlink to a host file, a hard link, a FIFO) is replaced, never written through.
+pub fn finish_inside(hostname: &str, rootless: bool) -> Result<(), JailError> {
+    let root = mounts::open_dir_path(Path::new("/")).map_err(fail("open /"))?;
+    mounts::ensure_dir(root.as_fd(), Path::new("root"), 0o700).map_err(fail("create /root"))?;
+    let (home, _) =
+        mounts::ensure_dir(root.as_fd(), Path::new("home"), 0o755).map_err(fail("create /home"))?;
+    let (_, made) = mounts::ensure_dir(home.as_fd(), Path::new("user"), 0o755)
+        .map_err(fail("create /home/user"))?;
+    // A rootless jail maps only root: `user` cannot own anything there.
+    if made == mounts::Made::Created && !rootless {
+        let home = mounts::open_beneath(home.as_fd(), Path::new("."), DIR_FLAGS, 0)
+            .map_err(fail("open /home"))?;
+        mounts::chown_entry(home.as_fd(), "user", USER_ID, USER_ID)
+            .map_err(fail("chown /home/user"))?;
+    }
+    let (etc, _) =
+        mounts::ensure_dir(root.as_fd(), Path::new("etc"), 0o755).map_err(fail("create /etc"))?;
+    let etc = mounts::open_beneath(etc.as_fd(), Path::new("."), DIR_FLAGS, 0)
+        .map_err(fail("open /etc"))?;
+    for (name, content) in etc_files(hostname) {
+        mounts::replace_file(etc.as_fd(), name, content.as_bytes(), 0o644)
+            .map_err(|e| JailError::new("write /etc", format!("{name}: {e}")))?;
     }
     Ok(())
 }
+
+fn fail(stage: &'static str) -> impl Fn(std::io::Error) -> JailError {
+    move |e| JailError::new(stage, e.to_string())
+}
+
+/// A directory opened for `*at` calls that need a real (not `O_PATH`) descriptor.
+const DIR_FLAGS: libc::c_int = libc::O_RDONLY | libc::O_DIRECTORY;
 
 /// The synthesized `/etc`: enough for `id`, `whoami`, name resolution of
 /// `localhost` and the hostname; no `shadow`, no host keys, nothing of the host.
@@ -291,31 +408,9 @@ pub fn etc_files(hostname: &str) -> Vec<(&'static str, String)> {
     ]
 }
 
-fn write_etc(etc: &Path, hostname: &str) -> Result<(), JailError> {
-    for (name, content) in etc_files(hostname) {
-        let path = etc.join(name);
-        fs::write(&path, content).map_err(|e| JailError::io("write /etc", &path, e))?;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn paths_inside_the_jail_cannot_climb_out_of_the_root() {
-        let root = Path::new("/data/sbx/root");
-        assert_eq!(
-            under_root(root, Path::new("/usr")).unwrap(),
-            root.join("usr")
-        );
-        assert_eq!(
-            under_root(root, Path::new("usr/./lib")).unwrap(),
-            root.join("usr/lib")
-        );
-        assert!(under_root(root, Path::new("/usr/../../etc")).is_err());
-    }
 
     #[test]
     fn synthesized_etc_has_root_and_a_user_and_no_shadow() {
@@ -335,13 +430,14 @@ mod tests {
     }
 
     #[test]
-    fn overlay_options_refuse_paths_that_look_like_option_syntax() {
-        let spec_with = |lower: &str| JailSpec {
+    fn the_writable_layer_must_sit_beside_the_mount_point() {
+        let spec_with = |upper: &str| JailSpec {
             root_dir: "/d/root".into(),
-            lower_dir: lower.into(),
-            upper_dir: "/d/upper".into(),
+            lower_dir: "/t".into(),
+            upper_dir: upper.into(),
             work_dir: "/d/work".into(),
             read_only_binds: vec![],
+            masked_dirs: vec![],
             hostname: "h".into(),
             tmpfs_bytes: 1 << 20,
             agent: crate::spec::AgentSpec {
@@ -351,13 +447,10 @@ mod tests {
                 cwd: "/".into(),
             },
             rootless: None,
+            userns: None,
+            nofile: None,
         };
-        assert_eq!(
-            overlay_options(&spec_with("/t")).unwrap(),
-            "lowerdir=/t,upperdir=/d/upper,workdir=/d/work"
-        );
-        assert!(overlay_options(&spec_with("/t,upperdir=/etc")).is_err());
-        assert!(overlay_options(&spec_with("/a:/b")).is_err());
-        assert!(overlay_options(&spec_with("relative")).is_err());
+        assert_eq!(layer_dir(&spec_with("/d/upper")).unwrap(), Path::new("/d"));
+        assert!(layer_dir(&spec_with("/elsewhere/upper")).is_err());
     }
 }

@@ -166,6 +166,10 @@ pub const DENIED_CLONE_FLAGS: &[(&str, u64)] = &[
 /// `READ_IMPLIES_EXEC`, `ADDR_NO_RANDOMIZE`) weakens exploit mitigations.
 pub const ALLOWED_PERSONAS: &[u64] = &[0x0000, 0x0008, 0x0002_0000, 0x0002_0008, 0xffff_ffff];
 
+/// Socket families `socket(2)` refuses: `AF_VSOCK` reaches the hypervisor and the
+/// host's vsock services (a microVM host's agents), never needed inside a jail.
+pub const DENIED_SOCKET_FAMILIES: &[(&str, u64)] = &[("AF_VSOCK", libc::AF_VSOCK as u64)];
+
 /// `ioctl` requests refused: pushing input into a terminal someone else reads.
 // The request type is `c_ulong` or `c_int` depending on the target.
 #[allow(clippy::unnecessary_cast)]
@@ -238,6 +242,11 @@ fn eperm_rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::Backend
         .map(|&(_, req)| SeccompRule::new(vec![condition(1, SeccompCmpOp::Eq, req)?]))
         .collect::<Result<Vec<_>, _>>()?;
     rules.insert(libc::SYS_ioctl, ioctl_rules);
+    let socket_rules = DENIED_SOCKET_FAMILIES
+        .iter()
+        .map(|&(_, family)| SeccompRule::new(vec![condition(0, SeccompCmpOp::Eq, family)?]))
+        .collect::<Result<Vec<_>, _>>()?;
+    rules.insert(libc::SYS_socket, socket_rules);
     Ok(rules)
 }
 

@@ -46,6 +46,34 @@ pub struct JailSpec {
     /// and limits come from rlimits instead of cgroups.
     #[serde(default)]
     pub rootless: Option<Rootless>,
+    /// Set when the worker is root (the default): the sandbox's ids map to a host
+    /// range of its own and its layers are idmapped (see `userns`). `None` as root
+    /// only behind the worker's explicit `--no-userns`.
+    #[serde(default)]
+    pub userns: Option<UserNamespace>,
+    /// Directories of the read-only binds hidden under an empty read-only tmpfs
+    /// (the host's `/usr/local` in the default template).
+    #[serde(default)]
+    pub masked_dirs: Vec<PathBuf>,
+    /// `RLIMIT_NOFILE` (soft = hard) of the init and everything it starts; `None`
+    /// keeps [`DEFAULT_NOFILE`].
+    #[serde(default)]
+    pub nofile: Option<u64>,
+}
+
+/// Open files per process inside a jail unless the spec says otherwise.
+pub const DEFAULT_NOFILE: u64 = 4096;
+
+/// The sandbox's user namespace: ids `0 .. count` inside are `host_uid ..` and
+/// `host_gid ..` on the host.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct UserNamespace {
+    /// First host uid of the range (the sandbox's root).
+    pub host_uid: u32,
+    /// First host gid of the range.
+    pub host_gid: u32,
+    /// Size of the range (65536: every id a normal system uses).
+    pub count: u32,
 }
 
 /// How a jail runs without root.

@@ -145,6 +145,39 @@ pub fn drop_all_capabilities() -> io::Result<()> {
     Ok(())
 }
 
+/// Makes every permitted capability effective again (changing the filesystem uid
+/// away from 0 clears the file capabilities from the effective set).
+pub fn raise_permitted_capabilities() -> io::Result<()> {
+    let header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: capget writes two data structs (version 3 layout) that live across the call.
+    if unsafe { libc::syscall(libc::SYS_capget, &header, data.as_mut_ptr()) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    for d in &mut data {
+        d.effective = d.permitted;
+    }
+    // SAFETY: capset reads the header and the two data structs, alive across the call.
+    if unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `prctl(PR_SET_DUMPABLE, 0)`: the process's memory, descriptors and `/proc` files
+/// are then out of reach of every process without `CAP_SYS_PTRACE` over it, even one
+/// of the same uid. Reset by `execve`, so each program sets it for itself.
+pub fn set_not_dumpable() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Sets `IFF_UP` on `lo` in the current network namespace (new namespaces start
 /// with it down, so even 127.0.0.1 would be unreachable).
 pub fn bring_up_loopback() -> io::Result<()> {

@@ -3,6 +3,16 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // Before the activation secret is read: the workload runs under the same uid, and
+    // only a non-dumpable agent keeps its memory (`/proc/<agent>/mem`), environment,
+    // maps and descriptors out of the workload's reach. execve reset the flag, so the
+    // agent sets it itself.
+    if let Err(e) =
+        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+    {
+        eprintln!("spaced-guest: PR_SET_DUMPABLE: {e}");
+        return ExitCode::from(1);
+    }
     let home = spaced_guest::config::default_home(
         rustix::process::getuid().as_raw(),
         std::env::var("HOME").ok().as_deref(),

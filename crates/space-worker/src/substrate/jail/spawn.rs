@@ -14,10 +14,12 @@ use std::process::{Child, Command, Stdio};
 
 use nix::sched::CloneFlags;
 
-/// Namespaces `space-jail` starts in: its own mounts, PIDs (for its children),
-/// network (only loopback), hostname and System V IPC.
+/// Namespaces `space-jail` starts in: its own mounts, network (only loopback),
+/// hostname and System V IPC. The PID namespace for its children it makes itself,
+/// after forking the helper that creates the sandbox's user namespace (a child
+/// forked into a new PID namespace would be its init, and the namespace would die
+/// with the helper).
 pub const JAIL_NAMESPACES: CloneFlags = CloneFlags::CLONE_NEWNS
-    .union(CloneFlags::CLONE_NEWPID)
     .union(CloneFlags::CLONE_NEWNET)
     .union(CloneFlags::CLONE_NEWUTS)
     .union(CloneFlags::CLONE_NEWIPC);

@@ -40,7 +40,14 @@ pub struct Template {
     pub lower_dir: PathBuf,
     /// Host directories bound read-only inside.
     pub read_only_binds: Vec<BindMount>,
+    /// Directories of those binds hidden inside (under an empty read-only tmpfs).
+    pub masked_dirs: Vec<PathBuf>,
 }
+
+/// What the default template hides of the host's system directories: `/usr/local`
+/// holds what the host's administrator installed (tools, credentials such as an
+/// `npmrc`), not the distribution.
+pub const MASKED_DIRS: &[&str] = &["/usr/local"];
 
 /// What to do with each system directory of `host_root`.
 enum Entry {
@@ -130,6 +137,7 @@ pub fn ensure_default(data_dir: &Path) -> Result<Template, SubstrateError> {
     Ok(Template {
         lower_dir,
         read_only_binds: default_binds(host_root),
+        masked_dirs: MASKED_DIRS.iter().map(PathBuf::from).collect(),
     })
 }
 
