@@ -22,8 +22,18 @@ use crate::edge::{Authority, Edge};
 use crate::error::ApiError;
 use crate::service::ControlPlane;
 
-/// Largest request body (file uploads).
+/// Largest request body (file uploads), read only once the API key is verified.
 pub const MAX_BODY: usize = 64 << 20;
+
+/// Largest body of an `/internal/v1/*` request (enrollment, sync, lost executions):
+/// those authenticate by what they carry, so what is read first is kept small.
+pub const MAX_INTERNAL_BODY: usize = 64 << 10;
+
+tokio::task_local! {
+    /// The caller [`authenticate_first`] verified for the request this task serves,
+    /// with the key presented.
+    static AUTHENTICATED: (Caller, String);
+}
 
 /// Shared state of the handlers.
 #[derive(Debug, Clone)]
@@ -51,8 +61,32 @@ fn bearer(headers: &HeaderMap) -> Result<String, ApiError> {
 
 async fn caller(st: &AppState, headers: &HeaderMap) -> Result<(Caller, String), ApiError> {
     let b = bearer(headers)?;
+    // Verified already by `authenticate_first` in this task (the same key).
+    if let Ok(Some(c)) = AUTHENTICATED.try_with(|(c, key)| (*key == b).then(|| c.clone())) {
+        return Ok((c, b));
+    }
     let c = st.edge.authenticate(&b).await?;
     Ok((c, b))
+}
+
+/// Verifies the API key of every `/v1/*` request before its body is read, so an
+/// unauthenticated client gets its 401 (and the connection is closed) without the
+/// server reading, let alone buffering, what it sends. `/internal/v1/*` requests
+/// authenticate by their worker credential or enrollment secret and are bounded by
+/// [`MAX_INTERNAL_BODY`] instead.
+async fn authenticate_first(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    if !req.uri().path().starts_with("/v1/") {
+        return next.run(req).await;
+    }
+    match caller(&st, req.headers()).await {
+        Ok(authenticated) => AUTHENTICATED.scope(authenticated, next.run(req)).await,
+        Err(e) => {
+            let mut resp = e.into_response();
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            resp
+        }
+    }
 }
 
 fn cp(st: &AppState) -> Result<&Arc<ControlPlane>, ApiError> {
@@ -100,9 +134,15 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/keys", post(create_key))
         .route("/v1/keys/{id}", delete(revoke_key))
         .route("/v1/signing-keys/rotate", post(rotate))
-        .route("/internal/v1/enroll", post(enroll))
-        .route("/internal/v1/workers/{id}/sync", post(sync))
-        .route("/internal/v1/workers/{id}/lost", post(lost))
+        .route("/internal/v1/enroll", post(enroll).layer(internal_limit()))
+        .route(
+            "/internal/v1/workers/{id}/sync",
+            post(sync).layer(internal_limit()),
+        )
+        .route(
+            "/internal/v1/workers/{id}/lost",
+            post(lost).layer(internal_limit()),
+        )
         .route_layer(middleware::from_fn(space_http::run_to_end));
     Router::new()
         .merge(changes)
@@ -120,8 +160,16 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .fallback(|| async { ApiError::not_found("route") })
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            authenticate_first,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
+}
+
+fn internal_limit() -> DefaultBodyLimit {
+    DefaultBodyLimit::max(MAX_INTERNAL_BODY)
 }
 
 async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Response {
@@ -541,6 +589,10 @@ pub fn edge_router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/exec/stream", get(forward_stream))
         .fallback(relay_to_control)
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            authenticate_first,
+        ))
         .with_state(state)
 }
 
@@ -551,13 +603,19 @@ async fn relay_to_control(State(st): State<AppState>, req: Request) -> Result<Re
     let method = req.method().clone();
     let pq = path_and_query(&req);
     let headers = req.headers().clone();
-    let body = axum::body::to_bytes(req.into_body(), MAX_BODY)
+    // `/v1/*` was authenticated first; anything else is relayed only if small.
+    let limit = if pq.starts_with("/v1/") {
+        MAX_BODY
+    } else {
+        MAX_INTERNAL_BODY
+    };
+    let body = axum::body::to_bytes(req.into_body(), limit)
         .await
         .map_err(|_| {
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "too_large",
-                "body over 64 MiB",
+                format!("body over {limit} bytes"),
             )
         })?;
     let mut h: Vec<(&str, &str)> = Vec::new();

@@ -826,16 +826,19 @@ impl ControlPlane {
         src: &ExecutionRecord,
         target: &WorkerId,
     ) -> Result<(), ApiError> {
-        let archive = self.take_snapshot(s, src).await?;
+        let archive = self.take_snapshot(s, src, None).await?;
         self.restore(s, src, target, archive).await
     }
 
-    /// Freezes `src` on its worker and returns its writable layer as an archive.
+    /// Freezes `src` on its worker and streams its writable layer into a file in the
+    /// snapshot directory (`keep_as`, or a temporary one removed when the archive is
+    /// dropped), hashed as it arrives: no archive is ever held in memory.
     async fn take_snapshot(
         &self,
         s: &SandboxRecord,
         src: &ExecutionRecord,
-    ) -> Result<bytes::Bytes, ApiError> {
+        keep_as: Option<std::path::PathBuf>,
+    ) -> Result<Archive, ApiError> {
         let sw = self.store.get_worker(&src.worker).await?;
         self.step(&s.id, format!("freezing and archiving on {}", sw.id))
             .await;
@@ -849,20 +852,67 @@ impl ControlPlane {
                 },
             )
             .await;
-        let archive = self
+        let order = serde_json::to_vec(&snapshot).unwrap_or_default();
+        let dir = self.snapshot_dir.clone();
+        let (file, path) = tokio::task::spawn_blocking(move || Archive::create(&dir, &s_id_tmp()))
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?
+            .map_err(|e| ApiError::internal(format!("snapshot spool: {e}")))?;
+        let mut archive = Archive {
+            file: file
+                .try_clone()
+                .map_err(|e| ApiError::internal(e.to_string()))?,
+            path: Some(path),
+            size: 0,
+            digest: String::new(),
+        };
+        let sink = HashingFile {
+            out: std::io::BufWriter::with_capacity(256 << 10, file),
+            hash: blake3::Hasher::new(),
+        };
+        let (answer, spooled) = self
             .http
-            .post_json(&format!("{}/internal/v1/snapshot", sw.url), &[], &snapshot)
+            .call_to_sink(
+                axum::http::Method::POST,
+                &format!("{}/internal/v1/snapshot", sw.url),
+                &[("content-type", "application/json")],
+                bytes::Bytes::from(order),
+                MAX_ARCHIVE,
+                sink,
+            )
             .await
             .map_err(|e| ApiError::bad_gateway(format!("snapshot on {}: {e}", sw.id)))?;
-        if !archive.status.is_success() {
-            return Err(ApiError::bad_gateway(format!(
+        let Some((sink, size)) = spooled else {
+            let message = format!(
                 "snapshot on {}: {} {}",
                 sw.id,
-                archive.status,
-                String::from_utf8_lossy(&archive.body)
-            )));
+                answer.status,
+                String::from_utf8_lossy(&answer.body)
+            );
+            // A layer over the limit is the sandbox's doing, not a failure of the platform.
+            if answer.status == StatusCode::PAYLOAD_TOO_LARGE {
+                return Err(ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too_large",
+                    message,
+                ));
+            }
+            return Err(ApiError::bad_gateway(message));
+        };
+        let file = sink
+            .out
+            .into_inner()
+            .map_err(|e| ApiError::internal(format!("snapshot spool: {}", e.error())))?;
+        archive.size = size;
+        archive.digest = sink.hash.finalize().to_hex().to_string();
+        let synced = tokio::task::spawn_blocking(move || file.sync_all()).await;
+        if !matches!(synced, Ok(Ok(()))) {
+            return Err(ApiError::internal("snapshot spool: fsync failed"));
         }
-        Ok(archive.body)
+        if let Some(keep) = keep_as {
+            archive.keep_as(keep)?;
+        }
+        Ok(archive)
     }
 
     /// Hands `archive` to `target` under a signed digest, starts the next execution
@@ -872,37 +922,41 @@ impl ControlPlane {
         s: &SandboxRecord,
         src: &ExecutionRecord,
         target: &WorkerId,
-        archive: bytes::Bytes,
+        archive: Archive,
     ) -> Result<(), ApiError> {
         let tw = self.store.get_worker(target).await?;
-        // The digest signed for the target is the one of the bytes in hand.
-        let digest = blake3::hash(&archive).to_hex().to_string();
+        // The digest signed for the target is the one of the bytes on disk here.
         let layer = self
             .sign_update(
                 &tw.id,
                 Update::Layer {
                     sandbox: s.id,
-                    digest,
-                    size: archive.len() as u64,
+                    digest: archive.digest.clone(),
+                    size: archive.size,
                 },
             )
             .await;
         self.step(
             &s.id,
-            format!("transferring {} to {}", mib(archive.len()), tw.id),
+            format!("transferring {} to {}", mib(archive.size as usize), tw.id),
         )
         .await;
         let header = b64(&serde_json::to_vec(&layer).unwrap_or_default());
+        let body = archive
+            .file
+            .try_clone()
+            .map_err(|e| ApiError::internal(e.to_string()))?;
         let placed = self
             .http
-            .call(
+            .call_with_file(
                 axum::http::Method::POST,
                 &format!("{}/internal/v1/layers", tw.url),
                 &[
                     ("space-update", header.as_str()),
                     ("content-type", "application/x-tar"),
                 ],
-                archive,
+                body,
+                archive.size,
             )
             .await
             .map_err(|e| ApiError::bad_gateway(format!("layer to {}: {e}", tw.id)))?;
@@ -965,26 +1019,13 @@ impl ControlPlane {
         s: &SandboxRecord,
         src: &ExecutionRecord,
     ) -> Result<serde_json::Value, ApiError> {
-        let archive = self.take_snapshot(s, src).await?;
-        let digest = blake3::hash(&archive).to_hex().to_string();
-        let path = self.snapshot_path(&s.id);
-        let size = archive.len() as u64;
-        self.step(&s.id, format!("storing {}", mib(archive.len())))
+        self.step(&s.id, "receiving and storing the archive".to_owned())
             .await;
-        let dir = self.snapshot_dir.clone();
-        let file = path.clone();
-        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-            use std::io::Write;
-            std::fs::create_dir_all(&dir)?;
-            let tmp = file.with_extension("tmp");
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&archive)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &file)
-        })
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(|e| ApiError::internal(format!("storing the snapshot: {e}")))?;
+        // Streamed to disk, fsynced, then renamed to its place.
+        let archive = self
+            .take_snapshot(s, src, Some(self.snapshot_path(&s.id)))
+            .await?;
+        let (digest, size) = (archive.digest.clone(), archive.size);
         self.store
             .kv_set(
                 &snapshot_key(&s.id),
@@ -1030,10 +1071,10 @@ impl ControlPlane {
                 "the stored snapshot is of an older execution",
             ));
         }
-        let archive = tokio::fs::read(self.snapshot_path(&s.id))
+        let archive = Archive::open_kept(self.snapshot_path(&s.id))
             .await
             .map_err(|e| ApiError::internal(format!("reading the snapshot: {e}")))?;
-        if blake3::hash(&archive).to_hex().as_str() != digest {
+        if archive.digest != digest {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
                 "snapshot_corrupt",
@@ -1044,10 +1085,7 @@ impl ControlPlane {
         self.store
             .set_sandbox_state(&s.id, SandboxState::Migrating, Some(SandboxState::Paused))
             .await?;
-        match self
-            .restore(s, &src, target, bytes::Bytes::from(archive))
-            .await
-        {
+        match self.restore(s, &src, target, archive).await {
             Ok(()) => {
                 self.forget_snapshot(&s.id).await;
                 self.store
@@ -1599,6 +1637,105 @@ impl ControlPlane {
                 })
                 .set(n);
         }
+    }
+}
+
+/// Largest archive of a writable layer taken or sent (the workers' limit).
+const MAX_ARCHIVE: u64 = 1 << 30;
+
+/// A name for a snapshot file being received.
+fn s_id_tmp() -> String {
+    let r: [u8; 8] = crate::random_bytes();
+    format!(
+        ".incoming-{}",
+        r.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    )
+}
+
+/// An archive of a writable layer on the control plane's disk.
+struct Archive {
+    /// Open for reading from the start.
+    file: std::fs::File,
+    /// Removed when dropped (a temporary file); `None` once kept.
+    path: Option<std::path::PathBuf>,
+    size: u64,
+    /// BLAKE3 of its bytes, lowercase hex.
+    digest: String,
+}
+
+impl Archive {
+    /// A new file `name` in `dir` (created 0700), mode 0600.
+    fn create(
+        dir: &std::path::Path,
+        name: &str,
+    ) -> std::io::Result<(std::fs::File, std::path::PathBuf)> {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        let path = dir.join(name);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)?;
+        Ok((f, path))
+    }
+
+    /// Renames the file to `to` (it is no longer removed when dropped).
+    fn keep_as(&mut self, to: std::path::PathBuf) -> Result<(), ApiError> {
+        if let Some(from) = self.path.take() {
+            if let Err(e) = std::fs::rename(&from, &to) {
+                let _ = std::fs::remove_file(&from);
+                return Err(ApiError::internal(format!("storing the snapshot: {e}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// A kept archive, hashed by reading it through (never whole in memory).
+    async fn open_kept(path: std::path::PathBuf) -> std::io::Result<Self> {
+        tokio::task::spawn_blocking(move || {
+            let mut file = std::fs::File::open(&path)?;
+            let mut hash = blake3::Hasher::new();
+            let size = std::io::copy(&mut file, &mut hash)?;
+            Ok(Self {
+                file,
+                path: None,
+                size,
+                digest: hash.finalize().to_hex().to_string(),
+            })
+        })
+        .await
+        .map_err(std::io::Error::other)?
+    }
+}
+
+impl Drop for Archive {
+    fn drop(&mut self) {
+        if let Some(p) = self.path.take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// A file being written that hashes what goes into it.
+struct HashingFile {
+    out: std::io::BufWriter<std::fs::File>,
+    hash: blake3::Hasher,
+}
+
+impl std::io::Write for HashingFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
     }
 }
 
