@@ -93,6 +93,10 @@ fn symlinked_etc_passwd_is_replaced_not_followed_on_relaunch() {
     let victims = Victims::new();
     let before = victims.snapshot();
     let jail = env.jail();
+    // The template is every sandbox's lower layer: a file planted there would appear
+    // in every other sandbox of the worker.
+    let template = env.data_dir().join("templates/default");
+    assert!(template.is_dir());
     let (existing, absent, hostdir) = (
         victims.path("existing"),
         victims.path("created-by-the-platform"),
@@ -101,15 +105,20 @@ fn symlinked_etc_passwd_is_replaced_not_followed_on_relaunch() {
     jail.ok(&format!(
         "rm -f /etc/passwd /etc/hosts /etc/resolv.conf /etc/nsswitch.conf /etc/group && \
          ln -s {existing} /etc/passwd && ln -s {absent} /etc/hosts && \
-         ln -s {existing} /etc/resolv.conf && ln -s {hostdir}/nss /etc/nsswitch.conf && \
-         ln /etc/hostname /etc/group 2>/dev/null; ls -l /etc",
+         ln -s {existing} /etc/resolv.conf && ln -s {template}/etc/planted /etc/nsswitch.conf && \
+         ln -s {hostdir}/group /etc/group; ls -l /etc",
         existing = existing.display(),
         absent = absent.display(),
         hostdir = hostdir.display(),
+        template = template.display(),
     ));
     let again = relaunch(&env, jail);
     assert_eq!(victims.snapshot(), before, "a host file was written");
     assert!(!absent.exists(), "the platform created a host file");
+    assert!(
+        !template.join("etc/planted").exists(),
+        "the platform wrote into the template"
+    );
     let passwd = again.ok("cat /etc/passwd");
     assert!(passwd.starts_with("root:x:0:0:"), "{passwd}");
     assert_eq!(again.ok("test -L /etc/passwd || echo regular"), "regular\n");

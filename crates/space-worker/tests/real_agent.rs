@@ -215,7 +215,7 @@ fn kept_layer_carries_the_files_into_the_next_execution() {
         .unwrap();
     let kept = launch::kept_layer(r.data.path(), &r.activation.sandbox);
     r.driver.destroy_keeping_layer(&r.handle, &kept).unwrap();
-    assert!(kept.join("root/carry.txt").is_file());
+    assert!(kept.join("upper/root/carry.txt").is_file());
     // The next execution of the same sandbox starts from the kept layer.
     let bins = Binaries {
         agent: space_testkit::workspace_bin("spaced-guest", "spaced-guest"),
@@ -240,4 +240,43 @@ fn kept_layer_carries_the_files_into_the_next_execution() {
         Layer::Discard,
     );
     // The first bridge still runs: `r` tears it down on drop.
+}
+
+#[test]
+fn the_workload_cannot_write_the_agents_memory_or_read_its_environment() {
+    let Some(r) = start() else { return };
+    let mut c = r.connect();
+    // The agent is PID 2 of the jail, under the workload's own uid; it holds the
+    // activation secret. Open its memory for writing, its environment, maps, fds.
+    let script = "
+import os
+agent = [p for p in os.listdir('/proc') if p.isdigit() and open('/proc/%s/comm' % p).read().strip() == 'spaced-guest'][0]
+for name, mode in [('mem', 'r+b'), ('environ', 'rb'), ('maps', 'rb')]:
+    try:
+        open('/proc/%s/%s' % (agent, name), mode).read(1); print('opened', name)
+    except OSError as e:
+        print('refused', name, e.errno)
+# The directory may list numbers (it belongs to the namespace's root); every
+# descriptor itself stays out of reach.
+try:
+    fds = os.listdir('/proc/%s/fd' % agent)
+except OSError as e:
+    fds = []
+    print('refused fd', e.errno)
+for fd in fds:
+    path = '/proc/%s/fd/%s' % (agent, fd)
+    for what, call in [('open', lambda: os.close(os.open(path, os.O_RDONLY))), ('readlink', lambda: os.readlink(path))]:
+        try:
+            call(); print('reached', what, fd)
+        except OSError as e:
+            pass
+print('checked', len(fds))
+";
+    let out = c
+        .exec(ExecSpec::shell(&format!("python3 -c \"{script}\"")))
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(!text.contains("opened") && !text.contains("reached"), "{text}");
+    assert!(text.matches("refused").count() >= 3, "{text}");
+    assert!(text.contains("checked"), "{text}");
 }
