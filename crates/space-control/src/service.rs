@@ -851,7 +851,7 @@ impl ControlPlane {
                     execution_id: src.execution_id,
                 },
             )
-            .await;
+            .await?;
         let order = serde_json::to_vec(&snapshot).unwrap_or_default();
         let dir = self.snapshot_dir.clone();
         let (file, path) = tokio::task::spawn_blocking(move || Archive::create(&dir, &s_id_tmp()))
@@ -969,7 +969,7 @@ impl ControlPlane {
             )));
         }
         self.step(&s.id, format!("starting the new execution on {}", tw.id))
-            .await;
+            .await?;
         self.start_execution(s, &tw).await?;
         self.step(
             &s.id,
@@ -1344,7 +1344,11 @@ impl ControlPlane {
 
     // ---- workers -------------------------------------------------------------------
 
-    /// Registers (or re-registers) a worker presenting the enrollment secret.
+    /// Registers a worker presenting the enrollment secret. A worker ID that is
+    /// enrolled already is re-enrolled only by the worker holding its credential (a
+    /// restart): the enrollment secret alone enrolls new IDs only, so it cannot take
+    /// over a worker and the sandboxes (and environments) placed on it. A re-enrolled
+    /// worker keeps its credential, so an answer lost on the way cannot lock it out.
     pub async fn enroll(&self, req: &api::EnrollRequest) -> Result<api::EnrollResponse, ApiError> {
         let expected = blake3::hash(self.enroll_secret.as_bytes());
         if blake3::hash(req.enroll_secret.as_bytes()) != expected {
@@ -1355,20 +1359,50 @@ impl ControlPlane {
         {
             return Err(ApiError::bad_request("url must be an http(s) URL"));
         }
-        let credential = b64(&random_bytes::<32>());
+        let existing = match self.store.get_worker(&req.worker).await {
+            Ok(w) => Some(w),
+            Err(space_store::StoreError::NotFound(_)) => None,
+            Err(e) => return Err(e.into()),
+        };
+        let taken = || {
+            ApiError::forbidden(format!(
+                "worker {} is enrolled already: re-enrolling it needs its own credential \
+                 (kept in its records); the enrollment secret alone only enrolls a new worker ID",
+                req.worker
+            ))
+        };
+        let (credential, proven) = match (&existing, &req.credential) {
+            (None, _) => (b64(&random_bytes::<32>()), None),
+            (Some(w), Some(presented))
+                if presented.len() <= 128
+                    && auth::hashes_equal(
+                        &w.credential_hash,
+                        blake3::hash(presented.as_bytes()).as_bytes(),
+                    ) =>
+            {
+                (presented.clone(), Some(w.credential_hash))
+            }
+            (Some(_), _) => return Err(taken()),
+        };
         let now = now_secs() as i64;
-        self.store
-            .upsert_worker(&WorkerRecord {
-                id: req.worker.clone(),
-                url: req.url.trim_end_matches('/').to_owned(),
-                substrate: req.substrate,
-                capacity: req.capacity.clamp(1, 100_000),
-                state: WorkerState::Active,
-                credential_hash: *blake3::hash(credential.as_bytes()).as_bytes(),
-                registered_at: now,
-                last_seen: now,
-            })
-            .await?;
+        let record = WorkerRecord {
+            id: req.worker.clone(),
+            url: req.url.trim_end_matches('/').to_owned(),
+            substrate: req.substrate,
+            capacity: req.capacity.clamp(1, 100_000),
+            state: WorkerState::Active,
+            credential_hash: *blake3::hash(credential.as_bytes()).as_bytes(),
+            registered_at: now,
+            last_seen: now,
+        };
+        match self.store.enroll_worker(&record, proven).await {
+            Ok(_) => {}
+            // Another enrollment of this ID won in between.
+            Err(space_store::StoreError::Conflict(_) | space_store::StoreError::NotFound(_)) => {
+                return Err(taken());
+            }
+            Err(e) => return Err(e.into()),
+        }
         let keys = self.keys().await;
         Ok(api::EnrollResponse {
             credential,
@@ -1396,26 +1430,58 @@ impl ControlPlane {
         Ok(w)
     }
 
-    /// Signs an update for `worker`.
-    pub async fn sign_update(&self, worker: &WorkerId, update: Update) -> SignedUpdate {
-        let body = serde_json::to_vec(&UpdateBody {
-            worker: worker.clone(),
-            issued_at: now_secs(),
-            update,
-        })
-        .unwrap_or_default();
-        let keys = self.keys().await;
-        let signature = keys.anchor.sign_update(&body);
-        SignedUpdate {
-            body: b64(&body),
-            signature: b64(&signature),
+    /// Signs an update for `worker` under the next number of its update sequence
+    /// (reserved durably in the store first, so no number is signed twice, also by
+    /// two replicas or across restarts); the worker applies each number once.
+    pub async fn sign_update(
+        &self,
+        worker: &WorkerId,
+        update: Update,
+    ) -> Result<SignedUpdate, ApiError> {
+        let mut signed = self.sign_updates(worker, vec![update]).await?;
+        signed
+            .pop()
+            .ok_or_else(|| ApiError::internal("no update was signed"))
+    }
+
+    /// Signs several updates for `worker` with consecutive sequence numbers, reserved
+    /// in one store write.
+    pub async fn sign_updates(
+        &self,
+        worker: &WorkerId,
+        updates: Vec<Update>,
+    ) -> Result<Vec<SignedUpdate>, ApiError> {
+        let n = updates.len() as u64;
+        if n == 0 {
+            return Ok(Vec::new());
         }
+        let last = self.store.reserve_update_seqs(worker, n).await?;
+        let issued_at = now_secs();
+        let keys = self.keys().await;
+        Ok(updates
+            .into_iter()
+            .zip(last + 1 - n..)
+            .map(|(update, seq)| {
+                let body = serde_json::to_vec(&UpdateBody {
+                    worker: worker.clone(),
+                    issued_at,
+                    seq,
+                    update,
+                })
+                .unwrap_or_default();
+                let signature = keys.anchor.sign_update(&body);
+                SignedUpdate {
+                    body: b64(&body),
+                    signature: b64(&signature),
+                }
+            })
+            .collect())
     }
 
     /// Pushes one signed update to a worker and returns its acknowledgement, which the
     /// worker sends only after the update is durable.
     pub async fn deliver(&self, w: &WorkerRecord, update: Update) -> Result<UpdateAck, ApiError> {
-        let signed = self.sign_update(&w.id, update).await;
+        let signed = self.sign_update(&w.id, update).await?;
         let url = format!("{}/internal/v1/updates", w.url);
         let answer = self
             .http
@@ -1438,15 +1504,9 @@ impl ControlPlane {
     pub async fn sync_for(&self, w: &WorkerRecord) -> Result<Vec<SignedUpdate>, ApiError> {
         self.store.touch_worker(&w.id, now_secs() as i64).await?;
         let keys = self.keys().await;
-        let mut out = vec![
-            self.sign_update(
-                &w.id,
-                Update::Bundle {
-                    bundle: b64(keys.bundle.as_bytes()),
-                },
-            )
-            .await,
-        ];
+        let mut updates = vec![Update::Bundle {
+            bundle: b64(keys.bundle.as_bytes()),
+        }];
         for exe in self
             .store
             .executions_on_worker(&w.id, &[ExecutionState::Pending, ExecutionState::Running])
@@ -1455,10 +1515,9 @@ impl ControlPlane {
             let Ok(s) = self.store.get_sandbox(&exe.sandbox).await else {
                 continue;
             };
-            let install = install_of(&s, &exe);
-            out.push(self.sign_update(&w.id, Update::Install(install)).await);
+            updates.push(Update::Install(install_of(&s, &exe)));
         }
-        Ok(out)
+        self.sign_updates(&w.id, updates).await
     }
 
     /// A worker reports that an execution it was told to run is gone (its processes did

@@ -23,7 +23,9 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
         return Err("--workers must be 1 to 64".into());
     }
     let stop = shutdown_signal();
-    std::fs::create_dir_all(&a.data_dir).map_err(|e| format!("{}: {e}", a.data_dir.display()))?;
+    // The data directory holds every secret of the platform: created 0700, and
+    // refused when others can read it (the control plane checks its files).
+    space_http::private_dir::ensure_private_dir(&a.data_dir)?;
     let data_dir = std::path::absolute(&a.data_dir).map_err(|e| format!("--data-dir: {e}"))?;
     let bin_dir = own_dir()?;
     for b in ["spaced-guest", "spaced-host", "space-jail"] {

@@ -743,10 +743,13 @@ fn worker_refuses_unsigned_foreign_and_replayed_updates() {
     let url = format!("{worker}/internal/v1/updates");
     use base64::Engine as _;
     let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let signer = support::Signer::of(&c);
     let retire = |w: &str| {
         serde_json::json!({
             "worker": w,
-            "issued_at": 1,
+            // Fresh, under a number of w1's sequence reserved as a replica would.
+            "issued_at": support::unix_now(),
+            "seq": signer.next_seq("w1"),
             "update": {"kind": "retire", "sandbox": id, "generation": 1,
                        "execution_id": cap["route"]["execution_id"]},
         })
@@ -782,7 +785,9 @@ fn worker_refuses_unsigned_foreign_and_replayed_updates() {
     let install = |execution_id: &serde_json::Value| {
         serde_json::json!({
             "worker": "w1",
-            "issued_at": 1,
+            // Fresh, under a number of w1's sequence reserved as a replica would.
+            "issued_at": support::unix_now(),
+            "seq": signer.next_seq("w1"),
             "update": {"kind": "install", "sandbox": id, "generation": 1, "execution_id": execution_id,
                        "substrate": "jail", "activation": 1, "template": "default", "env": {},
                        "limits": {"memory_bytes": 536870912, "pids": 256, "cpu_millis": 1000}},

@@ -18,6 +18,7 @@ pub mod streams;
 pub mod updates;
 pub mod warm;
 
+pub mod agent_watch;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -120,6 +121,9 @@ impl WorkerHandle {
         let _ = tokio::task::spawn_blocking(move || worker.warm.shutdown(&worker.substrate)).await;
         if stop_sandboxes {
             self.worker.stop_all().await;
+        if stop_sandboxes {
+            self.worker.set_stopping();
+        }
         }
     }
 }
@@ -127,8 +131,10 @@ impl WorkerHandle {
 /// Starts a worker: open records, bind node-api, enroll, sync with the control plane.
 pub async fn run(config: WorkerConfig) -> Result<WorkerHandle, String> {
     config.validate()?;
-    std::fs::create_dir_all(&config.data_dir)
-        .map_err(|e| format!("{}: {e}", config.data_dir.display()))?;
+    // Records (credential, activation secrets, environments) and tenants' layers live
+    // here: 0700, and refused when others can reach them.
+    space_http::private_dir::ensure_private_dir(&config.data_dir)?;
+    space_http::private_dir::check_database_files(&config.data_dir.join("records.db"))?;
     let listener = bind_node_api(config.listen, &config.data_dir).await?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let url = config
@@ -150,7 +156,14 @@ pub async fn run(config: WorkerConfig) -> Result<WorkerHandle, String> {
     });
 
     let http = HttpClient::new(Duration::from_secs(30));
-    let enrolled = enroll(&http, &config, &url).await?;
+    // A restart re-enrolls with the credential of the first enrollment: the
+    // enrollment secret alone only enrolls a new worker ID.
+    let credential = worker
+        .records
+        .setting("credential")
+        .map_err(|e| e.to_string())?
+        .and_then(|c| String::from_utf8(c).ok());
+    let enrolled = enroll(&http, &config, &url, credential).await?;
     let anchor = decode_anchor(&enrolled.anchor)?;
     worker.set_enrollment(anchor, &enrolled.credential)?;
     let updates = sync(&http, &config, &enrolled.credential).await?;
@@ -248,6 +261,7 @@ async fn enroll(
         "{}/internal/v1/enroll",
         config.control_url.trim_end_matches('/')
     );
+    credential: Option<String>,
     // The control plane may still be starting (space up starts everything at once).
     let mut delay = Duration::from_millis(50);
     for attempt in 0.. {
@@ -255,6 +269,7 @@ async fn enroll(
             Ok(a) if a.status.is_success() => {
                 return serde_json::from_slice(&a.body)
                     .map_err(|e| format!("enrollment answer: {e}"));
+        credential,
             }
             Ok(a) if a.status.is_client_error() => {
                 return Err(format!(

@@ -102,6 +102,9 @@ pub enum RecordError {
     /// The group commit this write was part of failed.
     #[error("runtime records: {0}")]
     Group(String),
+    /// The file could not be created or is not private.
+    #[error("runtime records: {0}")]
+    Io(String),
 }
 
 /// The records database.
@@ -143,11 +146,58 @@ CREATE TABLE IF NOT EXISTS settings (
     name TEXT PRIMARY KEY,
     value BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS seen_updates (
+    seq INTEGER PRIMARY KEY,
+    issued_at INTEGER NOT NULL
+);
 ";
+
+/// What [`Records::claim_updates`] found for one update sequence number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// Never seen: recorded now (durably), the update may be applied.
+    Fresh,
+    /// Applied (or refused after its claim) before: a replay.
+    Replayed,
+    /// At or below the floor of numbers forgotten with their age: as old as updates
+    /// refused by their `issued_at`, so refused too.
+    BelowFloor,
+}
+
+/// Seen sequence numbers are forgotten once their `issued_at` is this much older than
+/// the worker's clock: by then an update as old is refused by its age, and the
+/// highest number forgotten becomes the floor below which every number is refused.
+pub const SEEN_UPDATES_KEPT_SECS: u64 =
+    space_proto::api::UPDATE_MAX_AGE_SECS + 2 * space_proto::api::UPDATE_CLOCK_SKEW_SECS;
 
 impl Records {
     /// Opens (creating) the records at `path`.
     pub fn open(path: &Path) -> Result<Self, RecordError> {
+        // 0600 before SQLite writes a byte (its -wal/-shm files take the database's
+        // mode): the records hold the worker's credential and activation secrets.
+        {
+            use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(path)
+                .map_err(|e| RecordError::Io(format!("{}: {e}", path.display())))?;
+            let mode = f
+                .metadata()
+                .map_err(|e| RecordError::Io(format!("{}: {e}", path.display())))?
+                .permissions()
+                .mode()
+                & 0o777;
+            if mode & 0o077 != 0 {
+                return Err(RecordError::Io(format!(
+                    "{} is open to group or others (mode {mode:04o}): run `chmod 600 {}`",
+                    path.display(),
+                    path.display()
+                )));
+            }
+        }
         let conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
@@ -277,6 +327,73 @@ impl Records {
         })
     }
 
+    /// Claims update sequence numbers, with their `issued_at`, in one transaction
+    /// (one fsync): each number is applied at most once, ever. Numbers whose
+    /// `issued_at` is older than `now` − [`SEEN_UPDATES_KEPT_SECS`] are forgotten in the
+    /// same transaction and the highest of them becomes the floor (never lowered):
+    /// the table stays as small as the updates of the last two minutes, and a
+    /// forgotten number can still not come back. A claim returns only once durable.
+    pub fn claim_updates(&self, seqs: &[(u64, u64)], now: u64) -> Result<Vec<Claim>, RecordError> {
+        let as_i64 = |v: u64| i64::try_from(v).map_err(|_| RecordError::Corrupt("sequence"));
+        self.with(|c| {
+            let tx = c.unchecked_transaction()?;
+            let floor: i64 = tx
+                .query_row(
+                    "SELECT value FROM settings WHERE name = 'update_seq_floor'",
+                    [],
+                    |r| r.get::<_, Vec<u8>>(0),
+                )
+                .optional()?
+                .and_then(|v| std::str::from_utf8(&v).ok()?.parse().ok())
+                .unwrap_or(0);
+            let mut out = Vec::with_capacity(seqs.len());
+            {
+                let mut insert = tx.prepare_cached(
+                    "INSERT INTO seen_updates (seq, issued_at) VALUES (?1, ?2) ON CONFLICT (seq) DO NOTHING",
+                )?;
+                for &(seq, issued_at) in seqs {
+                    let seq = as_i64(seq)?;
+                    if seq <= floor {
+                        out.push(Claim::BelowFloor);
+                    } else if insert.execute(params![seq, as_i64(issued_at)?])? == 0 {
+                        out.push(Claim::Replayed);
+                    } else {
+                        out.push(Claim::Fresh);
+                    }
+                }
+            }
+            let horizon = as_i64(now.saturating_sub(SEEN_UPDATES_KEPT_SECS))?;
+            let forgotten: Option<i64> = tx.query_row(
+                "SELECT MAX(seq) FROM seen_updates WHERE issued_at < ?1",
+                params![horizon],
+                |r| r.get(0),
+            )?;
+            if let Some(top) = forgotten.filter(|t| *t > floor) {
+                tx.execute(
+                    "INSERT INTO settings (name, value) VALUES ('update_seq_floor', ?1)
+                     ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                    params![top.to_string().into_bytes()],
+                )?;
+            }
+            if forgotten.is_some() {
+                tx.execute(
+                    "DELETE FROM seen_updates WHERE issued_at < ?1 OR seq <= ?2",
+                    params![horizon, forgotten.unwrap_or(0).max(floor)],
+                )?;
+            }
+            tx.commit()?;
+            Ok(out)
+        })
+    }
+
+    /// Sequence numbers remembered (for tests and metrics).
+    pub fn seen_updates(&self) -> Result<u64, RecordError> {
+        self.with(|c| {
+            let n: i64 = c.query_row("SELECT COUNT(*) FROM seen_updates", [], |r| r.get(0))?;
+            Ok(n as u64)
+        })
+    }
+
     /// A setting.
     pub fn setting(&self, name: &str) -> Result<Option<Vec<u8>>, RecordError> {
         self.with(|c| {
@@ -354,6 +471,43 @@ mod tests {
         assert_eq!(
             r.max_generation(&SandboxId::from_bytes([1; 16])).unwrap(),
             5
+        );
+    }
+
+    #[test]
+    fn a_claimed_update_sequence_is_refused_again_also_after_reopening_and_after_forgetting() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.db");
+        let now = 10_000;
+        {
+            let r = Records::open(&path).unwrap();
+            assert_eq!(
+                r.claim_updates(&[(5, now), (7, now), (5, now)], now)
+                    .unwrap(),
+                vec![Claim::Fresh, Claim::Fresh, Claim::Replayed]
+            );
+            // Out of order is fine, once.
+            assert_eq!(
+                r.claim_updates(&[(6, now)], now).unwrap(),
+                vec![Claim::Fresh]
+            );
+        }
+        let r = Records::open(&path).unwrap();
+        assert_eq!(
+            r.claim_updates(&[(6, now), (7, now)], now).unwrap(),
+            vec![Claim::Replayed, Claim::Replayed]
+        );
+        // Two minutes on, the old numbers are forgotten, and the floor refuses them.
+        let later = now + SEEN_UPDATES_KEPT_SECS + 1;
+        assert_eq!(
+            r.claim_updates(&[(9, later)], later).unwrap(),
+            vec![Claim::Fresh]
+        );
+        assert_eq!(r.seen_updates().unwrap(), 1);
+        assert_eq!(
+            r.claim_updates(&[(5, later), (7, later), (8, later)], later)
+                .unwrap(),
+            vec![Claim::BelowFloor, Claim::BelowFloor, Claim::Fresh]
         );
     }
 

@@ -103,6 +103,11 @@ pub struct Worker {
     pub metrics: super::node_api::WorkerMetrics,
     /// Jails launched ahead of demand.
     pub warm: Arc<super::warm::WarmPool>,
+    /// The control plane's base URL (lost executions are reported there).
+    pub control_url: String,
+    /// Set when the worker stops its sandboxes itself: their agents' exits are then
+    /// expected (see [`super::agent_watch`]).
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Worker {
@@ -216,6 +221,8 @@ impl Worker {
                 .setting("anchor")
                 .map_err(|e| e.to_string())?,
             worker
+            control_url: config.control_url.clone(),
+            stopping: std::sync::atomic::AtomicBool::new(false),
                 .records
                 .setting("bundle")
                 .map_err(|e| e.to_string())?,
@@ -265,6 +272,17 @@ impl Worker {
         SandboxTurn {
             worker: self,
             sandbox: *sandbox,
+    /// From now on, an agent's exit is the worker's own doing (it stops).
+    pub fn set_stopping(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether the worker is stopping.
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
             turn: Some(turn),
             _shared: shared,
         }
@@ -381,8 +399,8 @@ impl Worker {
         credential: &str,
     ) -> Result<(), String> {
         let mut wanted = Vec::new();
-        for signed in &list {
-            let (body, update) = updates::verify(self, signed).map_err(|e| e.message)?;
+        // One durable claim of every sequence number in the list.
+        for (body, update) in updates::verify_all(self, &list).map_err(|e| e.message)? {
             match update {
                 Update::Bundle { .. } => {
                     updates::apply(self, body, update)
@@ -527,21 +545,25 @@ impl Worker {
     /// install that was not acknowledged already failed at the control plane.
     /// Records changed since shortly before `asked_at` are left alone: the list may
     /// predate them.
+            super::agent_watch::watch_agent(self, r);
     pub async fn resync(self: &Arc<Self>, list: Vec<SignedUpdate>, asked_at: i64) {
         let mut listed = Vec::new();
-        for signed in &list {
-            match updates::verify(self, signed) {
-                Ok((body, update @ Update::Bundle { .. })) => {
+        let verified = match updates::verify_all(self, &list) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e.message, "resync: update refused");
+                return;
+            }
+        };
+        for (body, update) in verified {
+            match update {
+                update @ Update::Bundle { .. } => {
                     if let Err(e) = updates::apply(self, body, update).await {
                         tracing::warn!(error = %e.message, "resync: bundle refused");
                     }
                 }
-                Ok((_, Update::Install(i))) => listed.push((i.sandbox, i.generation)),
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e.message, "resync: update refused");
-                    return;
-                }
+                Update::Install(i) => listed.push((i.sandbox, i.generation)),
+                _ => {}
             }
         }
         let Ok(records) = self.records.all() else {
@@ -585,6 +607,7 @@ impl Worker {
                     pool.clear();
                 }
                 worker.teardown(&s.record, launch::Layer::Keep).await;
+        self.set_stopping();
             });
         }
         while stopping.join_next().await.is_some() {}

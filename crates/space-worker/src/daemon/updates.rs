@@ -6,10 +6,13 @@ use std::sync::Arc;
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use space_identity::{ExecutionId, SandboxId, SignedKeyBundle};
-use space_proto::api::{InstallExecution, SignedUpdate, Update, UpdateAck, UpdateBody};
+use space_proto::api::{
+    InstallExecution, SignedUpdate, UPDATE_CLOCK_SKEW_SECS, UPDATE_MAX_AGE_SECS, Update, UpdateAck,
+    UpdateBody,
+};
 
 use super::launch;
-use super::records::{ExecutionRecord, RecordState};
+use super::records::{Claim, ExecutionRecord, RecordState};
 use super::state::{Worker, activation_of, now_secs, random32};
 use crate::substrate::{Limits, Substrate};
 
@@ -29,16 +32,28 @@ fn refuse(status: u16, message: impl Into<String>) -> UpdateError {
     }
 }
 
-/// Checks the anchor's signature and that the update is for this worker.
+/// Checks an update the way [`verify_all`] does; for one arriving on its own.
 pub fn verify(worker: &Worker, signed: &SignedUpdate) -> Result<(Vec<u8>, Update), UpdateError> {
-    let body = B64
-        .decode(&signed.body)
-        .map_err(|_| refuse(400, "update body is not base64url"))?;
-    let sig: [u8; 64] = B64
-        .decode(&signed.signature)
-        .ok()
-        .and_then(|s| s.try_into().ok())
-        .ok_or_else(|| refuse(400, "update signature is not 64 bytes of base64url"))?;
+    let mut one = verify_all(worker, std::slice::from_ref(signed))?;
+    one.pop().ok_or_else(|| refuse(500, "no update verified"))
+}
+
+/// Checks updates: signed by the trust anchor, for this worker, fresh (issued at most
+/// [`UPDATE_MAX_AGE_SECS`] ago, allowing [`UPDATE_CLOCK_SKEW_SECS`] either way), and
+/// each sequence number never used before. The numbers are recorded durably (one
+/// fsync for the whole list) before this returns, so whatever happens next, the same
+/// update is refused if it comes again — also after a restart. The refusal's message
+/// starts with its reason: `stale_update`, `future_update`, `replayed_update` or
+/// `old_sequence`. One refused update refuses the whole list.
+///
+/// Out of order is fine: updates signed concurrently (numbers 5 and 6, delivered 6
+/// then 5) are each applied once. What is refused is a number seen before, or one at
+/// or below the floor of numbers forgotten with their age (see
+/// [`super::records::SEEN_UPDATES_KEPT_SECS`]).
+pub fn verify_all(
+    worker: &Worker,
+    signed: &[SignedUpdate],
+) -> Result<Vec<(Vec<u8>, Update)>, UpdateError> {
     let anchor = {
         let keys = worker.keys.read().map_err(|_| refuse(500, "poisoned"))?;
         *keys
@@ -46,18 +61,88 @@ pub fn verify(worker: &Worker, signed: &SignedUpdate) -> Result<(Vec<u8>, Update
             .ok_or_else(|| refuse(503, "not enrolled yet"))?
             .anchor()
     };
-    if !space_identity::verify_update(&anchor, &body, &sig) {
-        return Err(refuse(403, "update not signed by the trust anchor"));
+    let now = now_secs();
+    let mut out = Vec::with_capacity(signed.len());
+    let mut seqs = Vec::with_capacity(signed.len());
+    for signed in signed {
+        let body = B64
+            .decode(&signed.body)
+            .map_err(|_| refuse(400, "update body is not base64url"))?;
+        let sig: [u8; 64] = B64
+            .decode(&signed.signature)
+            .ok()
+            .and_then(|s| s.try_into().ok())
+            .ok_or_else(|| refuse(400, "update signature is not 64 bytes of base64url"))?;
+        if !space_identity::verify_update(&anchor, &body, &sig) {
+            return Err(refuse(403, "update not signed by the trust anchor"));
+        }
+        let parsed: UpdateBody =
+            serde_json::from_slice(&body).map_err(|e| refuse(400, format!("update body: {e}")))?;
+        if parsed.worker != worker.id {
+            return Err(refuse(
+                403,
+                format!("update is for worker {}", parsed.worker),
+            ));
+        }
+        check_fresh(parsed.issued_at, now)?;
+        if parsed.seq == 0 {
+            return Err(refuse(400, "update sequence numbers start at 1"));
+        }
+        seqs.push((parsed.seq, parsed.issued_at));
+        out.push((body, parsed.update));
     }
-    let parsed: UpdateBody =
-        serde_json::from_slice(&body).map_err(|e| refuse(400, format!("update body: {e}")))?;
-    if parsed.worker != worker.id {
+    let claims = worker
+        .records
+        .claim_updates(&seqs, now)
+        .map_err(|e| refuse(500, e.to_string()))?;
+    for (&(seq, _), claim) in seqs.iter().zip(&claims) {
+        match claim {
+            Claim::Fresh => {}
+            Claim::Replayed => {
+                tracing::warn!(seq, "refused a replayed update");
+                return Err(refuse(
+                    409,
+                    format!(
+                        "replayed_update: update {seq} was received before; each is applied once"
+                    ),
+                ));
+            }
+            Claim::BelowFloor => {
+                tracing::warn!(seq, "refused an update below the sequence floor");
+                return Err(refuse(
+                    409,
+                    format!(
+                        "old_sequence: update {seq} is older than every update this worker still accepts"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Refuses an `issued_at` outside the freshness window around `now`.
+fn check_fresh(issued_at: u64, now: u64) -> Result<(), UpdateError> {
+    if issued_at.saturating_add(UPDATE_MAX_AGE_SECS + UPDATE_CLOCK_SKEW_SECS) < now {
         return Err(refuse(
             403,
-            format!("update is for worker {}", parsed.worker),
+            format!(
+                "stale_update: issued {} s ago; updates older than {UPDATE_MAX_AGE_SECS} s \
+                 (+{UPDATE_CLOCK_SKEW_SECS} s skew) are refused",
+                now - issued_at
+            ),
         ));
     }
-    Ok((body, parsed.update))
+    if issued_at > now + UPDATE_CLOCK_SKEW_SECS {
+        return Err(refuse(
+            403,
+            format!(
+                "future_update: issued {} s ahead of this worker's clock (skew allowed: {UPDATE_CLOCK_SKEW_SECS} s)",
+                issued_at - now
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn bundle_version(worker: &Worker) -> u64 {
@@ -373,6 +458,7 @@ async fn install_execution(
             worker.put_slot(record, Some(pool));
             worker.metrics.launches.inc();
             Ok(ack(worker, "running", None))
+            super::agent_watch::watch_agent(worker, &record);
         }
         Err(e) => {
             record.state = RecordState::Failed;

@@ -373,3 +373,83 @@ pub fn post_within(
         bytes::Bytes::copy_from_slice(body),
     ))
 }
+
+/// Acting as a second control-plane replica on this cluster's store: the trust anchor
+/// (its seed read from `control.db`), and the next update sequence number of a worker
+/// reserved the way the control plane reserves them (so the test's signed updates
+/// never collide with the platform's own).
+pub struct Signer {
+    anchor: space_identity::BundleSigner,
+    db: PathBuf,
+}
+
+impl Signer {
+    /// The signer of `c`.
+    pub fn of(c: &Cluster) -> Self {
+        let db = c.data_dir().join("control.db");
+        let seed_hex: String = rusqlite::Connection::open(&db)
+            .unwrap()
+            .query_row("SELECT value FROM kv WHERE name = 'anchor_seed'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        let seed: Vec<u8> = (0..32)
+            .map(|i| u8::from_str_radix(&seed_hex[2 * i..2 * i + 2], 16).unwrap())
+            .collect();
+        Self {
+            anchor: space_identity::BundleSigner::from_seed(seed.try_into().unwrap()),
+            db,
+        }
+    }
+
+    /// Reserves the next update sequence number of `worker`.
+    pub fn next_seq(&self, worker: &str) -> u64 {
+        let conn = rusqlite::Connection::open(&self.db).unwrap();
+        conn.busy_timeout(Duration::from_secs(30)).unwrap();
+        let last: i64 = conn
+            .query_row(
+                "INSERT INTO update_sequences (worker, last) VALUES (?1, 1) \
+                 ON CONFLICT (worker) DO UPDATE SET last = update_sequences.last + 1 RETURNING last",
+                [worker],
+                |r| r.get(0),
+            )
+            .unwrap();
+        last as u64
+    }
+
+    /// The signed envelope (JSON text) of `body` (the JSON of an update body).
+    pub fn sign(&self, body: &str) -> String {
+        use base64::Engine as _;
+        let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+        serde_json::json!({
+            "body": b64(body.as_bytes()),
+            "signature": b64(&self.anchor.sign_update(body.as_bytes())),
+        })
+        .to_string()
+    }
+
+    /// A signed update for `worker` issued now, under a freshly reserved number.
+    pub fn update(&self, worker: &str, update: serde_json::Value) -> String {
+        self.update_at(worker, unix_now(), update)
+    }
+
+    /// A signed update for `worker` issued at `issued_at`, under a freshly reserved
+    /// number.
+    pub fn update_at(&self, worker: &str, issued_at: u64, update: serde_json::Value) -> String {
+        let body = serde_json::json!({
+            "worker": worker,
+            "issued_at": issued_at,
+            "seq": self.next_seq(worker),
+            "update": update,
+        });
+        self.sign(&body.to_string())
+    }
+}
+
+/// Unix seconds now.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
