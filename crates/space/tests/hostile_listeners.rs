@@ -1,0 +1,446 @@
+//! Hostile clients against every listener of a real `space up`: slow heads, thousands
+//! of idle connections, large bodies without credentials, layers with a bad
+//! signature, and a sandbox whose writable layer holds a 50 GB sparse file. Every one
+//! is cut off or refused, and the peak RSS (`VmHWM`) of the edge and of the workers
+//! stays bounded.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use support::{Cluster, can_run_jails, http};
+
+const MIB: u64 = 1 << 20;
+
+fn status_kib(pid: i32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} of {pid}"))
+}
+
+/// Resets the peak RSS of `pid` to its current RSS (`clear_refs` 5); bytes.
+fn reset_peak(pid: i32) -> u64 {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+    status_kib(pid, "VmHWM:") * 1024
+}
+
+/// Growth of the peak RSS of `pid` over `base` bytes.
+fn peak_growth(pid: i32, base: u64) -> u64 {
+    (status_kib(pid, "VmHWM:") * 1024).saturating_sub(base)
+}
+
+/// The PID of the live process whose command line contains every one of `words`.
+fn pid_of(words: &[&str]) -> i32 {
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let cmd: Vec<String> = cmd
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|st| st.contains(") Z "));
+        if !zombie && words.iter().all(|w| cmd.iter().any(|a| a == w)) {
+            return pid;
+        }
+    }
+    panic!("no process with {words:?}");
+}
+
+/// `space up` (control plane + edge) of this cluster.
+fn edge_pid(c: &Cluster) -> i32 {
+    let data = c.data_dir();
+    pid_of(&["up", "--listen", data.to_str().unwrap()])
+}
+
+/// The worker `w` (`w1`, `w2`): its PID and node-api address (`host:port`).
+fn worker(c: &Cluster, w: &str) -> (i32, String) {
+    let dir = c.worker_dir(w);
+    let pid = pid_of(&["worker", "--id", w, dir.to_str().unwrap()]);
+    let url = c
+        .worker_urls()
+        .into_iter()
+        .find(|(id, _)| id == w)
+        .unwrap()
+        .1;
+    (pid, host_port(&url))
+}
+
+fn host_port(url: &str) -> String {
+    url.trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned()
+}
+
+/// Whether the peer closes `tcp` within `within` (reads until end or error).
+fn closed_within(tcp: &mut TcpStream, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        tcp.set_read_timeout(Some(left)).unwrap();
+        match tcp.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return false;
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+/// A connection that sent the start of a request head and nothing more.
+fn half_head(addr: &str, padding: usize) -> Option<TcpStream> {
+    let mut tcp = TcpStream::connect(addr).ok()?;
+    let mut head = format!("GET /healthz HTTP/1.1\r\nhost: {addr}\r\n").into_bytes();
+    if padding > 0 {
+        head.extend_from_slice(b"x-pad: ");
+        head.extend(std::iter::repeat_n(b'a', padding));
+        head.extend_from_slice(b"\r\n");
+    }
+    let _ = tcp.write_all(&head);
+    Some(tcp)
+}
+
+/// The status of the answer read from `tcp` (0 when none arrived within `within`).
+fn answer_status(tcp: &mut TcpStream, within: Duration) -> u16 {
+    tcp.set_read_timeout(Some(within)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        match tcp.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&got)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn slow_header_clients_are_cut_off_by_the_header_timeout() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start_with_env(&[("SPACE_HEADER_TIMEOUT_MS", "1500")]);
+    let edge = host_port(&c.url);
+    let (_, w1) = worker(&c, "w1");
+    let started = Instant::now();
+    let mut slow: Vec<TcpStream> = (0..200)
+        .map(|i| half_head(if i % 2 == 0 { &edge } else { &w1 }, 0).unwrap())
+        .collect();
+    // A header line every 300 ms: never a whole head, always something new.
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(300));
+        for tcp in &mut slow {
+            let _ = tcp.write_all(b"x-slow: 1\r\n");
+        }
+    }
+    for (i, tcp) in slow.iter_mut().enumerate() {
+        assert!(
+            closed_within(tcp, Duration::from_secs(5)),
+            "slow client {i} still open {:?} after it connected",
+            started.elapsed()
+        );
+    }
+    // Normal requests are still served, on both listeners.
+    let (status, body) = http("GET", &format!("http://{w1}/healthz"), None, b"");
+    assert_eq!((status, &body[..]), (200, &b"ok"[..]));
+    let out = c.cli(&["--json", "workers"]);
+    assert!(out.status.success());
+}
+
+#[test]
+fn connections_past_the_limit_are_refused_and_rss_stays_bounded() {
+    if !can_run_jails() {
+        return;
+    }
+    const LIMIT: usize = 1000;
+    let c = Cluster::start_with_env(&[("SPACE_MAX_CONNECTIONS", "1000")]);
+    let edge = host_port(&c.url);
+    let edge_pid = edge_pid(&c);
+    let (w1_pid, w1) = worker(&c, "w1");
+    let (edge_base, w1_base) = (reset_peak(edge_pid), reset_peak(w1_pid));
+    // 1,200 clients on each, each holding a head of 60 KiB it never finishes.
+    let mut held = Vec::new();
+    for addr in [&edge, &w1] {
+        for _ in 0..LIMIT + 200 {
+            if let Some(tcp) = half_head(addr, 60 << 10) {
+                held.push(tcp);
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // Those past the limit were closed at once (a few slots may be the platform's own).
+    let mut closed = 0;
+    for tcp in &mut held {
+        if closed_within(tcp, Duration::from_millis(5)) {
+            closed += 1;
+        }
+    }
+    assert!(
+        closed >= 2 * 200,
+        "only {closed} of {} connections past the limits were closed",
+        held.len()
+    );
+    let (edge_growth, w1_growth) = (
+        peak_growth(edge_pid, edge_base),
+        peak_growth(w1_pid, w1_base),
+    );
+    eprintln!(
+        "{} connections held: edge peak RSS +{} MiB, worker +{} MiB",
+        held.len(),
+        edge_growth / MIB,
+        w1_growth / MIB
+    );
+    assert!(edge_growth <= 256 * MIB, "edge grew {edge_growth} bytes");
+    assert!(w1_growth <= 256 * MIB, "worker grew {w1_growth} bytes");
+    drop(held);
+    // Once they are gone, both answer again.
+    std::thread::sleep(Duration::from_millis(300));
+    let (status, body) = http("GET", &format!("http://{w1}/healthz"), None, b"");
+    assert_eq!((status, &body[..]), (200, &b"ok"[..]));
+    let out = c.cli(&["--json", "workers"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Sends the head of a `len`-byte PUT/POST and then up to `send` bytes of its body
+/// (stopping early if the server answers or closes); the answer's status.
+fn large_body(addr: &str, head: &str, len: u64, send: u64) -> u16 {
+    let mut tcp = TcpStream::connect(addr).unwrap();
+    let head = format!("{head}host: {addr}\r\ncontent-length: {len}\r\n\r\n");
+    tcp.write_all(head.as_bytes()).unwrap();
+    tcp.set_write_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let chunk = vec![b'z'; 64 << 10];
+    let mut sent = 0u64;
+    while sent < send {
+        match tcp.write(&chunk) {
+            Ok(n) => sent += n as u64,
+            Err(_) => break,
+        }
+    }
+    answer_status(&mut tcp, Duration::from_secs(5))
+}
+
+#[test]
+fn unauthenticated_64_mib_bodies_are_refused_before_reading() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let id = c.create(&["--worker", "w1"]);
+    let edge = host_port(&c.url);
+    let edge_pid = edge_pid(&c);
+    let (w1_pid, w1) = worker(&c, "w1");
+    let (edge_base, w1_base) = (reset_peak(edge_pid), reset_peak(w1_pid));
+    let len = 64 * MIB;
+    let bad_key = format!("space_ak{}_{}", "a".repeat(16), "b".repeat(52));
+    let start = Instant::now();
+    let threads: Vec<_> = (0..32)
+        .map(|i| {
+            let (edge, w1, id, bad_key) = (edge.clone(), w1.clone(), id.clone(), bad_key.clone());
+            std::thread::spawn(move || {
+                if i % 2 == 0 {
+                    let head = format!(
+                        "PUT /v1/sandboxes/{id}/files?path=/root/x HTTP/1.1\r\nauthorization: Bearer {bad_key}\r\n"
+                    );
+                    large_body(&edge, &head, len, len)
+                } else {
+                    let head = format!(
+                        "PUT /v1/sandboxes/{id}/files?path=/root/x HTTP/1.1\r\nauthorization: SpaceCap forged\r\n"
+                    );
+                    large_body(&w1, &head, len, len)
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        assert_eq!(t.join().unwrap(), 401);
+    }
+    let took = start.elapsed();
+    let (edge_growth, w1_growth) = (
+        peak_growth(edge_pid, edge_base),
+        peak_growth(w1_pid, w1_base),
+    );
+    eprintln!(
+        "32 unauthenticated 64 MiB PUTs refused in {took:?}: edge peak RSS +{} MiB, worker +{} MiB",
+        edge_growth / MIB,
+        w1_growth / MIB
+    );
+    assert!(took < Duration::from_secs(20), "{took:?}");
+    // Reading even one of those bodies would take the process 64 MiB further.
+    assert!(edge_growth < 32 * MIB, "edge grew {edge_growth} bytes");
+    assert!(w1_growth < 32 * MIB, "worker grew {w1_growth} bytes");
+    // An authenticated upload still works.
+    let out = c.cli_with_stdin(&["fs", "put", &id, "-", "/root/ok"], b"fine");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn layer_upload_with_a_bad_signature_is_refused_before_reading_the_body() {
+    if !can_run_jails() {
+        return;
+    }
+    use base64::Engine as _;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let c = Cluster::start();
+    let id = c.create(&["--worker", "w1"]);
+    let (w1_pid, w1) = worker(&c, "w1");
+    let base = reset_peak(w1_pid);
+    // Signed by a key that is not the cluster's trust anchor, for a 1 GiB layer.
+    let rogue = space_identity::BundleSigner::from_seed([7u8; 32]);
+    let body =
+        serde_json::json!({"worker": "w1", "issued_at": support::unix_now(), "seq": 1u64 << 40,
+        "update": {"kind": "layer", "sandbox": id, "digest": "0".repeat(64), "size": 1u64 << 30}})
+        .to_string();
+    let signed = serde_json::json!({"body": b64(body.as_bytes()),
+        "signature": b64(&rogue.sign_update(body.as_bytes()))});
+    let header = b64(signed.to_string().as_bytes());
+    let start = Instant::now();
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let (w1, header) = (w1.clone(), header.clone());
+            std::thread::spawn(move || {
+                let head =
+                    format!("POST /internal/v1/layers HTTP/1.1\r\nspace-update: {header}\r\n");
+                large_body(&w1, &head, 1 << 30, 256 * MIB)
+            })
+        })
+        .collect();
+    for t in threads {
+        let status = t.join().unwrap();
+        assert!(
+            (400..500).contains(&status),
+            "a layer with a bad signature got {status}"
+        );
+    }
+    let took = start.elapsed();
+    let growth = peak_growth(w1_pid, base);
+    eprintln!(
+        "8 forged 1 GiB layers refused in {took:?}: worker peak RSS +{} MiB",
+        growth / MIB
+    );
+    assert!(growth < 32 * MIB, "worker grew {growth} bytes");
+    assert!(took < Duration::from_secs(20), "{took:?}");
+    // Nothing was left in the worker's spool.
+    let spool = c.worker_dir("w1").join("spool");
+    if spool.exists() {
+        assert_eq!(std::fs::read_dir(&spool).unwrap().count(), 0);
+    }
+}
+
+#[test]
+fn sparse_50_gb_file_in_a_snapshot_keeps_worker_rss_bounded() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let id = c.create(&["--worker", "w1"]);
+    let out = c.cli(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "truncate -s 50G /root/big && echo made",
+    ]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("made"),
+        "truncate failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (w1_pid, _) = worker(&c, "w1");
+    let edge_pid = edge_pid(&c);
+    let (w1_base, edge_base) = (reset_peak(w1_pid), reset_peak(edge_pid));
+    let auth = format!("Bearer {}", c.admin_key);
+    let start = Instant::now();
+    let (status, body) = http(
+        "POST",
+        &format!("{}/v1/sandboxes/{id}/snapshot", c.url),
+        Some(&auth),
+        b"",
+    );
+    let text = String::from_utf8_lossy(&body).into_owned();
+    assert_eq!(status, 413, "{text}");
+    assert!(
+        text.contains("too_large") && text.contains("1 GiB") && text.contains("/root/big"),
+        "{text}"
+    );
+    let (status, body) = http(
+        "POST",
+        &format!("{}/v1/sandboxes/{id}/migrate", c.url),
+        Some(&auth),
+        br#"{"worker": "w2"}"#,
+    );
+    assert_eq!(status, 413, "{}", String::from_utf8_lossy(&body));
+    let took = start.elapsed();
+    let (w1_growth, edge_growth) = (
+        peak_growth(w1_pid, w1_base),
+        peak_growth(edge_pid, edge_base),
+    );
+    eprintln!(
+        "snapshot and migration of a 50 GB sparse file refused in {took:?}: worker peak RSS +{} MiB, edge +{} MiB",
+        w1_growth / MIB,
+        edge_growth / MIB
+    );
+    assert!(w1_growth <= 256 * MIB, "worker grew {w1_growth} bytes");
+    assert!(edge_growth <= 256 * MIB, "edge grew {edge_growth} bytes");
+    // The sandbox runs on where it was, thawed.
+    let v = c.sandbox(&id);
+    assert_eq!(v["state"], "running", "{v}");
+    let out = c.cli(&["exec", &id, "--", "sh", "-c", "echo alive"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "alive");
+    // Without the file the same sandbox migrates, its files intact.
+    let out = c.cli(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "rm /root/big; echo kept > /root/k",
+    ]);
+    assert!(out.status.success());
+    let out = c.cli(&["sandbox", "migrate", &id, "--worker", "w2"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = c.cli(&["exec", &id, "--", "cat", "/root/k"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "kept",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
