@@ -13,6 +13,7 @@ pub mod edge;
 pub mod edge_streams;
 pub mod error;
 pub mod keyring;
+pub mod limits;
 pub mod metrics;
 pub mod placement;
 pub mod server;

@@ -14,7 +14,7 @@ use space_identity::{
     Route, SandboxId, ServicePort, Timestamp, TokenId, WorkerId,
 };
 use space_proto::api::{
-    self, CapabilityResponse, CreateSandbox, ExecutionView, InstallExecution, Limits, RouteView,
+    self, CapabilityResponse, CreateSandbox, ExecutionView, InstallExecution, RouteView,
     SignedUpdate, Update, UpdateAck, UpdateBody, WorkerView,
 };
 use space_store::{
@@ -61,6 +61,8 @@ pub struct ControlPlane {
     /// When a create last ran in this process: the standby keeper waits for a quiet
     /// moment before refilling, so refills never compete with a burst.
     last_create: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Default and largest sandbox limits, and the per-tenant sandbox quota.
+    limits_policy: std::sync::RwLock<crate::limits::LimitsPolicy>,
 }
 
 /// The tenant that owns standby sandboxes until a create claims one. Tenant IDs that
@@ -214,6 +216,7 @@ impl ControlPlane {
             load: std::sync::Mutex::new(LoadView::default()),
             standby_target: std::sync::atomic::AtomicUsize::new(0),
             last_create: std::sync::Mutex::new(None),
+            limits_policy: std::sync::RwLock::new(Default::default()),
             reconcile_after_secs: std::env::var("SPACE_RECONCILE_AFTER_SECS")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -366,6 +369,9 @@ impl ControlPlane {
             execution,
             metadata: s.metadata.clone(),
             step: None,
+            limits: Some(api::LimitsView::from(&crate::limits::of_store(
+                s.limits.as_ref(),
+            ))),
         }
     }
 
@@ -428,7 +434,11 @@ impl ControlPlane {
         if metadata.to_string().len() > 16 * 1024 {
             return Err(ApiError::bad_request("metadata is over 16 KiB"));
         }
+        let policy = self.limits_policy();
+        let limits = policy.resolve(req.limits.as_ref())?;
         if caller.tenant != STANDBY_TENANT {
+            // Standby sandboxes belong to no tenant until claimed: they never count.
+            policy.admit(self.store.count_live_sandboxes(&caller.tenant).await?)?;
             *self
                 .last_create
                 .lock()
@@ -440,7 +450,8 @@ impl ControlPlane {
         // A standby sandbox is a default sandbox that already runs: claiming one is a
         // single write. Sandboxes with their own environment or a chosen worker are
         // started for the request.
-        let plain = env.is_empty() && req.worker.is_none();
+        // Standby sandboxes run with the default limits: other limits start their own.
+        let plain = env.is_empty() && req.worker.is_none() && limits == policy.defaults;
         if plain && caller.tenant != STANDBY_TENANT && self.standby_target() > 0 {
             let claim = space_store::Claim {
                 tenant: caller.tenant.clone(),
@@ -469,6 +480,7 @@ impl ControlPlane {
             metadata,
             env,
             generation: 0,
+            limits: Some(crate::limits::to_store(&limits)),
         };
         let _busy = self.transition(record.id)?;
         self.store.create_sandbox(&record).await?;
@@ -506,6 +518,22 @@ impl ControlPlane {
             ..record
         };
         Ok(self.view_of(&s, Some(&exe)))
+    }
+
+    /// The limits policy in force (defaults, maxima, tenant quota).
+    pub fn limits_policy(&self) -> crate::limits::LimitsPolicy {
+        *self
+            .limits_policy
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Sets the limits policy for creates from now on (stored sandboxes keep theirs).
+    pub fn set_limits_policy(&self, policy: crate::limits::LimitsPolicy) {
+        *self
+            .limits_policy
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = policy;
     }
 
     /// How many standby sandboxes this control plane keeps ready.
@@ -1830,7 +1858,7 @@ fn install_of(s: &SandboxRecord, exe: &ExecutionRecord) -> InstallExecution {
         activation: exe.activation,
         template: s.template.clone(),
         env: s.env.clone(),
-        limits: Limits::default(),
+        limits: crate::limits::of_store(s.limits.as_ref()),
     }
 }
 

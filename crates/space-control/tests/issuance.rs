@@ -47,6 +47,7 @@ async fn sandbox_with_pending_execution(cp: &ControlPlane) -> SandboxRecord {
         metadata: serde_json::json!({}),
         env: Default::default(),
         generation: 0,
+        limits: None,
     };
     cp.store.create_sandbox(&s).await.unwrap();
     cp.store

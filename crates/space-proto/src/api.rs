@@ -85,6 +85,53 @@ pub struct CreateSandbox {
     /// Place on this worker.
     #[serde(default)]
     pub worker: Option<WorkerId>,
+    /// Resource limits; what is left out takes the platform's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<LimitsRequest>,
+}
+
+/// `limits` of `POST /v1/sandboxes`: each one positive and at most the platform's
+/// maximum (400 `invalid_limits` otherwise).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsRequest {
+    /// Memory (RAM and swap together) in MiB; past it the kernel kills inside.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u64>,
+    /// CPU bandwidth in cores (`0.5`, `2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    /// Most processes and threads at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u32>,
+    /// Disk the sandbox's files may take, in MiB; writes past it fail inside
+    /// (`EDQUOT`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_mib: Option<u64>,
+}
+
+/// A sandbox's limits as shown (`"limits"` of a sandbox).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LimitsView {
+    /// Memory in MiB.
+    pub memory_mib: u64,
+    /// CPU bandwidth in cores.
+    pub cpus: f64,
+    /// Most processes and threads.
+    pub pids: u32,
+    /// Disk in MiB (0: not limited).
+    pub disk_mib: u64,
+}
+
+impl From<&Limits> for LimitsView {
+    fn from(l: &Limits) -> Self {
+        Self {
+            memory_mib: l.memory_bytes >> 20,
+            cpus: f64::from(l.cpu_millis) / 1000.0,
+            pids: l.pids,
+            disk_mib: l.disk_bytes >> 20,
+        }
+    }
 }
 
 /// The execution serving a sandbox, as shown to users.
@@ -124,6 +171,9 @@ pub struct Sandbox {
     /// w2", …).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<String>,
+    /// Its resource limits, the same for every execution.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<LimitsView>,
 }
 
 /// `POST /v1/sandboxes/{id}/exec`.
@@ -173,6 +223,12 @@ pub struct ExecResponse {
     /// Whether the timeout killed it.
     #[serde(default)]
     pub timed_out: bool,
+    /// Whether the kernel killed a process of it for the sandbox's memory limit.
+    #[serde(default)]
+    pub oom_killed: bool,
+    /// The sandbox's memory limit in MiB, when `oom_killed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit_mib: Option<u64>,
     /// Whether stdout or stderr went past `max_output_bytes` (the rest was dropped).
     #[serde(default)]
     pub truncated: bool,
@@ -321,6 +377,10 @@ pub struct Limits {
     pub pids: u32,
     /// CPU in milli-cores.
     pub cpu_millis: u32,
+    /// Disk in bytes; 0 (what an install from before disk limits carries): not
+    /// limited.
+    #[serde(default)]
+    pub disk_bytes: u64,
 }
 
 impl Default for Limits {
@@ -329,6 +389,7 @@ impl Default for Limits {
             memory_bytes: 512 << 20,
             pids: 256,
             cpu_millis: 1000,
+            disk_bytes: 1 << 30,
         }
     }
 }

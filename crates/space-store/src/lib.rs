@@ -26,8 +26,8 @@ use space_identity::{ExecutionId, PodUid, SandboxId, Substrate, WorkerId};
 
 pub use postgres::PgStore;
 pub use records::{
-    ApiKeyRecord, ExecutionRecord, ExecutionState, KeyState, ParseStateError, SandboxRecord,
-    SandboxState, SigningKeyRecord, Tenant, WorkerRecord, WorkerState,
+    ApiKeyRecord, ExecutionRecord, ExecutionState, KeyState, ParseStateError, SandboxLimits,
+    SandboxRecord, SandboxState, SigningKeyRecord, Tenant, WorkerRecord, WorkerState,
 };
 pub use sqlite::SqliteStore;
 
@@ -244,6 +244,11 @@ impl Store {
     /// there. Workers with none are absent from the map.
     pub async fn count_active_by_worker(&self) -> Result<BTreeMap<WorkerId, u64>, StoreError> {
         dispatch!(self.count_active_by_worker())
+    }
+
+    /// The sandboxes of `tenant` that are not stopped: what its sandbox quota counts.
+    pub async fn count_live_sandboxes(&self, tenant: &str) -> Result<u64, StoreError> {
+        dispatch!(self.count_live_sandboxes(tenant))
     }
 
     /// Atomically takes the sandbox's next generation and records a `Pending`

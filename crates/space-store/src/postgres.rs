@@ -387,6 +387,7 @@ impl PgStore {
     /// Creates a sandbox; `Conflict` if the ID exists, `NotFound` if the tenant does not.
     pub async fn create_sandbox(&self, s: &SandboxRecord) -> Result<(), StoreError> {
         let (metadata, env) = rows::sandbox_json(s)?;
+        let limits = rows::limits_json(s)?;
         let generation = to_sql_int("generation", s.generation)?;
         let id = s.id.to_string();
         let params: Params = &[
@@ -399,6 +400,7 @@ impl PgStore {
             &metadata,
             &env,
             &generation,
+            &limits,
         ];
         self.exec(sql::INSERT_SANDBOX, params).await.map(drop)
     }
@@ -463,6 +465,14 @@ impl PgStore {
         };
         let found = changed > 0 || self.exists(sql::SANDBOX_EXISTS, &[&id]).await?;
         crate::cas_outcome(changed, found, || format!("sandbox {id}"))
+    }
+
+    /// See [`crate::Store::count_live_sandboxes`].
+    pub async fn count_live_sandboxes(&self, tenant: &str) -> Result<u64, StoreError> {
+        let n = self
+            .all(sql::COUNT_LIVE_BY_TENANT, &[&tenant], |r| r.int(0))
+            .await?;
+        Ok(n.first().copied().unwrap_or(0).max(0) as u64)
     }
 
     /// Active sandboxes per worker; workers with none are absent.

@@ -186,6 +186,23 @@ pub struct SandboxRecord {
     pub env: BTreeMap<String, String>,
     /// The highest generation allocated so far; 0 before the first execution.
     pub generation: u64,
+    /// Resource limits every execution gets; `None` for a sandbox stored before limits
+    /// were (the platform's defaults then apply).
+    #[serde(default)]
+    pub limits: Option<SandboxLimits>,
+}
+
+/// A sandbox's resource limits, as stored (a JSON column).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxLimits {
+    /// Memory, bytes.
+    pub memory_bytes: u64,
+    /// Most processes and threads.
+    pub pids: u32,
+    /// CPU, thousandths of a core.
+    pub cpu_millis: u32,
+    /// Disk, bytes (0: not limited).
+    pub disk_bytes: u64,
 }
 
 /// One execution of a sandbox and where it runs.

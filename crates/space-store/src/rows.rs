@@ -93,7 +93,7 @@ pub(crate) fn worker(r: &impl Cols) -> Result<WorkerRecord, StoreError> {
 
 /// Columns of `sandboxes`, in the order [`sandbox`] reads them.
 pub(crate) const SANDBOX_COLUMNS: &str =
-    "id, tenant, template, state, created_at, expires_at, metadata, env, generation";
+    "id, tenant, template, state, created_at, expires_at, metadata, env, generation, limits";
 
 pub(crate) fn sandbox(r: &impl Cols) -> Result<SandboxRecord, StoreError> {
     let metadata = serde_json::from_str(&r.text(6)?).map_err(|e| corrupt("metadata", e))?;
@@ -109,6 +109,10 @@ pub(crate) fn sandbox(r: &impl Cols) -> Result<SandboxRecord, StoreError> {
         metadata,
         env,
         generation: unsigned("sandbox generation", r.int(8)?)?,
+        limits: r
+            .opt_text(9)?
+            .map(|t| serde_json::from_str(&t).map_err(|e| corrupt("limits", e)))
+            .transpose()?,
     })
 }
 
@@ -151,6 +155,11 @@ pub(crate) fn sandbox_json(s: &SandboxRecord) -> Result<(String, String), StoreE
         to_json("metadata", &s.metadata)?,
         to_json("environment", &s.env)?,
     ))
+}
+
+/// Sandbox limits as the JSON text both databases store (NULL when absent).
+pub(crate) fn limits_json(s: &SandboxRecord) -> Result<Option<String>, StoreError> {
+    s.limits.as_ref().map(|l| to_json("limits", l)).transpose()
 }
 
 /// A JSON column's text; `what` names it in the error.

@@ -175,6 +175,12 @@ CREATE TABLE update_sequences (
 );
 "#,
     },
+    Migration {
+        version: 3,
+        name: "sandbox limits",
+        sqlite: "ALTER TABLE sandboxes ADD COLUMN limits TEXT;",
+        postgres: "ALTER TABLE sandboxes ADD COLUMN limits TEXT;",
+    },
 ];
 
 /// The newest schema version this build knows.
@@ -220,8 +226,11 @@ pub(crate) const RESERVE_UPDATE_SEQ: &str = "INSERT INTO update_sequences (worke
 pub(crate) const SET_WORKER_STATE: &str = "UPDATE workers SET state = $2 WHERE id = $1";
 pub(crate) const TOUCH_WORKER: &str = "UPDATE workers SET last_seen = $2 WHERE id = $1";
 
-pub(crate) const INSERT_SANDBOX: &str = "INSERT INTO sandboxes (id, tenant, template, state, created_at, expires_at, metadata, env, generation) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+pub(crate) const INSERT_SANDBOX: &str = "INSERT INTO sandboxes (id, tenant, template, state, created_at, expires_at, metadata, env, generation, limits) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+/// Sandboxes of tenant `$1` that are not stopped (what its sandbox quota counts).
+pub(crate) const COUNT_LIVE_BY_TENANT: &str =
+    "SELECT COUNT(*) FROM sandboxes WHERE tenant = $1 AND state <> 'stopped'";
 pub(crate) const SET_SANDBOX_STATE: &str = "UPDATE sandboxes SET state = $2 WHERE id = $1";
 pub(crate) const SET_SANDBOX_STATE_IF: &str =
     "UPDATE sandboxes SET state = $2 WHERE id = $1 AND state = $3";

@@ -538,6 +538,7 @@ impl SqliteStore {
     /// Creates a sandbox; `Conflict` if the ID exists, `NotFound` if the tenant does not.
     pub async fn create_sandbox(&self, s: &SandboxRecord) -> Result<(), StoreError> {
         let (metadata, env) = rows::sandbox_json(s)?;
+        let limits = rows::limits_json(s)?;
         let generation = to_sql_int("generation", s.generation)?;
         let s = s.clone();
         self.call(move |c| {
@@ -552,6 +553,7 @@ impl SqliteStore {
                 &metadata,
                 &env,
                 &generation,
+                &limits,
             ];
             exec(c, sql::INSERT_SANDBOX, params).map(drop)
         })
@@ -628,6 +630,16 @@ impl SqliteStore {
                 ],
                 |r| rows::sandbox(r),
             )
+        })
+        .await
+    }
+
+    /// See [`crate::Store::count_live_sandboxes`].
+    pub async fn count_live_sandboxes(&self, tenant: &str) -> Result<u64, StoreError> {
+        let tenant = tenant.to_owned();
+        self.read(move |c| {
+            let n = query_one(c, sql::COUNT_LIVE_BY_TENANT, &[&tenant], |r| r.int(0))?;
+            Ok(n.unwrap_or(0).max(0) as u64)
         })
         .await
     }

@@ -98,6 +98,7 @@ fn rootless_fork_bomb_stops_at_the_process_rlimit_and_the_jail_keeps_answering()
             memory_bytes: None,
             pids_max: Some(48),
             cpu_millis: None,
+            disk_bytes: None,
         }))
         .unwrap();
     let bomb = jail.sh("for i in $(seq 1 200); do sleep 2 & done; echo all-started");

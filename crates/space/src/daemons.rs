@@ -90,6 +90,7 @@ pub async fn worker(a: WorkerArgs) -> Result<(), String> {
         jail_binary: bin_dir.join("space-jail"),
         cgroup_parent,
         warm_pool: a.warm_pool,
+        limits: Default::default(),
     };
     let mut stop = std::pin::pin!(shutdown_signal());
     let mut start = std::pin::pin!(space_worker::daemon::run(config));

@@ -93,6 +93,13 @@ pub fn sandbox(n: u8, tenant: &str) -> SandboxRecord {
             ("N".into(), n.to_string()),
         ]),
         generation: 0,
+        // Odd sandboxes carry limits, even ones are stored as before limits existed.
+        limits: (n % 2 == 1).then_some(space_store::SandboxLimits {
+            memory_bytes: u64::from(n) << 20,
+            pids: 64,
+            cpu_millis: 1500,
+            disk_bytes: 3 << 30,
+        }),
     }
 }
 

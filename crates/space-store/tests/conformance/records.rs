@@ -444,3 +444,31 @@ pub async fn standby_sandboxes_are_claimed_oldest_first_once_each_and_only_when_
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].id, sandbox_id(6));
 }
+
+pub async fn sandbox_limits_round_trip_and_live_sandboxes_are_counted_per_tenant(f: &Fixture) {
+    let store = f.open().await;
+    for t in ["ten_a", "ten_b"] {
+        store.create_tenant(&tenant(t)).await.unwrap();
+    }
+    assert_eq!(store.count_live_sandboxes("ten_a").await.unwrap(), 0);
+    for n in 1..=4u8 {
+        store.create_sandbox(&sandbox(n, "ten_a")).await.unwrap();
+    }
+    store.create_sandbox(&sandbox(5, "ten_b")).await.unwrap();
+    // With limits and without (a row from before limits): both read back as written.
+    for n in [1u8, 2] {
+        let want = sandbox(n, "ten_a");
+        let got = store.get_sandbox(&want.id).await.unwrap();
+        assert_eq!(got.limits, want.limits);
+    }
+    assert!(store.get_sandbox(&sandbox(1, "ten_a").id).await.unwrap().limits.is_some());
+    assert_eq!(store.count_live_sandboxes("ten_a").await.unwrap(), 4);
+    assert_eq!(store.count_live_sandboxes("ten_b").await.unwrap(), 1);
+    // A stopped sandbox no longer counts.
+    store
+        .set_sandbox_state(&sandbox(3, "ten_a").id, SandboxState::Stopped, None)
+        .await
+        .unwrap();
+    assert_eq!(store.count_live_sandboxes("ten_a").await.unwrap(), 3);
+    assert_eq!(store.count_live_sandboxes("nobody").await.unwrap(), 0);
+}

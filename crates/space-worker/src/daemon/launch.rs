@@ -273,9 +273,14 @@ pub fn still_alive_pid(pid: i32, start_time: u64) -> bool {
     crate::substrate::ProcessIdentity { pid, start_time }.is_alive()
 }
 
-/// Where a sandbox's writable layer waits between executions on this worker.
+/// Where a sandbox's writable layer waits between executions on this worker: beside
+/// the sandbox directories, on the same disk volume (see
+/// [`crate::substrate::jail::disk`]); the layer is `upper/` inside it.
 pub fn kept_layer(data_dir: &Path, sandbox: &SandboxId) -> PathBuf {
-    data_dir.join("layers").join(sandbox.to_string())
+    data_dir
+        .join("sandboxes")
+        .join(crate::substrate::jail::disk::KEPT_DIR)
+        .join(sandbox.to_string())
 }
 
 /// What happens to the writable layer at teardown.

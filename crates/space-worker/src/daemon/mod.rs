@@ -10,6 +10,7 @@
 
 pub mod agent_socket;
 pub mod launch;
+pub mod limits;
 pub mod node_api;
 pub mod records;
 pub mod snapshot;
@@ -61,6 +62,8 @@ pub struct WorkerConfig {
     pub cgroup_parent: String,
     /// Jails kept launched ahead of demand (see [`warm`]); 0 turns the pool off.
     pub warm_pool: usize,
+    /// Default and largest sandbox limits, disk volume size (see [`limits`]).
+    pub limits: limits::WorkerLimits,
 }
 
 /// Default size of the warm pool per worker. With the standby sandboxes `space up`
@@ -124,6 +127,12 @@ impl WorkerHandle {
         if stop_sandboxes {
             self.worker.set_stopping();
         }
+            // Unmounted only once no jail holds a layer on it (else the next start uses it).
+            let data_dir = self.worker.data_dir.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                crate::substrate::jail::disk::unmount_volume(&data_dir)
+            })
+            .await;
         }
     }
 }

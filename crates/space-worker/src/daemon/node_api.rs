@@ -905,8 +905,21 @@ async fn exec(
     };
     let execution_id = slot.record.execution_id;
     let resp = once(&w.idempotency, sandbox, &headers, move || async move {
+        // The memory cgroup's OOM-kill count, before and after: a rise means the
+        // kernel killed a process of the sandbox for its limit while this ran.
+        let cgroups = slot.record.handle.as_ref().map(|h| h.cgroups.clone());
+        let oom_before = cgroups.as_ref().and_then(|c| c.oom_kills());
         match with_conn(&slot, Call::exec(spec)).await {
             Ok(out) => {
+                let oom_killed = matches!(
+                    (oom_before, cgroups.as_ref().and_then(|c| c.oom_kills())),
+                    (Some(before), Some(after)) if after > before
+                );
+                let memory_limit_mib = cgroups
+                    .as_ref()
+                    .filter(|_| oom_killed)
+                    .and_then(|c| c.memory_limit())
+                    .map(|b| b >> 20);
                 let (exit_code, signal) = match out.status.outcome {
                     ExitOutcome::Code(c) => (c, None),
                     ExitOutcome::Signal(s) => (128 + s, Some(s)),
@@ -920,6 +933,8 @@ async fn exec(
                         exit_code,
                         signal,
                         timed_out: out.status.timed_out,
+                        oom_killed,
+                        memory_limit_mib,
                         truncated: stdout_truncated || stderr_truncated,
                         stdout_truncated,
                         stderr_truncated,

@@ -889,7 +889,11 @@ pub mod http {
             if let Some(parent) = incoming.parent() {
                 std::fs::create_dir_all(parent)?;
             }
-            let unpacked = super::unpack(std::io::BufReader::new(file), &incoming);
+            // A kept layer is a sandbox disk with the layer as `upper/` (a subvolume on
+            // the disk volume: see `substrate::jail::disk`).
+            let upper = crate::substrate::jail::disk::new_layer(&incoming, None)
+                .map_err(std::io::Error::other)?;
+            let unpacked = super::unpack(std::io::BufReader::new(file), &upper);
             if let Err(e) = unpacked {
                 let _ = std::fs::remove_dir_all(&incoming);
                 return Err(e);

@@ -108,6 +108,8 @@ pub struct Worker {
     /// Set when the worker stops its sandboxes itself: their agents' exits are then
     /// expected (see [`super::agent_watch`]).
     stopping: std::sync::atomic::AtomicBool,
+    /// Default and largest sandbox limits.
+    pub limits: super::limits::WorkerLimits,
 }
 
 impl std::fmt::Debug for Worker {
@@ -194,6 +196,16 @@ impl Worker {
         let mut jail = JailConfig::new(&config.jail_binary);
         jail.cgroup_parent = config.cgroup_parent.clone();
         let substrate = Arc::new(JailDriver::new(jail).map_err(|e| e.to_string())?);
+        // Sandbox directories on the disk volume, where disk limits hold (root only:
+        // a rootless worker cannot mount). Before the sweep, which leaves it mounted.
+        if !substrate.is_rootless() {
+            let disk = crate::substrate::jail::disk::ensure_volume(
+                &config.data_dir,
+                config.limits.disk_image_bytes,
+            )
+            .map_err(|e| format!("disk volume: {e}"))?;
+            tracing::info!(?disk, "disk limits");
+        }
         let worker = Arc::new(Self {
             id: config.id.clone(),
             url,
@@ -210,8 +222,9 @@ impl Worker {
             metrics: super::node_api::WorkerMetrics::default(),
             warm: super::warm::WarmPool::new(
                 config.warm_pool,
-                super::updates::limits_of(&space_proto::api::Limits::default()),
+                super::updates::limits_of(&config.limits.defaults),
             ),
+            limits: config.limits,
         });
         // Keys persisted from before a restart: the worker comes back with what it
         // acknowledged, never with less.

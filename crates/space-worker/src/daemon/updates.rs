@@ -358,6 +358,9 @@ async fn install_execution(
     worker: &Arc<Worker>,
     i: InstallExecution,
 ) -> Result<UpdateAck, UpdateError> {
+    if let Some(why) = worker.limits.refusal(&i.limits) {
+        return Err(refuse(400, why));
+    }
     let max = worker
         .records
         .max_generation(&i.sandbox)
@@ -477,6 +480,7 @@ pub fn limits_of(l: &space_proto::api::Limits) -> Limits {
         memory_bytes: Some(l.memory_bytes),
         pids_max: Some(u64::from(l.pids)),
         cpu_millis: Some(l.cpu_millis),
+        disk_bytes: (l.disk_bytes > 0).then_some(l.disk_bytes),
     }
 }
 

@@ -36,15 +36,21 @@ pub struct Limits {
     pub pids_max: Option<u64>,
     /// CPU bandwidth in thousandths of a core (1000 = one core).
     pub cpu_millis: Option<u32>,
+    /// Bytes the writable layer may take, data and metadata (see [`jail::disk`]);
+    /// enforced where the worker's disk volume is mounted.
+    #[serde(default)]
+    pub disk_bytes: Option<u64>,
 }
 
 impl Default for Limits {
-    /// Conservative defaults for an interactive sandbox: 512 MiB, 512 tasks, one core.
+    /// Conservative defaults for an interactive sandbox: 512 MiB, 512 tasks, one core,
+    /// 1 GiB of disk.
     fn default() -> Self {
         Self {
             memory_bytes: Some(512 << 20),
             pids_max: Some(512),
             cpu_millis: Some(1000),
+            disk_bytes: Some(1 << 30),
         }
     }
 }

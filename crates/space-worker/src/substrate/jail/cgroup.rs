@@ -543,6 +543,35 @@ impl CgroupSet {
         Ok(())
     }
 
+    /// Times the kernel's OOM killer killed a process of the set for its memory limit;
+    /// `None` without a memory cgroup (rootless) or when it cannot be read.
+    pub fn oom_kills(&self) -> Option<u64> {
+        match self {
+            Self::V1 { memory, .. } => {
+                keyed_u64(&memory.join("memory.oom_control"), "oom_kill").ok()
+            }
+            Self::V2 { dir } => keyed_u64(&dir.join("memory.events"), "oom_kill").ok(),
+            Self::None => None,
+        }
+    }
+
+    /// The memory limit in force, bytes; `None` when unlimited or unreadable.
+    pub fn memory_limit(&self) -> Option<u64> {
+        let text = match self {
+            Self::V1 { memory, .. } => read_file(&memory.join("memory.limit_in_bytes")).ok()?,
+            Self::V2 { dir } => read_file(&dir.join("memory.max")).ok()?,
+            Self::None => return None,
+        };
+        // v1 reports "unlimited" as a huge page-rounded number, v2 as "max".
+        text.trim().parse::<u64>().ok().filter(|&b| b < (1 << 62))
+    }
+
+    /// Changes the limits of the live set (memory, pids, CPU): a jail launched ahead
+    /// with the defaults, handed to a sandbox created with others.
+    pub fn set_limits(&self, limits: &Limits) -> Result<(), SubstrateError> {
+        self.apply_limits(limits)
+    }
+
     /// Current usage.
     pub fn stats(&self) -> Result<CgroupStats, SubstrateError> {
         match self {

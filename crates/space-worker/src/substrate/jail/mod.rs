@@ -19,6 +19,7 @@
 //! reading its spec), move it into the cgroups, then write the spec.
 
 pub mod cgroup;
+pub mod disk;
 mod spawn;
 pub mod sweep;
 pub mod template;
@@ -252,17 +253,16 @@ impl JailDriver {
         let template = self.resolve_template(data_dir, &spec.template)?;
         // The sandbox dir must be new: an existing one is another execution's.
         private_dir(&data_dir.join("sandboxes"), 0o700)?;
-        fs::create_dir(&layout.sandbox_dir)
-            .map_err(io_err(format!("create {}", layout.sandbox_dir.display())))?;
+        // The sandbox's disk (see [`disk`]): new, or the kept layer of an earlier
+        // execution of this sandbox, which a failed launch moves back (`LaunchCleanup`).
+        let taken = disk::create_sandbox_dir(
+            &layout.sandbox_dir,
+            spec.initial_upper.as_deref(),
+            spec.limits.disk_bytes,
+        )?;
         cleanup.sandbox_dir = Some(layout.sandbox_dir.clone());
-        match spec.initial_upper.as_deref().filter(|p| p.is_dir()) {
-            // The writable layer of an earlier execution of this sandbox continues
-            // here; a failed launch moves it back (see `LaunchCleanup`).
-            Some(kept) => {
-                fs::rename(kept, &layout.upper)
-                    .map_err(io_err(format!("adopt layer {}", kept.display())))?;
-                cleanup.restore_upper = Some((layout.upper.clone(), kept.to_path_buf()));
-            }
+        match taken {
+            Some(kept) => cleanup.restore_upper = Some((layout.sandbox_dir.clone(), kept)),
             None => fs::create_dir(&layout.upper)
                 .map_err(io_err(format!("create {}", layout.upper.display())))?,
         }
@@ -435,13 +435,7 @@ impl JailDriver {
         // An execution torn down before (its layer already kept) has no upper dir left;
         // the kept layer must then stay as it is.
         if let Some(dest) = keep.filter(|_| handle.upper_dir.is_dir()) {
-            if let Some(parent) = dest.parent() {
-                fs::create_dir_all(parent)
-                    .map_err(io_err(format!("create {}", parent.display())))?;
-            }
-            let _ = fs::remove_dir_all(dest);
-            fs::rename(&handle.upper_dir, dest)
-                .map_err(io_err(format!("keep layer at {}", dest.display())))?;
+            disk::keep_layer(&handle.sandbox_dir, dest)?;
         }
         if matches!(handle.cgroups, CgroupSet::None) {
             make_removable(&handle.sandbox_dir);

@@ -120,7 +120,7 @@ pub fn sweep_leftovers(
         .map_err(|e| SubstrateError::io("read mountinfo", e))?;
     for mount_point in mounts_under(&mountinfo, &data_dir) {
         // Never the data dir itself: an operator may have mounted it there.
-        if mount_point == data_dir {
+        if mount_point == data_dir || super::disk::is_volume_mount(&data_dir, &mount_point) {
             continue;
         }
         if umount2(&mount_point, MntFlags::MNT_DETACH).is_ok() {
@@ -129,7 +129,8 @@ pub fn sweep_leftovers(
     }
 
     for (name, path) in sandboxes {
-        if !kept_dirs.contains(&name) {
+        // Kept layers wait there for their sandbox's next execution.
+        if !kept_dirs.contains(&name) && name != super::disk::KEPT_DIR {
             fs::remove_dir_all(&path)
                 .map_err(|e| SubstrateError::io(format!("remove {}", path.display()), e))?;
             report.removed_dirs += 1;
