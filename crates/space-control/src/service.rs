@@ -963,7 +963,7 @@ impl ControlPlane {
                     size: archive.size,
                 },
             )
-            .await;
+            .await?;
         self.step(
             &s.id,
             format!("transferring {} to {}", mib(archive.size as usize), tw.id),
@@ -997,7 +997,7 @@ impl ControlPlane {
             )));
         }
         self.step(&s.id, format!("starting the new execution on {}", tw.id))
-            .await?;
+            .await;
         self.start_execution(s, &tw).await?;
         self.step(
             &s.id,
