@@ -356,6 +356,10 @@ pub struct EnrollRequest {
     pub capacity: u32,
     /// The shared enrollment secret.
     pub enroll_secret: String,
+    /// The credential of an earlier enrollment: re-enrolling a worker ID that is
+    /// enrolled already needs it (the enrollment secret alone only enrolls a new ID).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
 }
 
 /// Enrollment answer.
@@ -417,10 +421,6 @@ pub struct InstallExecution {
 }
 
 /// One identity update for one worker.
-    /// The credential of an earlier enrollment: re-enrolling a worker ID that is
-    /// enrolled already needs it (the enrollment secret alone only enrolls a new ID).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub credential: Option<String>,
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Update {
@@ -500,6 +500,20 @@ pub struct SignedUpdate {
     pub signature: String,
 }
 
+/// Oldest (by `issued_at`) a signed update may be when a worker receives it, in
+/// seconds. The control plane signs an update just before it sends it; a minute
+/// covers a slow transfer and a busy worker, and bounds how long a captured update
+/// could be replayed before it is refused by age alone.
+pub const UPDATE_MAX_AGE_SECS: u64 = 60;
+
+/// Clock difference between control plane and worker tolerated either way, in seconds
+/// (as for capabilities).
+pub const UPDATE_CLOCK_SKEW_SECS: u64 = 15;
+
+/// How far below the highest sequence number a worker has applied a number may still
+/// be applied (once): updates signed concurrently may arrive out of order.
+pub const UPDATE_SEQ_WINDOW: u64 = 4096;
+
 /// What the control plane signs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -510,6 +524,9 @@ pub struct UpdateBody {
     /// [`UPDATE_MAX_AGE_SECS`] (plus [`UPDATE_CLOCK_SKEW_SECS`]) ago or more than the
     /// skew ahead of its clock.
     pub issued_at: u64,
+    /// This worker's update sequence number, handed out once by the control plane
+    /// (starting at 1); the worker applies each number at most once, durably.
+    pub seq: u64,
     /// The update.
     pub update: Update,
 }
@@ -563,20 +580,6 @@ mod tests {
     #[test]
     fn request_bodies_refuse_unknown_fields() {
         assert!(serde_json::from_str::<CreateSandbox>(r#"{"templte":"x"}"#).is_err());
-/// Oldest (by `issued_at`) a signed update may be when a worker receives it, in
-/// seconds. The control plane signs an update just before it sends it; a minute
-/// covers a slow transfer and a busy worker, and bounds how long a captured update
-/// could be replayed before it is refused by age alone.
-pub const UPDATE_MAX_AGE_SECS: u64 = 60;
-
-/// Clock difference between control plane and worker tolerated either way, in seconds
-/// (as for capabilities).
-pub const UPDATE_CLOCK_SKEW_SECS: u64 = 15;
-
-/// How far below the highest sequence number a worker has applied a number may still
-/// be applied (once): updates signed concurrently may arrive out of order.
-pub const UPDATE_SEQ_WINDOW: u64 = 4096;
-
         assert!(serde_json::from_str::<ExecRequest>(r#"{"cmd":["ls"],"tmeout":1}"#).is_err());
         let c: CreateSandbox = serde_json::from_str(r#"{"ttl_secs":60}"#).unwrap();
         assert_eq!(c.ttl_secs, Some(60));
@@ -585,9 +588,6 @@ pub const UPDATE_SEQ_WINDOW: u64 = 4096;
     #[test]
     fn updates_round_trip_with_a_kind_tag() {
         let u = Update::Retire {
-    /// This worker's update sequence number, handed out once by the control plane
-    /// (starting at 1); the worker applies each number at most once, durably.
-    pub seq: u64,
             sandbox: SandboxId::from_bytes([1; 16]),
             generation: 3,
             execution_id: ExecutionId::from_bytes([2; 16]),

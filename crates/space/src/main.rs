@@ -305,6 +305,14 @@ pub enum KeysCmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(
+        cli.command,
+        Command::Up(_) | Command::Control(_) | Command::Worker(_)
+    ) {
+        // Before any thread, file or database exists: everything the daemons (and
+        // SQLite, for its -wal/-shm/-journal files) create is the owner's only.
+        space_http::private_dir::restrict_umask();
+    }
     let filter = std::env::var("SPACE_LOG").unwrap_or_else(|_| "info".into());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
@@ -325,14 +333,6 @@ fn main() -> ExitCode {
             Command::Up(a) => up::run(a).await.map(|()| 0),
             Command::Control(a) => daemons::control(a).await.map(|()| 0),
             Command::Worker(a) => daemons::worker(a).await.map(|()| 0),
-    if matches!(
-        cli.command,
-        Command::Up(_) | Command::Control(_) | Command::Worker(_)
-    ) {
-        // Before any thread, file or database exists: everything the daemons (and
-        // SQLite, for its -wal/-shm/-journal files) create is the owner's only.
-        space_http::private_dir::restrict_umask();
-    }
             Command::Edge(a) => daemons::edge(a).await.map(|()| 0),
             ref other => cli::run(&cli, other).await,
         }

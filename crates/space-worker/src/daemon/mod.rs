@@ -18,8 +18,8 @@ pub mod state;
 pub mod streams;
 pub mod updates;
 pub mod warm;
-
 pub mod agent_watch;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -118,15 +118,15 @@ impl WorkerHandle {
     /// unless `stop_sandboxes`, which stops their processes but keeps their records
     /// and writable layers.
     pub async fn shutdown(self, stop_sandboxes: bool) {
+        if stop_sandboxes {
+            self.worker.set_stopping();
+        }
         let _ = self.stop.send(true);
         let _ = self.task.await;
         let worker = Arc::clone(&self.worker);
         let _ = tokio::task::spawn_blocking(move || worker.warm.shutdown(&worker.substrate)).await;
         if stop_sandboxes {
             self.worker.stop_all().await;
-        if stop_sandboxes {
-            self.worker.set_stopping();
-        }
             // Unmounted only once no jail holds a layer on it (else the next start uses it).
             let data_dir = self.worker.data_dir.clone();
             let _ = tokio::task::spawn_blocking(move || {
@@ -258,6 +258,7 @@ async fn enroll(
     http: &HttpClient,
     config: &WorkerConfig,
     url: &str,
+    credential: Option<String>,
 ) -> Result<EnrollResponse, String> {
     let req = EnrollRequest {
         worker: config.id.clone(),
@@ -265,12 +266,12 @@ async fn enroll(
         substrate: space_identity::Substrate::Jail,
         capacity: config.capacity,
         enroll_secret: config.enroll_secret.clone(),
+        credential,
     };
     let endpoint = format!(
         "{}/internal/v1/enroll",
         config.control_url.trim_end_matches('/')
     );
-    credential: Option<String>,
     // The control plane may still be starting (space up starts everything at once).
     let mut delay = Duration::from_millis(50);
     for attempt in 0.. {
@@ -278,7 +279,6 @@ async fn enroll(
             Ok(a) if a.status.is_success() => {
                 return serde_json::from_slice(&a.body)
                     .map_err(|e| format!("enrollment answer: {e}"));
-        credential,
             }
             Ok(a) if a.status.is_client_error() => {
                 return Err(format!(

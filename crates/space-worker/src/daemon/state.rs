@@ -220,6 +220,8 @@ impl Worker {
             sandbox_locks: Mutex::new(HashMap::new()),
             idempotency: super::node_api::IdempotencyCache::default(),
             metrics: super::node_api::WorkerMetrics::default(),
+            control_url: config.control_url.clone(),
+            stopping: std::sync::atomic::AtomicBool::new(false),
             warm: super::warm::WarmPool::new(
                 config.warm_pool,
                 super::updates::limits_of(&config.limits.defaults),
@@ -234,8 +236,6 @@ impl Worker {
                 .setting("anchor")
                 .map_err(|e| e.to_string())?,
             worker
-            control_url: config.control_url.clone(),
-            stopping: std::sync::atomic::AtomicBool::new(false),
                 .records
                 .setting("bundle")
                 .map_err(|e| e.to_string())?,
@@ -271,6 +271,17 @@ impl Worker {
         Ok(worker)
     }
 
+    /// From now on, an agent's exit is the worker's own doing (it stops).
+    pub fn set_stopping(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether the worker is stopping.
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Waits for `sandbox`'s turn to apply an update (and for no exclusive work).
     pub async fn lock_sandbox(&self, sandbox: &SandboxId) -> SandboxTurn<'_> {
         let shared = self.update_lock.read().await;
@@ -285,17 +296,6 @@ impl Worker {
         SandboxTurn {
             worker: self,
             sandbox: *sandbox,
-    /// From now on, an agent's exit is the worker's own doing (it stops).
-    pub fn set_stopping(&self) {
-        self.stopping
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Whether the worker is stopping.
-    pub fn is_stopping(&self) -> bool {
-        self.stopping.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
             turn: Some(turn),
             _shared: shared,
         }
@@ -538,6 +538,7 @@ impl Worker {
                 ));
                 self.put_slot(r.clone(), Some(pool));
             }
+            super::agent_watch::watch_agent(self, r);
             tracing::info!(sandbox = %r.sandbox, generation = r.generation, "re-adopted after restart");
             return true;
         }
@@ -558,7 +559,6 @@ impl Worker {
     /// install that was not acknowledged already failed at the control plane.
     /// Records changed since shortly before `asked_at` are left alone: the list may
     /// predate them.
-            super::agent_watch::watch_agent(self, r);
     pub async fn resync(self: &Arc<Self>, list: Vec<SignedUpdate>, asked_at: i64) {
         let mut listed = Vec::new();
         let verified = match updates::verify_all(self, &list) {
@@ -600,6 +600,7 @@ impl Worker {
     /// Stops every sandbox's processes (clean shutdown); records stay as they are, so
     /// a restart reports them lost and the control plane starts new executions.
     pub async fn stop_all(self: &Arc<Self>) {
+        self.set_stopping();
         let slots: Vec<Arc<Slot>> = self
             .slots
             .read()
@@ -620,7 +621,6 @@ impl Worker {
                     pool.clear();
                 }
                 worker.teardown(&s.record, launch::Layer::Keep).await;
-        self.set_stopping();
             });
         }
         while stopping.join_next().await.is_some() {}

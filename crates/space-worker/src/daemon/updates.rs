@@ -458,10 +458,10 @@ async fn install_execution(
                 launch::bridge_target(&bridge, &activation_of(&record)),
                 32,
             ));
+            super::agent_watch::watch_agent(worker, &record);
             worker.put_slot(record, Some(pool));
             worker.metrics.launches.inc();
             Ok(ack(worker, "running", None))
-            super::agent_watch::watch_agent(worker, &record);
         }
         Err(e) => {
             record.state = RecordState::Failed;
