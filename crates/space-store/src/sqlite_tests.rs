@@ -60,7 +60,7 @@ async fn a_row_with_an_unknown_state_is_an_error_not_a_guess() {
         c.execute_batch(
             "INSERT INTO tenants VALUES ('ten_a', 'a', 0);
              INSERT INTO sandboxes VALUES ('sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa', 'ten_a', 'default',
-                 'exploded', 0, NULL, 'null', '{}', 0);",
+                 'exploded', 0, NULL, 'null', '{}', 0, NULL);",
         )
         .unwrap()
     });
