@@ -510,10 +510,6 @@ pub const UPDATE_MAX_AGE_SECS: u64 = 60;
 /// (as for capabilities).
 pub const UPDATE_CLOCK_SKEW_SECS: u64 = 15;
 
-/// How far below the highest sequence number a worker has applied a number may still
-/// be applied (once): updates signed concurrently may arrive out of order.
-pub const UPDATE_SEQ_WINDOW: u64 = 4096;
-
 /// What the control plane signs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
