@@ -206,8 +206,9 @@ pub struct ExecRequest {
 /// `"truncated": true`. Streaming exec has no cap.
 pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 16 << 20;
 
-/// Largest `max_output_bytes` an exec may ask for.
-pub const MAX_OUTPUT_BYTES: u64 = 64 << 20;
+/// Largest `max_output_bytes` an exec may ask for: its answer is then at most about
+/// 64 MiB of JSON, which the worker and the edge each hold about twice at worst.
+pub const MAX_OUTPUT_BYTES: u64 = 32 << 20;
 
 /// Exec timeout when the request names none.
 pub const DEFAULT_EXEC_TIMEOUT_SECS: u64 = 300;

@@ -88,6 +88,27 @@ fn describe_error(a: &Answer) -> String {
     }
 }
 
+/// What the user should know about how an exec ended, beyond its output and code.
+fn exec_notes(r: &ExecResponse, max_output: Option<u64>, timeout: Option<u64>) -> Vec<String> {
+    let mut notes = Vec::new();
+    if r.truncated {
+        let cap = max_output.unwrap_or(space_proto::api::DEFAULT_MAX_OUTPUT_BYTES);
+        let which = match (r.stdout_truncated, r.stderr_truncated) {
+            (true, false) => "stdout",
+            (false, true) => "stderr",
+            _ => "stdout and stderr",
+        };
+        notes.push(format!(
+            "output truncated at {cap} bytes ({which}); use --stream for more"
+        ));
+    }
+    if r.timed_out {
+        let secs = timeout.unwrap_or(space_proto::api::DEFAULT_EXEC_TIMEOUT_SECS);
+        notes.push(format!("killed: timed out after {secs} s"));
+    }
+    notes
+}
+
 fn parse_env(pairs: &[String]) -> Result<serde_json::Map<String, serde_json::Value>, String> {
     let mut env = serde_json::Map::new();
     for p in pairs {
@@ -341,6 +362,9 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
             if !a.env.is_empty() {
                 body["env"] = parse_env(&a.env)?.into();
             }
+            if let (Some(n), false) = (a.max_output_bytes, a.stream) {
+                body["max_output_bytes"] = n.into();
+            }
             if a.stream {
                 return crate::streams::exec(&c.base, c.key(), &a.sandbox, &body).await;
             }
@@ -356,6 +380,9 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
             } else {
                 let _ = std::io::stdout().write_all(r.stdout.as_bytes());
                 let _ = std::io::stderr().write_all(r.stderr.as_bytes());
+            }
+            for line in exec_notes(&r, a.max_output_bytes, a.timeout) {
+                eprintln!("space: {line}");
             }
             return Ok(r.exit_code.clamp(0, 255));
         }

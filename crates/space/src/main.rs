@@ -253,6 +253,10 @@ pub struct ExecArgs {
     /// Print output as it is produced (a WebSocket stream) instead of at the end.
     #[arg(long)]
     pub stream: bool,
+    /// Keep at most this many bytes of each of stdout and stderr (default 16 MiB, at
+    /// most 32 MiB; ignored with --stream, which has no cap).
+    #[arg(long, value_name = "BYTES")]
+    pub max_output_bytes: Option<u64>,
     /// The command and its arguments (after `--`).
     #[arg(last = true, required = true)]
     pub cmd: Vec<String>,

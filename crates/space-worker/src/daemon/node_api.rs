@@ -929,7 +929,7 @@ async fn exec(
                 // The caps hold each stream's JSON to `max_output_bytes`, so the answer
                 // is at most about twice that, held once (valid UTF-8 is not copied).
                 with_execution(
-                    Json(ExecResponse {
+                    exec_json(&ExecResponse {
                         exit_code,
                         signal,
                         timed_out: out.status.timed_out,
@@ -941,8 +941,7 @@ async fn exec(
                         stdout: lossy(out.stdout),
                         stderr: lossy(out.stderr),
                         execution_id,
-                    })
-                    .into_response(),
+                    }),
                     &slot,
                 )
             }
@@ -952,6 +951,24 @@ async fn exec(
     .await;
     observe(&w, "exec", start);
     resp
+}
+
+/// The JSON answer of an exec, written into a buffer of its exact size: no growth by
+/// doubling (a copy and up to twice the size) for a large answer.
+fn exec_json(answer: &ExecResponse) -> Response {
+    let size = space_proto::guest::json_str_len(&answer.stdout)
+        + space_proto::guest::json_str_len(&answer.stderr)
+        + 1024;
+    let mut body = Vec::with_capacity(size);
+    match serde_json::to_writer(&mut body, answer) {
+        Ok(()) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("exec answer: {e}"),
+            None,
+        ),
+    }
 }
 
 /// Text of `bytes`, invalid UTF-8 replaced; without a copy when it is valid.
