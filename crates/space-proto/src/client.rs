@@ -730,4 +730,44 @@ mod async_tests {
         );
         peer.join().unwrap();
     }
+
+    #[tokio::test]
+    async fn a_hostile_agent_flooding_past_the_cap_is_capped_by_the_collector() {
+        // An agent that ignores `max_output_bytes`: 64 MiB on each stream, claiming
+        // nothing was truncated. The collection keeps the cap and says what it cut.
+        let (mut conn, mut agent) = connected();
+        let peer = std::thread::spawn(move || {
+            sent(&mut agent);
+            answer(&mut agent, EXECUTION, 1, AgentBody::Started { pid: 5 });
+            for _ in 0..1024 {
+                answer(
+                    &mut agent,
+                    EXECUTION,
+                    1,
+                    AgentBody::Stdout(vec![0; MAX_CHUNK]),
+                );
+                answer(
+                    &mut agent,
+                    EXECUTION,
+                    1,
+                    AgentBody::Stderr(vec![b'e'; MAX_CHUNK]),
+                );
+            }
+            let status = ExitStatus {
+                outcome: guest::ExitOutcome::Code(0),
+                timed_out: false,
+                stdout_truncated: false,
+                stderr_truncated: false,
+            };
+            answer(&mut agent, EXECUTION, 1, AgentBody::Exited(status));
+        });
+        let mut spec = ExecSpec::shell("flood");
+        spec.max_output_bytes = Some(1 << 20);
+        let out = conn.run_async(Call::exec(spec)).await.unwrap();
+        peer.join().unwrap();
+        // NULs count as their JSON escape (6 bytes each).
+        assert_eq!(out.stdout.len(), (1 << 20) / 6);
+        assert_eq!(out.stderr.len(), 1 << 20);
+        assert!(out.status.stdout_truncated && out.status.stderr_truncated);
+    }
 }
