@@ -42,9 +42,10 @@ fn garbage_frame_gets_an_error_and_the_agent_keeps_serving() {
     hello(&mut raw);
     write_frame(&mut raw, b"\xff\xfe garbage that decodes to nothing").unwrap();
     expect_protocol_error_then_close(&mut raw);
-    // Garbage instead of a hello, too.
+    // Garbage instead of a hello, too (a frame tag that is no variant: not a hello of
+    // another protocol version either).
     let mut raw = agent.raw();
-    write_frame(&mut raw, &[0x00, 0x01]).unwrap();
+    write_frame(&mut raw, &[0x09, 0x01]).unwrap();
     expect_protocol_error_then_close(&mut raw);
     assert!(agent.is_running());
     assert_eq!(
