@@ -127,12 +127,30 @@ fn main() {
         return;
     }
     let quick = std::env::args().any(|a| a == "--quick");
-    let env = TestEnv::new();
     println!(
         "jail substrate, {} cores",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    sequential(&env, if quick { 10 } else { 50 });
-    concurrent(&env, 50);
-    freeze_thaw(&env, if quick { 20 } else { 100 });
+    // Both ways in one run, so the cost of the user namespace (its helper process,
+    // the idmapped layers) reads as a ratio on the same machine state.
+    for userns in [true, false] {
+        let env = if userns {
+            TestEnv::new()
+        } else {
+            TestEnv::without_user_namespaces()
+        };
+        println!(
+            "-- {} --",
+            if userns {
+                "user namespace per jail (default)"
+            } else {
+                "--no-userns"
+            }
+        );
+        sequential(&env, if quick { 10 } else { 50 });
+        concurrent(&env, 50);
+        if userns {
+            freeze_thaw(&env, if quick { 20 } else { 100 });
+        }
+    }
 }

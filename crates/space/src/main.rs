@@ -96,6 +96,10 @@ pub struct UpArgs {
     /// worker].
     #[arg(long, env = "SPACE_STANDBY")]
     pub standby: Option<usize>,
+    /// Workers run jails as host uid 0 without user namespaces (weaker; see
+    /// `space worker --no-userns`).
+    #[arg(long, env = "SPACE_NO_USERNS")]
+    pub no_userns: bool,
 }
 
 impl UpArgs {
@@ -157,6 +161,18 @@ pub struct WorkerArgs {
     /// rather than a launch (0 turns the pool off; needs root).
     #[arg(long, env = "SPACE_WARM_POOL", default_value_t = space_worker::daemon::DEFAULT_WARM_POOL)]
     pub warm_pool: usize,
+    /// Run jails as host uid 0 without a user namespace of their own. Weaker: every
+    /// sandbox then shares host root's per-user kernel limits (see
+    /// docs/operations.md); only for kernels without idmapped mounts.
+    #[arg(long, env = "SPACE_NO_USERNS")]
+    pub no_userns: bool,
+    /// First host uid of the jails' user namespace ranges (65,536 ids per sandbox;
+    /// every worker of a host draws from the same ranges).
+    #[arg(long, default_value_t = space_worker::substrate::jail::uid_ranges::DEFAULT_FIRST_ID)]
+    pub userns_first_uid: u32,
+    /// How many such ranges (sandboxes with a user namespace at once, on this host).
+    #[arg(long, default_value_t = space_worker::substrate::jail::uid_ranges::DEFAULT_SLOTS)]
+    pub userns_ranges: u32,
     /// Directory holding spaced-guest, spaced-host and space-jail (default: next to
     /// this executable).
     #[arg(long, env = "SPACE_BIN_DIR")]

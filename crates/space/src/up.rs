@@ -75,6 +75,10 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
             "--warm-pool".into(),
             a.warm_pool.to_string(),
         ];
+        let mut args = args;
+        if a.no_userns {
+            args.push("--no-userns".into());
+        }
         supervisors.push(tokio::spawn(supervise(
             n as usize - 1,
             id,

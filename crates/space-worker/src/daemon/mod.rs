@@ -62,6 +62,9 @@ pub struct WorkerConfig {
     pub cgroup_parent: String,
     /// Jails kept launched ahead of demand (see [`warm`]); 0 turns the pool off.
     pub warm_pool: usize,
+    /// Host id ranges of the jails' user namespaces; `None` (`--no-userns`) runs
+    /// jails as host uid 0 without one.
+    pub userns: Option<crate::substrate::jail::uid_ranges::UidRangeConfig>,
     /// Default and largest sandbox limits, disk volume size (see [`limits`]).
     pub limits: limits::WorkerLimits,
 }

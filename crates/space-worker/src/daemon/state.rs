@@ -195,6 +195,7 @@ impl Worker {
             Records::open(&config.data_dir.join("records.db")).map_err(|e| e.to_string())?;
         let mut jail = JailConfig::new(&config.jail_binary);
         jail.cgroup_parent = config.cgroup_parent.clone();
+        jail.userns = config.userns.clone();
         let substrate = Arc::new(JailDriver::new(jail).map_err(|e| e.to_string())?);
         // Sandbox directories on the disk volume, where disk limits hold (root only:
         // a rootless worker cannot mount). Before the sweep, which leaves it mounted.
@@ -530,6 +531,12 @@ impl Worker {
                 h.agent
                     .is_some_and(|a| launch::still_alive_pid(a.pid, a.start_time))
             });
+        // Its user namespace range was free while no worker held it: re-adopted only
+        // if it is still this jail's alone.
+        let alive = alive
+            && r.handle
+                .as_ref()
+                .is_some_and(|h| self.substrate.hold_userns(h).unwrap_or(false));
         if alive {
             if let Some(b) = &r.bridge {
                 let pool = Arc::new(AgentPool::new(

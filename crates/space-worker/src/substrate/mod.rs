@@ -201,6 +201,10 @@ pub struct SandboxHandle {
     pub log_path: PathBuf,
     /// The execution's cgroups.
     pub cgroups: CgroupSet,
+    /// First host uid of the jail's user namespace range (its root); `None` without
+    /// a user namespace. Records written before user namespaces lack it.
+    #[serde(default)]
+    pub host_uid: Option<u32>,
 }
 
 /// Usage and state of a running execution.

@@ -101,6 +101,19 @@ impl TestEnv {
         }
     }
 
+    /// An environment whose jails run without a user namespace (`--no-userns`).
+    pub fn without_user_namespaces() -> Self {
+        let mut config = JailConfig::new(jail_binary());
+        config.userns = None;
+        Self {
+            driver: Arc::new(JailDriver::new(config).expect("jail driver")),
+            data: tempfile::Builder::new()
+                .prefix("spw")
+                .tempdir()
+                .expect("data dir"),
+        }
+    }
+
     /// The data dir.
     pub fn data_dir(&self) -> PathBuf {
         self.data.path().canonicalize().unwrap()

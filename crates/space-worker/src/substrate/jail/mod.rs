@@ -20,9 +20,11 @@
 
 pub mod cgroup;
 pub mod disk;
+pub mod log;
 mod spawn;
 pub mod sweep;
 pub mod template;
+pub mod uid_ranges;
 pub mod warm;
 
 use std::fs::{self, File};
@@ -32,18 +34,23 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::process::Child;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, pipe2};
-use space_jail::spec::{AgentSpec, JailSpec, MAX_ACTIVATION_BYTES, Rootless, StatusEvent};
+use space_jail::spec::{
+    AgentSpec, JailSpec, MAX_ACTIVATION_BYTES, Rootless, StatusEvent, UserNamespace,
+};
 
 use self::cgroup::{CgroupHierarchy, CgroupSet};
+use self::log::LogCollector;
 use self::spawn::{JailFds, spawn_jail};
 pub use self::sweep::SweepReport;
 use self::template::Template;
+use self::uid_ranges::{UidRangeConfig, UidRanges};
 use super::process::{self, ProcessIdentity};
 use super::{
     ExecutionKey, LaunchSpec, SandboxHandle, SandboxStats, Substrate, SubstrateError,
@@ -67,6 +74,10 @@ pub struct JailConfig {
     pub cgroup_parent: String,
     /// Longest a launch may take until the agent runs.
     pub launch_timeout: Duration,
+    /// Host id ranges for the jails' user namespaces (as root). `None` runs jails
+    /// as host uid 0 without a user namespace: only behind the worker's explicit
+    /// `--no-userns`, see docs/operations.md.
+    pub userns: Option<UidRangeConfig>,
 }
 
 impl JailConfig {
@@ -76,6 +87,7 @@ impl JailConfig {
             jail_binary: jail_binary.into(),
             cgroup_parent: "space".to_owned(),
             launch_timeout: Duration::from_secs(10),
+            userns: Some(UidRangeConfig::default()),
         }
     }
 }
@@ -99,6 +111,10 @@ pub struct JailDriver {
     config: JailConfig,
     hierarchy: CgroupHierarchy,
     rootless: bool,
+    /// The user namespace ranges this worker holds (root, userns on).
+    uid_ranges: Option<Arc<UidRanges>>,
+    /// Copies each jail's stderr pipe into its `jail.log`.
+    logs: LogCollector,
 }
 
 /// Paths of one execution.
@@ -161,16 +177,38 @@ impl JailDriver {
         let hierarchy = CgroupHierarchy::detect()?;
         nix::sys::prctl::set_child_subreaper(true)
             .map_err(|e| SubstrateError::io("PR_SET_CHILD_SUBREAPER", e.into()))?;
+        let uid_ranges = match (&config.userns, rootless) {
+            (Some(ranges), false) => Some(Arc::new(UidRanges::new(ranges.clone())?)),
+            _ => None,
+        };
+        let logs = LogCollector::start(log::MAX_LOG_BYTES)
+            .map_err(|e| SubstrateError::io("start the jail log thread", e))?;
         Ok(Self {
             config,
             hierarchy,
             rootless,
+            uid_ranges,
+            logs,
         })
     }
 
     /// Whether jails run rootless (this process is not root).
     pub fn is_rootless(&self) -> bool {
         self.rootless
+    }
+
+    /// Whether jails get a user namespace of their own (root, not `--no-userns`).
+    pub fn uses_user_namespaces(&self) -> bool {
+        self.uid_ranges.is_some()
+    }
+
+    /// Takes the user namespace range of a jail re-adopted after a restart again;
+    /// `false` if another process holds it meanwhile.
+    pub fn hold_userns(&self, handle: &SandboxHandle) -> Result<bool, SubstrateError> {
+        match (&self.uid_ranges, handle.host_uid) {
+            (Some(ranges), Some(base)) => ranges.hold(base),
+            _ => Ok(true),
+        }
     }
 
     /// The cgroup hierarchies in use.
@@ -219,6 +257,7 @@ impl JailDriver {
                 Ok(Template {
                     lower_dir: lower_dir.clone(),
                     read_only_binds: read_only_binds.clone(),
+                    masked_dirs: Vec::new(),
                 })
             }
         }
@@ -301,6 +340,18 @@ impl JailDriver {
             )?
         };
         cleanup.cgroups = Some(cgroups.clone());
+        let userns = match &self.uid_ranges {
+            Some(ranges) => {
+                let base = ranges.allocate()?;
+                cleanup.uid_range = Some((Arc::clone(ranges), base));
+                Some(UserNamespace {
+                    host_uid: base,
+                    host_gid: base,
+                    count: uid_ranges::RANGE_SIZE,
+                })
+            }
+            None => None,
+        };
 
         let jail_spec = JailSpec {
             root_dir: layout.root.clone(),
@@ -325,6 +376,9 @@ impl JailDriver {
                 pids_max: spec.limits.pids_max,
                 memory_bytes: spec.limits.memory_bytes,
             }),
+            userns,
+            masked_dirs: template.masked_dirs,
+            nofile: None,
         };
         let spec_json = serde_json::to_vec(&jail_spec)
             .map_err(|e| SubstrateError::InvalidSpec(format!("spec: {e}")))?;
@@ -340,6 +394,8 @@ impl JailDriver {
             .append(true)
             .open(&layout.log)
             .map_err(io_err("open jail log"))?;
+        // The jail gets a pipe, never the host file (see [`log`]).
+        let log = File::from(self.logs.attach(log).map_err(io_err("jail log pipe"))?);
         let child = spawn_jail(
             &self.config.jail_binary,
             // Rootless, space-jail creates its namespaces itself, inside a user
@@ -412,6 +468,7 @@ impl JailDriver {
             upper_dir: layout.upper.clone(),
             log_path: layout.log.clone(),
             cgroups,
+            host_uid: userns.map(|u| u.host_uid),
         };
         Ok((handle, pending_activation))
     }
@@ -431,6 +488,10 @@ impl JailDriver {
         killed?;
         handle.cgroups.wait_empty()?;
         handle.cgroups.remove()?;
+        // Every process of the jail is gone: its id range may serve another jail.
+        if let (Some(ranges), Some(base)) = (&self.uid_ranges, handle.host_uid) {
+            ranges.release(base);
+        }
         remove_socket_if_same(&handle.socket_path, handle.socket_inode);
         // An execution torn down before (its layer already kept) has no upper dir left;
         // the kept layer must then stay as it is.
@@ -531,6 +592,8 @@ struct LaunchCleanup {
     socket: Option<(PathBuf, u64)>,
     /// (where the adopted layer is now, where it came from)
     restore_upper: Option<(PathBuf, PathBuf)>,
+    /// The user namespace range taken for this launch.
+    uid_range: Option<(Arc<UidRanges>, u32)>,
 }
 
 impl LaunchCleanup {
@@ -565,6 +628,10 @@ impl Drop for LaunchCleanup {
         }
         if let Some(dir) = &self.sandbox_dir {
             let _ = fs::remove_dir_all(dir);
+        }
+        // Only once no process of the jail is left (above): the range is free again.
+        if let Some((ranges, base)) = &self.uid_range {
+            ranges.release(*base);
         }
     }
 }
