@@ -216,7 +216,7 @@ impl ControlPlane {
             load: std::sync::Mutex::new(LoadView::default()),
             standby_target: std::sync::atomic::AtomicUsize::new(0),
             last_create: std::sync::Mutex::new(None),
-            limits_policy: std::sync::RwLock::new(Default::default()),
+            limits_policy: std::sync::RwLock::new(crate::limits::LimitsPolicy::from_env()),
             reconcile_after_secs: std::env::var("SPACE_RECONCILE_AFTER_SECS")
                 .ok()
                 .and_then(|v| v.parse().ok())

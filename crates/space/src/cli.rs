@@ -106,6 +106,12 @@ fn exec_notes(r: &ExecResponse, max_output: Option<u64>, timeout: Option<u64>) -
         let secs = timeout.unwrap_or(space_proto::api::DEFAULT_EXEC_TIMEOUT_SECS);
         notes.push(format!("killed: timed out after {secs} s"));
     }
+    if r.oom_killed {
+        notes.push(match r.memory_limit_mib {
+            Some(mib) => format!("killed: out of memory (limit {mib} MiB)"),
+            None => "killed: out of memory".to_owned(),
+        });
+    }
     notes
 }
 
@@ -230,8 +236,22 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
             env,
             worker,
             metadata,
+            memory_mib,
+            cpus,
+            pids,
+            disk_mib,
         }) => {
             let mut body = serde_json::Map::new();
+            let limits = space_proto::api::LimitsRequest {
+                memory_mib: *memory_mib,
+                cpus: *cpus,
+                pids: *pids,
+                disk_mib: *disk_mib,
+            };
+            if limits != space_proto::api::LimitsRequest::default() {
+                let v = serde_json::to_value(limits).map_err(|e| e.to_string())?;
+                body.insert("limits".into(), v);
+            }
             if let Some(t) = ttl {
                 body.insert("ttl_secs".into(), (*t).into());
             }

@@ -90,7 +90,7 @@ pub async fn worker(a: WorkerArgs) -> Result<(), String> {
         jail_binary: bin_dir.join("space-jail"),
         cgroup_parent,
         warm_pool: a.warm_pool,
-        limits: Default::default(),
+        limits: space_worker::daemon::limits::WorkerLimits::from_env(),
         userns: (!a.no_userns).then(|| space_worker::substrate::jail::uid_ranges::UidRangeConfig {
             first_id: a.userns_first_uid,
             slots: a.userns_ranges,

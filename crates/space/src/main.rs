@@ -210,6 +210,18 @@ pub enum SandboxCmd {
         /// Metadata (a JSON object).
         #[arg(long)]
         metadata: Option<String>,
+        /// Memory limit in MiB (RAM and swap together).
+        #[arg(long)]
+        memory_mib: Option<u64>,
+        /// CPU limit in cores (`0.5`, `2`).
+        #[arg(long)]
+        cpus: Option<f64>,
+        /// Most processes and threads at once.
+        #[arg(long)]
+        pids: Option<u32>,
+        /// Disk limit in MiB for the sandbox's files.
+        #[arg(long)]
+        disk_mib: Option<u64>,
     },
     /// List sandboxes.
     List,

@@ -32,7 +32,40 @@ impl Default for WorkerLimits {
     }
 }
 
+/// `base` with what the environment sets: `SPACE_<WHICH>_MEMORY_MIB`, `_CPUS`, `_PIDS`,
+/// `_DISK_MIB` (`WHICH` is `DEFAULT` or `MAX`). `space up` passes its environment to
+/// the control plane and the workers alike, so both see the same values.
+pub fn limits_from_env(which: &str, base: Limits) -> Limits {
+    let var = |name: &str| std::env::var(format!("SPACE_{which}_{name}")).ok();
+    let mib = |name: &str| var(name).and_then(|v| v.trim().parse::<u64>().ok());
+    Limits {
+        memory_bytes: mib("MEMORY_MIB").map_or(base.memory_bytes, |m| m.saturating_mul(1 << 20)),
+        pids: var("PIDS")
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(base.pids),
+        cpu_millis: var("CPUS")
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|c| c.is_finite() && *c > 0.0)
+            .map_or(base.cpu_millis, |c| (c * 1000.0).round() as u32),
+        disk_bytes: mib("DISK_MIB").map_or(base.disk_bytes, |m| m.saturating_mul(1 << 20)),
+    }
+}
+
 impl WorkerLimits {
+    /// The defaults with what the environment changes (see [`limits_from_env`];
+    /// `SPACE_DISK_IMAGE_GIB` for the volume).
+    pub fn from_env() -> Self {
+        let base = Self::default();
+        Self {
+            defaults: limits_from_env("DEFAULT", base.defaults),
+            maxima: limits_from_env("MAX", base.maxima),
+            disk_image_bytes: std::env::var("SPACE_DISK_IMAGE_GIB")
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(|g| g.saturating_mul(1 << 30)),
+        }
+    }
+
     /// Why `asked` is over this worker's maxima, if it is. A disk of 0 (an install
     /// from before disk limits) is unlimited, and allowed.
     pub fn refusal(&self, asked: &Limits) -> Option<String> {

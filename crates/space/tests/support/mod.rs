@@ -315,6 +315,16 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.stop();
+        // A worker that crashed keeps its disk volume mounted (its jails may live on,
+        // and its next start uses it): detached here, so that the data dir can go.
+        if let Ok(workers) = std::fs::read_dir(self.data_dir().join("workers")) {
+            for w in workers.flatten() {
+                let _ = nix::mount::umount2(
+                    &w.path().join("sandboxes"),
+                    nix::mount::MntFlags::MNT_DETACH,
+                );
+            }
+        }
     }
 }
 

@@ -449,8 +449,8 @@ pub fn new_layer(dir: &Path, bytes: Option<u64>) -> Result<PathBuf, SubstrateErr
 }
 
 /// Creates the execution's directory `sandbox_dir`: the kept layer `kept` renamed
-/// there when it exists (the sandbox's files, `upper/` inside), else a new disk. Sets
-/// the disk limit `bytes`. Returns the kept layer's path when it was taken, so that a
+/// there when it exists (the sandbox's files, `upper/` inside; its limit lifted until
+/// the launch sets `bytes`), else a new disk limited to `bytes`. Returns the kept layer's path when it was taken, so that a
 /// failed launch can move it back ([`give_back`]).
 pub fn create_sandbox_dir(
     sandbox_dir: &Path,
@@ -467,7 +467,10 @@ pub fn create_sandbox_dir(
     for scratch in ["work", "root", "jail.log"] {
         remove_scratch(&sandbox_dir.join(scratch));
     }
-    if let Err(e) = set_limit(sandbox_dir, bytes) {
+    // The layer may fill its disk, and the launch still has to write (scratch
+    // directories, `/etc`): the limit is lifted until the launch is done, before any
+    // process of the sandbox runs (`JailDriver::launch` sets it again).
+    if let Err(e) = set_limit(sandbox_dir, None) {
         let _ = fs::rename(sandbox_dir, kept);
         return Err(e);
     }

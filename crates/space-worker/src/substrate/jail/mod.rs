@@ -711,6 +711,9 @@ impl Substrate for JailDriver {
         let layout = Layout::new(&spec.data_dir, &spec.key);
         let mut cleanup = LaunchCleanup::default();
         let (handle, _) = self.launch_inner(&spec, &layout, &mut cleanup, false)?;
+        // A kept layer may fill its disk: the launch wrote what it needs without the
+        // limit (see `disk::create_sandbox_dir`), which holds from here on.
+        disk::set_limit(&handle.sandbox_dir, spec.limits.disk_bytes)?;
         cleanup.disarm();
         tracing::debug!(
             sandbox = %spec.key.sandbox_id,
