@@ -368,3 +368,105 @@ fn a_destroyed_jail_gives_its_uid_range_back() {
         "range {base} still held after destroy"
     );
 }
+
+/// Python that holds every pipe buffer page (`pipe-user-pages-soft`) this sandbox's
+/// user may have, then idles in the background; prints how many pipes it made.
+const HOLD_PIPE_PAGES: &str = "
+import fcntl, os, time
+F_SETPIPE_SZ, F_GETPIPE_SZ = 1031, 1032
+pipes = []
+while True:
+    try:
+        r, w = os.pipe()
+    except OSError:
+        break
+    pipes.append((r, w))
+    if fcntl.fcntl(w, F_GETPIPE_SZ) < 65536 or len(pipes) > 4000:
+        break
+print('pipes', len(pipes), 'last size', fcntl.fcntl(pipes[-1][1], F_GETPIPE_SZ), flush=True)
+if os.fork() == 0:
+    os.setsid()
+    for fd in (0, 1, 2):
+        os.close(fd)
+    time.sleep(600)
+";
+
+/// Python that queues real-time signals to itself until the kernel refuses
+/// (`RLIMIT_SIGPENDING` of the user), then idles in the background with them queued.
+const HOLD_PENDING_SIGNALS: &str = "
+import ctypes, os, signal, time
+libc = ctypes.CDLL(None, use_errno=True)
+class Val(ctypes.Union):
+    _fields_ = [('i', ctypes.c_int), ('p', ctypes.c_void_p)]
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGRTMIN])
+    n = 0
+    while libc.sigqueue(os.getpid(), signal.SIGRTMIN, Val(0)) == 0 and n < 1000000:
+        n += 1
+    os.write(w, ('queued %d %s' % (n, os.strerror(ctypes.get_errno()))).encode())
+    for fd in (w, 0, 1, 2):
+        os.close(fd)
+    time.sleep(600)
+os.close(w)
+print(os.read(r, 200).decode(), flush=True)
+";
+
+#[test]
+fn pipe_pages_and_pending_signals_held_by_one_sandbox_leave_other_sandboxes_theirs() {
+    require_jail_host!();
+    let env = TestEnv::new();
+    let hog = env.jail();
+    let other = env.jail();
+    let pipes = python(&hog, HOLD_PIPE_PAGES).stdout;
+    assert!(
+        !pipes.contains("last size 65536"),
+        "the hog never reached its limit: {pipes}"
+    );
+    let signals = python(&hog, HOLD_PENDING_SIGNALS).stdout;
+    assert!(
+        signals.contains("Resource temporarily unavailable"),
+        "{signals}"
+    );
+    // Another sandbox still gets full-size pipes and can queue a signal.
+    let probe = "
+import ctypes, fcntl, os, signal
+r, w = os.pipe()
+print('size', fcntl.fcntl(w, 1032))
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGRTMIN])
+libc = ctypes.CDLL(None, use_errno=True)
+class Val(ctypes.Union):
+    _fields_ = [('i', ctypes.c_int), ('p', ctypes.c_void_p)]
+print('queued', libc.sigqueue(os.getpid(), signal.SIGRTMIN, Val(0)) == 0)
+";
+    let seen = python(&other, probe).stdout;
+    assert!(
+        seen.contains("size 65536"),
+        "the other sandbox lost its pipe pages: {seen}"
+    );
+    assert!(
+        seen.contains("queued True"),
+        "the other sandbox cannot queue signals: {seen}"
+    );
+}
+
+#[test]
+fn without_user_namespaces_behind_the_explicit_flag_jails_run_as_host_root() {
+    require_jail_host!();
+    // The weaker mode exists only when asked for (`--no-userns`): the default driver
+    // gives every jail its own range (see `jail_root_is_an_unprivileged_…`).
+    assert!(TestEnv::new().driver.uses_user_namespaces());
+    let env = TestEnv::without_user_namespaces();
+    assert!(!env.driver.uses_user_namespaces());
+    let jail = env.jail();
+    assert_eq!(jail.handle.host_uid, None);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", jail.handle.init.pid)).unwrap();
+    assert!(
+        status.lines().any(|l| l.starts_with("Uid:\t0\t")),
+        "{status}"
+    );
+    // The links planted in its layer are not followed either.
+    assert_eq!(jail.ok("id -u"), "0\n");
+    assert!(jail.ok("cat /etc/passwd").starts_with("root:x:0:0:"));
+}

@@ -485,6 +485,55 @@ mod tests {
     }
 
     #[test]
+    fn links_planted_in_the_layer_are_packed_as_links_never_followed() {
+        // The layer is the sandbox's: links to host files and directories, absolute
+        // or climbing, must travel as links, and nothing they point at is read.
+        let t = tempfile::tempdir().unwrap();
+        let host = t.path().join("host");
+        fs::create_dir_all(host.join("secrets")).unwrap();
+        fs::write(host.join("secrets/key"), b"host secret").unwrap();
+        let src = t.path().join("upper");
+        fs::create_dir_all(src.join("root")).unwrap();
+        std::os::unix::fs::symlink(host.join("secrets/key"), src.join("root/file-link")).unwrap();
+        std::os::unix::fs::symlink(host.join("secrets"), src.join("root/dir-link")).unwrap();
+        std::os::unix::fs::symlink("../../../../host/secrets", src.join("etc-link")).unwrap();
+        let archive = pack(&src).unwrap();
+        let text = String::from_utf8_lossy(&archive);
+        assert!(
+            !text.contains("host secret"),
+            "a linked host file was packed"
+        );
+        let mut entries = Vec::new();
+        for e in tar::Archive::new(&archive[..]).entries().unwrap() {
+            let e = e.unwrap();
+            entries.push((
+                e.path().unwrap().display().to_string(),
+                e.header().entry_type(),
+            ));
+        }
+        for name in ["root/file-link", "root/dir-link", "etc-link"] {
+            assert!(
+                entries
+                    .iter()
+                    .any(|(p, k)| p == name && *k == tar::EntryType::Symlink),
+                "{name} not packed as a link: {entries:?}"
+            );
+        }
+        assert!(
+            !entries.iter().any(|(p, _)| p.contains("key")),
+            "{entries:?}"
+        );
+        // And it unpacks as links, nothing outside the destination touched.
+        let dst = t.path().join("restored");
+        unpack(&archive[..], &dst).unwrap();
+        assert_eq!(
+            fs::read_link(dst.join("root/file-link")).unwrap(),
+            host.join("secrets/key")
+        );
+        assert_eq!(fs::read_dir(host.join("secrets")).unwrap().count(), 1);
+    }
+
+    #[test]
     fn archive_entries_cannot_leave_the_destination() {
         let t = tempfile::tempdir().unwrap();
         let mut b = tar::Builder::new(Vec::new());
