@@ -276,7 +276,10 @@ print('checked', len(fds))
         .exec(ExecSpec::shell(&format!("python3 -c \"{script}\"")))
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(!text.contains("opened") && !text.contains("reached"), "{text}");
+    assert!(
+        !text.contains("opened") && !text.contains("reached"),
+        "{text}"
+    );
     assert!(text.matches("refused").count() >= 3, "{text}");
     assert!(text.contains("checked"), "{text}");
 }

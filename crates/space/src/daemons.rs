@@ -91,11 +91,13 @@ pub async fn worker(a: WorkerArgs) -> Result<(), String> {
         cgroup_parent,
         warm_pool: a.warm_pool,
         limits: space_worker::daemon::limits::WorkerLimits::from_env(),
-        userns: (!a.no_userns).then(|| space_worker::substrate::jail::uid_ranges::UidRangeConfig {
-            first_id: a.userns_first_uid,
-            slots: a.userns_ranges,
-            ..Default::default()
-        }),
+        userns: (!a.no_userns).then(
+            || space_worker::substrate::jail::uid_ranges::UidRangeConfig {
+                first_id: a.userns_first_uid,
+                slots: a.userns_ranges,
+                ..Default::default()
+            },
+        ),
     };
     let mut stop = std::pin::pin!(shutdown_signal());
     let mut start = std::pin::pin!(space_worker::daemon::run(config));

@@ -461,7 +461,14 @@ pub async fn sandbox_limits_round_trip_and_live_sandboxes_are_counted_per_tenant
         let got = store.get_sandbox(&want.id).await.unwrap();
         assert_eq!(got.limits, want.limits);
     }
-    assert!(store.get_sandbox(&sandbox(1, "ten_a").id).await.unwrap().limits.is_some());
+    assert!(
+        store
+            .get_sandbox(&sandbox(1, "ten_a").id)
+            .await
+            .unwrap()
+            .limits
+            .is_some()
+    );
     assert_eq!(store.count_live_sandboxes("ten_a").await.unwrap(), 4);
     assert_eq!(store.count_live_sandboxes("ten_b").await.unwrap(), 1);
     // A stopped sandbox no longer counts.

@@ -9,6 +9,7 @@
 //!   reports the others lost; nothing is ever served under a retired identity.
 
 pub mod agent_socket;
+pub mod agent_watch;
 pub mod launch;
 pub mod limits;
 pub mod node_api;
@@ -18,7 +19,6 @@ pub mod state;
 pub mod streams;
 pub mod updates;
 pub mod warm;
-pub mod agent_watch;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
