@@ -470,3 +470,40 @@ fn without_user_namespaces_behind_the_explicit_flag_jails_run_as_host_root() {
     assert_eq!(jail.ok("id -u"), "0\n");
     assert!(jail.ok("cat /etc/passwd").starts_with("root:x:0:0:"));
 }
+
+#[test]
+fn sandbox_b_cannot_reach_a_listener_of_sandbox_a_on_any_address() {
+    require_jail_host!();
+    let env = TestEnv::new();
+    let (a, b) = (env.jail(), env.jail());
+    // A listens on every address of its own namespace and proves it answers itself.
+    let listen = "
+import os, socket, time
+s = socket.socket()
+s.bind(('0.0.0.0', 47111))
+s.listen()
+if os.fork() == 0:
+    os.setsid()
+    for fd in (0, 1, 2):
+        os.close(fd)
+    while True:
+        c, _ = s.accept()
+        c.sendall(b'from-a')
+        c.close()
+c = socket.create_connection(('127.0.0.1', 47111), timeout=2)
+print(c.recv(16).decode())
+";
+    assert_eq!(python(&a, listen).stdout, "from-a\n");
+    let probe = "
+import socket
+for host in ['127.0.0.1', '0.0.0.0', 'localhost']:
+    try:
+        c = socket.create_connection((host, 47111), timeout=2)
+        print('reached', host, c.recv(16))
+    except OSError as e:
+        print('refused', host)
+";
+    let out = python(&b, probe).stdout;
+    assert!(!out.contains("reached"), "{out}");
+    assert_eq!(out.matches("refused").count(), 3, "{out}");
+}

@@ -283,3 +283,39 @@ print('checked', len(fds))
     assert!(text.matches("refused").count() >= 3, "{text}");
     assert!(text.contains("checked"), "{text}");
 }
+
+#[test]
+fn file_api_paths_with_dots_or_links_never_leave_the_sandbox_root() {
+    let Some(r) = start() else { return };
+    // A host file the sandbox must never read or write through the file API.
+    let host = tempfile::Builder::new()
+        .prefix("space-host-marker")
+        .tempfile_in("/tmp")
+        .unwrap();
+    std::fs::write(host.path(), "host only").unwrap();
+    let host_path = host.path().display().to_string();
+    let mut c = r.connect();
+    c.exec(ExecSpec::shell(&format!(
+        "ln -s {host_path} /root/to-host && ln -s / /root/to-root"
+    )))
+    .unwrap();
+    let dotted = format!("/root/../../../..{host_path}");
+    for path in [
+        host_path.clone(),
+        dotted.clone(),
+        "/root/to-host".to_owned(),
+        format!("/root/to-root{host_path}"),
+    ] {
+        // Inside the jail these names resolve in the jail's own tree, where the
+        // marker does not exist: the read fails, it never returns the host's bytes.
+        let read = c.read_file(&path, 1 << 20);
+        assert!(
+            !matches!(&read, Ok(bytes) if bytes == b"host only"),
+            "{path} read the host file"
+        );
+        let _ = c.write_file(&path, b"from the sandbox", None);
+    }
+    assert_eq!(std::fs::read_to_string(host.path()).unwrap(), "host only");
+    // What it wrote landed inside its own layer (the jail's /tmp is its tmpfs).
+    assert!(!r.handle.upper_dir.join("root/to-host").is_file());
+}

@@ -205,3 +205,59 @@ fn tenant_over_its_sandbox_quota_is_refused() {
     let (status, s) = create(&c, &greedy, "{}");
     assert_eq!(status, 201, "{s}");
 }
+
+#[test]
+fn cli_create_flags_set_the_sandboxs_limits_and_bad_ones_are_refused() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let id = c.create(&[
+        "--memory-mib",
+        "256",
+        "--cpus",
+        "0.5",
+        "--pids",
+        "64",
+        "--disk-mib",
+        "128",
+    ]);
+    let s = c.sandbox(&id);
+    assert_eq!(s["limits"]["memory_mib"], 256, "{s}");
+    assert_eq!(s["limits"]["cpus"], 0.5, "{s}");
+    assert_eq!(s["limits"]["pids"], 64, "{s}");
+    assert_eq!(s["limits"]["disk_mib"], 128, "{s}");
+    // The pids limit holds inside.
+    let out = c.cli(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "for i in $(seq 200); do sleep 5 & done 2>&1 | grep -c 'fork\\|Resource' ; true",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let refused: u32 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    assert!(
+        refused > 0,
+        "200 processes started under a pids limit of 64"
+    );
+    // Bad input gets a clear error and creates nothing.
+    let before = c.cli(&["--json", "sandbox", "list"]).stdout;
+    let bad = c.cli(&["sandbox", "create", "--memory-mib", "0"]);
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("invalid_limits")
+            || String::from_utf8_lossy(&bad.stderr).contains("memory"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    assert_eq!(c.cli(&["--json", "sandbox", "list"]).stdout, before);
+}

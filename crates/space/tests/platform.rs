@@ -1449,24 +1449,20 @@ fn tampered_or_truncated_layer_is_refused_by_the_receiving_worker() {
     let worker = cap["route"]["worker_url"].as_str().unwrap().to_owned();
     use base64::Engine as _;
     let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
-    let seed_hex: String = rusqlite::Connection::open(c.data_dir().join("control.db"))
-        .unwrap()
-        .query_row("SELECT value FROM kv WHERE name = 'anchor_seed'", [], |r| {
-            r.get(0)
-        })
-        .unwrap();
-    let seed: Vec<u8> = (0..32)
-        .map(|i| u8::from_str_radix(&seed_hex[2 * i..2 * i + 2], 16).unwrap())
-        .collect();
-    let anchor = space_identity::BundleSigner::from_seed(seed.try_into().unwrap());
+    let signer = support::Signer::of(&c);
     let archive = b"pretend this is a tar archive of a layer".to_vec();
     let digest = blake3::hash(&archive).to_hex().to_string();
-    let body = serde_json::json!({"worker": "w1", "issued_at": 1,
-        "update": {"kind": "layer", "sandbox": id, "digest": digest, "size": archive.len()}})
-    .to_string();
-    let signed = serde_json::json!({"body": b64(body.as_bytes()), "signature": b64(&anchor.sign_update(body.as_bytes()))});
-    let header = b64(signed.to_string().as_bytes());
+    let size = archive.len();
+    // Each attempt under its own fresh, signed update: a number is used once.
+    let header = || {
+        let signed = signer.update(
+            "w1",
+            serde_json::json!({"kind": "layer", "sandbox": id, "digest": digest, "size": size}),
+        );
+        b64(signed.as_bytes())
+    };
     let post = |bytes: Vec<u8>| {
+        let header = header();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
