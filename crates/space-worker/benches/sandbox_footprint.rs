@@ -43,8 +43,14 @@ fn launch_and_first_exec(
         secret: random(),
     };
     let start = Instant::now();
+    // As `space up` runs them: a user namespace (the driver's default) and a disk
+    // limit on the worker's disk volume (where one can be mounted).
+    let limits = Limits {
+        disk_bytes: Some(256 << 20),
+        ..Limits::default()
+    };
     let (handle, bridge) =
-        launch::launch(driver, bins, data, &activation, Limits::default()).expect("launch");
+        launch::launch(driver, bins, data, &activation, limits).expect("launch");
     let mut conn =
         spaced_host::connect(&launch::bridge_target(&bridge, &activation)).expect("connect");
     let out = conn.exec(ExecSpec::command(["true"])).expect("exec");
@@ -103,6 +109,12 @@ fn main() {
     let driver = Arc::new(JailDriver::new(config).expect("jail driver"));
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().to_path_buf();
+    let volume = space_worker::substrate::jail::disk::ensure_volume(&data, Some(16 << 30))
+        .expect("disk volume");
+    println!(
+        "user namespaces: {}; disk volume: {volume:?}",
+        driver.uses_user_namespaces()
+    );
     let teardown = |all: Vec<Launched>| {
         for l in all {
             launch::teardown(
@@ -196,4 +208,5 @@ fn main() {
         per(agent_pss)
     );
     teardown(idle);
+    space_worker::substrate::jail::disk::unmount_volume(&data);
 }
