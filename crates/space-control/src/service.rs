@@ -1511,9 +1511,20 @@ impl ControlPlane {
     pub async fn deliver(&self, w: &WorkerRecord, update: Update) -> Result<UpdateAck, ApiError> {
         let signed = self.sign_update(&w.id, update).await?;
         let url = format!("{}/internal/v1/updates", w.url);
+        let body = serde_json::to_vec(&signed)
+            .map_err(|e| ApiError::internal(format!("encode update: {e}")))?;
+        let delivery = self.delivery_header(&w.id, &body).await?;
         let answer = self
             .http
-            .post_json(&url, &[], &signed)
+            .call(
+                axum::http::Method::POST,
+                &url,
+                &[
+                    ("content-type", "application/json"),
+                    (space_proto::api::DELIVERY_HEADER, delivery.as_str()),
+                ],
+                bytes::Bytes::from(body),
+            )
             .await
             .map_err(|e| ApiError::bad_gateway(format!("worker {}: {e}", w.id)))?;
         if !answer.status.is_success() {
@@ -1525,6 +1536,21 @@ impl ControlPlane {
         }
         serde_json::from_slice(&answer.body)
             .map_err(|e| ApiError::bad_gateway(format!("worker {}: bad ack: {e}", w.id)))
+    }
+
+    /// The signed [`space_proto::api::Delivery`] of a request body for worker `to`: it
+    /// lets the worker authenticate the request before reading the body.
+    pub async fn delivery_header(&self, to: &WorkerId, body: &[u8]) -> Result<String, ApiError> {
+        let descriptor = serde_json::to_vec(&space_proto::api::Delivery {
+            worker: to.to_string(),
+            issued_at: now_secs(),
+            size: body.len() as u64,
+            digest: blake3::hash(body).to_hex().to_string(),
+        })
+        .map_err(|e| ApiError::internal(format!("encode delivery: {e}")))?;
+        let keys = self.keys().await;
+        let signature = keys.anchor.sign_delivery(&descriptor);
+        Ok(format!("{}.{}", b64(&descriptor), b64(&signature)))
     }
 
     /// What a (re)starting worker must hold: the newest bundle, then an install for each

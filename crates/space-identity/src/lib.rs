@@ -35,7 +35,7 @@ pub use ids::{
 };
 pub use keys::{
     BundleError, BundleKey, BundleSigner, InstalledKeys, KeyBundle, KeyId, KeyUses,
-    SignedKeyBundle, verify_update,
+    SignedKeyBundle, verify_delivery, verify_update,
 };
 pub use recovery::{
     AfterRefresh, CachedRoute, OperationClass, Progress, Recovery, RecoveryError, RecoveryStep,

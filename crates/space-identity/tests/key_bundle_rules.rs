@@ -179,3 +179,21 @@ fn control_update_signed_by_the_anchor_verifies_and_nothing_else_does() {
         bundle_sig.try_into().unwrap()
     ));
 }
+
+#[test]
+fn a_delivery_descriptor_and_an_update_never_verify_as_each_other() {
+    let keys = TestKeys::new();
+    let anchor = keys.anchor.anchor();
+    let bytes = br#"{"worker":"w1","issued_at":1,"size":3,"digest":"ab"}"#;
+    let delivery = keys.anchor.sign_delivery(bytes);
+    assert!(space_identity::verify_delivery(&anchor, bytes, &delivery));
+    assert!(!space_identity::verify_update(&anchor, bytes, &delivery));
+    let update = keys.anchor.sign_update(bytes);
+    assert!(!space_identity::verify_delivery(&anchor, bytes, &update));
+    let impostor = BundleSigner::from_seed([7; 32]);
+    assert!(!space_identity::verify_delivery(
+        &anchor,
+        bytes,
+        &impostor.sign_delivery(bytes)
+    ));
+}

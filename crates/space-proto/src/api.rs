@@ -507,6 +507,30 @@ pub struct SignedUpdate {
 /// could be replayed before it is refused by age alone.
 pub const UPDATE_MAX_AGE_SECS: u64 = 60;
 
+/// Header of `POST /internal/v1/updates` carrying the signed [`Delivery`] of its body:
+/// `<base64url of the descriptor's JSON>.<base64url of the anchor's signature>`
+/// (`space_identity::verify_delivery`). The worker checks it before it reads a byte
+/// of the body, then reads exactly `size` bytes and compares their digest.
+pub const DELIVERY_HEADER: &str = "space-delivery";
+
+/// Largest update body a worker reads (an install carries the sandbox's environment:
+/// at most 256 variables of 32 KiB).
+pub const MAX_UPDATE_BODY: u64 = 16 << 20;
+
+/// What the control plane signs about the request that carries an update.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Delivery {
+    /// The worker it is for.
+    pub worker: String,
+    /// Unix seconds; as fresh as an update's `issued_at`.
+    pub issued_at: u64,
+    /// Length of the body in bytes (at most [`MAX_UPDATE_BODY`]).
+    pub size: u64,
+    /// BLAKE3 of the body, lowercase hex.
+    pub digest: String,
+}
+
 /// Clock difference between control plane and worker tolerated either way, in seconds
 /// (as for capabilities).
 pub const UPDATE_CLOCK_SKEW_SECS: u64 = 15;

@@ -42,8 +42,10 @@ fn on_execution(kind: &str, sandbox: &str, cap: &serde_json::Value) -> serde_jso
     })
 }
 
-fn post(url: &str, body: &str) -> (u16, serde_json::Value) {
-    let (status, body) = http("POST", url, None, body.as_bytes());
+/// POSTs a signed update to a worker as the control plane would (with a valid
+/// delivery header for w1), so that what is tested is the update itself.
+fn post(signer: &Signer, url: &str, body: &str) -> (u16, serde_json::Value) {
+    let (status, body) = signer.post_update(url, "w1", body.as_bytes());
     (
         status,
         serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null),
@@ -71,13 +73,14 @@ fn replayed_pause_update_is_refused() {
     let url = format!("{}/internal/v1/updates", worker_url(&cap));
     let signer = Signer::of(&c);
     let pause = signer.update("w1", on_execution("pause", &id, &cap));
-    let (status, ack) = post(&url, &pause);
+    let (status, ack) = post(&signer, &url, &pause);
     assert_eq!(
         (status, ack["state"].as_str()),
         (200, Some("paused")),
         "{ack}"
     );
     let (status, ack) = post(
+        &signer,
         &url,
         &signer.update("w1", on_execution("resume", &id, &cap)),
     );
@@ -90,7 +93,7 @@ fn replayed_pause_update_is_refused() {
 
     // The captured pause, again (twice): refused, and the sandbox keeps running.
     for _ in 0..2 {
-        let (status, answer) = post(&url, &pause);
+        let (status, answer) = post(&signer, &url, &pause);
         assert_eq!(status, 409, "a replayed pause was accepted: {answer}");
         assert_eq!(answer["error"], "update_refused");
         assert!(
@@ -132,6 +135,7 @@ fn replayed_snapshot_update_is_refused() {
         "the first delivery hands the layer over"
     );
     let (status, ack) = post(
+        &signer,
         &format!("{base}/internal/v1/updates"),
         &signer.update("w1", on_execution("unfreeze", &id, &cap)),
     );
@@ -184,7 +188,7 @@ fn update_issued_long_ago_is_refused() {
         (now + 3600, "future_update"),
     ] {
         let pause = signer.update_at("w1", issued_at, on_execution("pause", &id, &cap));
-        let (status, answer) = post(&url, &pause);
+        let (status, answer) = post(&signer, &url, &pause);
         assert_eq!(
             status, 403,
             "a pause issued at {issued_at} (now {now}) was accepted: {answer}"
@@ -199,7 +203,11 @@ fn update_issued_long_ago_is_refused() {
         );
     }
     // The same update issued now is applied: the refusals were about time alone.
-    let (status, ack) = post(&url, &signer.update("w1", on_execution("pause", &id, &cap)));
+    let (status, ack) = post(
+        &signer,
+        &url,
+        &signer.update("w1", on_execution("pause", &id, &cap)),
+    );
     assert_eq!(
         (status, ack["state"].as_str()),
         (200, Some("paused")),
@@ -262,13 +270,14 @@ fn update_replayed_after_worker_restart_is_refused() {
     let url = format!("{}/internal/v1/updates", worker_url(&cap));
     let signer = Signer::of(&c);
     let pause = signer.update("w1", on_execution("pause", &id, &cap));
-    let (status, ack) = post(&url, &pause);
+    let (status, ack) = post(&signer, &url, &pause);
     assert_eq!(
         (status, ack["state"].as_str()),
         (200, Some("paused")),
         "{ack}"
     );
     let (status, ack) = post(
+        &signer,
         &url,
         &signer.update("w1", on_execution("resume", &id, &cap)),
     );
@@ -285,7 +294,7 @@ fn update_replayed_after_worker_restart_is_refused() {
         cap["route"]["execution_id"],
         "the sandbox was re-adopted, not replaced"
     );
-    let (status, answer) = post(&url, &pause);
+    let (status, answer) = post(&signer, &url, &pause);
     assert_eq!(
         status, 409,
         "a pause replayed after a worker restart was accepted: {answer}"
@@ -322,7 +331,9 @@ fn re_enrolling_an_existing_worker_id_needs_its_own_credential() {
         if let Some(cred) = credential {
             rogue["credential"] = cred.into();
         }
-        let (status, answer) = post(&url, &rogue.to_string());
+        let (status, answer) = http("POST", &url, None, rogue.to_string().as_bytes());
+        let answer: serde_json::Value =
+            serde_json::from_slice(&answer).unwrap_or(serde_json::Value::Null);
         assert_eq!(status, 403, "the rogue took over w1: {answer}");
         assert!(
             answer["message"]

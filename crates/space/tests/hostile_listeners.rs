@@ -307,6 +307,69 @@ fn unauthenticated_64_mib_bodies_are_refused_before_reading() {
 }
 
 #[test]
+fn update_bodies_without_a_signed_delivery_are_refused_before_reading() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let _ = c.create(&["--worker", "w1"]);
+    let (w1_pid, w1) = worker(&c, "w1");
+    let base = reset_peak(w1_pid);
+    let len = 64 * MIB;
+    // A delivery signed by a rogue key, and one that is no delivery at all.
+    let rogue = space_identity::BundleSigner::from_seed([7u8; 32]);
+    let descriptor = serde_json::json!({"worker": "w1", "issued_at": support::unix_now(),
+        "size": len, "digest": "0".repeat(64)})
+    .to_string();
+    use base64::Engine as _;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let forged = format!(
+        "{}.{}",
+        b64(descriptor.as_bytes()),
+        b64(&rogue.sign_delivery(descriptor.as_bytes()))
+    );
+    let start = Instant::now();
+    let threads: Vec<_> = (0..24)
+        .map(|i| {
+            let (w1, forged) = (w1.clone(), forged.clone());
+            std::thread::spawn(move || {
+                let head = match i % 3 {
+                    0 => "POST /internal/v1/updates HTTP/1.1\r\n".to_owned(),
+                    1 => "POST /internal/v1/updates HTTP/1.1\r\nspace-delivery: garbage\r\n"
+                        .to_owned(),
+                    _ => format!(
+                        "POST /internal/v1/updates HTTP/1.1\r\nspace-delivery: {forged}\r\n"
+                    ),
+                };
+                large_body(&w1, &head, len, len)
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let took = start.elapsed();
+    let growth = peak_growth(w1_pid, base);
+    eprintln!(
+        "24 unsigned 64 MiB update bodies refused in {took:?}: worker peak RSS +{} MiB",
+        growth / MIB
+    );
+    assert!(
+        statuses.iter().all(|s| *s == 401 || *s == 403),
+        "{statuses:?}"
+    );
+    assert!(growth < 32 * MIB, "worker grew {growth} bytes");
+    // The control plane's own updates still arrive: a pause and a resume.
+    let id = c.create(&["--worker", "w1"]);
+    for verb in ["pause", "resume"] {
+        let out = c.cli(&["sandbox", verb, &id]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
 fn layer_upload_with_a_bad_signature_is_refused_before_reading_the_body() {
     if !can_run_jails() {
         return;

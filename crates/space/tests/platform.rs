@@ -758,11 +758,18 @@ fn worker_refuses_unsigned_foreign_and_replayed_updates() {
     // Not signed by the trust anchor.
     let forged =
         serde_json::json!({"body": b64(retire("w1").as_bytes()), "signature": b64(&[0u8; 64])});
+    // Without the signed delivery header the body is not even read.
     let (status, _) = http("POST", &url, None, forged.to_string().as_bytes());
+    assert_eq!(status, 401);
+    let (status, _) = signer.post_update(&url, "w1", forged.to_string().as_bytes());
     assert_eq!(status, 403);
     // Garbage.
-    let (status, _) = http("POST", &url, None, b"{}");
+    let (status, _) = signer.post_update(&url, "w1", b"{}");
     assert_eq!(status, 400);
+    // A delivery header for another worker, or for other bytes: refused before the body.
+    let body = forged.to_string();
+    let (status, _) = signer.post_update(&url, "w2", body.as_bytes());
+    assert_eq!(status, 403);
     // Validly signed (with the anchor read from the control plane's store), but for
     // another worker: refused.
     let seed_hex: String = rusqlite::Connection::open(c.data_dir().join("control.db"))
@@ -779,7 +786,7 @@ fn worker_refuses_unsigned_foreign_and_replayed_updates() {
         serde_json::json!({"body": b64(body.as_bytes()), "signature": b64(&anchor.sign_update(body.as_bytes()))})
             .to_string()
     };
-    let (status, _) = http("POST", &url, None, signed(retire("w2")).as_bytes());
+    let (status, _) = signer.post_update(&url, "w1", signed(retire("w2")).as_bytes());
     assert_eq!(status, 403, "an update for w2 was accepted by w1");
     // A replayed install of an older-or-equal generation with another execution: refused.
     let install = |execution_id: &serde_json::Value| {
@@ -795,13 +802,12 @@ fn worker_refuses_unsigned_foreign_and_replayed_updates() {
         .to_string()
     };
     let other_exe = serde_json::json!("exe_aaaaaaaaaaaaaaaaaaaaaaaaaa");
-    let (status, body) = http("POST", &url, None, signed(install(&other_exe)).as_bytes());
+    let (status, body) = signer.post_update(&url, "w1", signed(install(&other_exe)).as_bytes());
     assert_eq!(status, 409, "{}", String::from_utf8_lossy(&body));
     // The same install delivered again is answered with its state, and changes nothing.
-    let (status, body) = http(
-        "POST",
+    let (status, body) = signer.post_update(
         &url,
-        None,
+        "w1",
         signed(install(&cap["route"]["execution_id"])).as_bytes(),
     );
     assert_eq!(status, 200);

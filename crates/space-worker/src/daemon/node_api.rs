@@ -1132,7 +1132,46 @@ async fn list_files(
     file_op(&w, &headers, &id, &q, Access::FsRead, "list", list, respond).await
 }
 
-async fn apply_update(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
+async fn apply_update(
+    State(w): State<Arc<Worker>>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Response {
+    // The sender first: nothing of the body is read before its signed delivery
+    // descriptor verifies, and then no more than the size it signed.
+    let delivery = match updates::check_delivery(&w, headers.get(space_proto::api::DELIVERY_HEADER))
+    {
+        Ok(d) => d,
+        Err(e) => {
+            let mut resp = error(
+                StatusCode::from_u16(e.status).unwrap_or(StatusCode::UNAUTHORIZED),
+                "update_refused",
+                e.message,
+                None,
+            );
+            resp.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                HeaderValue::from_static("close"),
+            );
+            return resp;
+        }
+    };
+    let body = match axum::body::to_bytes(body, delivery.size as usize).await {
+        Ok(b)
+            if b.len() as u64 == delivery.size
+                && blake3::hash(&b).to_hex().as_str() == delivery.digest =>
+        {
+            b
+        }
+        Ok(_) | Err(_) => {
+            return error(
+                StatusCode::FORBIDDEN,
+                "update_refused",
+                "delivery_mismatch: the body is not the one whose delivery was signed",
+                None,
+            );
+        }
+    };
     let signed: SignedUpdate = match serde_json::from_slice(&body) {
         Ok(s) => s,
         Err(e) => {

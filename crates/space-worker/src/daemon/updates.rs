@@ -121,6 +121,54 @@ pub fn verify_all(
     Ok(out)
 }
 
+/// Checks the signed delivery descriptor of an update request (its header) before the
+/// body is read: signed by the trust anchor, for this worker, fresh, and of a size
+/// this worker reads. 401 when absent or unparseable, 403 otherwise.
+pub fn check_delivery(
+    worker: &Worker,
+    header: Option<&axum::http::HeaderValue>,
+) -> Result<space_proto::api::Delivery, UpdateError> {
+    use space_proto::api::{DELIVERY_HEADER, Delivery, MAX_UPDATE_BODY};
+    let text = header
+        .and_then(|h| h.to_str().ok())
+        .ok_or_else(|| refuse(401, format!("no {DELIVERY_HEADER} header")))?;
+    let (descriptor, signature) = text
+        .split_once('.')
+        .and_then(|(d, s)| Some((B64.decode(d).ok()?, B64.decode(s).ok()?)))
+        .ok_or_else(|| {
+            refuse(
+                401,
+                format!("{DELIVERY_HEADER} is not <base64url>.<base64url>"),
+            )
+        })?;
+    let signature: [u8; 64] = signature
+        .try_into()
+        .map_err(|_| refuse(401, "delivery signature is not 64 bytes"))?;
+    let anchor = {
+        let keys = worker.keys.read().map_err(|_| refuse(500, "poisoned"))?;
+        *keys
+            .as_ref()
+            .ok_or_else(|| refuse(503, "not enrolled yet"))?
+            .anchor()
+    };
+    if !space_identity::verify_delivery(&anchor, &descriptor, &signature) {
+        return Err(refuse(403, "delivery not signed by the trust anchor"));
+    }
+    let delivery: Delivery = serde_json::from_slice(&descriptor)
+        .map_err(|e| refuse(403, format!("delivery descriptor: {e}")))?;
+    if delivery.worker != worker.id.as_str() {
+        return Err(refuse(403, "delivery addressed to another worker"));
+    }
+    check_fresh(delivery.issued_at, now_secs())?;
+    if delivery.size > MAX_UPDATE_BODY {
+        return Err(refuse(
+            413,
+            format!("too_large: updates are at most {MAX_UPDATE_BODY} bytes"),
+        ));
+    }
+    Ok(delivery)
+}
+
 /// Refuses an `issued_at` outside the freshness window around `now`.
 fn check_fresh(issued_at: u64, now: u64) -> Result<(), UpdateError> {
     if issued_at.saturating_add(UPDATE_MAX_AGE_SECS + UPDATE_CLOCK_SKEW_SECS) < now {

@@ -438,6 +438,47 @@ impl Signer {
         .to_string()
     }
 
+    /// The signed delivery header (`space-delivery`) of an update request body for
+    /// `worker`, as the control plane makes it.
+    pub fn delivery(&self, worker: &str, body: &[u8]) -> String {
+        use base64::Engine as _;
+        let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+        let descriptor = serde_json::json!({
+            "worker": worker,
+            "issued_at": unix_now(),
+            "size": body.len(),
+            "digest": blake3::hash(body).to_hex().to_string(),
+        })
+        .to_string();
+        let signature = self.anchor.sign_delivery(descriptor.as_bytes());
+        format!("{}.{}", b64(descriptor.as_bytes()), b64(&signature))
+    }
+
+    /// POSTs an update request body to a worker's `/internal/v1/updates` with a valid
+    /// delivery header for `worker`, as the control plane does.
+    pub fn post_update(&self, url: &str, worker: &str, body: &[u8]) -> (u16, Vec<u8>) {
+        let delivery = self.delivery(worker, body);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let a = space_http::HttpClient::new(Duration::from_secs(60))
+                .call(
+                    hyper::Method::POST,
+                    url,
+                    &[
+                        ("content-type", "application/json"),
+                        ("space-delivery", delivery.as_str()),
+                    ],
+                    bytes::Bytes::copy_from_slice(body),
+                )
+                .await
+                .unwrap();
+            (a.status.as_u16(), a.body.to_vec())
+        })
+    }
+
     /// A signed update for `worker` issued now, under a freshly reserved number.
     pub fn update(&self, worker: &str, update: serde_json::Value) -> String {
         self.update_at(worker, unix_now(), update)
