@@ -63,6 +63,49 @@ pub struct ControlPlane {
     last_create: std::sync::Mutex<Option<std::time::Instant>>,
     /// Default and largest sandbox limits, and the per-tenant sandbox quota.
     limits_policy: std::sync::RwLock<crate::limits::LimitsPolicy>,
+    /// Per tenant, this process's creates between their quota check and their
+    /// sandbox's row: counted with the store's live sandboxes, so a burst cannot pass
+    /// the quota together (see [`QuotaHold`]).
+    quota_pending: Arc<std::sync::Mutex<BTreeMap<String, u64>>>,
+}
+
+/// One create counted against its tenant's quota until its sandbox's row exists (or
+/// the create failed): dropped then.
+struct QuotaHold {
+    pending: Arc<std::sync::Mutex<BTreeMap<String, u64>>>,
+    tenant: String,
+}
+
+impl QuotaHold {
+    /// Counts a create of `tenant`; returns the hold and how many others were pending.
+    fn take(pending: &Arc<std::sync::Mutex<BTreeMap<String, u64>>>, tenant: &str) -> (Self, u64) {
+        let mut map = pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = map.entry(tenant.to_owned()).or_insert(0);
+        let others = *n;
+        *n += 1;
+        let hold = Self {
+            pending: Arc::clone(pending),
+            tenant: tenant.to_owned(),
+        };
+        (hold, others)
+    }
+}
+
+impl Drop for QuotaHold {
+    fn drop(&mut self) {
+        let mut map = self
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = map.get_mut(&self.tenant) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                map.remove(&self.tenant);
+            }
+        }
+    }
 }
 
 /// The tenant that owns standby sandboxes until a create claims one. Tenant IDs that
@@ -216,6 +259,7 @@ impl ControlPlane {
             load: std::sync::Mutex::new(LoadView::default()),
             standby_target: std::sync::atomic::AtomicUsize::new(0),
             last_create: std::sync::Mutex::new(None),
+            quota_pending: Arc::default(),
             limits_policy: std::sync::RwLock::new(crate::limits::LimitsPolicy::from_env()),
             reconcile_after_secs: std::env::var("SPACE_RECONCILE_AFTER_SECS")
                 .ok()
@@ -436,9 +480,18 @@ impl ControlPlane {
         }
         let policy = self.limits_policy();
         let limits = policy.resolve(req.limits.as_ref())?;
+        let mut quota_hold = None;
         if caller.tenant != STANDBY_TENANT {
             // Standby sandboxes belong to no tenant until claimed: they never count.
-            policy.admit(self.store.count_live_sandboxes(&caller.tenant).await?)?;
+            // Creates of this process still under way count too (a burst that read
+            // the same count would pass the quota together); a create whose row is
+            // already written may be counted twice for a moment, which only refuses
+            // early near the quota, never admits past it. Replicas on one PostgreSQL
+            // each count their own creates under way.
+            let (hold, pending) = QuotaHold::take(&self.quota_pending, &caller.tenant);
+            quota_hold = Some(hold);
+            let live = self.store.count_live_sandboxes(&caller.tenant).await?;
+            policy.admit(live + pending)?;
             *self
                 .last_create
                 .lock()
@@ -460,6 +513,7 @@ impl ControlPlane {
                 metadata: metadata.clone(),
             };
             if let Some(s) = self.store.claim_standby(STANDBY_TENANT, &claim).await? {
+                drop(quota_hold.take());
                 if pause_at_ttl {
                     self.store.kv_set(&ttl_pause_key(&s.id), "pause").await?;
                 }
@@ -484,6 +538,8 @@ impl ControlPlane {
         };
         let _busy = self.transition(record.id)?;
         self.store.create_sandbox(&record).await?;
+        // The row counts from here on.
+        drop(quota_hold);
         if pause_at_ttl {
             self.store
                 .kv_set(&ttl_pause_key(&record.id), "pause")

@@ -207,6 +207,58 @@ fn tenant_over_its_sandbox_quota_is_refused() {
 }
 
 #[test]
+fn a_burst_of_creates_never_passes_the_tenant_quota() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start_with_env(&[("SPACE_TENANT_SANDBOXES", "3")]);
+    let admin = format!("Bearer {}", c.admin_key);
+    let (status, t) = http(
+        "POST",
+        &format!("{}/v1/tenants", c.url),
+        Some(&admin),
+        br#"{"name":"bursty"}"#,
+    );
+    assert_eq!(status, 201);
+    let bursty = format!("Bearer {}", json(&t)["api_key"].as_str().unwrap());
+    // Twelve creates at once (each would read the same count of live sandboxes).
+    let statuses: Vec<u16> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..12)
+            .map(|i| {
+                let (c, bursty) = (&c, &bursty);
+                scope.spawn(move || {
+                    // Half claim standby sandboxes, half start their own.
+                    let body = if i % 2 == 0 {
+                        "{}"
+                    } else {
+                        r#"{"env": {"A": "1"}}"#
+                    };
+                    create(c, bursty, body).0
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let created = statuses.iter().filter(|s| **s == 201).count();
+    assert!(
+        created <= 3,
+        "{created} sandboxes under a quota of 3: {statuses:?}"
+    );
+    assert!(created >= 1, "{statuses:?}");
+    assert!(
+        statuses.iter().all(|s| *s == 201 || *s == 429),
+        "{statuses:?}"
+    );
+    let (_, list) = http(
+        "GET",
+        &format!("{}/v1/sandboxes", c.url),
+        Some(&bursty),
+        b"",
+    );
+    assert_eq!(json(&list).as_array().unwrap().len(), created);
+}
+
+#[test]
 fn cli_create_flags_set_the_sandboxs_limits_and_bad_ones_are_refused() {
     if !can_run_jails() {
         return;
