@@ -41,44 +41,22 @@ impl Default for LimitsPolicy {
     fn default() -> Self {
         Self {
             defaults: Limits::default(),
-            maxima: Limits {
-                memory_bytes: 16 << 30,
-                pids: 4096,
-                cpu_millis: 8000,
-                disk_bytes: 64 << 30,
-            },
+            maxima: Limits::DEFAULT_MAXIMA,
             tenant_sandboxes: DEFAULT_TENANT_SANDBOXES,
         }
     }
 }
 
-/// `base` with what the environment sets: `SPACE_<WHICH>_MEMORY_MIB`, `_CPUS`, `_PIDS`,
-/// `_DISK_MIB` (`WHICH` is `DEFAULT` or `MAX`). `space up` passes its environment to
-/// the control plane and the workers alike, so both see the same values.
-pub fn limits_from_env(which: &str, base: Limits) -> Limits {
-    let var = |name: &str| std::env::var(format!("SPACE_{which}_{name}")).ok();
-    let mib = |name: &str| var(name).and_then(|v| v.trim().parse::<u64>().ok());
-    Limits {
-        memory_bytes: mib("MEMORY_MIB").map_or(base.memory_bytes, |m| m.saturating_mul(1 << 20)),
-        pids: var("PIDS")
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(base.pids),
-        cpu_millis: var("CPUS")
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .filter(|c| c.is_finite() && *c > 0.0)
-            .map_or(base.cpu_millis, |c| (c * 1000.0).round() as u32),
-        disk_bytes: mib("DISK_MIB").map_or(base.disk_bytes, |m| m.saturating_mul(1 << 20)),
-    }
-}
-
 impl LimitsPolicy {
-    /// The defaults with what the environment changes (see [`limits_from_env`];
+    /// The defaults with what the environment changes (see [`Limits::configured`];
     /// `SPACE_TENANT_SANDBOXES` for the quota).
     pub fn from_env() -> Self {
         let base = Self::default();
         Self {
-            defaults: limits_from_env("DEFAULT", base.defaults),
-            maxima: limits_from_env("MAX", base.maxima),
+            defaults: base
+                .defaults
+                .configured("DEFAULT", |k| std::env::var(k).ok()),
+            maxima: base.maxima.configured("MAX", |k| std::env::var(k).ok()),
             tenant_sandboxes: std::env::var("SPACE_TENANT_SANDBOXES")
                 .ok()
                 .and_then(|v| v.trim().parse().ok())

@@ -271,7 +271,29 @@ pub fn replace_file(
 ) -> io::Result<()> {
     let cname = CString::new(name)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in name"))?;
-    remove_entry(dir, &cname)?;
+    if let Err(e) = remove_entry(dir, &cname) {
+        if e.raw_os_error() != Some(libc::ENOTEMPTY) {
+            return Err(e);
+        }
+        // A directory with contents where the file belongs: moved aside (within
+        // `dir`, never followed), so the sandbox keeps its files and still starts.
+        let aside = CString::new(format!("{name}.replaced-by-space"))
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in name"))?;
+        // SAFETY: renameat2 with NUL-terminated names relative to `dir`;
+        // RENAME_NOREPLACE never overwrites what is at the new name.
+        let rc = unsafe {
+            libc::renameat2(
+                dir.as_raw_fd(),
+                cname.as_ptr(),
+                dir.as_raw_fd(),
+                aside.as_ptr(),
+                libc::RENAME_NOREPLACE,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
     let fd = open_beneath(
         dir,
         Path::new(name),
@@ -446,6 +468,21 @@ mod tests {
         assert_eq!(
             std::fs::read_to_string(jail.path().join("etc/passwd")).unwrap(),
             "new"
+        );
+    }
+
+    #[test]
+    fn a_directory_in_place_of_a_file_is_moved_aside_with_its_contents() {
+        let jail = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(jail.path().join("etc/passwd")).unwrap();
+        std::fs::write(jail.path().join("etc/passwd/mine"), "kept").unwrap();
+        let etc = open_dir_path(&jail.path().join("etc")).unwrap();
+        let etc = open_beneath(etc.as_fd(), Path::new("."), libc::O_RDONLY, 0).unwrap();
+        replace_file(etc.as_fd(), "passwd", b"root:x:0:0::/root:/bin/sh\n", 0o644).unwrap();
+        assert!(jail.path().join("etc/passwd").is_file());
+        assert_eq!(
+            std::fs::read_to_string(jail.path().join("etc/passwd.replaced-by-space/mine")).unwrap(),
+            "kept"
         );
     }
 

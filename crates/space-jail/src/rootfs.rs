@@ -238,7 +238,16 @@ fn mask_dir(root: BorrowedFd<'_>, inside: &Path) -> Result<(), JailError> {
     let dir =
         match mounts::open_beneath_across_mounts(root, &rel, libc::O_PATH | libc::O_DIRECTORY, 0) {
             Ok(fd) => fd,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+            // Absent, or a link of the host's own read-only system directory (it
+            // points at a path the jail does not have): nothing to hide.
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT | libc::ELOOP | libc::ENOTDIR)
+                ) =>
+            {
+                return Ok(());
+            }
             Err(e) => {
                 return Err(JailError::new(
                     "mask directory",

@@ -399,6 +399,38 @@ impl Default for Limits {
     }
 }
 
+impl Limits {
+    /// The most a create may ask unless configured otherwise: 16 GiB, 8 cores, 4096
+    /// processes, 64 GiB of disk.
+    pub const DEFAULT_MAXIMA: Limits = Limits {
+        memory_bytes: 16 << 30,
+        pids: 4096,
+        cpu_millis: 8000,
+        disk_bytes: 64 << 30,
+    };
+
+    /// `self` with what the configuration `lookup` sets: `SPACE_<WHICH>_MEMORY_MIB`,
+    /// `_CPUS`, `_PIDS`, `_DISK_MIB` (`WHICH` is `DEFAULT` or `MAX`); unparseable values
+    /// are ignored. `space up` passes its environment to the control plane and the
+    /// workers alike (`|k| std::env::var(k).ok()`), so both see the same values.
+    pub fn configured(self, which: &str, lookup: impl Fn(&str) -> Option<String>) -> Limits {
+        let var = |name: &str| lookup(&format!("SPACE_{which}_{name}"));
+        let mib = |name: &str| var(name).and_then(|v| v.trim().parse::<u64>().ok());
+        Limits {
+            memory_bytes: mib("MEMORY_MIB")
+                .map_or(self.memory_bytes, |m| m.saturating_mul(1 << 20)),
+            pids: var("PIDS")
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(self.pids),
+            cpu_millis: var("CPUS")
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .filter(|c| c.is_finite() && *c > 0.0 && *c <= 1e6)
+                .map_or(self.cpu_millis, |c| (c * 1000.0).round() as u32),
+            disk_bytes: mib("DISK_MIB").map_or(self.disk_bytes, |m| m.saturating_mul(1 << 20)),
+        }
+    }
+}
+
 /// What a worker must run for one execution.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -589,6 +621,35 @@ pub fn rfc3339(unix_secs: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn configured_limits_take_what_parses_and_keep_the_rest() {
+        let env: std::collections::BTreeMap<&str, &str> = [
+            ("SPACE_MAX_MEMORY_MIB", "2048"),
+            ("SPACE_MAX_CPUS", "1.5"),
+            ("SPACE_MAX_PIDS", "not a number"),
+            ("SPACE_DEFAULT_DISK_MIB", "64"),
+        ]
+        .into_iter()
+        .collect();
+        let lookup = |k: &str| env.get(k).map(|v| v.to_string());
+        let max = Limits::DEFAULT_MAXIMA.configured("MAX", lookup);
+        assert_eq!(max.memory_bytes, 2048 << 20);
+        assert_eq!(max.cpu_millis, 1500);
+        assert_eq!(max.pids, Limits::DEFAULT_MAXIMA.pids);
+        assert_eq!(max.disk_bytes, Limits::DEFAULT_MAXIMA.disk_bytes);
+        let defaults = Limits::default().configured("DEFAULT", lookup);
+        assert_eq!(defaults.disk_bytes, 64 << 20);
+        assert_eq!(defaults.memory_bytes, Limits::default().memory_bytes);
+        // Nonsense CPU counts are ignored, not turned into a huge or zero quota.
+        let odd: std::collections::BTreeMap<&str, &str> =
+            [("SPACE_MAX_CPUS", "inf")].into_iter().collect();
+        let lookup = |k: &str| odd.get(k).map(|v| v.to_string());
+        assert_eq!(
+            Limits::DEFAULT_MAXIMA.configured("MAX", lookup).cpu_millis,
+            8000
+        );
+    }
 
     #[test]
     fn rfc3339_formats_known_instants() {

@@ -11,7 +11,7 @@ mod support;
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
-use support::{Cluster, Signer, can_run_jails, http, space_bin};
+use support::{Cluster, Signer, can_run_jails, find_pid, http, jail_pids_of, kill9, space_bin};
 
 fn json(bytes: &[u8]) -> serde_json::Value {
     serde_json::from_slice(bytes)
@@ -212,33 +212,6 @@ fn update_issued_long_ago_is_refused() {
         (status, ack["state"].as_str()),
         (200, Some("paused")),
         "{ack}"
-    );
-}
-
-/// The PID of the process whose command line contains all of `words` (zombies
-/// excluded).
-fn find_pid(words: &[&str]) -> Option<i32> {
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .is_ok_and(|st| st.contains(") Z "));
-        if !zombie && words.iter().all(|w| cmd.contains(w)) {
-            return Some(pid);
-        }
-    }
-    None
-}
-
-fn kill9(pid: i32) {
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
     );
 }
 
@@ -506,37 +479,6 @@ fn space_up_refuses_a_data_directory_or_secret_file_others_can_read() {
 
     // Put right, it starts again with everything it had.
     c.restart();
-}
-
-/// Host PIDs of the processes in a sandbox's cgroups.
-fn jail_pids_of(sandbox: &str) -> Vec<i32> {
-    let mut out = Vec::new();
-    for root in [
-        "/sys/fs/cgroup/pids",
-        "/sys/fs/cgroup/unified",
-        "/sys/fs/cgroup",
-    ] {
-        let Ok(parents) = std::fs::read_dir(root) else {
-            continue;
-        };
-        for parent in parents.flatten() {
-            let Ok(children) = std::fs::read_dir(parent.path()) else {
-                continue;
-            };
-            for child in children.flatten() {
-                let name = child.file_name().to_string_lossy().into_owned();
-                if name == sandbox || name.starts_with(&format!("{sandbox}.")) {
-                    if let Ok(procs) = std::fs::read_to_string(child.path().join("cgroup.procs")) {
-                        out.extend(procs.lines().filter_map(|l| l.parse::<i32>().ok()));
-                    }
-                }
-            }
-        }
-        if !out.is_empty() {
-            break;
-        }
-    }
-    out
 }
 
 /// The host PID of the sandbox's agent (`spaced-guest`).

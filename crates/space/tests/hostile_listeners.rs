@@ -10,57 +10,9 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use support::{Cluster, can_run_jails, http};
+use support::{Cluster, can_run_jails, http, peak_growth, pid_of, reset_peak};
 
 const MIB: u64 = 1 << 20;
-
-fn status_kib(pid: i32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("{field} of {pid}"))
-}
-
-/// Resets the peak RSS of `pid` to its current RSS (`clear_refs` 5); bytes.
-fn reset_peak(pid: i32) -> u64 {
-    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
-    status_kib(pid, "VmHWM:") * 1024
-}
-
-/// Growth of the peak RSS of `pid` over `base` bytes.
-fn peak_growth(pid: i32, base: u64) -> u64 {
-    (status_kib(pid, "VmHWM:") * 1024).saturating_sub(base)
-}
-
-/// The PID of the live process whose command line contains every one of `words`.
-fn pid_of(words: &[&str]) -> i32 {
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        let cmd: Vec<String> = cmd
-            .split(|&b| b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .is_ok_and(|st| st.contains(") Z "));
-        if !zombie && words.iter().all(|w| cmd.iter().any(|a| a == w)) {
-            return pid;
-        }
-    }
-    panic!("no process with {words:?}");
-}
-
-/// `space up` (control plane + edge) of this cluster.
-fn edge_pid(c: &Cluster) -> i32 {
-    let data = c.data_dir();
-    pid_of(&["up", "--listen", data.to_str().unwrap()])
-}
 
 /// The worker `w` (`w1`, `w2`): its PID and node-api address (`host:port`).
 fn worker(c: &Cluster, w: &str) -> (i32, String) {
@@ -179,7 +131,7 @@ fn connections_past_the_limit_are_refused_and_rss_stays_bounded() {
     const LIMIT: usize = 1000;
     let c = Cluster::start_with_env(&[("SPACE_MAX_CONNECTIONS", "1000")]);
     let edge = host_port(&c.url);
-    let edge_pid = edge_pid(&c);
+    let edge_pid = c.edge_pid();
     let (w1_pid, w1) = worker(&c, "w1");
     let (edge_base, w1_base) = (reset_peak(edge_pid), reset_peak(w1_pid));
     // 1,200 clients on each, each holding a head of 60 KiB it never finishes.
@@ -256,7 +208,7 @@ fn unauthenticated_64_mib_bodies_are_refused_before_reading() {
     let c = Cluster::start();
     let id = c.create(&["--worker", "w1"]);
     let edge = host_port(&c.url);
-    let edge_pid = edge_pid(&c);
+    let edge_pid = c.edge_pid();
     let (w1_pid, w1) = worker(&c, "w1");
     let (edge_base, w1_base) = (reset_peak(edge_pid), reset_peak(w1_pid));
     let len = 64 * MIB;
@@ -443,7 +395,7 @@ fn sparse_50_gb_file_in_a_snapshot_keeps_worker_rss_bounded() {
         String::from_utf8_lossy(&out.stderr)
     );
     let (w1_pid, _) = worker(&c, "w1");
-    let edge_pid = edge_pid(&c);
+    let edge_pid = c.edge_pid();
     let (w1_base, edge_base) = (reset_peak(w1_pid), reset_peak(edge_pid));
     let auth = format!("Bearer {}", c.admin_key);
     let start = Instant::now();

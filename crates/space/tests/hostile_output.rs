@@ -6,7 +6,9 @@ mod support;
 
 use std::time::Duration;
 
-use support::{Cluster, can_run_jails, http, http_with};
+use support::{
+    Cluster, can_run_jails, http, http_with, peak_growth, pid_of, reset_peak, status_kib,
+};
 
 const MIB: u64 = 1 << 20;
 /// The default cap of each stream (bytes of the answer's JSON).
@@ -67,49 +69,6 @@ fn exec_direct(
         body.to_string().as_bytes(),
         extra,
     )
-}
-
-fn status_kib(pid: i32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("{field} of {pid}"))
-}
-
-/// Resets the peak RSS of `pid` to its current RSS (`clear_refs` 5) and returns it.
-fn reset_peak(pid: i32) -> u64 {
-    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
-    status_kib(pid, "VmHWM:")
-}
-
-/// The PID of the live process whose command line contains every one of `words`.
-fn pid_of(words: &[&str]) -> i32 {
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        let cmd: Vec<String> = cmd
-            .split(|&b| b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .is_ok_and(|st| st.contains(") Z "));
-        if !zombie && words.iter().all(|w| cmd.iter().any(|a| a == w)) {
-            return pid;
-        }
-    }
-    panic!("no process with {words:?}");
-}
-
-/// `space up` (control plane + edge) of this cluster.
-fn edge_pid(c: &Cluster) -> i32 {
-    let data = c.data_dir();
-    pid_of(&["up", "--listen", data.to_str().unwrap()])
 }
 
 /// The worker process serving sandbox `id`.
@@ -285,12 +244,13 @@ fn exec_timeout_says_timed_out() {
 
 /// Peak RSS growth (KiB) of the edge and of the worker while `run` runs.
 fn peaks_during(c: &Cluster, id: &str, run: impl FnOnce()) -> (u64, u64) {
-    let (edge, worker) = (edge_pid(c), worker_pid(c, id));
+    let (edge, worker) = (c.edge_pid(), worker_pid(c, id));
     let (edge_base, worker_base) = (reset_peak(edge), reset_peak(worker));
     run();
+    // In KiB, as the callers read them.
     (
-        status_kib(edge, "VmHWM:").saturating_sub(edge_base),
-        status_kib(worker, "VmHWM:").saturating_sub(worker_base),
+        peak_growth(edge, edge_base) / 1024,
+        peak_growth(worker, worker_base) / 1024,
     )
 }
 

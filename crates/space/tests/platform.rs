@@ -3,7 +3,7 @@
 
 mod support;
 
-use support::{Cluster, can_run_jails, http};
+use support::{Cluster, can_run_jails, find_pid, http, jail_pids_of, kill9, pid_of};
 
 fn stdout(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
@@ -358,70 +358,6 @@ fn killed_worker_is_restarted_and_its_sandboxes_are_readopted_or_replaced_never_
     assert_eq!(status, 421, "{body}");
     assert_eq!(body["error"], "refresh_route");
     assert_eq!(body["reason"], "stale_generation");
-}
-
-fn kill9(pid: i32) {
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    );
-}
-
-/// The PID of the process whose command line contains all of `words`.
-fn pid_of(words: &[&str]) -> i32 {
-    find_pid(words).unwrap_or_else(|| panic!("no process with {words:?}"))
-}
-
-/// Like [`pid_of`], `None` when there is none (zombies excluded: a killed worker stays
-/// one until its supervisor reaps it).
-fn find_pid(words: &[&str]) -> Option<i32> {
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .is_ok_and(|st| st.contains(") Z "));
-        if !zombie && words.iter().all(|w| cmd.contains(w)) {
-            return Some(pid);
-        }
-    }
-    None
-}
-
-/// Host PIDs of the jail processes of a sandbox, or of one execution given as
-/// `sandbox.execution` (from their cgroups).
-fn jail_pids_of(sandbox: &str) -> Vec<i32> {
-    let mut out = Vec::new();
-    for root in [
-        "/sys/fs/cgroup/pids",
-        "/sys/fs/cgroup/unified",
-        "/sys/fs/cgroup",
-    ] {
-        let Ok(parents) = std::fs::read_dir(root) else {
-            continue;
-        };
-        for parent in parents.flatten() {
-            let Ok(children) = std::fs::read_dir(parent.path()) else {
-                continue;
-            };
-            for child in children.flatten() {
-                let name = child.file_name().to_string_lossy().into_owned();
-                if name == sandbox || name.starts_with(&format!("{sandbox}.")) {
-                    if let Ok(procs) = std::fs::read_to_string(child.path().join("cgroup.procs")) {
-                        out.extend(procs.lines().filter_map(|l| l.parse::<i32>().ok()));
-                    }
-                }
-            }
-        }
-        if !out.is_empty() {
-            break;
-        }
-    }
-    out
 }
 
 #[test]

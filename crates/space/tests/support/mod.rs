@@ -504,3 +504,112 @@ pub fn unix_now() -> u64 {
         .unwrap()
         .as_secs()
 }
+
+// ---- Host processes of a cluster (for kill -9 and peak-RSS checks) ----
+
+/// The PID of a live process (zombies excluded: a killed worker stays one until its
+/// supervisor reaps it) each of whose `words` is one of its arguments, or, for a path,
+/// the start of one (a data dir names every worker's dir below it).
+pub fn find_pid(words: &[&str]) -> Option<i32> {
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmd
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|st| st.contains(") Z "));
+        let matches = |w: &&str| {
+            args.iter()
+                .any(|a| a == w || (w.starts_with('/') && a.starts_with(w)))
+        };
+        if !zombie && words.iter().all(matches) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+/// Like [`find_pid`], panicking when there is none.
+pub fn pid_of(words: &[&str]) -> i32 {
+    find_pid(words).unwrap_or_else(|| panic!("no process with {words:?}"))
+}
+
+/// `kill -9`.
+pub fn kill9(pid: i32) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+}
+
+/// Host PIDs of the jail processes of a sandbox, or of one execution given as
+/// `sandbox.execution` (from their cgroups).
+pub fn jail_pids_of(sandbox: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for root in [
+        "/sys/fs/cgroup/pids",
+        "/sys/fs/cgroup/unified",
+        "/sys/fs/cgroup",
+    ] {
+        let Ok(parents) = std::fs::read_dir(root) else {
+            continue;
+        };
+        for parent in parents.flatten() {
+            let Ok(children) = std::fs::read_dir(parent.path()) else {
+                continue;
+            };
+            for child in children.flatten() {
+                let name = child.file_name().to_string_lossy().into_owned();
+                if name == sandbox || name.starts_with(&format!("{sandbox}.")) {
+                    if let Ok(procs) = std::fs::read_to_string(child.path().join("cgroup.procs")) {
+                        out.extend(procs.lines().filter_map(|l| l.parse::<i32>().ok()));
+                    }
+                }
+            }
+        }
+        if !out.is_empty() {
+            break;
+        }
+    }
+    out
+}
+
+/// A `kB` field of `/proc/PID/status` (`VmHWM:`, `VmRSS:`), in KiB.
+pub fn status_kib(pid: i32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} of {pid}"))
+}
+
+/// Resets the peak RSS of `pid` to its current RSS (`clear_refs` 5); bytes.
+pub fn reset_peak(pid: i32) -> u64 {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+    status_kib(pid, "VmHWM:") * 1024
+}
+
+/// Growth of the peak RSS of `pid` over `base` bytes.
+pub fn peak_growth(pid: i32, base: u64) -> u64 {
+    (status_kib(pid, "VmHWM:") * 1024).saturating_sub(base)
+}
+
+impl Cluster {
+    /// The `space up` process (control plane + edge).
+    pub fn edge_pid(&self) -> i32 {
+        self.child.as_ref().expect("space up runs").id() as i32
+    }
+
+    /// The process of worker `w` (`w1`, `w2`).
+    pub fn worker_pid(&self, w: &str) -> i32 {
+        let dir = self.worker_dir(w);
+        pid_of(&["worker", "--id", w, dir.to_str().unwrap()])
+    }
+}
