@@ -950,10 +950,7 @@ impl ControlPlane {
             size: 0,
             digest: String::new(),
         };
-        let sink = HashingFile {
-            out: std::io::BufWriter::with_capacity(256 << 10, file),
-            hash: blake3::Hasher::new(),
-        };
+        let sink = space_http::HashingFile::new(file);
         let (answer, spooled) = self
             .http
             .call_to_sink(
@@ -1887,24 +1884,6 @@ impl Drop for Archive {
         if let Some(p) = self.path.take() {
             let _ = std::fs::remove_file(p);
         }
-    }
-}
-
-/// A file being written that hashes what goes into it.
-struct HashingFile {
-    out: std::io::BufWriter<std::fs::File>,
-    hash: blake3::Hasher,
-}
-
-impl std::io::Write for HashingFile {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.out.write(buf)?;
-        self.hash.update(&buf[..n]);
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.out.flush()
     }
 }
 

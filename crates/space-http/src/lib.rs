@@ -471,6 +471,38 @@ fn spool<W: std::io::Write + Send + 'static>(
     (tx, done)
 }
 
+/// A file being written (buffered) that hashes what goes into it: where a streamed
+/// archive lands while its BLAKE3 digest is computed on the way.
+#[derive(Debug)]
+pub struct HashingFile {
+    /// The file, buffered.
+    pub out: std::io::BufWriter<std::fs::File>,
+    /// BLAKE3 of every byte written so far.
+    pub hash: blake3::Hasher,
+}
+
+impl HashingFile {
+    /// Writing to `file` through a 256 KiB buffer.
+    pub fn new(file: std::fs::File) -> Self {
+        Self {
+            out: std::io::BufWriter::with_capacity(256 << 10, file),
+            hash: blake3::Hasher::new(),
+        }
+    }
+}
+
+impl std::io::Write for HashingFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
 /// Streams a request or answer body into `sink` (on a blocking thread, a bounded queue
 /// of chunks between), failing with [`std::io::ErrorKind::FileTooLarge`] once it passes
 /// `limit` bytes: what a server does with a large body it has authorized. Returns

@@ -845,24 +845,6 @@ pub mod http {
         }
     }
 
-    /// A file being written that hashes what goes into it.
-    struct Hashing {
-        out: std::io::BufWriter<std::fs::File>,
-        hash: blake3::Hasher,
-    }
-
-    impl std::io::Write for Hashing {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            let n = self.out.write(buf)?;
-            self.hash.update(&buf[..n]);
-            Ok(n)
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            self.out.flush()
-        }
-    }
-
     /// Receives a sandbox's writable layer for its next execution here. The signed
     /// update (header `space-update`) names the archive's digest and size and is
     /// verified before a byte of the body is read; the body is then streamed to a file
@@ -903,10 +885,7 @@ pub mod http {
             Ok(f) => f,
             Err(e) => return refused(500, format!("spool: {e}")),
         };
-        let sink = Hashing {
-            out: std::io::BufWriter::with_capacity(256 << 10, file),
-            hash: blake3::Hasher::new(),
-        };
+        let sink = space_http::HashingFile::new(file);
         let (sink, received) = match space_http::spool_body(body, size, sink).await {
             Ok(v) => v,
             Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
