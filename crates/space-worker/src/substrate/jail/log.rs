@@ -18,6 +18,9 @@ use rustix::event::epoll;
 /// Largest `jail.log`: past it, output is read and dropped, and one line says so.
 pub const MAX_LOG_BYTES: u64 = 1 << 20;
 
+/// Reads of one pipe per wake-up of the thread (64 KiB each).
+const READS_PER_WAKE: usize = 16;
+
 struct Entry {
     pipe: File,
     log: File,
@@ -124,13 +127,16 @@ impl Inner {
         }
     }
 
-    /// Copies what `raw`'s pipe holds; forgets the pipe at end of file.
+    /// Copies what `raw`'s pipe holds, at most [`READS_PER_WAKE`] reads (epoll is
+    /// level-triggered: a pipe with more comes back on the next wait, after the others,
+    /// so one busy jail cannot starve the rest or hold up new launches); forgets the
+    /// pipe at end of file.
     fn drain(&self, raw: i32, buf: &mut [u8]) {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         let Some(entry) = entries.get_mut(&raw) else {
             return;
         };
-        loop {
+        for _ in 0..READS_PER_WAKE {
             match entry.pipe.read(buf) {
                 Ok(0) => {
                     let _ = epoll::delete(&self.epoll, entry.pipe.as_fd());
