@@ -1599,6 +1599,10 @@ impl ControlPlane {
             issued_at: now_secs(),
             size: body.len() as u64,
             digest: blake3::hash(body).to_hex().to_string(),
+            nonce: random_bytes::<16>()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect(),
         })
         .map_err(|e| ApiError::internal(format!("encode delivery: {e}")))?;
         let keys = self.keys().await;

@@ -276,23 +276,37 @@ pub fn replace_file(
             return Err(e);
         }
         // A directory with contents where the file belongs: moved aside (within
-        // `dir`, never followed), so the sandbox keeps its files and still starts.
-        let aside = CString::new(format!("{name}.replaced-by-space"))
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in name"))?;
-        // SAFETY: renameat2 with NUL-terminated names relative to `dir`;
-        // RENAME_NOREPLACE never overwrites what is at the new name.
-        let rc = unsafe {
-            libc::renameat2(
-                dir.as_raw_fd(),
-                cname.as_ptr(),
-                dir.as_raw_fd(),
-                aside.as_ptr(),
-                libc::RENAME_NOREPLACE,
-            )
-        };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
+        // `dir`, never followed, to the first free name), so the sandbox keeps its
+        // files and still starts.
+        let mut moved = Err(io::Error::from_raw_os_error(libc::EEXIST));
+        for n in 0..1000u32 {
+            let aside = match n {
+                0 => format!("{name}.replaced-by-space"),
+                n => format!("{name}.replaced-by-space.{n}"),
+            };
+            let aside = CString::new(aside)
+                .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in name"))?;
+            // SAFETY: renameat2 with NUL-terminated names relative to `dir`;
+            // RENAME_NOREPLACE never overwrites what is at the new name.
+            let rc = unsafe {
+                libc::renameat2(
+                    dir.as_raw_fd(),
+                    cname.as_ptr(),
+                    dir.as_raw_fd(),
+                    aside.as_ptr(),
+                    libc::RENAME_NOREPLACE,
+                )
+            };
+            moved = if rc == 0 {
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error())
+            };
+            if !matches!(&moved, Err(e) if e.raw_os_error() == Some(libc::EEXIST)) {
+                break;
+            }
         }
+        moved?;
     }
     let fd = open_beneath(
         dir,
@@ -483,6 +497,15 @@ mod tests {
         assert_eq!(
             std::fs::read_to_string(jail.path().join("etc/passwd.replaced-by-space/mine")).unwrap(),
             "kept"
+        );
+        // Again (the sandbox did it twice): the next free name, still no failure.
+        std::fs::remove_file(jail.path().join("etc/passwd")).unwrap();
+        std::fs::create_dir_all(jail.path().join("etc/passwd/again")).unwrap();
+        replace_file(etc.as_fd(), "passwd", b"root:x:0:0::/root:/bin/sh\n", 0o644).unwrap();
+        assert!(
+            jail.path()
+                .join("etc/passwd.replaced-by-space.1/again")
+                .is_dir()
         );
     }
 

@@ -561,6 +561,9 @@ pub struct Delivery {
     pub size: u64,
     /// BLAKE3 of the body, lowercase hex.
     pub digest: String,
+    /// Random, hex: every delivery header is new, so a worker remembers each as used
+    /// (a replayed header is refused before its body is read).
+    pub nonce: String,
 }
 
 /// Clock difference between control plane and worker tolerated either way, in seconds

@@ -206,6 +206,27 @@ impl Call<Vec<u8>> {
     }
 }
 
+impl Call<(Vec<u8>, bool)> {
+    /// Reads at most `max_bytes` of a file, from its start; the flag says whether the
+    /// file holds more (the read was cut at `max_bytes`).
+    pub fn read_file_up_to(path: &str, max_bytes: u64) -> Self {
+        let op = Operation::ReadFile {
+            path: path.into(),
+            offset: 0,
+            max_bytes,
+        };
+        let mut out = Vec::new();
+        Self::new(op, Vec::new(), move |body| match body {
+            AgentBody::FileData(chunk) => {
+                out.extend_from_slice(&chunk);
+                Ok(None)
+            }
+            AgentBody::ReadEnd { truncated, .. } => Ok(Some((std::mem::take(&mut out), truncated))),
+            other => Err(other),
+        })
+    }
+}
+
 impl Call<u64> {
     /// Replaces a file atomically with `data`; the result is the bytes written.
     pub fn write_file(path: &str, data: &[u8], mode: Option<u32>) -> Self {

@@ -560,3 +560,36 @@ fn a_killed_agent_is_relaunched_as_a_new_execution() {
     }
     eprintln!("relaunched in {took:?}; answers meanwhile: {statuses:?}");
 }
+
+#[test]
+fn a_replayed_delivery_header_is_refused_before_its_body_is_read() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let id = c.create(&["--worker", "w1"]);
+    let cap = capability(&c, &id);
+    let url = format!("{}/internal/v1/updates", worker_url(&cap));
+    let signer = Signer::of(&c);
+    let pause = signer.update("w1", on_execution("pause", &id, &cap));
+    // A delivery header captured with its request, sent again at once.
+    let header = signer.delivery("w1", pause.as_bytes());
+    let (status, _) = support::post_delivered(&url, &header, pause.as_bytes());
+    assert_eq!(status, 200);
+    let (status, answer) = support::post_delivered(&url, &header, pause.as_bytes());
+    let answer = String::from_utf8_lossy(&answer);
+    assert_eq!(status, 409, "{answer}");
+    assert!(answer.contains("replayed_delivery"), "{answer}");
+    // Fresh deliveries go on.
+    let (status, ack) = post(
+        &signer,
+        &url,
+        &signer.update("w1", on_execution("resume", &id, &cap)),
+    );
+    assert_eq!(
+        (status, ack["state"].as_str()),
+        (200, Some("running")),
+        "{ack}"
+    );
+    assert!(serves(&c, &id));
+}

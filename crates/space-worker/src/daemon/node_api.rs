@@ -1045,8 +1045,21 @@ async fn read_file(
     Query(q): Query<PathQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let read = |path: &str| Call::read_file(path, MAX_FILE as u64);
-    let respond = |data: Vec<u8>| {
+    let read = |path: &str| Call::read_file_up_to(path, MAX_FILE as u64);
+    // Never a silently cut file: one larger than the answer's limit is refused.
+    let respond = |(data, cut): (Vec<u8>, bool)| {
+        if cut {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!(
+                    "the file is larger than {} MiB, the most a read returns; read it \
+                     through a streaming exec (e.g. `space exec --stream ID -- cat FILE`)",
+                    MAX_FILE >> 20
+                ),
+                None,
+            );
+        }
         ([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response()
     };
     file_op(

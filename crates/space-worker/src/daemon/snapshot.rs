@@ -124,70 +124,119 @@ struct Packer<W: Write> {
     planned: u64,
 }
 
-impl<W: Write> Packer<W> {
-    fn add_tree(&mut self, root: &Path, rel: &Path) -> io::Result<()> {
-        let limit = self.b.get_ref().limit;
+/// Deepest directory a layer may nest: the walk is iterative (a deep tree cannot
+/// overflow the worker's stack), and this bounds its bookkeeping.
+pub const MAX_DEPTH: usize = 4096;
+
+/// One directory being walked: its path in the layer and its entries, sorted, from
+/// `next` on still to visit.
+struct Level {
+    rel: PathBuf,
+    entries: Vec<fs::DirEntry>,
+    next: usize,
+}
+
+impl Level {
+    fn read(root: &Path, rel: PathBuf) -> io::Result<Self> {
         let mut entries: Vec<fs::DirEntry> =
-            fs::read_dir(root.join(rel))?.collect::<Result<_, _>>()?;
+            fs::read_dir(root.join(&rel))?.collect::<Result<_, _>>()?;
         entries.sort_by_key(|e| e.file_name());
-        for e in entries {
-            let rel = rel.join(e.file_name());
-            let path = root.join(&rel);
-            let meta = fs::symlink_metadata(&path)?;
-            let ft = meta.file_type();
-            let xattrs = overlay_xattrs(&path);
-            let pax: Vec<(String, Vec<u8>)> = xattrs
-                .into_iter()
-                .map(|(k, v)| (format!("SCHILY.xattr.{k}"), v))
-                .collect();
-            // Headers, long names and extension records: a generous bound per entry.
-            self.planned += 3 * 512 + rel.as_os_str().len() as u64;
-            if ft.is_file() {
-                // A sparse file counts at its apparent size: refused before a byte of
-                // it is read, however few blocks it really holds.
-                self.planned += entry_bytes(meta.len());
-                if self.planned > limit {
-                    return Err(over_limit(
-                        limit,
-                        &format!(
-                            "/{} is {} (sparse files count at their apparent size)",
-                            rel.display(),
-                            size_words(meta.len())
-                        ),
-                    ));
-                }
-            }
-            if ft.is_char_device() && meta.rdev() == 0 {
-                self.b.append_pax_extensions([(WHITEOUT_KEY, &b"1"[..])])?;
-                let mut h = header_for(&meta, tar::EntryType::Regular, 0);
-                self.b.append_data(&mut h, &rel, io::empty())?;
+        Ok(Self {
+            rel,
+            entries,
+            next: 0,
+        })
+    }
+}
+
+impl<W: Write> Packer<W> {
+    /// Archives the tree below `root`, depth first, each directory before its
+    /// entries, in name order (the same tree gives the same archive). Iterative: the
+    /// layer is the sandbox's, and it may nest as deep as it likes.
+    fn add_tree(&mut self, root: &Path) -> io::Result<()> {
+        let mut stack = vec![Level::read(root, PathBuf::new())?];
+        while let Some(level) = stack.last_mut() {
+            let Some(e) = level.entries.get(level.next) else {
+                stack.pop();
                 continue;
+            };
+            level.next += 1;
+            let rel = level.rel.join(e.file_name());
+            if self.add_entry(root, &rel)? {
+                if stack.len() >= MAX_DEPTH {
+                    return Err(io::Error::other(format!(
+                        "the writable layer nests deeper than {MAX_DEPTH} directories (at /{})",
+                        rel.display()
+                    )));
+                }
+                stack.push(Level::read(root, rel)?);
             }
-            if !pax.is_empty() {
-                self.b
-                    .append_pax_extensions(pax.iter().map(|(k, v)| (k.as_str(), v.as_slice())))?;
-            }
-            if ft.is_dir() {
-                let mut h = header_for(&meta, tar::EntryType::Directory, 0);
-                self.b.append_data(&mut h, &rel, io::empty())?;
-                self.add_tree(root, &rel)?;
-            } else if ft.is_file() {
-                // Never through a symlink (the tree is the sandbox's).
-                let f = fs::OpenOptions::new()
-                    .read(true)
-                    .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-                    .open(&path)?;
-                let mut h = header_for(&meta, tar::EntryType::Regular, meta.len());
-                // Exactly the size in the header, whatever the file holds now.
-                self.b
-                    .append_data(&mut h, &rel, ExactLen::new(f, meta.len()))?;
-            } else if ft.is_symlink() {
-                let mut h = header_for(&meta, tar::EntryType::Symlink, 0);
-                self.b.append_link(&mut h, &rel, fs::read_link(&path)?)?;
-            }
-            // Sockets, FIFOs and other devices do not survive a snapshot.
         }
         Ok(())
+    }
+
+    /// Archives one entry; `true` when it is a directory whose entries come next.
+    fn add_entry(&mut self, root: &Path, rel: &Path) -> io::Result<bool> {
+        let limit = self.b.get_ref().limit;
+        let path = root.join(rel);
+        let meta = fs::symlink_metadata(&path)?;
+        let ft = meta.file_type();
+        let xattrs = overlay_xattrs(&path);
+        let pax: Vec<(String, Vec<u8>)> = xattrs
+            .into_iter()
+            .map(|(k, v)| (format!("SCHILY.xattr.{k}"), v))
+            .collect();
+        // Headers, long names and extension records: a generous bound per entry.
+        self.planned += 3 * 512 + rel.as_os_str().len() as u64;
+        if self.planned > limit {
+            return Err(over_limit(limit, &format!("at /{}", rel.display())));
+        }
+        if ft.is_file() {
+            // A sparse file counts at its apparent size: refused before a byte of
+            // it is read, however few blocks it really holds.
+            self.planned += entry_bytes(meta.len());
+            if self.planned > limit {
+                return Err(over_limit(
+                    limit,
+                    &format!(
+                        "/{} is {} (sparse files count at their apparent size)",
+                        rel.display(),
+                        size_words(meta.len())
+                    ),
+                ));
+            }
+        }
+        if ft.is_char_device() && meta.rdev() == 0 {
+            self.b.append_pax_extensions([(WHITEOUT_KEY, &b"1"[..])])?;
+            let mut h = header_for(&meta, tar::EntryType::Regular, 0);
+            self.b.append_data(&mut h, rel, io::empty())?;
+            return Ok(false);
+        }
+        if !pax.is_empty() {
+            self.b
+                .append_pax_extensions(pax.iter().map(|(k, v)| (k.as_str(), v.as_slice())))?;
+        }
+        if ft.is_dir() {
+            let mut h = header_for(&meta, tar::EntryType::Directory, 0);
+            self.b.append_data(&mut h, rel, io::empty())?;
+            return Ok(true);
+        }
+        if ft.is_file() {
+            // Never through a symlink (the tree is the sandbox's).
+            let f = fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(&path)?;
+            let mut h = header_for(&meta, tar::EntryType::Regular, meta.len());
+            // Exactly the size in the header, whatever the file holds now.
+            self.b
+                .append_data(&mut h, rel, ExactLen::new(f, meta.len()))?;
+        } else if ft.is_symlink() {
+            let mut h = header_for(&meta, tar::EntryType::Symlink, 0);
+            self.b.append_link(&mut h, rel, fs::read_link(&path)?)?;
+        }
+        // Sockets, FIFOs and other devices do not survive a snapshot.
+        Ok(false)
     }
 }
 
@@ -249,7 +298,7 @@ pub fn pack_into<W: Write>(upper: &Path, out: W, limit: u64) -> io::Result<Packe
         planned: 1024,
     };
     p.b.mode(tar::HeaderMode::Complete);
-    p.add_tree(upper, Path::new(""))?;
+    p.add_tree(upper)?;
     let mut sink = p.b.into_inner()?;
     sink.flush()?;
     Ok(Packed {
@@ -306,7 +355,16 @@ fn refused_entry(rel: &Path, why: &str) -> io::Error {
 /// `rel` as a path under `dest` whose every component is a plain name, whose parents
 /// are real directories under `dest` (created if missing, never through a symlink),
 /// and which does not exist yet — unless `dir_ok` and it is a real directory.
-fn place(dest: &Path, rel: &Path, dir_ok: bool) -> io::Result<PathBuf> {
+///
+/// `real_dirs` holds the directories this unpack already checked or made: nothing
+/// else changes `dest` meanwhile and no entry may replace one, so each is checked
+/// once (a deep layer costs one check per directory, not one per entry and level).
+fn place(
+    dest: &Path,
+    rel: &Path,
+    dir_ok: bool,
+    real_dirs: &mut std::collections::HashSet<PathBuf>,
+) -> io::Result<PathBuf> {
     let names: Vec<&std::ffi::OsStr> = rel
         .components()
         .map(|c| match c {
@@ -321,8 +379,14 @@ fn place(dest: &Path, rel: &Path, dir_ok: bool) -> io::Result<PathBuf> {
         return Err(refused_entry(rel, "empty path"));
     };
     let mut at = dest.to_path_buf();
+    // A directory is recorded only once all its parents were: when the entry's
+    // parent is known, so are the others.
+    let parent_known = real_dirs.contains(&dest.join(parents.iter().collect::<PathBuf>()));
     for name in parents {
         at.push(name);
+        if parent_known || real_dirs.contains(&at) {
+            continue;
+        }
         match fs::symlink_metadata(&at) {
             Ok(m) if m.file_type().is_dir() => {}
             Ok(_) => {
@@ -334,6 +398,7 @@ fn place(dest: &Path, rel: &Path, dir_ok: bool) -> io::Result<PathBuf> {
             Err(e) if e.kind() == io::ErrorKind::NotFound => fs::create_dir(&at)?,
             Err(e) => return Err(e),
         }
+        real_dirs.insert(at.clone());
     }
     at.push(last);
     match fs::symlink_metadata(&at) {
@@ -352,6 +417,7 @@ fn place(dest: &Path, rel: &Path, dir_ok: bool) -> io::Result<PathBuf> {
 /// earlier entry made, or over an existing path, is refused.
 pub fn unpack<R: Read>(archive: R, dest: &Path) -> io::Result<()> {
     fs::create_dir(dest)?;
+    let mut real_dirs = std::collections::HashSet::new();
     let mut a = tar::Archive::new(archive);
     a.set_preserve_permissions(true);
     a.set_preserve_ownerships(true);
@@ -381,7 +447,7 @@ pub fn unpack<R: Read>(archive: R, dest: &Path) -> io::Result<()> {
             if kind != tar::EntryType::Regular || entry.size() != 0 {
                 return Err(refused_entry(&rel, "a whiteout holds no data"));
             }
-            let at = place(dest, &rel, false)?;
+            let at = place(dest, &rel, false, &mut real_dirs)?;
             nix::sys::stat::mknod(
                 &at,
                 nix::sys::stat::SFlag::S_IFCHR,
@@ -392,8 +458,10 @@ pub fn unpack<R: Read>(archive: R, dest: &Path) -> io::Result<()> {
             continue;
         }
         let at = match kind {
-            tar::EntryType::Directory => place(dest, &rel, true)?,
-            tar::EntryType::Regular | tar::EntryType::Symlink => place(dest, &rel, false)?,
+            tar::EntryType::Directory => place(dest, &rel, true, &mut real_dirs)?,
+            tar::EntryType::Regular | tar::EntryType::Symlink => {
+                place(dest, &rel, false, &mut real_dirs)?
+            }
             tar::EntryType::Link => return Err(refused_entry(&rel, "hard links are refused")),
             tar::EntryType::Char | tar::EntryType::Block => {
                 return Err(refused_entry(
@@ -411,6 +479,9 @@ pub fn unpack<R: Read>(archive: R, dest: &Path) -> io::Result<()> {
         // `place` made sure `at` is new (or a real directory) under real directories;
         // tar creates files with O_EXCL and symlinks without following anything.
         entry.unpack(&at)?;
+        if kind == tar::EntryType::Directory {
+            real_dirs.insert(at.clone());
+        }
         for (name, value) in xattrs {
             rustix::fs::lsetxattr(
                 at.as_path(),
@@ -482,6 +553,58 @@ mod tests {
         }
         // The same tree gives the same archive.
         assert_eq!(digest(&pack(&src).unwrap()), digest(&archive));
+    }
+
+    /// `depth` nested directories `d/d/…` below `root`, made relative to descriptors.
+    fn nest(root: &Path, depth: usize) {
+        use rustix::fs::{Mode, OFlags};
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let mut dir = rustix::fs::open(root, flags, Mode::empty()).unwrap();
+        for _ in 0..depth {
+            rustix::fs::mkdirat(&dir, c"d", Mode::from_raw_mode(0o755)).unwrap();
+            dir = rustix::fs::openat(&dir, c"d", flags, Mode::empty()).unwrap();
+        }
+    }
+
+    /// Runs `f` on a thread with the 2 MiB stack of a runtime's blocking threads.
+    fn on_small_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(f)
+            .unwrap()
+            .join()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_deeply_nested_layer_packs_on_a_small_stack_or_is_refused_never_crashing() {
+        let t = tempfile::tempdir().unwrap();
+        // Deep, but its paths still fit PATH_MAX: packed and unpacked whole (the
+        // recursive walk overflowed a 2 MiB stack at some 1,400 levels).
+        let deep = t.path().join("deep");
+        fs::create_dir(&deep).unwrap();
+        nest(&deep, 1_900);
+        let archive = on_small_stack({
+            let deep = deep.clone();
+            move || pack(&deep)
+        })
+        .unwrap();
+        let dst = t.path().join("restored");
+        unpack(&archive[..], &dst).unwrap();
+        let mut depth = 0;
+        let mut at = dst.clone();
+        while at.join("d").is_dir() {
+            at.push("d");
+            depth += 1;
+        }
+        assert_eq!(depth, 1_900);
+        // Deeper than any path can name: a clear error, and the worker lives on.
+        let deeper = t.path().join("deeper");
+        fs::create_dir(&deeper).unwrap();
+        nest(&deeper, 4_000);
+        let refused = on_small_stack(move || pack(&deeper));
+        assert!(refused.is_err());
+        crate::substrate::tree::remove_tree(&t.path().join("deeper")).unwrap();
     }
 
     #[test]

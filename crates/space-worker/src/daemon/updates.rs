@@ -159,7 +159,16 @@ pub fn check_delivery(
     if delivery.worker != worker.id.as_str() {
         return Err(refuse(403, "delivery addressed to another worker"));
     }
-    check_fresh(delivery.issued_at, now_secs())?;
+    let now = now_secs();
+    check_fresh(delivery.issued_at, now)?;
+    // Used once: a captured header cannot make this worker read its body again (the
+    // update inside would be refused as a replay, but only after reading it).
+    if !first_delivery(&signature, delivery.issued_at, now) {
+        return Err(refuse(
+            409,
+            "replayed_delivery: this delivery header was used before",
+        ));
+    }
     if delivery.size > MAX_UPDATE_BODY {
         return Err(refuse(
             413,
@@ -167,6 +176,29 @@ pub fn check_delivery(
         ));
     }
     Ok(delivery)
+}
+
+/// Delivery signatures seen within the freshness window, with their `issued_at`
+/// (older ones are refused by their time already, and forgotten).
+static SEEN_DELIVERIES: std::sync::Mutex<Option<std::collections::HashMap<[u8; 64], u64>>> =
+    std::sync::Mutex::new(None);
+
+/// Most delivery signatures remembered at once (≈ 8 MiB); past it a delivery is
+/// refused rather than remembered without bound (far above any real update rate).
+const MAX_SEEN_DELIVERIES: usize = 100_000;
+
+/// Whether `signature` is new in the window; records it.
+fn first_delivery(signature: &[u8; 64], issued_at: u64, now: u64) -> bool {
+    let mut seen = SEEN_DELIVERIES.lock().unwrap_or_else(|p| p.into_inner());
+    let seen = seen.get_or_insert_with(Default::default);
+    let window = UPDATE_MAX_AGE_SECS + 2 * UPDATE_CLOCK_SKEW_SECS;
+    if seen.len() >= MAX_SEEN_DELIVERIES {
+        seen.retain(|_, at| at.saturating_add(window) >= now);
+        if seen.len() >= MAX_SEEN_DELIVERIES {
+            return false;
+        }
+    }
+    seen.insert(*signature, issued_at).is_none()
 }
 
 /// Refuses an `issued_at` outside the freshness window around `now`.
@@ -397,7 +429,8 @@ async fn retire_execution(
         worker.teardown(&r, launch::Layer::Discard).await;
         // A retired sandbox's kept layer (from an earlier crash) goes too.
         if drop_kept_layer {
-            let _ = std::fs::remove_dir_all(launch::kept_layer(&worker.data_dir, sandbox));
+            let _ =
+                crate::substrate::tree::remove_tree(&launch::kept_layer(&worker.data_dir, sandbox));
         }
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod jail;
 pub mod process;
+pub mod tree;
 
 use std::path::PathBuf;
 

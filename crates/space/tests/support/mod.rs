@@ -448,6 +448,7 @@ impl Signer {
             "issued_at": unix_now(),
             "size": body.len(),
             "digest": blake3::hash(body).to_hex().to_string(),
+            "nonce": format!("{:032x}", rand_u128()),
         })
         .to_string();
         let signature = self.anchor.sign_delivery(descriptor.as_bytes());
@@ -457,28 +458,35 @@ impl Signer {
     /// POSTs an update request body to a worker's `/internal/v1/updates` with a valid
     /// delivery header for `worker`, as the control plane does.
     pub fn post_update(&self, url: &str, worker: &str, body: &[u8]) -> (u16, Vec<u8>) {
-        let delivery = self.delivery(worker, body);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let a = space_http::HttpClient::new(Duration::from_secs(60))
-                .call(
-                    hyper::Method::POST,
-                    url,
-                    &[
-                        ("content-type", "application/json"),
-                        ("space-delivery", delivery.as_str()),
-                    ],
-                    bytes::Bytes::copy_from_slice(body),
-                )
-                .await
-                .unwrap();
-            (a.status.as_u16(), a.body.to_vec())
-        })
+        post_delivered(url, &self.delivery(worker, body), body)
     }
+}
 
+/// POSTs `body` to a worker's `/internal/v1/updates` under the delivery header
+/// `delivery` (see [`Signer::delivery`]).
+pub fn post_delivered(url: &str, delivery: &str, body: &[u8]) -> (u16, Vec<u8>) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let a = space_http::HttpClient::new(Duration::from_secs(60))
+            .call(
+                hyper::Method::POST,
+                url,
+                &[
+                    ("content-type", "application/json"),
+                    ("space-delivery", delivery),
+                ],
+                bytes::Bytes::copy_from_slice(body),
+            )
+            .await
+            .unwrap();
+        (a.status.as_u16(), a.body.to_vec())
+    })
+}
+
+impl Signer {
     /// A signed update for `worker` issued now, under a freshly reserved number.
     pub fn update(&self, worker: &str, update: serde_json::Value) -> String {
         self.update_at(worker, unix_now(), update)
@@ -612,4 +620,11 @@ impl Cluster {
         let dir = self.worker_dir(w);
         pid_of(&["worker", "--id", w, dir.to_str().unwrap()])
     }
+}
+
+/// 128 random bits.
+pub fn rand_u128() -> u128 {
+    let mut b = [0u8; 16];
+    rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).unwrap();
+    u128::from_le_bytes(b)
 }

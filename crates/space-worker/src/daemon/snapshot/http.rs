@@ -166,7 +166,7 @@ pub async fn layer(
     let result = tokio::task::spawn_blocking(move || {
         use std::io::Seek;
         file.seek(std::io::SeekFrom::Start(0))?;
-        let _ = std::fs::remove_dir_all(&incoming);
+        let _ = crate::substrate::tree::remove_tree(&incoming);
         if let Some(parent) = incoming.parent() {
             std::fs::create_dir_all(parent)?;
         }
@@ -176,10 +176,10 @@ pub async fn layer(
             .map_err(std::io::Error::other)?;
         let unpacked = super::unpack(std::io::BufReader::new(file), &upper);
         if let Err(e) = unpacked {
-            let _ = std::fs::remove_dir_all(&incoming);
+            let _ = crate::substrate::tree::remove_tree(&incoming);
             return Err(e);
         }
-        let _ = std::fs::remove_dir_all(&dest);
+        let _ = crate::substrate::tree::remove_tree(&dest);
         std::fs::rename(&incoming, &dest)
     })
     .await;

@@ -328,7 +328,7 @@ fn adopt_legacy_layers(data_dir: &Path, kept: &Path) {
                 tracing::info!(layer = %to.display(), "kept layer moved onto the disk volume")
             }
             Err(e) => {
-                let _ = fs::remove_dir_all(&to);
+                let _ = crate::substrate::tree::remove_tree(&to);
                 tracing::warn!(layer = %from.display(), error = %e, "kept layer not moved");
             }
         }
@@ -351,7 +351,7 @@ fn move_tree(from: &Path, to: &Path) -> Result<(), SubstrateError> {
         .args(["-a", "--no-target-directory"])
         .arg(from)
         .arg(to))?;
-    fs::remove_dir_all(from).map_err(io_err(format!("remove {}", from.display())))
+    crate::substrate::tree::remove_tree(from).map_err(io_err(format!("remove {}", from.display())))
 }
 
 fn subvol_create(parent: &Path, name: &str) -> Result<(), SubstrateError> {
@@ -486,7 +486,7 @@ fn remove_scratch(path: &Path) {
     match fs::symlink_metadata(path) {
         Ok(m) if m.is_dir() => {
             super::make_removable(path);
-            let _ = fs::remove_dir_all(path);
+            let _ = crate::substrate::tree::remove_tree(path);
         }
         Ok(_) => {
             let _ = fs::remove_file(path);
@@ -514,7 +514,8 @@ pub fn keep_layer(sandbox_dir: &Path, dest: &Path) -> Result<(), SubstrateError>
     match fs::symlink_metadata(dest) {
         Ok(m) if m.is_dir() => {
             super::make_removable(dest);
-            fs::remove_dir_all(dest).map_err(io_err(format!("remove {}", dest.display())))?;
+            crate::substrate::tree::remove_tree(dest)
+                .map_err(io_err(format!("remove {}", dest.display())))?;
         }
         Ok(_) => fs::remove_file(dest).map_err(io_err(format!("remove {}", dest.display())))?,
         Err(_) => {}

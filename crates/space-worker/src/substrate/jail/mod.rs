@@ -501,7 +501,7 @@ impl JailDriver {
         if matches!(handle.cgroups, CgroupSet::None) {
             make_removable(&handle.sandbox_dir);
         }
-        match fs::remove_dir_all(&handle.sandbox_dir) {
+        match crate::substrate::tree::remove_tree(&handle.sandbox_dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {
@@ -607,6 +607,7 @@ impl Drop for LaunchCleanup {
         if self.disarmed {
             return;
         }
+        let mut emptied = true;
         if let Some(cgroups) = &self.cgroups {
             let _ = cgroups.kill_all();
         }
@@ -617,7 +618,7 @@ impl Drop for LaunchCleanup {
         if let Some(cgroups) = &self.cgroups {
             // An init forked before the failure is our child (subreaper) too.
             reap_children_of_this_process(&cgroups.procs().unwrap_or_default());
-            let _ = cgroups.wait_empty();
+            emptied = cgroups.wait_empty().is_ok();
             let _ = cgroups.remove();
         }
         if let Some((socket, inode)) = &self.socket {
@@ -627,11 +628,19 @@ impl Drop for LaunchCleanup {
             let _ = fs::rename(now, was);
         }
         if let Some(dir) = &self.sandbox_dir {
-            let _ = fs::remove_dir_all(dir);
+            let _ = crate::substrate::tree::remove_tree(dir);
         }
         // Only once no process of the jail is left (above): the range is free again.
+        // Processes that would not die keep it, so no other jail ever shares it.
         if let Some((ranges, base)) = &self.uid_range {
-            ranges.release(*base);
+            if emptied {
+                ranges.release(*base);
+            } else {
+                tracing::warn!(
+                    base,
+                    "a failed launch left processes: its uid range stays taken"
+                );
+            }
         }
     }
 }
@@ -639,21 +648,24 @@ impl Drop for LaunchCleanup {
 /// Rootless jails leave directories that only root inside could enter (overlayfs's
 /// `work/work` is mode 000); they belong to this user, so it can open them up.
 fn make_removable(dir: &Path) {
-    let Ok(meta) = fs::symlink_metadata(dir) else {
-        return;
-    };
-    if !meta.is_dir() {
-        return;
-    }
-    if meta.permissions().mode() & 0o700 != 0o700 {
-        let _ = fs::set_permissions(
-            dir,
-            fs::Permissions::from_mode(meta.permissions().mode() | 0o700),
-        );
-    }
-    if let Ok(entries) = fs::read_dir(dir) {
-        for e in entries.flatten() {
-            make_removable(&e.path());
+    // Iterative: the tree is the sandbox's and may nest deeper than a stack allows
+    // (a path past PATH_MAX just stops the walk there).
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        let Ok(meta) = fs::symlink_metadata(&dir) else {
+            continue;
+        };
+        if !meta.is_dir() {
+            continue;
+        }
+        if meta.permissions().mode() & 0o700 != 0o700 {
+            let _ = fs::set_permissions(
+                &dir,
+                fs::Permissions::from_mode(meta.permissions().mode() | 0o700),
+            );
+        }
+        if let Ok(entries) = fs::read_dir(&dir) {
+            todo.extend(entries.flatten().map(|e| e.path()));
         }
     }
 }

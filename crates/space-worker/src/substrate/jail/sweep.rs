@@ -131,7 +131,7 @@ pub fn sweep_leftovers(
     for (name, path) in sandboxes {
         // Kept layers wait there for their sandbox's next execution.
         if !kept_dirs.contains(&name) && name != super::disk::KEPT_DIR {
-            fs::remove_dir_all(&path)
+            crate::substrate::tree::remove_tree(&path)
                 .map_err(|e| SubstrateError::io(format!("remove {}", path.display()), e))?;
             report.removed_dirs += 1;
         }
@@ -144,13 +144,13 @@ pub fn sweep_leftovers(
     for (_, path) in runs.into_iter().filter(|(n, _)| {
         !kept_sandboxes.contains(n.as_str()) && !kept_runs.contains(std::ffi::OsStr::new(n))
     }) {
-        fs::remove_dir_all(&path)
+        crate::substrate::tree::remove_tree(&path)
             .map_err(|e| SubstrateError::io(format!("remove {}", path.display()), e))?;
         report.removed_dirs += 1;
     }
     for (name, path) in entries(&data_dir.join("templates")).unwrap_or_default() {
         if name.starts_with(".default.") {
-            let _ = fs::remove_dir_all(path);
+            let _ = crate::substrate::tree::remove_tree(&path);
         }
     }
     Ok(report)
