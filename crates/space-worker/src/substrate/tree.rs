@@ -31,8 +31,8 @@ fn open_dir<Fd: std::os::fd::AsFd>(at: Fd, name: &CString) -> io::Result<OwnedFd
 fn clear_files(dir: &OwnedFd) -> io::Result<Option<CString>> {
     // A fresh open file description: listing restarts from the beginning.
     let listing = open_dir(dir, &CString::from(c"."))?;
-    let mut entries = rustix::fs::Dir::read_from(&listing)?;
-    while let Some(entry) = entries.next() {
+    let entries = rustix::fs::Dir::read_from(&listing)?;
+    for entry in entries {
         let entry = entry?;
         let name = entry.file_name();
         if name == c"." || name == c".." {
