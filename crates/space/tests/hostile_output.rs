@@ -353,3 +353,49 @@ fn many_large_idempotent_answers_keep_the_worker_cache_bounded() {
     let (_, r) = exec_edge(&c, &id, serde_json::json!({"cmd": ["cat", marker]}));
     assert_ne!(r["exit_code"], 0, "the replay ran: {r}");
 }
+
+#[test]
+fn a_file_larger_than_a_read_returns_is_refused_not_cut() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let id = c.create(&[]);
+    let (status, out) = exec_edge(
+        &c,
+        &id,
+        serde_json::json!({"cmd": ["sh", "-c",
+            "head -c 70M /dev/zero > /root/big && head -c 64M /dev/zero > /root/at-limit && echo small > /root/small"]}),
+    );
+    assert_eq!((status, out["exit_code"].as_i64()), (200, Some(0)), "{out}");
+    let get = |path: &str| {
+        http(
+            "GET",
+            &format!("{}/v1/sandboxes/{id}/files?path={path}", c.url),
+            Some(&format!("Bearer {}", c.admin_key)),
+            b"",
+        )
+    };
+    // 70 MiB: a clear 413, not the first 64 MiB with a 200.
+    let (status, body) = get("/root/big");
+    assert_eq!(
+        status,
+        413,
+        "{}",
+        String::from_utf8_lossy(&body[..body.len().min(300)])
+    );
+    assert_eq!(json(&body)["error"], "too_large");
+    // Exactly the limit, and small files, are whole.
+    let (status, body) = get("/root/at-limit");
+    assert_eq!((status, body.len()), (200, 64 << 20));
+    assert_eq!(get("/root/small"), (200, b"small\n".to_vec()));
+    // The CLI says so too.
+    let out = c.cli(&["fs", "get", &id, "/root/big"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("too_large")
+            || String::from_utf8_lossy(&out.stderr).contains("larger than"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
