@@ -271,10 +271,39 @@ pub fn compile() -> Result<Vec<BpfProgram>, ProfileError> {
         arch,
     )
     .map_err(ProfileError)?;
-    Ok(vec![
+    let mut programs = vec![
         eperm.try_into().map_err(ProfileError)?,
         enosys.try_into().map_err(ProfileError)?,
-    ])
+    ];
+    #[cfg(target_arch = "x86_64")]
+    programs.push(x32_guard());
+    Ok(programs)
+}
+
+/// x32 system calls are x86-64 calls with bit 30 of the number set, under the same
+/// audit architecture: a deny-list keyed by x86-64 numbers would not see them on a
+/// kernel built with `CONFIG_X86_X32_ABI`. This program refuses every one (`EPERM`).
+#[cfg(target_arch = "x86_64")]
+fn x32_guard() -> BpfProgram {
+    use seccompiler::sock_filter;
+    const BPF_LD_W_ABS: u16 = 0x00 | 0x00 | 0x20;
+    const BPF_JEQ_K: u16 = 0x05 | 0x10;
+    const BPF_JGE_K: u16 = 0x05 | 0x30;
+    const BPF_RET_K: u16 = 0x06;
+    const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
+    const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+    const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+    const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+    let op = |code, jt, jf, k| sock_filter { code, jt, jf, k };
+    vec![
+        // struct seccomp_data: nr at 0, arch at 4.
+        op(BPF_LD_W_ABS, 0, 0, 4),
+        op(BPF_JEQ_K, 0, 3, AUDIT_ARCH_X86_64),
+        op(BPF_LD_W_ABS, 0, 0, 0),
+        op(BPF_JGE_K, 0, 1, X32_SYSCALL_BIT),
+        op(BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | libc::EPERM as u32),
+        op(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
+    ]
 }
 
 /// Installs the compiled programs on the calling thread (which also sets

@@ -507,3 +507,23 @@ for host in ['127.0.0.1', '0.0.0.0', 'localhost']:
     assert!(!out.contains("reached"), "{out}");
     assert_eq!(out.matches("refused").count(), 3, "{out}");
 }
+
+#[test]
+fn x32_system_calls_are_refused_by_seccomp() {
+    require_jail_host!();
+    let env = TestEnv::new();
+    let jail = env.jail();
+    // getpid and unshare under their x32 numbers (bit 30 set): a kernel without the
+    // x32 ABI says ENOSYS (38), one with it would run them; the filter says EPERM.
+    let out = python(
+        &jail,
+        "
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+for nr in (39, 272):
+    r = libc.syscall(0x40000000 | nr, 0)
+    print(nr, r, ctypes.get_errno())
+",
+    );
+    assert_eq!(out.stdout, "39 -1 1\n272 -1 1\n", "{out:?}");
+}
