@@ -286,7 +286,8 @@ pub fn compile() -> Result<Vec<BpfProgram>, ProfileError> {
 #[cfg(target_arch = "x86_64")]
 fn x32_guard() -> BpfProgram {
     use seccompiler::sock_filter;
-    const BPF_LD_W_ABS: u16 = 0x00 | 0x00 | 0x20;
+    // BPF_LD | BPF_W | BPF_ABS (the first two are 0).
+    const BPF_LD_W_ABS: u16 = 0x20;
     const BPF_JEQ_K: u16 = 0x05 | 0x10;
     const BPF_JGE_K: u16 = 0x05 | 0x30;
     const BPF_RET_K: u16 = 0x06;
