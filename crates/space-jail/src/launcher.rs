@@ -86,14 +86,32 @@ fn validate(spec: &JailSpec) -> Result<(), JailError> {
 
 /// Opens the agent executable by descriptor: after `pivot_root` its host path no
 /// longer resolves, and a descriptor cannot be swapped under us by anything in the
-/// jail.
+/// jail. The descriptor is the root of a detached read-only bind of the file, so the
+/// agent's `/proc/PID/exe` leads to a read-only mount: whatever reaches it (the agent
+/// runs as the binary's owner without a user namespace) cannot reopen it for
+/// writing and change what the next jail runs.
 fn open_agent(spec: &JailSpec) -> Result<OwnedFd, JailError> {
-    OpenOptions::new()
+    if !OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
         .open(&spec.agent.path)
-        .map(OwnedFd::from)
-        .map_err(|e| JailError::io("open agent", &spec.agent.path, e))
+        .and_then(|f| f.metadata())
+        .map_err(|e| JailError::io("open agent", &spec.agent.path, e))?
+        .is_file()
+    {
+        return Err(JailError::new(
+            "open agent",
+            format!("{} is not a regular file", spec.agent.path.display()),
+        ));
+    }
+    crate::mounts::clone_tree(
+        &spec.agent.path,
+        crate::mounts::BindAttrs {
+            read_only: true,
+            idmap: None,
+        },
+    )
+    .map_err(|e| JailError::io("bind agent read-only", &spec.agent.path, e))
 }
 
 /// Fails unless fds 3 and 4 are open: otherwise the first file this process opens

@@ -527,3 +527,36 @@ for nr in (39, 272):
     );
     assert_eq!(out.stdout, "39 -1 1\n272 -1 1\n", "{out:?}");
 }
+
+#[test]
+fn the_agents_binary_is_reached_only_through_a_read_only_mount() {
+    require_jail_host!();
+    // Without a user namespace the agent runs as its binary's owner: were its
+    // /proc/PID/exe ever reached, a write would change what every later jail runs.
+    use std::os::unix::fs::OpenOptionsExt;
+    for env in [TestEnv::without_user_namespaces(), TestEnv::new()] {
+        let jail = env.jail();
+        let agent = jail.handle.agent.expect("agent pid").pid;
+        let exe = format!("/proc/{agent}/exe");
+        // The mount the agent's binary is reached through is read-only (a write
+        // would be EROFS once nothing runs the file; while it runs, ETXTBSY comes
+        // first, so look at the mount itself).
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH)
+            .open(&exe)
+            .unwrap();
+        let flags = nix::sys::statvfs::fstatvfs(&file).unwrap().flags();
+        assert!(
+            flags.contains(nix::sys::statvfs::FsFlags::ST_RDONLY),
+            "the agent's binary sits on a writable mount: {flags:?}"
+        );
+        // It is still the configured binary (same file).
+        use std::os::unix::fs::MetadataExt;
+        let (ran, configured) = (
+            std::fs::metadata(&exe).unwrap(),
+            std::fs::metadata(support::jail_binary()).unwrap(),
+        );
+        assert_eq!((ran.dev(), ran.ino()), (configured.dev(), configured.ino()));
+    }
+}
