@@ -1586,7 +1586,14 @@ fn snapshot_restores_as_a_new_execution_on_the_same_or_another_worker_and_a_tamp
     assert_eq!(s["state"], "running");
     assert_eq!(s["execution"]["worker"], "w1");
     assert_eq!(s["execution"]["generation"].as_u64(), Some(g1 + 1));
-    assert_eq!(stdout(&c.cli(&["fs", "get", &id, "/root/s"])), "snap");
+    let got = c.cli(&["fs", "get", &id, "/root/s"]);
+    // With the CLI's error, so that a transient refusal is told from a lost file.
+    assert_eq!(
+        stdout(&got),
+        "snap",
+        "{}",
+        String::from_utf8_lossy(&got.stderr)
+    );
     // And again, onto the other worker.
     assert!(c.cli(&["sandbox", "snapshot", &id]).status.success());
     let out = c.cli(&["--json", "sandbox", "resume", &id, "--worker", "w2"]);
@@ -1598,7 +1605,14 @@ fn snapshot_restores_as_a_new_execution_on_the_same_or_another_worker_and_a_tamp
     let s = json(&out.stdout);
     assert_eq!(s["execution"]["worker"], "w2");
     assert_eq!(s["execution"]["generation"].as_u64(), Some(g1 + 2));
-    assert_eq!(stdout(&c.cli(&["fs", "get", &id, "/root/s"])), "snap");
+    let got = c.cli(&["fs", "get", &id, "/root/s"]);
+    // With the CLI's error, so that a transient refusal is told from a lost file.
+    assert_eq!(
+        stdout(&got),
+        "snap",
+        "{}",
+        String::from_utf8_lossy(&got.stderr)
+    );
 }
 
 /// Whether a cgroup of `sandbox`'s jail reports itself frozen (v1 or v2).
