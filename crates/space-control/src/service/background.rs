@@ -1,0 +1,139 @@
+//! Work the control plane does on its own: finishing transitions a dead replica left,
+//! TTL expiry, gauges.
+
+use super::*;
+
+impl ControlPlane {
+    /// Finishes transitions that a crash interrupted (a control plane killed during a
+    /// migration or a start): every execution still pending is failed (its worker,
+    /// not seeing it listed any more, retires it at its next sync), every running
+    /// execution but the newest is retired, the newest is thawed in case a snapshot
+    /// froze it, and the sandbox is running again — or stopped when nothing runs. A
+    /// transition is taken over only when neither its newest execution nor its lease
+    /// (renewed by the replica running it) has changed for the grace period, so one
+    /// still under way elsewhere, however slow, is left alone.
+    pub async fn reconcile_transitions(&self) -> Result<(), ApiError> {
+        let now = now_secs() as i64;
+        for t in self.store.list_tenants().await? {
+            for s in self.store.list_sandboxes(&t.id).await? {
+                if !matches!(s.state, SandboxState::Migrating | SandboxState::Starting) {
+                    continue;
+                }
+                let Ok(_busy) = self.busy(s.id) else {
+                    continue;
+                };
+                let execs = self.store.list_executions(&s.id).await?;
+                let newest = execs
+                    .iter()
+                    .map(|e| e.updated_at)
+                    .max()
+                    .unwrap_or(s.created_at);
+                let leased = self
+                    .store
+                    .kv_get(&lease_key(&s.id))
+                    .await?
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .unwrap_or(0);
+                // Whole seconds on both sides: a lease renewed a moment ago can read
+                // as a full second old, hence `<=`.
+                if now - newest.max(leased) <= self.reconcile_after_secs {
+                    continue;
+                }
+                tracing::warn!(sandbox = %s.id, state = s.state.as_str(), "finishing an interrupted transition");
+                for e in execs.iter().filter(|e| e.state == ExecutionState::Pending) {
+                    self.store
+                        .set_execution_state(&s.id, e.generation, ExecutionState::Failed, None, now)
+                        .await?;
+                }
+                let mut running: Vec<&ExecutionRecord> = execs
+                    .iter()
+                    .filter(|e| e.state == ExecutionState::Running)
+                    .collect();
+                running.sort_by_key(|e| e.generation);
+                let Some(current) = running.pop() else {
+                    self.store
+                        .set_sandbox_state(&s.id, SandboxState::Stopped, Some(s.state))
+                        .await?;
+                    continue;
+                };
+                for old in running {
+                    self.retire(old).await?;
+                }
+                let thaw = Update::Unfreeze {
+                    sandbox: s.id,
+                    generation: current.generation,
+                    execution_id: current.execution_id,
+                };
+                let thawed = match self.store.get_worker(&current.worker).await {
+                    Ok(w) => self.deliver(&w, thaw).await,
+                    Err(e) => Err(e.into()),
+                };
+                if let Err(e) = thawed {
+                    // Its worker is not back yet: try again at the next round.
+                    tracing::warn!(sandbox = %s.id, error = %e.message, "could not thaw after an interrupted transition");
+                    continue;
+                }
+                // Running again: a snapshot stored before the crash is stale.
+                self.forget_snapshot(&s.id).await;
+                self.store
+                    .set_sandbox_state(&s.id, SandboxState::Running, Some(s.state))
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops sandboxes past their TTL.
+    pub async fn expire_sandboxes(&self) -> Result<(), ApiError> {
+        let now = now_secs() as i64;
+        for t in self.store.list_tenants().await? {
+            for s in self.store.list_sandboxes(&t.id).await? {
+                if s.state == SandboxState::Stopped || s.expires_at.is_none_or(|e| e > now) {
+                    continue;
+                }
+                match self.store.kv_get(&ttl_pause_key(&s.id)).await?.as_deref() {
+                    // Asked to pause at the TTL, once: a later resume keeps it running.
+                    Some("pause") => {
+                        if s.state == SandboxState::Running {
+                            tracing::info!(sandbox = %s.id, "ttl reached: pausing");
+                            self.pause(&s).await?;
+                            self.store.kv_set(&ttl_pause_key(&s.id), "done").await?;
+                        }
+                        continue;
+                    }
+                    Some(_) => continue,
+                    None => {}
+                }
+                tracing::info!(sandbox = %s.id, "ttl reached: stopping");
+                self.delete_sandbox(&s).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Refreshes the sandboxes-by-state gauges.
+    pub async fn refresh_gauges(&self) {
+        let mut counts: BTreeMap<&'static str, i64> = BTreeMap::new();
+        for st in SandboxState::ALL {
+            counts.insert(st.as_str(), 0);
+        }
+        let Ok(tenants) = self.store.list_tenants().await else {
+            return;
+        };
+        for t in tenants {
+            if let Ok(list) = self.store.list_sandboxes(&t.id).await {
+                for s in list {
+                    *counts.entry(s.state.as_str()).or_default() += 1;
+                }
+            }
+        }
+        for (state, n) in counts {
+            self.metrics
+                .sandboxes
+                .get_or_create(&crate::metrics::StateLabels {
+                    state: state.to_owned(),
+                })
+                .set(n);
+        }
+    }
+}
