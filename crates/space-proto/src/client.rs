@@ -186,23 +186,33 @@ impl Call<Vec<DirEntry>> {
     }
 }
 
+/// A read of at most `max_bytes` of `path` from its start, its chunks collected, its
+/// end (`truncated`: the file holds more) given to `done`.
+fn read_call<T: Send + 'static>(
+    path: &str,
+    max_bytes: u64,
+    done: fn(Vec<u8>, bool) -> T,
+) -> Call<T> {
+    let op = Operation::ReadFile {
+        path: path.into(),
+        offset: 0,
+        max_bytes,
+    };
+    let mut out = Vec::new();
+    Call::new(op, Vec::new(), move |body| match body {
+        AgentBody::FileData(chunk) => {
+            out.extend_from_slice(&chunk);
+            Ok(None)
+        }
+        AgentBody::ReadEnd { truncated, .. } => Ok(Some(done(std::mem::take(&mut out), truncated))),
+        other => Err(other),
+    })
+}
+
 impl Call<Vec<u8>> {
     /// Reads at most `max_bytes` of a file, from its start.
     pub fn read_file(path: &str, max_bytes: u64) -> Self {
-        let op = Operation::ReadFile {
-            path: path.into(),
-            offset: 0,
-            max_bytes,
-        };
-        let mut out = Vec::new();
-        Self::new(op, Vec::new(), move |body| match body {
-            AgentBody::FileData(chunk) => {
-                out.extend_from_slice(&chunk);
-                Ok(None)
-            }
-            AgentBody::ReadEnd { .. } => Ok(Some(std::mem::take(&mut out))),
-            other => Err(other),
-        })
+        read_call(path, max_bytes, |data, _| data)
     }
 }
 
@@ -210,20 +220,7 @@ impl Call<(Vec<u8>, bool)> {
     /// Reads at most `max_bytes` of a file, from its start; the flag says whether the
     /// file holds more (the read was cut at `max_bytes`).
     pub fn read_file_up_to(path: &str, max_bytes: u64) -> Self {
-        let op = Operation::ReadFile {
-            path: path.into(),
-            offset: 0,
-            max_bytes,
-        };
-        let mut out = Vec::new();
-        Self::new(op, Vec::new(), move |body| match body {
-            AgentBody::FileData(chunk) => {
-                out.extend_from_slice(&chunk);
-                Ok(None)
-            }
-            AgentBody::ReadEnd { truncated, .. } => Ok(Some((std::mem::take(&mut out), truncated))),
-            other => Err(other),
-        })
+        read_call(path, max_bytes, |data, truncated| (data, truncated))
     }
 }
 
