@@ -62,16 +62,21 @@ fn worker_url(cap: &serde_json::Value) -> String {
     cap["route"]["worker_url"].as_str().unwrap().to_owned()
 }
 
-#[test]
-fn replayed_pause_update_is_refused() {
-    if !can_run_jails() {
-        return;
-    }
-    let c = Cluster::start();
+/// A sandbox on w1 paused and resumed by signed updates sent to the worker (as the
+/// control plane would), and the pause's envelope, captured for a replay.
+struct Captured {
+    id: String,
+    cap: serde_json::Value,
+    url: String,
+    signer: Signer,
+    pause: String,
+}
+
+fn capture_a_pause(c: &Cluster) -> Captured {
     let id = c.create(&["--worker", "w1"]);
-    let cap = capability(&c, &id);
+    let cap = capability(c, &id);
     let url = format!("{}/internal/v1/updates", worker_url(&cap));
-    let signer = Signer::of(&c);
+    let signer = Signer::of(c);
     let pause = signer.update("w1", on_execution("pause", &id, &cap));
     let (status, ack) = post(&signer, &url, &pause);
     assert_eq!(
@@ -79,16 +84,35 @@ fn replayed_pause_update_is_refused() {
         (200, Some("paused")),
         "{ack}"
     );
-    let (status, ack) = post(
-        &signer,
-        &url,
-        &signer.update("w1", on_execution("resume", &id, &cap)),
-    );
+    let resume = signer.update("w1", on_execution("resume", &id, &cap));
+    let (status, ack) = post(&signer, &url, &resume);
     assert_eq!(
         (status, ack["state"].as_str()),
         (200, Some("running")),
         "{ack}"
     );
+    Captured {
+        id,
+        cap,
+        url,
+        signer,
+        pause,
+    }
+}
+
+#[test]
+fn replayed_pause_update_is_refused() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let Captured {
+        id,
+        url,
+        signer,
+        pause,
+        ..
+    } = capture_a_pause(&c);
     assert!(serves(&c, &id));
 
     // The captured pause, again (twice): refused, and the sandbox keeps running.
@@ -238,27 +262,13 @@ fn update_replayed_after_worker_restart_is_refused() {
         return;
     }
     let c = Cluster::start();
-    let id = c.create(&["--worker", "w1"]);
-    let cap = capability(&c, &id);
-    let url = format!("{}/internal/v1/updates", worker_url(&cap));
-    let signer = Signer::of(&c);
-    let pause = signer.update("w1", on_execution("pause", &id, &cap));
-    let (status, ack) = post(&signer, &url, &pause);
-    assert_eq!(
-        (status, ack["state"].as_str()),
-        (200, Some("paused")),
-        "{ack}"
-    );
-    let (status, ack) = post(
-        &signer,
-        &url,
-        &signer.update("w1", on_execution("resume", &id, &cap)),
-    );
-    assert_eq!(
-        (status, ack["state"].as_str()),
-        (200, Some("running")),
-        "{ack}"
-    );
+    let Captured {
+        id,
+        cap,
+        url,
+        signer,
+        pause,
+    } = capture_a_pause(&c);
 
     // The worker crashes and comes back (re-adopting the sandbox: same execution).
     kill_worker_and_wait(&c, "w1", &id);
