@@ -9,6 +9,18 @@ use support::{Cluster, can_run_jails, http};
 
 const MIB: u64 = 1 << 20;
 
+/// A new tenant named `name`: the `Bearer …` header of its API key.
+fn new_tenant(c: &Cluster, name: &str) -> String {
+    let (status, t) = http(
+        "POST",
+        &format!("{}/v1/tenants", c.url),
+        Some(&format!("Bearer {}", c.admin_key)),
+        serde_json::json!({ "name": name }).to_string().as_bytes(),
+    );
+    assert_eq!(status, 201);
+    format!("Bearer {}", json(&t)["api_key"].as_str().unwrap())
+}
+
 fn json(bytes: &[u8]) -> serde_json::Value {
     serde_json::from_slice(bytes).unwrap_or(serde_json::Value::Null)
 }
@@ -175,14 +187,7 @@ fn tenant_over_its_sandbox_quota_is_refused() {
     }
     let c = Cluster::start_with_env(&[("SPACE_TENANT_SANDBOXES", "3")]);
     let admin = format!("Bearer {}", c.admin_key);
-    let (status, t) = http(
-        "POST",
-        &format!("{}/v1/tenants", c.url),
-        Some(&admin),
-        br#"{"name":"greedy"}"#,
-    );
-    assert_eq!(status, 201);
-    let greedy = format!("Bearer {}", json(&t)["api_key"].as_str().unwrap());
+    let greedy = new_tenant(&c, "greedy");
     let mut ids = Vec::new();
     for _ in 0..3 {
         let (status, s) = create(&c, &greedy, "{}");
@@ -212,15 +217,7 @@ fn a_burst_of_creates_never_passes_the_tenant_quota() {
         return;
     }
     let c = Cluster::start_with_env(&[("SPACE_TENANT_SANDBOXES", "3")]);
-    let admin = format!("Bearer {}", c.admin_key);
-    let (status, t) = http(
-        "POST",
-        &format!("{}/v1/tenants", c.url),
-        Some(&admin),
-        br#"{"name":"bursty"}"#,
-    );
-    assert_eq!(status, 201);
-    let bursty = format!("Bearer {}", json(&t)["api_key"].as_str().unwrap());
+    let bursty = new_tenant(&c, "bursty");
     // Twelve creates at once (each would read the same count of live sandboxes).
     let statuses: Vec<u16> = std::thread::scope(|scope| {
         let threads: Vec<_> = (0..12)
