@@ -19,6 +19,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 mod body;
+pub mod crash;
 pub mod private_dir;
 mod server;
 

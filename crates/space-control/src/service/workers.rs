@@ -306,6 +306,7 @@ impl ControlPlane {
         let keys = self.keys().await;
         let (record, _, bundle) = keyring::begin_rotation(&self.store, &keys.anchor, now).await?;
         let failed = self.push_bundle(&bundle).await?;
+        space_http::crash::crash_point("control.rotate.published");
         if !failed.is_empty() {
             let names: Vec<String> = failed.iter().map(ToString::to_string).collect();
             return Err(ApiError::unavailable(format!(
@@ -315,6 +316,7 @@ impl ControlPlane {
             )));
         }
         keyring::activate(&self.store, &record.key_id, now).await?;
+        space_http::crash::crash_point("control.rotate.activated");
         // The retiring key's shortened validity must reach verifiers too.
         let (_, bundle) = keyring::publish_bundle(&self.store, &keys.anchor, now).await?;
         self.push_bundle(&bundle).await?;

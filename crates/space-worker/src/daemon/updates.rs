@@ -416,6 +416,7 @@ async fn retire_execution(
         tracing::error!(sandbox = %sandbox, error = %e, "cannot persist retirement");
         return;
     }
+    space_http::crash::crash_point("worker.retire.recorded");
     if let Some(slot) = worker.slot(sandbox) {
         if let Some(pool) = &slot.pool {
             if slot.record.generation == generation {
@@ -433,6 +434,7 @@ async fn retire_execution(
                 crate::substrate::tree::remove_tree(&launch::kept_layer(&worker.data_dir, sandbox));
         }
     }
+    space_http::crash::crash_point("worker.retire.torn_down");
 }
 
 async fn install_execution(
@@ -501,6 +503,7 @@ async fn install_execution(
         .await
         .map_err(|e| refuse(500, e))?;
     worker.put_slot(record.clone(), None);
+    space_http::crash::crash_point("worker.install.recorded");
 
     let substrate = Arc::clone(&worker.substrate);
     let bins = worker.binaries.clone();
@@ -524,6 +527,7 @@ async fn install_execution(
     .map_err(|e| refuse(500, format!("launch task: {e}")))?;
     match launched {
         Ok(((handle, bridge), was_warm)) => {
+            space_http::crash::crash_point("worker.install.launched");
             if was_warm {
                 worker.metrics.warm_activations.inc();
             }
