@@ -523,7 +523,11 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
         } => {
             return crate::streams::watch(&c.base, c.key(), sandbox, path, *recursive).await;
         }
-        Command::Up(_) | Command::Control(_) | Command::Worker(_) | Command::Edge(_) => {
+        Command::Up(_)
+        | Command::Control(_)
+        | Command::Worker(_)
+        | Command::Edge(_)
+        | Command::Bench(_) => {
             return Err("not a client command".into());
         }
     }

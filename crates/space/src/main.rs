@@ -1,6 +1,7 @@
 //! `space`: the platform (`space up`), its daemons, and the client CLI.
 #![allow(clippy::print_stdout)] // A command-line tool: printing is its job.
 
+mod bench;
 mod cli;
 mod daemons;
 mod streams;
@@ -74,6 +75,9 @@ pub enum Command {
     /// Signing keys.
     #[command(subcommand)]
     Keys(KeysCmd),
+    /// Benchmarks and the churn soak, against a `space up` started for them.
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
 }
 
 /// `space up`.
@@ -366,6 +370,7 @@ fn main() -> ExitCode {
             Command::Control(a) => daemons::control(a).await.map(|()| 0),
             Command::Worker(a) => daemons::worker(a).await.map(|()| 0),
             Command::Edge(a) => daemons::edge(a).await.map(|()| 0),
+            Command::Bench(b) => bench::run(&b, cli.json).await,
             ref other => cli::run(&cli, other).await,
         }
     });
