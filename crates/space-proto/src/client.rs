@@ -527,6 +527,20 @@ impl<S: tokio::io::AsyncWrite + Unpin> AgentConnection<S> {
 }
 
 #[cfg(feature = "tokio")]
+impl<S: tokio::io::AsyncWrite + Unpin> AgentConnection<S> {
+    /// [`AgentConnection::send_input`] on an asynchronous stream (a file write's data,
+    /// chunk by chunk, as it arrives from elsewhere).
+    pub async fn send_input_async(
+        &mut self,
+        id: RequestId,
+        input: Input,
+    ) -> Result<(), ClientError> {
+        let frame = input_frame(id, input)?;
+        write_async(&mut self.stream, &frame).await
+    }
+}
+
+#[cfg(feature = "tokio")]
 impl<S: tokio::io::AsyncRead + Unpin> AgentConnection<S> {
     /// [`AgentConnection::next_answer`] on an asynchronous stream.
     pub async fn next_answer_async(&mut self, id: RequestId) -> Result<AgentBody, ClientError> {

@@ -233,6 +233,7 @@ fn dispatch(conn: &mut Conn<'_>, id: RequestId, op: Operation) -> Flow {
             max_bytes,
         } => files::read(conn, id, &path, offset, max_bytes),
         Operation::List { path } => files::list(conn, id, &path),
+        Operation::ReadRange { path, range } => files::read_range(conn, id, &path, range),
         op => {
             let body = files::simple(conn.agent, op).unwrap_or_else(AgentBody::Error);
             conn.send(id, body)

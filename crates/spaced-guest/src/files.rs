@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use space_proto::guest::{
-    AgentBody, DirEntry, ErrorKind, FileKind, FileStat, Input, MAX_CHUNK, Operation, RequestId,
-    WireError,
+    AgentBody, ByteRange, DirEntry, ErrorKind, FileKind, FileStat, Input, MAX_CHUNK, Operation,
+    RequestId, WireError,
 };
 
 use crate::conn::{Conn, Flow, io_error};
@@ -208,6 +208,63 @@ pub(crate) fn read(
     )
 }
 
+/// Streams the bytes `range` selects of a file of any size: first `FileOpened` with
+/// the size of the open file (its descriptor's, so a rename over the path meanwhile
+/// changes nothing) and the span, then the span in chunks (each written before the
+/// next is read: memory stays at one chunk), then `ReadEnd`. When the span reaches the
+/// end seen at open, one more byte is tried: `truncated` then says the file grew while
+/// it was read; a file that shrank ends with fewer bytes than the span.
+pub(crate) fn read_range(conn: &mut Conn<'_>, id: RequestId, path: &str, range: ByteRange) -> Flow {
+    let opened = open_for_read(conn.agent, path, 0).and_then(|f| {
+        let size = f
+            .metadata()
+            .map_err(|e| io_error(&format!("read {path}"), &e))?
+            .len();
+        Ok((f, size))
+    });
+    let (mut file, size) = match opened {
+        Ok(v) => v,
+        Err(e) => return conn.send_error(id, e),
+    };
+    let span = range.resolve(size);
+    conn.queue(id, AgentBody::FileOpened { size, range: span })?;
+    let Some((start, len)) = span else {
+        return conn.send(
+            id,
+            AgentBody::ReadEnd {
+                bytes: 0,
+                truncated: false,
+            },
+        );
+    };
+    if start > 0 {
+        if let Err(e) = file.seek(SeekFrom::Start(start)) {
+            return conn.send_error(id, io_error(&format!("read {path}"), &e));
+        }
+    }
+    let mut buf = vec![0u8; MAX_CHUNK];
+    let mut sent = 0u64;
+    while sent < len {
+        let want = (len - sent).min(MAX_CHUNK as u64) as usize;
+        let n = match file.read(&mut buf[..want]) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return conn.send_error(id, io_error(&format!("read {path}"), &e)),
+        };
+        conn.queue(id, AgentBody::FileData(buf[..n].to_vec()))?;
+        sent += n as u64;
+    }
+    let grew = sent == len && start + len == size && matches!(file.read(&mut buf[..1]), Ok(1));
+    conn.send(
+        id,
+        AgentBody::ReadEnd {
+            bytes: sent,
+            truncated: grew,
+        },
+    )
+}
+
 fn open_for_read(agent: &Agent, path: &str, offset: u64) -> Result<File, WireError> {
     let p = resolve(agent, path)?;
     let err = |e: io::Error| io_error(&format!("read {path}"), &e);
@@ -276,7 +333,10 @@ pub(crate) fn write(
                 if let Ok(tmp) = &mut state {
                     match tmp.file.write_all(&chunk) {
                         Ok(()) => written += chunk.len() as u64,
-                        Err(e) => state = Err(io_error(&format!("write {path}"), &e)),
+                        // The temporary file goes (dropped here, before the rest of
+                        // the data is drained), so a full disk is freed at once and
+                        // nothing half-written is ever at `path`.
+                        Err(e) => state = Err(write_error(path, &e)),
                     }
                 }
             }
@@ -293,6 +353,18 @@ pub(crate) fn write(
     match answer {
         Ok(()) => conn.send(id, AgentBody::Written { bytes: written }),
         Err(e) => conn.send_error(id, e),
+    }
+}
+
+/// A failed write of `path`: a full disk (the sandbox's disk limit) or a file over a
+/// size limit is [`ErrorKind::NoSpace`], so a client can tell it from a broken agent.
+fn write_error(path: &str, e: &io::Error) -> WireError {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => WireError::new(
+            ErrorKind::NoSpace,
+            format!("write {path}: {e} (the sandbox's disk limit is reached)"),
+        ),
+        _ => io_error(&format!("write {path}"), e),
     }
 }
 
@@ -348,7 +420,7 @@ fn begin_write(
 }
 
 fn finish_write(mut tmp: TempFile, path: &str, mode: Option<u32>) -> Result<(), WireError> {
-    let err = |e: io::Error| io_error(&format!("write {path}"), &e);
+    let err = |e: io::Error| write_error(path, &e);
     let target = tmp.target.clone();
     // An existing file keeps its permissions unless the client names new ones.
     let mode = mode.unwrap_or_else(|| {

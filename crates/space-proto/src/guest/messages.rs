@@ -121,6 +121,80 @@ pub enum Operation {
         /// Also watch subdirectories, including ones created later.
         recursive: bool,
     },
+    /// Read bytes of a file, any size: `FileOpened` (the size of the file opened, from
+    /// its descriptor, and the span `range` resolves to within it), the span's
+    /// `FileData` chunks, then `ReadEnd`. `ReadEnd::bytes` short of the span, or
+    /// `truncated` (the span reached the end seen at open and the file has grown
+    /// since), means the file changed while it was read.
+    ReadRange {
+        /// Absolute, or relative to the agent's home.
+        path: String,
+        /// The bytes wanted.
+        range: ByteRange,
+    },
+}
+
+/// Which bytes of a file a [`Operation::ReadRange`] wants: the forms of an HTTP
+/// `Range: bytes=` header with one range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ByteRange {
+    /// The whole file.
+    All,
+    /// From this offset to the end (`bytes=a-`).
+    From(u64),
+    /// `first..=last` (`bytes=a-b`); `last` past the end means the end.
+    Span {
+        /// First byte.
+        first: u64,
+        /// Last byte, inclusive.
+        last: u64,
+    },
+    /// The last this many bytes (`bytes=-n`).
+    Last(u64),
+}
+
+impl ByteRange {
+    /// The `(start, len)` this range selects in a file of `size` bytes, or `None` when
+    /// it selects nothing there (HTTP 416). [`ByteRange::All`] always resolves, to
+    /// `(0, size)`.
+    pub fn resolve(self, size: u64) -> Option<(u64, u64)> {
+        match self {
+            Self::All => Some((0, size)),
+            Self::From(a) if a < size => Some((a, size - a)),
+            Self::Span { first, last } if first <= last && first < size => {
+                Some((first, last.min(size - 1) - first + 1))
+            }
+            Self::Last(n) if n > 0 && size > 0 => {
+                let n = n.min(size);
+                Some((size - n, n))
+            }
+            _ => None,
+        }
+    }
+
+    /// The range of an HTTP `Range` header value: `bytes=a-b`, `bytes=a-` or
+    /// `bytes=-n`. `None` for anything else (another unit, several ranges, garbage,
+    /// `a > b`): a server ignores such a header and answers the whole file.
+    pub fn parse_header(value: &str) -> Option<Self> {
+        let spec = value.trim().strip_prefix("bytes=")?.trim();
+        let (a, b) = spec.split_once('-')?;
+        let num = |s: &str| -> Option<u64> {
+            let s = s.trim();
+            if s.is_empty() || !s.bytes().all(|c| c.is_ascii_digit()) {
+                return None;
+            }
+            s.parse().ok()
+        };
+        match (a.trim().is_empty(), b.trim().is_empty()) {
+            (true, false) => Some(Self::Last(num(b)?)),
+            (false, true) => Some(Self::From(num(a)?)),
+            (false, false) => {
+                let (first, last) = (num(a)?, num(b)?);
+                (first <= last).then_some(Self::Span { first, last })
+            }
+            (true, true) => None,
+        }
+    }
 }
 
 /// How to run a process.
@@ -234,6 +308,15 @@ pub enum AgentBody {
     WatchEnded {
         /// Why.
         reason: WatchEndReason,
+    },
+    /// A ranged read opened its file: its size (from the open descriptor) and the
+    /// `(start, len)` its range selects, `None` when the range selects nothing (then
+    /// `ReadEnd` follows at once).
+    FileOpened {
+        /// Size of the file when it was opened.
+        size: u64,
+        /// The span to be sent.
+        range: Option<(u64, u64)>,
     },
 }
 
@@ -403,6 +486,8 @@ pub enum ErrorKind {
     Protocol,
     /// The agent refuses more connections for now.
     Busy,
+    /// The sandbox's disk (its disk limit) or a file size limit is full.
+    NoSpace,
 }
 
 impl ErrorKind {
@@ -419,6 +504,7 @@ impl ErrorKind {
             Self::UnsupportedVersion => "unsupported_version",
             Self::Protocol => "protocol",
             Self::Busy => "busy",
+            Self::NoSpace => "no_space",
         }
     }
 }
@@ -426,5 +512,55 @@ impl ErrorKind {
 impl std::fmt::Display for ErrorKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod range_tests {
+    use super::ByteRange;
+
+    #[test]
+    fn ranges_resolve_like_http_byte_ranges() {
+        use ByteRange::*;
+        assert_eq!(All.resolve(0), Some((0, 0)));
+        assert_eq!(All.resolve(10), Some((0, 10)));
+        assert_eq!(From(3).resolve(10), Some((3, 7)));
+        assert_eq!(From(10).resolve(10), None);
+        assert_eq!(Span { first: 2, last: 4 }.resolve(10), Some((2, 3)));
+        assert_eq!(Span { first: 2, last: 99 }.resolve(10), Some((2, 8)));
+        assert_eq!(
+            Span {
+                first: 10,
+                last: 12
+            }
+            .resolve(10),
+            None
+        );
+        assert_eq!(Last(3).resolve(10), Some((7, 3)));
+        assert_eq!(Last(30).resolve(10), Some((0, 10)));
+        assert_eq!(Last(0).resolve(10), None);
+        assert_eq!(Last(5).resolve(0), None);
+    }
+
+    #[test]
+    fn range_headers_parse_one_range_and_nothing_else() {
+        use ByteRange::*;
+        assert_eq!(
+            ByteRange::parse_header("bytes=0-99"),
+            Some(Span { first: 0, last: 99 })
+        );
+        assert_eq!(ByteRange::parse_header("bytes=5-"), Some(From(5)));
+        assert_eq!(ByteRange::parse_header("bytes=-7"), Some(Last(7)));
+        for bad in [
+            "bytes=5-2",
+            "bytes=-",
+            "bytes=0-1,3-4",
+            "items=0-1",
+            "bytes=a-b",
+            "bytes=+1-2",
+            "",
+        ] {
+            assert_eq!(ByteRange::parse_header(bad), None, "{bad}");
+        }
     }
 }

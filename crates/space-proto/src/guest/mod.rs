@@ -13,7 +13,7 @@ pub use handshake::{
     Hello, HelloAck, PROOF_CONTEXT, PROTOCOL_VERSION, ServedIdentity, compute_proof, verify_proof,
 };
 pub use messages::{
-    AgentBody, AgentFrame, CONNECTION, ClientFrame, DirEntry, ErrorKind, ExecSpec, ExitOutcome,
+    AgentBody, AgentFrame, ByteRange, CONNECTION, ClientFrame, DirEntry, ErrorKind, ExecSpec, ExitOutcome,
     ExitStatus, FileKind, FileStat, Input, InputFrame, MAX_CHUNK, Operation, PtySize, Request,
     RequestId, WatchEndReason, WatchEvent, WireError,
 };
