@@ -10,6 +10,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod bench;
 mod cache;
 mod capability;
 mod codec;
