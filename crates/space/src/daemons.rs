@@ -3,9 +3,13 @@
 use std::path::{Path, PathBuf};
 
 use space_control::{ControlConfig, serve};
+use space_worker::daemon::lock::DirLock;
 use space_worker::daemon::{Binaries, WorkerConfig};
 
 use crate::{ControlArgs, EdgeArgs, WorkerArgs};
+
+/// The lock file of a control plane's data directory (`space up`, `space control`).
+pub const LOCK_FILE: &str = "space.lock";
 
 /// Resolves at SIGINT or SIGTERM. The handlers are installed when this is called,
 /// not when it is first polled: call it before a slow start-up, so a signal that
@@ -32,6 +36,9 @@ pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 /// `space control`.
 pub async fn control(a: ControlArgs) -> Result<(), String> {
     let stop = shutdown_signal();
+    // The same lock as `space up`: one control plane per data directory.
+    space_http::private_dir::ensure_private_dir(&a.data_dir)?;
+    let lock = DirLock::acquire(&a.data_dir, LOCK_FILE, "space control")?;
     let handle = serve(ControlConfig {
         listen: a.listen,
         data_dir: a.data_dir,
@@ -39,12 +46,14 @@ pub async fn control(a: ControlArgs) -> Result<(), String> {
         standby: a.standby,
     })
     .await?;
+    lock.record(Some(&format!("http://{}", handle.addr)))?;
     say(format_args!(
         "control plane listening on http://{}",
         handle.addr
     ));
     stop.await;
     handle.shutdown().await;
+    drop(lock);
     Ok(())
 }
 

@@ -12,7 +12,8 @@ use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
 
 use crate::UpArgs;
-use crate::daemons::{complain, own_dir, say, shutdown_signal};
+use crate::daemons::{LOCK_FILE, complain, own_dir, say, shutdown_signal};
+use space_worker::daemon::lock::DirLock;
 
 /// How long workers get to stop before they are killed.
 const STOP_GRACE: Duration = Duration::from_secs(20);
@@ -27,6 +28,9 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
     // refused when others can read it (the control plane checks its files).
     space_http::private_dir::ensure_private_dir(&a.data_dir)?;
     let data_dir = std::path::absolute(&a.data_dir).map_err(|e| format!("--data-dir: {e}"))?;
+    // One `space up` per data directory, held for this process's life: a second is
+    // refused here, before a key, a worker or a store write.
+    let lock = DirLock::acquire(&data_dir, LOCK_FILE, "space up")?;
     let bin_dir = own_dir()?;
     for b in ["spaced-guest", "spaced-host", "space-jail"] {
         if !bin_dir.join(b).is_file() {
@@ -44,6 +48,7 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
     })
     .await?;
     let url = format!("http://{}", handle.addr);
+    lock.record(Some(&url))?;
     say(format_args!("SPACE is up at {url}"));
     say(format_args!(
         "admin API key: {}",
@@ -99,6 +104,7 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
     }
     handle.shutdown().await;
     say(format_args!("stopped"));
+    drop(lock);
     Ok(())
 }
 

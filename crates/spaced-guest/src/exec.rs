@@ -140,7 +140,10 @@ impl Drop for Running {
 pub(crate) fn run(conn: &mut Conn<'_>, id: RequestId, spec: ExecSpec) -> Flow {
     let mut running = match spawn(conn.agent, &spec) {
         Ok(r) => r,
-        Err(e) => return conn.send_error(id, e),
+        Err(Refused::Error(e)) => return conn.send_error(id, e),
+        Err(Refused::NotRunnable { code, message }) => {
+            return not_runnable(conn, id, &spec, code, &message);
+        }
     };
     conn.send(
         id,
@@ -151,13 +154,86 @@ pub(crate) fn run(conn: &mut Conn<'_>, id: RequestId, spec: ExecSpec) -> Flow {
     pump(conn, id, &mut running, &spec)
 }
 
+/// Why a process did not start.
+enum Refused {
+    /// The request cannot be run as given (bad cwd, environment, a failed setup).
+    Error(WireError),
+    /// The program could not be executed (`execve` failed): answered like a shell
+    /// does, with an exit code (127 not found, 126 not executable) and a message.
+    NotRunnable { code: i32, message: String },
+}
+
+impl From<WireError> for Refused {
+    fn from(e: WireError) -> Self {
+        Self::Error(e)
+    }
+}
+
+/// Answers a program that could not be executed as a process that ran and failed:
+/// `Started` with pid 0 (no process exists), the message on stderr (on the terminal
+/// under a PTY), then `Exited` with `code`. Clients see the same outcome as from a
+/// shell (`sh: nope: not found`, 127), whether they collect or stream.
+fn not_runnable(
+    conn: &mut Conn<'_>,
+    id: RequestId,
+    spec: &ExecSpec,
+    code: i32,
+    message: &str,
+) -> Flow {
+    conn.send(id, AgentBody::Started { pid: 0 })?;
+    let line = format!("{message}\n").into_bytes();
+    let mut caps = Caps::new(spec);
+    let stream = if spec.pty.is_some() {
+        Stream::Stdout
+    } else {
+        Stream::Stderr
+    };
+    let mut data = caps.admit(stream, &line);
+    data.extend(caps.finish(stream));
+    if !data.is_empty() {
+        conn.send(id, stream.body(data))?;
+    }
+    conn.send(
+        id,
+        AgentBody::Exited(ExitStatus {
+            outcome: ExitOutcome::Code(code),
+            timed_out: false,
+            stdout_truncated: caps.truncated(Stream::Stdout),
+            stderr_truncated: caps.truncated(Stream::Stderr),
+        }),
+    )
+}
+
+/// The shell's answer to an `execve` of `program` that failed with `e`, or `None` when
+/// the failure is not about the program.
+fn exec_failure(program: &str, e: &io::Error) -> Option<Refused> {
+    let (code, what) = match e.raw_os_error()? {
+        libc::ENOENT if program.contains('/') && std::path::Path::new(program).exists() => {
+            (127, "cannot run it: its interpreter was not found")
+        }
+        libc::ENOENT => (127, "command not found"),
+        libc::EACCES | libc::EPERM => (126, "permission denied"),
+        libc::ENOEXEC => (126, "cannot execute: exec format error"),
+        libc::EISDIR => (126, "is a directory"),
+        libc::ENOTDIR => (
+            127,
+            "command not found (a path component is not a directory)",
+        ),
+        _ => return None,
+    };
+    Some(Refused::NotRunnable {
+        code,
+        message: format!("space: {program}: {what}"),
+    })
+}
+
 fn invalid(msg: impl Into<String>) -> WireError {
     WireError::new(ErrorKind::InvalidArgument, msg)
 }
 
-fn spawn(agent: &Agent, spec: &ExecSpec) -> Result<Running, WireError> {
+fn spawn(agent: &Agent, spec: &ExecSpec) -> Result<Running, Refused> {
     let Some(program) = spec.argv.first() else {
-        return Err(invalid("empty argv"));
+        return Err(invalid("empty argv").into());
     };
     let cwd = match &spec.cwd {
         Some(c) => resolve(agent, c)?,
@@ -176,7 +252,7 @@ fn spawn(agent: &Agent, spec: &ExecSpec) -> Result<Running, WireError> {
     }
     for (k, v) in &spec.env {
         if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-            return Err(invalid(format!("invalid environment variable {k:?}")));
+            return Err(invalid(format!("invalid environment variable {k:?}")).into());
         }
         cmd.env(k, v);
     }
@@ -198,7 +274,10 @@ fn spawn(agent: &Agent, spec: &ExecSpec) -> Result<Running, WireError> {
             None
         }
     };
-    let mut child = cmd.spawn().map_err(spawn_err)?;
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return Err(exec_failure(program, &e).unwrap_or_else(|| spawn_err(e).into())),
+    };
     // The Command holds the parent's copies of the PTY slave: close them now, or the
     // master would never see the terminal hang up.
     drop(cmd);
@@ -212,7 +291,7 @@ fn spawn(agent: &Agent, spec: &ExecSpec) -> Result<Running, WireError> {
         Err(e) => {
             let _ = killpg(pgid, Signal::SIGKILL);
             let _ = child.wait();
-            return Err(io_error("pidfd_open", &e.into()));
+            return Err(io_error("pidfd_open", &e.into()).into());
         }
     };
     let mut running = Running {
@@ -260,7 +339,7 @@ fn spawn(agent: &Agent, spec: &ExecSpec) -> Result<Running, WireError> {
         }
         Ok(())
     };
-    setup(&mut running).map_err(|e| io_error("exec setup", &e))?;
+    setup(&mut running).map_err(|e| Refused::Error(io_error("exec setup", &e)))?;
     Ok(running)
 }
 

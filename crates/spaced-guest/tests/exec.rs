@@ -206,12 +206,24 @@ fn env_and_cwd_of_the_spec_apply() {
 fn missing_program_is_not_found_and_the_connection_stays_usable() {
     let agent = AgentProcess::start();
     let mut conn = agent.connect();
-    let err = conn
-        .exec(ExecSpec::command(["/no/such/program"]))
-        .unwrap_err();
-    assert!(
-        matches!(err, ClientError::Agent(ref e) if e.kind == ErrorKind::NotFound),
-        "{err:?}"
+    // Answered as a shell does: exit 127 and a message on stderr, for a path and for a
+    // name looked up in PATH; 126 for a file that is not executable.
+    for program in ["/no/such/program", "no-such-program"] {
+        let out = conn.exec(ExecSpec::command([program])).unwrap();
+        assert_eq!(code(&out), ExitOutcome::Code(127), "{program}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            format!("space: {program}: command not found\n")
+        );
+    }
+    let plain = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(plain.path(), "#!/bin/sh\necho ran\n").unwrap();
+    let path = plain.path().to_str().unwrap();
+    let out = conn.exec(ExecSpec::command([path])).unwrap();
+    assert_eq!(code(&out), ExitOutcome::Code(126));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!("space: {path}: permission denied\n")
     );
     let err = conn
         .exec(ExecSpec::command(Vec::<String>::new()))

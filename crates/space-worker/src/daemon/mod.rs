@@ -12,6 +12,7 @@ pub mod agent_socket;
 pub mod agent_watch;
 pub mod launch;
 pub mod limits;
+pub mod lock;
 pub mod node_api;
 pub mod records;
 pub mod snapshot;
@@ -114,6 +115,8 @@ pub struct WorkerHandle {
     pub worker: Arc<Worker>,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
+    /// The data directory's `worker.lock`, held while this worker runs.
+    _lock: lock::DirLock,
 }
 
 impl WorkerHandle {
@@ -146,6 +149,12 @@ pub async fn run(config: WorkerConfig) -> Result<WorkerHandle, String> {
     // Records (credential, activation secrets, environments) and tenants' layers live
     // here: 0700, and refused when others can reach them.
     space_http::private_dir::ensure_private_dir(&config.data_dir)?;
+    // One worker per data directory: a second is refused before it opens anything.
+    let lock = lock::DirLock::acquire(
+        &config.data_dir,
+        "worker.lock",
+        &format!("space worker {}", config.id),
+    )?;
     space_http::private_dir::check_database_files(&config.data_dir.join("records.db"))?;
     let listener = bind_node_api(config.listen, &config.data_dir).await?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
@@ -153,6 +162,7 @@ pub async fn run(config: WorkerConfig) -> Result<WorkerHandle, String> {
         .advertise_url
         .clone()
         .unwrap_or_else(|| format!("http://{addr}"));
+    lock.record(Some(&url))?;
     let worker = Worker::open(&config, url.clone())?;
 
     // Serve first: the control plane pushes installs while this worker syncs.
@@ -213,6 +223,7 @@ pub async fn run(config: WorkerConfig) -> Result<WorkerHandle, String> {
         worker,
         stop,
         task,
+        _lock: lock,
     })
 }
 
