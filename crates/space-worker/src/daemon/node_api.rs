@@ -23,8 +23,10 @@ use super::records::RecordState;
 use super::state::{AgentPool, AgentStream, Slot, Worker};
 use super::updates;
 
-/// Largest file accepted in one PUT, and read in one GET.
-pub const MAX_FILE: usize = 64 << 20;
+/// Largest request body read into memory (an exec's JSON). File writes are streamed
+/// to the agent and not bound by it (the sandbox's disk limit is theirs); file reads
+/// are streamed too, at any size.
+const MAX_BUFFERED_BODY: usize = 64 << 20;
 /// Default exec timeout when the request names none.
 const DEFAULT_EXEC_TIMEOUT_SECS: u64 = space_proto::api::DEFAULT_EXEC_TIMEOUT_SECS;
 
@@ -96,8 +98,8 @@ pub fn router(worker: Arc<Worker>) -> Router {
         )
         .route(
             "/v1/sandboxes/{id}/files",
-            get(read_file)
-                .put(write_file)
+            get(files::read_file)
+                .put(files::write_file)
                 .delete(remove_file)
                 .route_layer(axum::middleware::from_fn_with_state(
                     Arc::clone(&worker),
@@ -129,7 +131,7 @@ pub fn router(worker: Arc<Worker>) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "not_found", "no such route", None) })
-        .layer(DefaultBodyLimit::max(MAX_FILE))
+        .layer(DefaultBodyLimit::max(MAX_BUFFERED_BODY))
         .with_state(worker)
 }
 
@@ -368,6 +370,7 @@ pub(crate) fn agent_error(e: &space_proto::guest::WireError) -> Response {
         ErrorKind::AlreadyExists => (StatusCode::CONFLICT, "already_exists"),
         ErrorKind::InvalidArgument => (StatusCode::BAD_REQUEST, "invalid_argument"),
         ErrorKind::Busy => (StatusCode::SERVICE_UNAVAILABLE, "busy"),
+        ErrorKind::NoSpace => (StatusCode::INSUFFICIENT_STORAGE, "no_space"),
         _ => (StatusCode::BAD_GATEWAY, "agent"),
     };
     error(status, code, e.message.clone(), None)
@@ -606,64 +609,6 @@ where
     resp
 }
 
-async fn read_file(
-    State(w): State<Arc<Worker>>,
-    Path(id): Path<String>,
-    Query(q): Query<PathQuery>,
-    headers: HeaderMap,
-) -> Response {
-    let read = |path: &str| Call::read_file_up_to(path, MAX_FILE as u64);
-    // Never a silently cut file: one larger than the answer's limit is refused.
-    let respond = |(data, cut): (Vec<u8>, bool)| {
-        if cut {
-            return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "too_large",
-                format!(
-                    "the file is larger than {} MiB, the most a read returns; read it \
-                     through a streaming exec (e.g. `space exec --stream ID -- cat FILE`)",
-                    MAX_FILE >> 20
-                ),
-                None,
-            );
-        }
-        ([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response()
-    };
-    file_op(
-        &w,
-        &headers,
-        &id,
-        &q,
-        Access::FsRead,
-        "read_file",
-        read,
-        respond,
-    )
-    .await
-}
-
-async fn write_file(
-    State(w): State<Arc<Worker>>,
-    Path(id): Path<String>,
-    Query(q): Query<PathQuery>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let write = move |path: &str| Call::write_file(path, &body, None);
-    let respond = |_| StatusCode::NO_CONTENT.into_response();
-    file_op(
-        &w,
-        &headers,
-        &id,
-        &q,
-        Access::FsWrite,
-        "write_file",
-        write,
-        respond,
-    )
-    .await
-}
-
 async fn remove_file(
     State(w): State<Arc<Worker>>,
     Path(id): Path<String>,
@@ -778,6 +723,7 @@ async fn apply_update(
     }
 }
 
+mod files;
 mod idempotency;
 mod metrics;
 

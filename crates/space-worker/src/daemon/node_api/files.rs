@@ -1,0 +1,365 @@
+//! File reads and writes of any size, streamed between the HTTP body and the agent.
+//!
+//! A read answers `Content-Length` (the size of the file the agent opened, or of the
+//! span a `Range` header selects) and streams the agent's chunks; one chunk is held
+//! back until the agent's end says the file did not change while it was read, so a
+//! file that shrank or grew meanwhile ends the answer with an error before its
+//! `Content-Length` is reached (the connection is cut), never with a short 200 that
+//! looks complete. A write streams the request body to the agent, which writes a
+//! temporary file beside the target and renames it into place only after the whole
+//! body arrived and was synced: a body cut part-way, or a write past the sandbox's
+//! disk limit (`507 no_space`), leaves nothing at the path. Memory per transfer is a
+//! few chunks whatever the file's size.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use hyper::body::{Body as _, Frame, SizeHint};
+use space_identity::Access;
+use space_proto::client::{AgentConnection, ClientError, input_frame, write_async};
+use space_proto::guest::{AgentBody, ByteRange, Input, MAX_CHUNK, Operation, RequestId};
+
+use super::{
+    PathQuery, Rejection, admit, agent_error, bad_gateway, connect, error, not_running, observe,
+    once, reject, required_path, unpaused, with_execution,
+};
+use crate::daemon::state::{AgentPool, AgentStream, Slot, Worker};
+
+/// Bytes gathered from the agent's chunks before they are handed to the HTTP body
+/// (fewer wake-ups than one per 64 KiB chunk).
+const BATCH: usize = 256 << 10;
+
+/// Batches in flight between the task reading the agent and the HTTP body.
+const QUEUE: usize = 4;
+
+/// `GET /v1/sandboxes/{id}/files?path=`: the file, or the span of a `Range` header
+/// (`206`, `416` when it selects nothing), streamed.
+pub(crate) async fn read_file(
+    State(w): State<Arc<Worker>>,
+    Path(id): Path<String>,
+    Query(q): Query<PathQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let start = Instant::now();
+    let resp = read(&w, &headers, &id, &q).await.unwrap_or_else(|r| *r);
+    observe(&w, "read_file", start);
+    resp
+}
+
+/// `PUT /v1/sandboxes/{id}/files?path=`: the body streamed into the file.
+pub(crate) async fn write_file(
+    State(w): State<Arc<Worker>>,
+    Path(id): Path<String>,
+    Query(q): Query<PathQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let start = Instant::now();
+    let resp = match admit(&w, &headers, &id, Access::FsWrite)
+        .and_then(|(sbx, slot)| Ok((sbx, slot, required_path(&q)?)))
+    {
+        Err(r) => *r,
+        Ok((sandbox, slot, path)) => match unpaused(&w, slot).await {
+            Err(r) => *r,
+            Ok(slot) => {
+                // The idempotency record keeps the outcome only: a body streamed to
+                // the agent is not replayed from memory, and a replay of the key is
+                // answered from the record without reading its body.
+                let run = move || async move {
+                    match write(&slot, path, body).await {
+                        Ok(resp) => with_execution(resp, &slot),
+                        Err(r) => *r,
+                    }
+                };
+                once(&w.idempotency, sandbox, &headers, run).await
+            }
+        },
+    };
+    observe(&w, "write_file", start);
+    resp
+}
+
+/// A verified agent connection of `pool`: an idle one, or a new one.
+async fn take(pool: &AgentPool) -> Result<AgentConnection<AgentStream>, Rejection> {
+    match pool.idle() {
+        Some(conn) => Ok(conn),
+        None => connect(pool).await.map_err(bad_gateway),
+    }
+}
+
+/// A bridge failure, as a stale route when the execution was retired meanwhile.
+fn broken(e: &ClientError, lease: &tokio::sync::watch::Receiver<bool>) -> Rejection {
+    if *lease.borrow() {
+        return reject(
+            StatusCode::MISDIRECTED_REQUEST,
+            "refresh_route",
+            "the execution was retired during the operation",
+            Some("retired"),
+        );
+    }
+    bad_gateway(e.to_string())
+}
+
+async fn read(
+    w: &Worker,
+    headers: &HeaderMap,
+    id: &str,
+    q: &PathQuery,
+) -> Result<Response, Rejection> {
+    let (_, slot) = admit(w, headers, id, Access::FsRead)?;
+    let path = required_path(q)?;
+    let slot = unpaused(w, slot).await?;
+    // A header that is not one byte range is ignored: the whole file is the answer.
+    let asked = headers
+        .get(header::RANGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(ByteRange::parse_header);
+    let pool = slot.pool.clone().ok_or_else(not_running)?;
+    let lease = slot.lease();
+    let mut conn = take(&pool).await?;
+    let op = Operation::ReadRange {
+        path,
+        range: asked.unwrap_or(ByteRange::All),
+    };
+    let rid = conn
+        .send_request_async(op)
+        .await
+        .map_err(|e| broken(&e, &lease))?;
+    let (size, span) = match conn.next_answer_async(rid).await {
+        Ok(AgentBody::FileOpened { size, range }) => (size, range),
+        Err(ClientError::Agent(e)) => {
+            pool.give_back(conn);
+            return Err(Box::new(agent_error(&e)));
+        }
+        Err(e) => return Err(broken(&e, &lease)),
+        Ok(other) => return Err(bad_gateway(format!("unexpected answer {other:?}"))),
+    };
+    let Some((start, len)) = span else {
+        if let Ok(AgentBody::ReadEnd { .. }) = conn.next_answer_async(rid).await {
+            pool.give_back(conn);
+        }
+        let mut resp = error(
+            StatusCode::RANGE_NOT_SATISFIABLE,
+            "range_not_satisfiable",
+            format!("the range selects nothing of this {size}-byte file"),
+            None,
+        );
+        if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
+            resp.headers_mut().insert(header::CONTENT_RANGE, v);
+        }
+        return Ok(with_execution(resp, &slot));
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(QUEUE);
+    tokio::spawn(pump(conn, pool, rid, len, tx));
+    let body = Body::new(Streamed {
+        rx,
+        left: len,
+        failed: false,
+    });
+    let mut resp = body.into_response();
+    let status = if asked.is_some() {
+        StatusCode::PARTIAL_CONTENT
+    } else {
+        StatusCode::OK
+    };
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    if asked.is_some() {
+        let last = (start + len).saturating_sub(1);
+        if let Ok(v) = HeaderValue::from_str(&format!("bytes {start}-{last}/{size}")) {
+            h.insert(header::CONTENT_RANGE, v);
+        }
+    }
+    Ok(with_execution(resp, &slot))
+}
+
+/// Why a streamed read ended without its span.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Cut(String);
+
+/// Reads the agent's chunks of request `rid` (a span of `len` bytes) into `tx` in
+/// batches, the last batch held back until the agent's end confirms the span is whole
+/// and the file did not change meanwhile. Anything else ends the body with an error.
+/// The connection goes back to the pool only after a clean end; a client that goes
+/// away (the receiver dropped) drops it, which ends the agent's side too.
+async fn pump(
+    mut conn: AgentConnection<AgentStream>,
+    pool: Arc<AgentPool>,
+    rid: RequestId,
+    len: u64,
+    tx: tokio::sync::mpsc::Sender<Result<Bytes, Cut>>,
+) {
+    let mut held: Option<Bytes> = None;
+    let mut batch: Vec<u8> = Vec::with_capacity(BATCH);
+    let mut got = 0u64;
+    let outcome = loop {
+        match conn.next_answer_async(rid).await {
+            Ok(AgentBody::FileData(chunk)) => {
+                got += chunk.len() as u64;
+                if got > len {
+                    break Err(Cut(format!("the agent sent more than the {len} bytes")));
+                }
+                batch.extend_from_slice(&chunk);
+                if batch.len() >= BATCH {
+                    let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
+                    if let Some(prev) = held.replace(Bytes::from(full)) {
+                        if tx.send(Ok(prev)).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+            Ok(AgentBody::ReadEnd { bytes, truncated }) => {
+                break if bytes != len || got != len {
+                    Err(Cut(format!(
+                        "the file changed while it was read: {got} of {len} bytes"
+                    )))
+                } else if truncated {
+                    Err(Cut("the file grew while it was read".into()))
+                } else {
+                    Ok(())
+                };
+            }
+            Ok(other) => break Err(Cut(format!("unexpected answer {other:?}"))),
+            Err(e) => break Err(Cut(format!("the read failed: {e}"))),
+        }
+    };
+    match outcome {
+        Ok(()) => {
+            pool.give_back(conn);
+            for part in [held, (!batch.is_empty()).then(|| Bytes::from(batch))]
+                .into_iter()
+                .flatten()
+            {
+                if tx.send(Ok(part)).await.is_err() {
+                    return;
+                }
+            }
+        }
+        Err(cut) => {
+            tracing::warn!(%cut, "file read cut");
+            let _ = tx.send(Err(cut)).await;
+        }
+    }
+}
+
+/// The HTTP body of a streamed read: the pump's batches, exactly `left` bytes, or an
+/// error (which makes the server cut the connection short of its length).
+struct Streamed {
+    rx: tokio::sync::mpsc::Receiver<Result<Bytes, Cut>>,
+    left: u64,
+    failed: bool,
+}
+
+impl hyper::body::Body for Streamed {
+    type Data = Bytes;
+    type Error = Cut;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Cut>>> {
+        if self.left == 0 || self.failed {
+            return Poll::Ready(None);
+        }
+        match self.rx.poll_recv(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Ok(b))) => {
+                self.left = self.left.saturating_sub(b.len() as u64);
+                Poll::Ready(Some(Ok(Frame::data(b))))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                self.failed = true;
+                Poll::Ready(Some(Err(e)))
+            }
+            Poll::Ready(None) => {
+                self.failed = true;
+                Poll::Ready(Some(Err(Cut("the read ended early".into()))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.left)
+    }
+}
+
+/// Streams `body` into `path` through one agent connection: the request, the body's
+/// chunks as they arrive (each data frame of the body in one socket write), the end,
+/// and the agent's answer once the new file is durable at `path`.
+async fn write(slot: &Arc<Slot>, path: String, mut body: Body) -> Result<Response, Rejection> {
+    let pool = slot.pool.clone().ok_or_else(not_running)?;
+    let lease = slot.lease();
+    let mut conn = take(&pool).await?;
+    let op = Operation::WriteFile {
+        path,
+        mode: None,
+        parents: false,
+    };
+    let rid = conn
+        .send_request_async(op)
+        .await
+        .map_err(|e| broken(&e, &lease))?;
+    let mut frames = Vec::new();
+    loop {
+        let next = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
+        let data = match next {
+            None => break,
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(d) => d,
+                Err(_) => continue,
+            },
+            // The client went away or sent less than it announced: the connection is
+            // dropped without an end, and the agent removes its temporary file.
+            Some(Err(e)) => {
+                return Err(reject(
+                    StatusCode::BAD_REQUEST,
+                    "incomplete_body",
+                    format!("the request body ended early: {e}; nothing was written"),
+                    None,
+                ));
+            }
+        };
+        frames.clear();
+        for piece in data.chunks(MAX_CHUNK) {
+            let f =
+                input_frame(rid, Input::Data(piece.to_vec())).map_err(|e| broken(&e, &lease))?;
+            frames.extend_from_slice(&f);
+        }
+        write_async(conn.stream_mut(), &frames)
+            .await
+            .map_err(|e| broken(&e, &lease))?;
+    }
+    conn.send_input_async(rid, Input::End)
+        .await
+        .map_err(|e| broken(&e, &lease))?;
+    match conn.next_answer_async(rid).await {
+        Ok(AgentBody::Written { .. }) => {
+            pool.give_back(conn);
+            Ok(StatusCode::NO_CONTENT.into_response())
+        }
+        Err(ClientError::Agent(e)) => {
+            pool.give_back(conn);
+            Err(Box::new(agent_error(&e)))
+        }
+        Err(e) => Err(broken(&e, &lease)),
+        Ok(other) => Err(bad_gateway(format!("unexpected answer {other:?}"))),
+    }
+}
