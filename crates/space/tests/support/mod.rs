@@ -175,6 +175,22 @@ impl Cluster {
         self.boot();
     }
 
+    /// Waits up to `limit` for `space up` to exit by itself (a crash point killed it);
+    /// its exit status, `None` when it still runs.
+    pub fn wait_for_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        let child = self.child.as_mut()?;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Stops and starts again on the same data directory.
     pub fn restart(&mut self) {
         self.stop();

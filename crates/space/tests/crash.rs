@@ -1,0 +1,477 @@
+//! Crash tests: `kill -9` at precise points (the crash points of
+//! `space_http::crash`, armed one at a time by a file) of a worker during install and
+//! during retirement, and of the control plane during key rotation. After the restart
+//! nothing acknowledged is lost, no retired execution is served, and the operation
+//! that was cut off either completed or failed cleanly and can be retried.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use support::{Cluster, can_run_jails, find_pid, jail_pids_of};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// The one-shot crash points of a cluster: `SPACE_CRASH_AT=<points>@<dir>`; a point
+/// fires once each time its file is created in `dir`.
+struct CrashPoints {
+    dir: tempfile::TempDir,
+    points: Vec<&'static str>,
+}
+
+impl CrashPoints {
+    fn new(points: &[&'static str]) -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+            points: points.to_vec(),
+        }
+    }
+
+    fn start(&self) -> Cluster {
+        let value = format!("{}@{}", self.points.join(","), self.dir.path().display());
+        Cluster::start_with_env(&[("SPACE_CRASH_AT", &value)])
+    }
+
+    fn file(&self, point: &str) -> PathBuf {
+        self.dir.path().join(point)
+    }
+
+    /// The next process to reach `point` dies there by SIGKILL.
+    fn arm(&self, point: &str) {
+        std::fs::write(self.file(point), b"").unwrap();
+    }
+
+    /// Whether an armed point was reached (its file consumed).
+    fn fired(&self, point: &str) -> bool {
+        !self.file(point).exists()
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn json(bytes: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(bytes).unwrap_or_else(|_| panic!("not JSON: {}", text(bytes)))
+}
+
+/// One blocking HTTP call, with the answer's headers.
+fn call(method: &str, url: &str, auth: &str, body: &[u8]) -> space_http::Answer {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(space_http::HttpClient::new(Duration::from_secs(60)).call(
+        method.parse().unwrap(),
+        url,
+        &[
+            ("content-type", "application/json"),
+            ("authorization", auth),
+        ],
+        bytes::Bytes::copy_from_slice(body),
+    ))
+    .unwrap_or_else(|e| panic!("{method} {url}: {e}"))
+}
+
+/// `POST /v1/sandboxes/{id}/capabilities` for exec: status and body.
+fn ask_capability(c: &Cluster, id: &str) -> (u16, serde_json::Value) {
+    let a = call(
+        "POST",
+        &format!("{}/v1/sandboxes/{id}/capabilities", c.url),
+        &format!("Bearer {}", c.admin_key),
+        br#"{"access":["exec"],"purpose":"control"}"#,
+    );
+    let body = serde_json::from_slice(&a.body).unwrap_or(serde_json::Value::Null);
+    (a.status.as_u16(), body)
+}
+
+fn capability(c: &Cluster, id: &str) -> serde_json::Value {
+    let (status, body) = ask_capability(c, id);
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// An exec straight at the worker the capability names: status and body.
+fn direct_exec(cap: &serde_json::Value) -> (u16, serde_json::Value) {
+    let url = format!(
+        "{}/v1/sandboxes/{}/exec",
+        cap["route"]["worker_url"].as_str().unwrap(),
+        cap["route"]["sandbox"].as_str().unwrap(),
+    );
+    let a = call(
+        "POST",
+        &url,
+        &format!("SpaceCap {}", cap["token"].as_str().unwrap()),
+        br#"{"cmd":["true"]}"#,
+    );
+    let body = serde_json::from_slice(&a.body).unwrap_or(serde_json::Value::Null);
+    (a.status.as_u16(), body)
+}
+
+/// The same, once the worker the capability names accepts connections again.
+fn direct_exec_when_up(cap: &serde_json::Value) -> (u16, serde_json::Value) {
+    let addr = cap["route"]["worker_url"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("http://")
+        .to_owned();
+    eventually("the worker listens again", || {
+        std::net::TcpStream::connect(&addr).is_ok()
+    });
+    direct_exec(cap)
+}
+
+/// An exec through the edge: the execution that ran it, by its answer's header and
+/// body (they must agree).
+fn edge_exec(c: &Cluster, id: &str) -> String {
+    let a = call(
+        "POST",
+        &format!("{}/v1/sandboxes/{id}/exec", c.url),
+        &format!("Bearer {}", c.admin_key),
+        br#"{"cmd":["true"]}"#,
+    );
+    assert_eq!(a.status, 200, "{}", text(&a.body));
+    let header = a
+        .headers
+        .get("space-execution")
+        .expect("no space-execution header")
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(json(&a.body)["execution_id"], header.as_str());
+    header
+}
+
+fn put(c: &Cluster, id: &str, path: &str, data: &[u8]) {
+    let out = c.cli_with_stdin(&["fs", "put", id, "-", path], data);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+fn get(c: &Cluster, id: &str, path: &str) -> String {
+    let out = c.cli(&["fs", "get", id, path]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+fn sandbox_ids(c: &Cluster) -> BTreeSet<String> {
+    let out = c.cli(&["--json", "sandbox", "list"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    json(&out.stdout)
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Polls `ok` until it holds, panicking with `what` after [`WAIT`].
+fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits until worker `w` (whose process was `old_pid`) died, was restarted by the
+/// supervisor and serves again.
+fn wait_restarted(c: &Cluster, w: &str, old_pid: i32) {
+    let dir = c.worker_dir(w);
+    let words = ["worker", "--id", w, dir.to_str().unwrap()];
+    eventually("the worker is restarted", || {
+        find_pid(&words).is_some_and(|p| p != old_pid)
+    });
+    let url = c
+        .worker_urls()
+        .into_iter()
+        .find(|(id, _)| id == w)
+        .unwrap()
+        .1;
+    let addr = url.trim_start_matches("http://").to_owned();
+    eventually("the restarted worker listens", || {
+        std::net::TcpStream::connect(&addr).is_ok()
+    });
+    c.wait_for_workers(2);
+}
+
+/// The states of `sandbox`'s executions in worker `w`'s own records.
+fn worker_record_states(c: &Cluster, w: &str, sandbox: &str) -> Vec<(u64, String)> {
+    let db = c.worker_dir(w).join("records.db");
+    let conn = rusqlite::Connection::open_with_flags(
+        &db,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .unwrap();
+    conn.busy_timeout(Duration::from_secs(10)).unwrap();
+    let mut q = conn
+        .prepare("SELECT generation, state FROM executions WHERE sandbox = ?1 ORDER BY generation")
+        .unwrap();
+    q.query_map([sandbox], |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+/// The control plane's signing keys: (key ID, state).
+fn signing_keys(c: &Cluster) -> Vec<(String, String)> {
+    let conn = rusqlite::Connection::open(c.data_dir().join("control.db")).unwrap();
+    conn.busy_timeout(Duration::from_secs(10)).unwrap();
+    let mut q = conn
+        .prepare("SELECT key_id, state FROM signing_keys ORDER BY created_at, key_id")
+        .unwrap();
+    q.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+fn keys_in(keys: &[(String, String)], state: &str) -> Vec<String> {
+    keys.iter()
+        .filter(|(_, s)| s == state)
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
+/// Sandboxes the platform acknowledged earlier: still there, same files.
+fn assert_intact(c: &Cluster, kept: &[(String, &str)]) {
+    for (id, data) in kept {
+        assert_eq!(c.sandbox(id)["state"], "running", "{id}");
+        assert_eq!(get(c, id, "/root/f"), *data, "{id}: files lost");
+    }
+}
+
+#[test]
+fn a_worker_killed_during_install_recovers_without_serving_a_half_installed_execution() {
+    if !can_run_jails() {
+        return;
+    }
+    let points = ["worker.install.recorded", "worker.install.launched"];
+    let crash = CrashPoints::new(&points);
+    let c = crash.start();
+    let kept = c.create(&["--worker", "w1"]);
+    put(&c, &kept, "/root/f", b"kept");
+    let kept_execution = c.sandbox(&kept)["execution"].clone();
+    for point in points {
+        let before = sandbox_ids(&c);
+        let old_pid = c.worker_pid("w1");
+        crash.arm(point);
+        // The worker dies before it acknowledges the install: the create is not
+        // acknowledged either (an error, not 201).
+        let out = c.cli(&["sandbox", "create", "--worker", "w1"]);
+        assert!(crash.fired(point), "{point} was not reached");
+        assert!(
+            !out.status.success(),
+            "{point}: a create whose install was cut off was acknowledged: {}",
+            text(&out.stdout)
+        );
+        let cut: Vec<String> = sandbox_ids(&c).difference(&before).cloned().collect();
+        assert_eq!(cut.len(), 1, "{point}: {cut:?}");
+        let cut = &cut[0];
+        assert_eq!(c.sandbox(cut)["state"], "stopped", "{point}");
+        if point == "worker.install.launched" {
+            // The jail was up when the worker died (its processes outlive it).
+            assert!(
+                !jail_pids_of(cut).is_empty(),
+                "{point}: no jail ran at the crash point"
+            );
+        }
+        wait_restarted(&c, "w1", old_pid);
+        // Recovered: the cut-off execution is neither left starting nor running, and
+        // its jail is gone (the startup sweep kills what no live record names).
+        eventually(
+            &format!("{point}: the half-installed execution is cleared"),
+            || {
+                jail_pids_of(cut).is_empty()
+                    && worker_record_states(&c, "w1", cut)
+                        .iter()
+                        .all(|(_, s)| s == "retired" || s == "failed")
+            },
+        );
+        // Never served: no capability is issued for it.
+        let (status, body) = ask_capability(&c, cut);
+        assert_ne!(status, 200, "{point}: {body}");
+        assert!(
+            !c.cli(&["exec", cut, "--", "true"]).status.success(),
+            "{point}: the cut-off sandbox ran a command"
+        );
+        // What was acknowledged before is intact: the survivor was re-adopted.
+        assert_eq!(c.sandbox(&kept)["execution"], kept_execution, "{point}");
+        assert_intact(&c, &[(kept.clone(), "kept")]);
+        // The create can be retried, on the same worker, and the new sandbox answers
+        // from its own execution.
+        let again = c.create(&["--worker", "w1"]);
+        let view = c.sandbox(&again);
+        assert_eq!(
+            edge_exec(&c, &again),
+            view["execution"]["execution_id"].as_str().unwrap()
+        );
+        // And the cut-off one is removed cleanly.
+        let out = c.cli(&["sandbox", "rm", cut]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+}
+
+#[test]
+fn a_worker_killed_during_retirement_never_serves_the_retired_execution_again() {
+    if !can_run_jails() {
+        return;
+    }
+    let points = ["worker.retire.recorded", "worker.retire.torn_down"];
+    let crash = CrashPoints::new(&points);
+    let c = crash.start();
+    let kept = c.create(&["--worker", "w1"]);
+    put(&c, &kept, "/root/f", b"kept");
+    let kept_execution = c.sandbox(&kept)["execution"].clone();
+    for point in points {
+        let id = c.create(&["--worker", "w1"]);
+        let cap = capability(&c, &id);
+        assert_eq!(direct_exec(&cap).0, 200);
+        let generation = c.sandbox(&id)["execution"]["generation"].as_u64().unwrap();
+        let old_pid = c.worker_pid("w1");
+        crash.arm(point);
+        let out = c.cli(&["sandbox", "rm", &id]);
+        assert!(crash.fired(point), "{point} was not reached");
+        wait_restarted(&c, "w1", old_pid);
+        if !out.status.success() {
+            // Cut off without an answer: the delete is retried and completes.
+            let out = c.cli(&["sandbox", "rm", &id]);
+            assert!(out.status.success(), "{point}: {}", text(&out.stderr));
+        }
+        // The retired execution is never served again: its capability, at its worker
+        // on its old address, is refused as retired.
+        let (status, body) = direct_exec_when_up(&cap);
+        assert_eq!(status, 421, "{point}: {body}");
+        assert_eq!(body["reason"], "retired", "{point}: {body}");
+        eventually(&format!("{point}: the retired jail is torn down"), || {
+            jail_pids_of(&id).is_empty()
+        });
+        assert_eq!(
+            worker_record_states(&c, "w1", &id),
+            vec![(generation, "retired".to_owned())],
+            "{point}"
+        );
+        assert_eq!(c.sandbox(&id)["state"], "stopped");
+        let (status, body) = ask_capability(&c, &id);
+        assert_ne!(status, 200, "{point}: {body}");
+        assert_eq!(c.sandbox(&kept)["execution"], kept_execution, "{point}");
+        assert_intact(&c, &[(kept.clone(), "kept")]);
+    }
+
+    // The same cut during a migration (the source's retirement is its last step):
+    // the migration completes, the sandbox answers from the new execution only, with
+    // its files, and the old one is refused at its worker.
+    let id = c.create(&["--worker", "w1"]);
+    put(&c, &id, "/root/f", b"moved");
+    let old = c.sandbox(&id)["execution"].clone();
+    let old_cap = capability(&c, &id);
+    let old_pid = c.worker_pid("w1");
+    crash.arm("worker.retire.recorded");
+    let out = c.cli(&["sandbox", "migrate", &id, "--worker", "w2"]);
+    assert!(crash.fired("worker.retire.recorded"));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    wait_restarted(&c, "w1", old_pid);
+    let new = c.sandbox(&id)["execution"].clone();
+    assert_eq!(new["worker"], "w2");
+    assert!(new["generation"].as_u64() > old["generation"].as_u64());
+    let (status, body) = direct_exec_when_up(&old_cap);
+    assert_eq!(status, 421, "{body}");
+    for _ in 0..10 {
+        assert_eq!(edge_exec(&c, &id), new["execution_id"].as_str().unwrap());
+    }
+    assert_intact(&c, &[(id.clone(), "moved"), (kept.clone(), "kept")]);
+    let old_key = format!("{id}.{}", old["execution_id"].as_str().unwrap());
+    eventually("the migrated-away jail is torn down", || {
+        jail_pids_of(&old_key).is_empty()
+    });
+    assert_eq!(
+        worker_record_states(&c, "w1", &id),
+        vec![(old["generation"].as_u64().unwrap(), "retired".to_owned())]
+    );
+}
+
+#[test]
+fn a_control_plane_killed_during_key_rotation_loses_no_key_and_keeps_serving() {
+    if !can_run_jails() {
+        return;
+    }
+    let points = ["control.rotate.published", "control.rotate.activated"];
+    let crash = CrashPoints::new(&points);
+    let mut c = crash.start();
+    let on_w1 = c.create(&["--worker", "w1"]);
+    let on_w2 = c.create(&["--worker", "w2"]);
+    put(&c, &on_w1, "/root/f", b"one");
+    put(&c, &on_w2, "/root/f", b"two");
+    let kept = [(on_w1.clone(), "one"), (on_w2.clone(), "two")];
+    for point in points {
+        let keys = signing_keys(&c);
+        let active = keys_in(&keys, "active");
+        assert_eq!(active.len(), 1, "{keys:?}");
+        let before = capability(&c, &on_w1);
+        crash.arm(point);
+        let out = c.cli(&["--json", "keys", "rotate"]);
+        assert!(
+            c.wait_for_exit(Duration::from_secs(30)).is_some(),
+            "{point}: the control plane did not die"
+        );
+        assert!(crash.fired(point), "{point} was not reached");
+        assert!(
+            !out.status.success(),
+            "{point}: a rotation cut off was acknowledged: {}",
+            text(&out.stdout)
+        );
+        c.crash_and_restart();
+
+        // The store's keyring is consistent: one key signs — the old one if the
+        // crash came before activation, the new one after — and nothing was lost.
+        let after = signing_keys(&c);
+        let now_active = keys_in(&after, "active");
+        assert_eq!(now_active.len(), 1, "{point}: {after:?}");
+        assert_eq!(after.len(), keys.len() + 1, "{point}: {keys:?} → {after:?}");
+        let new_key = after
+            .iter()
+            .find(|(k, _)| !keys.iter().any(|(old, _)| old == k))
+            .unwrap();
+        match point {
+            "control.rotate.published" => {
+                assert_eq!(now_active, active, "{point}");
+                assert_eq!(new_key.1, "published", "{point}");
+            }
+            _ => {
+                assert_eq!(now_active[0], new_key.0, "{point}");
+                assert!(keys_in(&after, "retiring").contains(&active[0]), "{point}");
+            }
+        }
+        // Acknowledged sandboxes run on, with their files.
+        assert_intact(&c, &kept);
+        // Capabilities signed by the key in force verify at every worker.
+        for id in [&on_w1, &on_w2] {
+            let cap = capability(&c, id);
+            let (status, body) = direct_exec(&cap);
+            assert_eq!(status, 200, "{point}: {body}");
+        }
+        // The capability issued before the crash: its key still verifies (a 200, or
+        // a 421 if its execution was replaced meanwhile), never a signature refusal.
+        let (status, body) = direct_exec_when_up(&before);
+        assert!(
+            status == 200 || (status == 421 && body["reason"] == "stale_generation"),
+            "{point}: the capability of the old key: {status} {body}"
+        );
+        // The rotation can be retried and completes.
+        let out = c.cli(&["--json", "keys", "rotate"]);
+        assert!(out.status.success(), "{point}: {}", text(&out.stderr));
+        let rotated = json(&out.stdout)["active_key"].as_str().unwrap().to_owned();
+        let settled = signing_keys(&c);
+        assert_eq!(keys_in(&settled, "active"), vec![rotated], "{point}");
+        assert!(
+            keys_in(&settled, "published").is_empty(),
+            "{point}: a published key of the interrupted rotation is left: {settled:?}"
+        );
+        for id in [&on_w1, &on_w2] {
+            let cap = capability(&c, id);
+            let (status, body) = direct_exec(&cap);
+            assert_eq!(status, 200, "{point}: after the retried rotation: {body}");
+        }
+    }
+}
