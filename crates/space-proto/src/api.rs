@@ -191,6 +191,11 @@ pub struct ExecRequest {
     /// Text written to stdin, which is then closed.
     #[serde(default)]
     pub stdin: Option<String>,
+    /// Bytes written to stdin (standard base64, padded), which is then closed; for
+    /// stdin that is not text. At most one of `stdin` and `stdin_base64`; either holds
+    /// at most [`MAX_EXEC_STDIN`] bytes (more: 413, or the streaming exec).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin_base64: Option<String>,
     /// Kill after this many seconds.
     #[serde(default)]
     pub timeout_secs: Option<u64>,
@@ -199,6 +204,14 @@ pub struct ExecRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_bytes: Option<u64>,
 }
+
+/// Largest stdin of a non-streaming exec, in bytes (decoded): 64 MiB. The streaming
+/// exec takes stdin of any size, as it is produced.
+pub const MAX_EXEC_STDIN: usize = 64 << 20;
+
+/// Largest body of a non-streaming exec request: room for [`MAX_EXEC_STDIN`] bytes of
+/// stdin in base64 (4/3 of it) and the rest of the request.
+pub const MAX_EXEC_BODY: usize = 96 << 20;
 
 /// Default cap on each output stream of a non-streaming exec: bytes of the stream's
 /// JSON string in the answer (for text, its size; a control character counts as its

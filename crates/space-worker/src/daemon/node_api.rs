@@ -13,11 +13,11 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use space_identity::{Access, Endpoint, Operation, SandboxId, Token, Verdict};
 use space_proto::api::{
-    DEFAULT_MAX_OUTPUT_BYTES, ErrorBody, ExecRequest, ExecResponse, FileEntry, MAX_OUTPUT_BYTES,
-    SignedUpdate,
+    DEFAULT_MAX_OUTPUT_BYTES, ErrorBody, ExecRequest, ExecResponse, FileEntry, MAX_EXEC_BODY,
+    MAX_EXEC_STDIN, MAX_OUTPUT_BYTES, SignedUpdate,
 };
 use space_proto::client::{AgentConnection, Call, ClientError};
-use space_proto::guest::{ErrorKind, ExecSpec, ExitOutcome, FileKind};
+use space_proto::guest::{ErrorKind, ExecSpec, ExitOutcome, FileKind, MAX_CHUNK};
 
 use super::records::RecordState;
 use super::state::{AgentPool, AgentStream, Slot, Worker};
@@ -91,10 +91,12 @@ pub fn router(worker: Arc<Worker>) -> Router {
     Router::new()
         .route(
             "/v1/sandboxes/{id}/exec",
-            post(exec).route_layer(axum::middleware::from_fn_with_state(
-                Arc::clone(&worker),
-                admitted_first,
-            )),
+            post(exec)
+                .layer(DefaultBodyLimit::max(MAX_EXEC_BODY))
+                .route_layer(axum::middleware::from_fn_with_state(
+                    Arc::clone(&worker),
+                    admitted_first,
+                )),
         )
         .route(
             "/v1/sandboxes/{id}/files",
@@ -408,18 +410,30 @@ async fn exec(
     State(w): State<Arc<Worker>>,
     Path(id): Path<String>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
     let start = Instant::now();
     let (sandbox, slot) = match admit(&w, &headers, &id, Access::Exec) {
         Ok(v) => v,
         Err(r) => return *r,
     };
+    let body = match body {
+        Ok(b) => b,
+        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => return exec_too_large(),
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("exec body: {e}"),
+                None,
+            );
+        }
+    };
     let slot = match unpaused(&w, slot).await {
         Ok(s) => s,
         Err(r) => return *r,
     };
-    let req: ExecRequest = match serde_json::from_slice(&body) {
+    let mut req: ExecRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
             return error(
@@ -429,6 +443,11 @@ async fn exec(
                 None,
             );
         }
+    };
+    drop(body);
+    let stdin = match exec_stdin(&mut req) {
+        Ok(s) => s,
+        Err(r) => return *r,
     };
     if req.cmd.is_empty() {
         return error(
@@ -464,7 +483,8 @@ async fn exec(
             .into_iter()
             .collect(),
         cwd: req.cwd,
-        stdin: Some(req.stdin.unwrap_or_default().into_bytes()),
+        // Stdin that fits in the request frame goes with it; more follows as input.
+        stdin: (stdin.len() <= MAX_CHUNK).then(Vec::new),
         timeout_ms: Some(
             req.timeout_secs
                 .unwrap_or(DEFAULT_EXEC_TIMEOUT_SECS)
@@ -479,7 +499,15 @@ async fn exec(
         // kernel killed a process of the sandbox for its limit while this ran.
         let cgroups = slot.record.handle.as_ref().map(|h| h.cgroups.clone());
         let oom_before = cgroups.as_ref().and_then(|c| c.oom_kills());
-        match with_conn(&slot, Call::exec(spec)).await {
+        let ran = match spec.stdin {
+            Some(_) => {
+                let mut spec = spec;
+                spec.stdin = Some(stdin);
+                with_conn(&slot, Call::exec(spec)).await
+            }
+            None => exec_with_stdin(&slot, spec, stdin).await,
+        };
+        match ran {
             Ok(out) => {
                 let oom_killed = matches!(
                     (oom_before, cgroups.as_ref().and_then(|c| c.oom_kills())),
@@ -521,6 +549,79 @@ async fn exec(
     .await;
     observe(&w, "exec", start);
     resp
+}
+
+/// 413 for an exec request over [`MAX_EXEC_BODY`] or with stdin over
+/// [`MAX_EXEC_STDIN`].
+fn exec_too_large() -> Response {
+    error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "too_large",
+        format!(
+            "exec stdin is limited to {} MiB (the request to {} MiB); use the streaming \
+             exec (/exec/stream, `space exec --stream`) for more",
+            MAX_EXEC_STDIN >> 20,
+            MAX_EXEC_BODY >> 20
+        ),
+        None,
+    )
+}
+
+/// The stdin bytes of an exec request (taken out of it): its text or its decoded
+/// base64, at most [`MAX_EXEC_STDIN`].
+pub(crate) fn exec_stdin(req: &mut ExecRequest) -> Result<Vec<u8>, Rejection> {
+    use base64::Engine as _;
+    let stdin = match (req.stdin.take(), req.stdin_base64.take()) {
+        (Some(_), Some(_)) => {
+            return Err(reject(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "give stdin or stdin_base64, not both",
+                None,
+            ));
+        }
+        (Some(text), None) => text.into_bytes(),
+        (None, Some(b64)) => {
+            // Decoded size known before decoding: no buffer for an oversized stdin.
+            if b64.len() / 4 * 3 > MAX_EXEC_STDIN + 2 {
+                return Err(Box::new(exec_too_large()));
+            }
+            base64::engine::general_purpose::STANDARD
+                .decode(b64.as_bytes())
+                .map_err(|e| {
+                    reject(
+                        StatusCode::BAD_REQUEST,
+                        "bad_request",
+                        format!("stdin_base64 is not standard base64: {e}"),
+                        None,
+                    )
+                })?
+        }
+        (None, None) => Vec::new(),
+    };
+    if stdin.len() > MAX_EXEC_STDIN {
+        return Err(Box::new(exec_too_large()));
+    }
+    Ok(stdin)
+}
+
+/// [`super::streams::exec_collect`] (stdin larger than a frame), with the same answer
+/// as [`with_conn`] when the execution is retired meanwhile.
+async fn exec_with_stdin(
+    slot: &Arc<Slot>,
+    spec: ExecSpec,
+    stdin: Vec<u8>,
+) -> Result<space_proto::client::ExecOutput, Rejection> {
+    let lease = slot.lease();
+    match super::streams::exec_collect(slot, spec, stdin).await {
+        Err(r) if r.status() == StatusCode::BAD_GATEWAY && *lease.borrow() => Err(reject(
+            StatusCode::MISDIRECTED_REQUEST,
+            "refresh_route",
+            "the execution was retired during the operation",
+            Some("retired"),
+        )),
+        other => other,
+    }
 }
 
 /// The JSON answer of an exec, written into a buffer of its exact size: no growth by

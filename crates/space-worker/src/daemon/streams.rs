@@ -13,9 +13,10 @@ use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use space_identity::Access;
-use space_proto::client::{self, AgentConnection};
+use space_proto::client::{self, AgentConnection, ExecOutput};
 use space_proto::guest::{
-    AgentBody, ExecSpec, ExitOutcome, Input, Operation, PtySize, RequestId, WatchEvent,
+    AgentBody, ExecSpec, ExitOutcome, Input, MAX_CHUNK, Operation, OutputCap, PtySize, RequestId,
+    WatchEvent,
 };
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
@@ -77,7 +78,9 @@ pub async fn terminal(
         max_output_bytes: None,
     };
     match open(&slot, Operation::Exec(spec)).await {
-        Ok(opened) => ws.on_upgrade(move |socket| relay(socket, slot, opened, false)),
+        Ok(opened) => {
+            ws.on_upgrade(move |socket| relay(socket, slot, opened, false, PendingInput::default()))
+        }
         Err(r) => *r,
     }
 }
@@ -101,7 +104,9 @@ pub async fn watch(
         recursive: q.recursive.unwrap_or(false),
     };
     match open(&slot, op).await {
-        Ok(opened) => ws.on_upgrade(move |socket| relay(socket, slot, opened, false)),
+        Ok(opened) => {
+            ws.on_upgrade(move |socket| relay(socket, slot, opened, false, PendingInput::default()))
+        }
         Err(r) => *r,
     }
 }
@@ -143,6 +148,7 @@ pub async fn exec_stream(
                 .await;
             }
         };
+        let mut req = req;
         if req.cmd.is_empty() {
             return close(
                 &mut socket,
@@ -150,6 +156,26 @@ pub async fn exec_stream(
                 "cmd must not be empty".into(),
             )
             .await;
+        }
+        // Stdin given in the request is written as input (of any size the request
+        // holds, not bounded by a frame), then closed; without it stdin stays open for
+        // the client's binary messages, up to an empty one.
+        let given = req.stdin.is_some() || req.stdin_base64.is_some();
+        let mut initial = PendingInput::default();
+        match super::node_api::exec_stdin(&mut req) {
+            Ok(bytes) if given => {
+                initial.stdin(bytes.into());
+                initial.then(Input::CloseStdin);
+            }
+            Ok(_) => {}
+            Err(r) => {
+                return close(
+                    &mut socket,
+                    CLOSE_BAD_REQUEST,
+                    format!("invalid exec request: stdin ({})", r.status()),
+                )
+                .await;
+            }
         }
         let spec = ExecSpec {
             argv: req.cmd,
@@ -163,14 +189,14 @@ pub async fn exec_stream(
                 .into_iter()
                 .collect(),
             cwd: req.cwd,
-            stdin: req.stdin.map(String::into_bytes),
+            stdin: None,
             timeout_ms: req.timeout_secs.map(|s| s.saturating_mul(1000)),
             pty: None,
             // A stream is read as it comes: nothing is collected, nothing capped.
             max_output_bytes: None,
         };
         match open(&slot, Operation::Exec(spec)).await {
-            Ok(opened) => relay(socket, slot, opened, true).await,
+            Ok(opened) => relay(socket, slot, opened, true, initial).await,
             Err(r) => {
                 close(
                     &mut socket,
@@ -205,9 +231,35 @@ impl Drop for Reader {
     }
 }
 
+/// An operation started on a dedicated connection: its id, the write half for its
+/// input, the read half for its answers, and the first answer (`Started` with the pid
+/// of an exec, `WatchStarted`).
+struct Split {
+    id: RequestId,
+    writer: OwnedWriteHalf,
+    conn: AgentConnection<OwnedReadHalf>,
+    first: AgentBody,
+}
+
 /// Opens a dedicated connection (its checks and handshake on the blocking pool),
 /// starts `op`, and spawns the task that reads its answers.
 async fn open(slot: &Arc<Slot>, op: Operation) -> Result<Opened, Rejection> {
+    let Split {
+        id, writer, conn, ..
+    } = start_split(slot, op).await?;
+    let (tx, output) = mpsc::channel(64);
+    let reader = Reader(tokio::spawn(read_answers(conn, id, tx)));
+    Ok(Opened {
+        id,
+        writer,
+        output,
+        reader,
+    })
+}
+
+/// Opens a dedicated connection, starts `op` on it and splits it into its halves once
+/// the agent said the operation started.
+async fn start_split(slot: &Arc<Slot>, op: Operation) -> Result<Split, Rejection> {
     let Some(pool) = slot.pool.clone() else {
         return Err(super::node_api::not_running());
     };
@@ -246,13 +298,99 @@ async fn open(slot: &Arc<Slot>, op: Operation) -> Result<Opened, Rejection> {
         })
         .unwrap_or_else(|never| match never {});
     let writer = writer.ok_or_else(|| bad("split".into()))?;
-    let (tx, output) = mpsc::channel(64);
-    let reader = Reader(tokio::spawn(read_answers(conn, id, tx)));
-    Ok(Opened {
+    Ok(Split {
         id,
         writer,
-        output,
-        reader,
+        conn,
+        first,
+    })
+}
+
+/// Runs a non-streaming exec whose stdin is too large for the request frame: the
+/// process starts with its stdin open, `stdin` follows in [`MAX_CHUNK`] input frames
+/// and is then closed, and the output is collected (capped at the spec's
+/// `max_output_bytes`, as [`space_proto::client::Call::exec`] does) *while* stdin is
+/// written — a process that echoes its input (`cat`) would otherwise block on its
+/// full stdout while the worker waits for it to read more.
+pub(crate) async fn exec_collect(
+    slot: &Arc<Slot>,
+    mut spec: ExecSpec,
+    stdin: Vec<u8>,
+) -> Result<ExecOutput, Rejection> {
+    spec.stdin = None;
+    let mut caps = spec
+        .max_output_bytes
+        .map(|n| [OutputCap::new(n), OutputCap::new(n)]);
+    let Split {
+        id,
+        mut writer,
+        mut conn,
+        first,
+    } = start_split(slot, Operation::Exec(spec)).await?;
+    let AgentBody::Started { pid } = first else {
+        return Err(super::node_api::bad_gateway(format!(
+            "unexpected {first:?}"
+        )));
+    };
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let feed = async {
+        for chunk in stdin.chunks(MAX_CHUNK) {
+            send_input(&mut writer, id, Input::Stdin(chunk.to_vec())).await?;
+        }
+        send_input(&mut writer, id, Input::CloseStdin).await
+    };
+    let collect = async {
+        loop {
+            match conn.next_answer_async(id).await? {
+                AgentBody::Stdout(c) => match &mut caps {
+                    Some([cap, _]) => cap.push(&c, &mut stdout),
+                    None => stdout.extend_from_slice(&c),
+                },
+                AgentBody::Stderr(c) => match &mut caps {
+                    Some([_, cap]) => cap.push(&c, &mut stderr),
+                    None => stderr.extend_from_slice(&c),
+                },
+                AgentBody::Exited(status) => return Ok(status),
+                other => {
+                    return Err(client::ClientError::Unexpected {
+                        request: id,
+                        what: format!("{other:?}").chars().take(120).collect(),
+                    });
+                }
+            }
+        }
+    };
+    let ended = {
+        let mut feed = std::pin::pin!(feed);
+        let mut collect = std::pin::pin!(collect);
+        let mut fed = false;
+        loop {
+            tokio::select! {
+                // A write that fails (the process exited and the agent went on) is not
+                // the outcome: the answers are.
+                _ = &mut feed, if !fed => fed = true,
+                r = &mut collect => break r,
+            }
+        }
+    };
+    let mut status = match ended {
+        Ok(status) => status,
+        Err(client::ClientError::Agent(e)) => {
+            return Err(Box::new(super::node_api::agent_error(&e)));
+        }
+        Err(e) => return Err(super::node_api::bad_gateway(e.to_string())),
+    };
+    if let Some([out, err]) = &mut caps {
+        out.finish(&mut stdout);
+        err.finish(&mut stderr);
+        status.stdout_truncated |= out.truncated();
+        status.stderr_truncated |= err.truncated();
+    }
+    Ok(ExecOutput {
+        pid,
+        stdout,
+        stderr,
+        status,
     })
 }
 
@@ -324,13 +462,21 @@ async fn close(socket: &mut WebSocket, code: u16, reason: String) {
 /// Relays between the client and the agent until either ends or the lease breaks.
 /// With `tagged`, every binary message to the client starts with 1 (stdout) or 2
 /// (stderr); a terminal's output is untagged (the PTY merges them).
-async fn relay(mut socket: WebSocket, slot: Arc<Slot>, opened: Opened, tagged: bool) {
+async fn relay(
+    mut socket: WebSocket,
+    slot: Arc<Slot>,
+    opened: Opened,
+    tagged: bool,
+    initial: PendingInput,
+) {
     let Opened {
         id,
-        mut writer,
+        writer,
         mut output,
         reader: _reader,
     } = opened;
+    let (inputs, _writer) = input_writer(writer, id);
+    let mut pending = initial;
     let mut lease = slot.lease();
     if *lease.borrow() {
         close(&mut socket, CLOSE_REPLACED, "execution replaced".into()).await;
@@ -371,24 +517,93 @@ async fn relay(mut socket: WebSocket, slot: Arc<Slot>, opened: Opened, tagged: b
                     break;
                 }
             },
-            msg = socket.recv() => {
-                let input = match msg {
-                    Some(Ok(Message::Binary(b))) => Input::Stdin(b.to_vec()),
+            // The next input, once the writer took the previous: while the agent is
+            // slow to take input, output still flows (a `cat` fed faster than its
+            // output is read would otherwise stop both ways).
+            permit = inputs.reserve(), if pending.is_some() => match (permit, pending.next()) {
+                (Ok(permit), Some(input)) => permit.send(input),
+                _ => {
+                    close(&mut socket, CLOSE_BACKEND_GONE, "backend connection ended".into()).await;
+                    break;
+                }
+            },
+            msg = socket.recv(), if pending.is_none() => {
+                match msg {
+                    // An empty binary message ends the stdin of an exec (`cat` ends).
+                    Some(Ok(Message::Binary(b))) if b.is_empty() && tagged => {
+                        pending.then(Input::CloseStdin);
+                    }
+                    Some(Ok(Message::Binary(b))) => pending.stdin(b),
                     Some(Ok(Message::Text(t))) => match serde_json::from_str::<PtySize>(t.as_str()) {
-                        Ok(size) => Input::Resize(size),
-                        Err(_) => Input::Stdin(t.as_str().as_bytes().to_vec()),
+                        Ok(size) => pending.then(Input::Resize(size)),
+                        Err(_) => pending.stdin(axum::body::Bytes::from(t)),
                     },
                     Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
                     _ => break,
-                };
-                if send_input(&mut writer, id, input).await.is_err() {
-                    close(&mut socket, CLOSE_BACKEND_GONE, "backend connection ended".into()).await;
-                    break;
                 }
             }
         }
     }
-    // Closing the connection (both halves: the reader stops with `_reader`) ends the
-    // process group or the watch at the agent.
-    drop(writer);
+    // Closing the connection (both halves: the reader stops with `_reader`, the writer
+    // with `_writer`) ends the process group or the watch at the agent.
+}
+
+/// Client input not yet handed to the writer: a message's stdin bytes, cut into
+/// frames of at most [`MAX_CHUNK`] as they are handed over (a message larger than
+/// the agent's frame limit still arrives whole), or one other input.
+#[derive(Default)]
+struct PendingInput {
+    stdin: axum::body::Bytes,
+    other: Option<Input>,
+}
+
+impl PendingInput {
+    fn is_some(&self) -> bool {
+        !self.stdin.is_empty() || self.other.is_some()
+    }
+
+    fn is_none(&self) -> bool {
+        !self.is_some()
+    }
+
+    fn stdin(&mut self, b: axum::body::Bytes) {
+        self.stdin = b;
+    }
+
+    fn then(&mut self, input: Input) {
+        self.other = Some(input);
+    }
+
+    fn next(&mut self) -> Option<Input> {
+        if !self.stdin.is_empty() {
+            let n = self.stdin.len().min(MAX_CHUNK);
+            return Some(Input::Stdin(self.stdin.split_to(n).to_vec()));
+        }
+        self.other.take()
+    }
+}
+
+/// The task writing a stream's input to the agent, stopped (and the write half
+/// closed) when the stream ends, even in the middle of a write the agent does not
+/// take.
+struct Writer(tokio::task::JoinHandle<()>);
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Starts the writer of request `id`'s input: a small queue (each entry at most
+/// [`MAX_CHUNK`]) in front of the connection, which is all the input a stream buffers.
+fn input_writer(mut writer: OwnedWriteHalf, id: RequestId) -> (mpsc::Sender<Input>, Writer) {
+    let (tx, mut rx) = mpsc::channel::<Input>(4);
+    let task = tokio::spawn(async move {
+        while let Some(input) = rx.recv().await {
+            if send_input(&mut writer, id, input).await.is_err() {
+                return;
+            }
+        }
+    });
+    (tx, Writer(task))
 }
