@@ -3,6 +3,13 @@
 //! purpose (see [`platform`]). Each figure prints a progress line on stderr while it
 //! runs and a row of the table on stdout: measured value, target, ratio, pass.
 
+mod figures;
+pub mod p1_p2;
+pub mod p3;
+pub mod p4;
+pub mod p5_p6;
+pub mod p7;
+pub mod p8;
 pub mod platform;
 pub mod soak;
 
@@ -15,6 +22,25 @@ pub enum BenchCmd {
     /// Sandboxes migrating, pausing and resuming continuously while clients read,
     /// write, exec and open streams through the edge and the SDK's direct mode.
     Soak(soak::SoakArgs),
+    /// P1: capability verify at first sight against a raw `verify_strict`.
+    P1(figures::Strict),
+    /// P2: admission of an already verified token (the verified-token cache).
+    P2(figures::Strict),
+    /// P3: a 4 KiB read through edge → worker → bridge → guest against a direct call
+    /// to a guest agent; reads per second with 16 clients.
+    P3(figures::Strict),
+    /// P4: 50 concurrent creates through the public API, ready for their first exec.
+    P4(figures::Strict),
+    /// P5: pause and resume in place; migrate a sandbox with a 64 MiB filesystem.
+    P5(figures::Strict),
+    /// P6: the first request through a stale route cache after a migration.
+    P6(figures::Strict),
+    /// P7: host-side memory per idle sandbox, and how many fit in 24 GiB.
+    P7(figures::P7Args),
+    /// P8: streams of execution N closed after N+1 is installed.
+    P8(figures::Strict),
+    /// P1–P8, then the soak's short form: one table.
+    All(figures::P7Args),
 }
 
 /// One row of a benchmark table.
@@ -121,6 +147,7 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> Result<i32, String> {
             print_table(&report.rows(), json);
             Ok(if report.passed() { 0 } else { 1 })
         }
+        figure => figures::run(figure, json).await,
     }
 }
 

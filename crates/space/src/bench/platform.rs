@@ -212,3 +212,109 @@ fn find_process(words: &[&str], dir: &Path) -> Option<i32> {
     }
     None
 }
+
+// ---- For the figures (P3–P8): clients, metrics, pools ----
+
+impl Platform {
+    /// An SDK client with the admin key: in direct mode, or through the edge.
+    pub fn client(&self, direct: bool) -> space_client::Client {
+        space_client::Client::with_options(
+            &self.url,
+            &self.admin_key,
+            space_client::Options {
+                direct,
+                timeout: Duration::from_secs(60),
+            },
+        )
+    }
+
+    /// Each worker's ID and node-api URL, from `GET /v1/workers`.
+    pub async fn worker_urls(&self) -> Result<Vec<(String, String)>, String> {
+        let http = space_http::HttpClient::new(Duration::from_secs(10));
+        let auth = format!("Bearer {}", self.admin_key);
+        let a = http
+            .call(
+                Method::GET,
+                &format!("{}/v1/workers", self.url),
+                &[("authorization", &auth)],
+                Bytes::new(),
+            )
+            .await
+            .map_err(|e| format!("GET /v1/workers: {e}"))?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&a.body).map_err(|e| format!("GET /v1/workers: {e}"))?;
+        Ok(v.as_array()
+            .map(|list| {
+                list.iter()
+                    .filter_map(|w| Some((w["id"].as_str()?.into(), w["address"].as_str()?.into())))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// The node-api URL of worker `id`.
+    pub async fn worker_url(&self, id: &str) -> Result<String, String> {
+        self.worker_urls()
+            .await?
+            .into_iter()
+            .find_map(|(w, url)| (w == id).then_some(url))
+            .ok_or_else(|| format!("no worker {id}"))
+    }
+
+    /// The control plane's metric `name` (the whole sample name, labels included), 0
+    /// when absent.
+    pub async fn control_metric(&self, name: &str) -> f64 {
+        metric(&self.url, name).await
+    }
+
+    /// Waits until every worker keeps `warm` warm jails ready and the control plane
+    /// `standby` standby sandboxes, twice a keeper tick apart (so a refill under way is
+    /// seen): figures are measured on a quiet platform.
+    pub async fn wait_for_pools(
+        &self,
+        warm: usize,
+        standby: usize,
+        within: Duration,
+    ) -> Result<(), String> {
+        let deadline = Instant::now() + within;
+        let workers = self.worker_urls().await?;
+        for _ in 0..2 {
+            loop {
+                let mut full =
+                    self.control_metric("space_control_standby_ready").await >= standby as f64;
+                for (_, url) in &workers {
+                    full &=
+                        warm == 0 || metric(url, "space_worker_warm_ready").await >= warm as f64;
+                }
+                if full {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(format!(
+                        "the pools ({warm} warm jails per worker, {standby} standby) did not fill"
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
+        Ok(())
+    }
+}
+
+/// Metric `name` (the whole sample name, labels included) at `base/metrics`, 0 when
+/// absent or unreachable.
+pub async fn metric(base: &str, name: &str) -> f64 {
+    let http = space_http::HttpClient::new(Duration::from_secs(10));
+    let Ok(a) = http
+        .call(Method::GET, &format!("{base}/metrics"), &[], Bytes::new())
+        .await
+    else {
+        return 0.0;
+    };
+    String::from_utf8_lossy(&a.body)
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}

@@ -1,0 +1,154 @@
+//! `space bench p1` … `p8` and `all`: which figures run on which platform, and the
+//! exit code.
+//!
+//! P1 and P2 need no platform. P3–P6 and P8 share one `space up` with the defaults
+//! (two workers, 16 warm jails and 16 standby sandboxes per worker), P4 first while
+//! the machine is quiet and the pools full. P7 starts its own (one worker, no pools),
+//! so that nothing but the idle sandboxes is counted. `all` then runs the soak's short
+//! form.
+
+use clap::Args;
+
+use super::platform::{Platform, PlatformOptions};
+use super::{BenchCmd, Row, p1_p2, p3, p4, p5_p6, p7, p8, print_table, soak};
+
+/// `--strict` of a figure.
+#[derive(Debug, Clone, Args)]
+pub struct Strict {
+    /// Exit non-zero when a measured value misses its target.
+    #[arg(long)]
+    pub strict: bool,
+}
+
+/// `space bench p7` and `space bench all`.
+#[derive(Debug, Clone, Args)]
+pub struct P7Args {
+    /// Exit non-zero when a measured value misses its target.
+    #[arg(long)]
+    pub strict: bool,
+    /// Idle sandboxes for P7.
+    #[arg(long, default_value_t = 100)]
+    pub sandboxes: usize,
+}
+
+/// The pools of the platform P3–P8 run on: the defaults of `space up`.
+fn pools() -> (usize, usize) {
+    (
+        space_worker::daemon::DEFAULT_WARM_POOL,
+        space_control::service::STANDBY_PER_WORKER * 2,
+    )
+}
+
+async fn figures_platform() -> Result<Platform, String> {
+    let (warm_pool, standby) = pools();
+    eprintln!(
+        "bench: starting space up (2 workers, {warm_pool} warm jails per worker, {standby} standby sandboxes)"
+    );
+    Platform::start(PlatformOptions {
+        workers: 2,
+        warm_pool,
+        standby,
+        // The figures create more sandboxes than one tenant may keep by default.
+        env: vec![("SPACE_TENANT_SANDBOXES".into(), "100000".into())],
+    })
+    .await
+}
+
+/// A row saying a figure could not be measured.
+fn failed(id: &str, e: &str) -> Row {
+    Row::new(id, "could not be measured", format!("error: {e}"), "-").pass(false)
+}
+
+/// Rows of a figure, or a failed row.
+fn rows_or_failed(id: &str, r: Result<Vec<Row>, String>) -> Vec<Row> {
+    r.unwrap_or_else(|e| {
+        eprintln!("{id}: {e}");
+        vec![failed(id, &e)]
+    })
+}
+
+async fn cpu_figures(p1: bool, p2: bool) -> Result<Vec<Row>, String> {
+    tokio::task::spawn_blocking(move || {
+        let (mut rows, first_sight) = p1_p2::p1();
+        if !p1 {
+            rows.clear();
+        }
+        if p2 {
+            rows.extend(p1_p2::p2(first_sight));
+        }
+        rows
+    })
+    .await
+    .map_err(|e| format!("P1/P2: {e}"))
+}
+
+/// P3–P6 and P8 (those of `which`) on one platform of the defaults.
+async fn platform_figures(which: &[&str]) -> Vec<Row> {
+    let p = match figures_platform().await {
+        Ok(p) => p,
+        Err(e) => return which.iter().map(|id| failed(id, &e)).collect(),
+    };
+    let (warm, standby) = pools();
+    let mut rows = Vec::new();
+    if which.contains(&"P4") {
+        rows.extend(rows_or_failed("P4", p4::run(&p, warm, standby).await));
+    }
+    if which.contains(&"P3") {
+        rows.extend(rows_or_failed("P3", p3::run(&p).await));
+    }
+    if which.contains(&"P5") || which.contains(&"P6") {
+        let r = rows_or_failed("P5", p5_p6::run(&p).await);
+        rows.extend(
+            r.into_iter()
+                .filter(|r| which.contains(&r.id.as_str()) || r.pass == Some(false)),
+        );
+    }
+    if which.contains(&"P8") {
+        rows.extend(rows_or_failed("P8", p8::run(&p, warm, standby).await));
+    }
+    p.stop().await;
+    rows
+}
+
+/// Runs figure `cmd` (anything but the soak) and prints its table.
+pub async fn run(cmd: &BenchCmd, json: bool) -> Result<i32, String> {
+    let (rows, strict, soak_passed) = match cmd {
+        BenchCmd::Soak(_) => return Err("the soak is not a figure".into()),
+        BenchCmd::P1(s) => (cpu_figures(true, false).await?, s.strict, true),
+        BenchCmd::P2(s) => (cpu_figures(false, true).await?, s.strict, true),
+        BenchCmd::P3(s) => (platform_figures(&["P3"]).await, s.strict, true),
+        BenchCmd::P4(s) => (platform_figures(&["P4"]).await, s.strict, true),
+        BenchCmd::P5(s) => (platform_figures(&["P5"]).await, s.strict, true),
+        BenchCmd::P6(s) => (platform_figures(&["P6"]).await, s.strict, true),
+        BenchCmd::P8(s) => (platform_figures(&["P8"]).await, s.strict, true),
+        BenchCmd::P7(a) => (
+            rows_or_failed("P7", p7::run(a.sandboxes).await),
+            a.strict,
+            true,
+        ),
+        BenchCmd::All(a) => {
+            let mut rows = cpu_figures(true, true).await?;
+            rows.extend(platform_figures(&["P3", "P4", "P5", "P6", "P8"]).await);
+            rows.extend(rows_or_failed("P7", p7::run(a.sandboxes).await));
+            // In QUALITY.md's order: P1 … P8.
+            rows.sort_by(|x, y| x.id.cmp(&y.id));
+            eprintln!("P9: the soak's short form");
+            let args = soak::SoakArgs::short();
+            let passed = match soak::run(&args).await {
+                Ok(report) => {
+                    rows.extend(report.rows());
+                    report.passed()
+                }
+                Err(e) => {
+                    rows.push(failed("P9", &e));
+                    false
+                }
+            };
+            (rows, a.strict, passed)
+        }
+    };
+    print_table(&rows, json);
+    let could_not = rows.iter().any(|r| r.measured.starts_with("error: "));
+    let missed = rows.iter().any(|r| r.pass == Some(false));
+    Ok(i32::from(could_not || !soak_passed || (strict && missed)))
+}

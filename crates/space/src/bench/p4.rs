@@ -1,0 +1,112 @@
+//! P4: 50 sandbox creates at once through the public API (the SDK, through the
+//! edge), on the defaults of `space up` (16 warm jails and 16 standby sandboxes per
+//! worker) once the pools are full; each create counts as done when its answer
+//! arrives, and every created sandbox then runs `true` (not timed) to show it was
+//! ready for its first exec. Creates one at a time as information.
+
+use std::time::{Duration, Instant};
+
+use space_client::{Client, SandboxState};
+use space_identity::SandboxId;
+
+use super::platform::Platform;
+use super::{Row, quantile};
+
+/// Creates at once.
+const BURST: usize = 50;
+/// Creates one after the other.
+const SINGLE: usize = 20;
+
+/// One create: its time (ms) and the sandbox.
+async fn create(client: Client) -> Result<(f64, SandboxId), String> {
+    let t = Instant::now();
+    let s = client
+        .create_sandbox(&Default::default())
+        .await
+        .map_err(|e| format!("create: {e}"))?;
+    let took = t.elapsed().as_secs_f64() * 1e3;
+    if s.state != SandboxState::Running {
+        return Err(format!("a create answered {:?}, not running", s.state));
+    }
+    Ok((took, s.id))
+}
+
+/// Runs `true` in each sandbox (each must be ready for it), then deletes them.
+async fn first_exec_and_delete(client: &Client, ids: &[SandboxId]) -> Result<(), String> {
+    for id in ids {
+        let out = client
+            .exec(id, &space_client::exec(["true"]))
+            .await
+            .map_err(|e| format!("first exec in a created sandbox: {e}"))?;
+        if out.exit_code != 0 {
+            return Err(format!("`true` in a created sandbox: {out:?}"));
+        }
+    }
+    for id in ids {
+        client
+            .delete_sandbox(id)
+            .await
+            .map_err(|e| format!("delete: {e}"))?;
+    }
+    Ok(())
+}
+
+/// P4 on `p`, started with `warm` warm jails per worker and `standby` standby
+/// sandboxes.
+pub async fn run(p: &Platform, warm: usize, standby: usize) -> Result<Vec<Row>, String> {
+    let client = p.client(true);
+    let settle = Duration::from_secs(180);
+    p.wait_for_pools(warm, standby, settle).await?;
+    eprintln!("P4: {BURST} creates at once through the public API");
+    let tasks: Vec<_> = (0..BURST)
+        .map(|_| tokio::spawn(create(client.clone())))
+        .collect();
+    let (mut burst, mut ids) = (Vec::new(), Vec::new());
+    for t in tasks {
+        let (took, id) = t.await.map_err(|e| format!("create task: {e}"))??;
+        burst.push(took);
+        ids.push(id);
+    }
+    first_exec_and_delete(&client, &ids).await?;
+    p.wait_for_pools(warm, standby, settle).await?;
+    eprintln!("P4: {SINGLE} creates one at a time");
+    let (mut single, mut ids) = (Vec::new(), Vec::new());
+    for _ in 0..SINGLE {
+        let (took, id) = create(client.clone()).await?;
+        single.push(took);
+        ids.push(id);
+    }
+    first_exec_and_delete(&client, &ids).await?;
+    burst.sort_by(f64::total_cmp);
+    single.sort_by(f64::total_cmp);
+    let (p50, p99) = (quantile(&burst, 0.5), quantile(&burst, 0.99));
+    let pools = format!("{warm} warm jails per worker, {standby} standby sandboxes");
+    Ok(vec![
+        Row::new(
+            "P4",
+            &format!("create, {BURST} concurrent, ready for its first exec, p50 ({pools})"),
+            format!("{p50:.1} ms (min {:.1} ms)", quantile(&burst, 0.0)),
+            "≤ 25 ms",
+        )
+        .ratio(p50 / 25.0)
+        .pass(p50 <= 25.0),
+        Row::new(
+            "P4",
+            &format!("create, {BURST} concurrent, p99"),
+            format!("{p99:.1} ms"),
+            "≤ 100 ms",
+        )
+        .ratio(p99 / 100.0)
+        .pass(p99 <= 100.0),
+        Row::new(
+            "P4",
+            "create, one at a time (information)",
+            format!(
+                "p50 {:.1} ms, p99 {:.1} ms",
+                quantile(&single, 0.5),
+                quantile(&single, 0.99)
+            ),
+            "-",
+        ),
+    ])
+}
