@@ -368,9 +368,21 @@ async fn forward_exec(
     req: Request,
 ) -> Result<Response, ApiError> {
     let pq = path_and_query(&req);
-    let body = axum::body::to_bytes(req.into_body(), MAX_BODY)
+    // Room for 64 MiB of stdin in base64; the worker checks the stdin itself.
+    let limit = space_proto::api::MAX_EXEC_BODY;
+    let body = axum::body::to_bytes(req.into_body(), limit)
         .await
-        .map_err(|_| ApiError::bad_request("body too large"))?;
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!(
+                    "exec request over {} MiB (stdin at most {} MiB; use the streaming exec for more)",
+                    limit >> 20,
+                    space_proto::api::MAX_EXEC_STDIN >> 20
+                ),
+            )
+        })?;
     let class = mutation(&headers);
     forward(&st, &headers, &id, Method::POST, pq, body, class).await
 }
