@@ -22,6 +22,7 @@ mod body;
 pub mod crash;
 pub mod private_dir;
 mod server;
+pub mod stream;
 
 pub use body::{FileBody, HashingFile, ReqBody, spool_body};
 use body::{spool, spool_into};
