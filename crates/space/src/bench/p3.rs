@@ -76,6 +76,7 @@ fn direct_agent_reads() -> Result<Vec<f64>, String> {
         .arg("--home")
         .arg(dir.path())
         .stdin(Stdio::null())
+        .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("{}: {e}", agent.display()))?;
     let _agent = DirectAgent { child, _dir: dir };
