@@ -1,11 +1,11 @@
-//! Issue #3 benchmarks with the real agent and bridge:
-//! - launch-to-first-exec of one sandbox (jail + verified bridge + `true` through it),
-//!   sequentially and with 50 launched at once (p50 / p99);
-//! - host-side memory per idle sandbox (bridge + jail init + agent) with N sandboxes
-//!   running: RSS and PSS (proportional: shared pages divided among sharers).
+//! Issue #3 benchmarks with the real agent and bridge: launch-to-first-exec of one
+//! sandbox (jail + verified bridge + `true` through it), sequentially and with 50
+//! launched at once (p50 / p99), at the substrate (no worker daemon).
 //!
-//! `cargo bench -p space-worker --bench sandbox_footprint` (root; `SPACE_BENCH_SANDBOXES`
-//! sets N, default 100).
+//! The host-side memory of idle sandboxes (P7) is `space bench p7`, which counts the
+//! worker too, on a real `space up`.
+//!
+//! `cargo bench -p space-worker --bench sandbox_footprint` (root).
 
 #![allow(clippy::print_stdout)] // A bench binary reports on stdout.
 
@@ -65,40 +65,11 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i]
 }
 
-/// (RSS, PSS) in KiB from /proc/PID/smaps_rollup.
-fn memory_kib(pid: u32) -> (u64, u64) {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
-    let field = |name: &str| {
-        text.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("Rss:"), field("Pss:"))
-}
-
-/// `MemAvailable` from /proc/meminfo, in KiB.
-fn mem_available_kib() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("MemAvailable:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 fn main() {
     if !rustix::process::geteuid().is_root() {
         eprintln!("SKIPPED: sandbox_footprint needs root (namespaces, mounts, cgroups)");
         return;
     }
-    // cargo bench passes `--bench`; ignore arguments.
-    let n: usize = std::env::var("SPACE_BENCH_SANDBOXES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
     let bins = Binaries {
         agent: space_testkit::workspace_bin("spaced-guest", "spaced-guest"),
         bridge: space_testkit::workspace_bin("spaced-host", "spaced-host"),
@@ -171,41 +142,5 @@ fn main() {
         wall.as_secs_f64() * 1e3
     );
 
-    // N idle sandboxes.
-    let available_before = mem_available_kib();
-    let mut idle = Vec::new();
-    for _ in 0..n {
-        idle.push(launch_and_first_exec(&driver, &bins, &data).0);
-    }
-    std::thread::sleep(Duration::from_secs(2));
-    let (mut rss, mut pss) = (0u64, 0u64);
-    let (mut bridge_pss, mut init_pss, mut agent_pss) = (0u64, 0u64, 0u64);
-    for l in &idle {
-        let b = memory_kib(l.bridge.process.pid);
-        let i = memory_kib(l.handle.init.pid as u32);
-        let a = l.handle.agent.map_or((0, 0), |a| memory_kib(a.pid as u32));
-        rss += b.0 + i.0 + a.0;
-        pss += b.1 + i.1 + a.1;
-        bridge_pss += b.1;
-        init_pss += i.1;
-        agent_pss += a.1;
-    }
-    let per = |kib: u64| kib as f64 / n as f64 / 1024.0;
-    // Everything the host spent, kernel included (page tables, namespaces, overlay
-    // and cgroup state, socket buffers); noisy, since other processes move it too.
-    let spent = available_before.saturating_sub(mem_available_kib());
-    println!(
-        "idle sandboxes: {n}; host MemAvailable drop {:.2} MiB per sandbox",
-        per(spent)
-    );
-    println!(
-        "idle sandboxes: {n}; per sandbox RSS {:.2} MiB, PSS {:.2} MiB (bridge {:.2}, jail init {:.2}, agent {:.2} MiB PSS)",
-        per(rss),
-        per(pss),
-        per(bridge_pss),
-        per(init_pss),
-        per(agent_pss)
-    );
-    teardown(idle);
     space_worker::substrate::jail::disk::unmount_volume(&data);
 }
