@@ -395,6 +395,19 @@ async fn forward_files(
 ) -> Result<Response, ApiError> {
     let method = req.method().clone();
     let pq = path_and_query(&req);
+    // Reads and writes stream both ways, at any size (`edge_files`).
+    if method == Method::GET || method == Method::PUT {
+        let (c, b) = caller(&st, &headers).await?;
+        let sandbox = sandbox_id(&id)?;
+        let edge = &st.edge;
+        return if method == Method::GET {
+            crate::edge_files::read(edge, &c, &b, &sandbox, &pq, &headers).await
+        } else {
+            let class = mutation(&headers);
+            let body = req.into_body();
+            crate::edge_files::write(edge, &c, &b, &sandbox, &pq, &headers, body, class).await
+        };
+    }
     let body = axum::body::to_bytes(req.into_body(), MAX_BODY)
         .await
         .map_err(|_| {

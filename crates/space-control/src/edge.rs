@@ -185,7 +185,7 @@ impl Edge {
         allowed.then(|| (e.route.clone(), e.value.clone()))
     }
 
-    async fn fresh(
+    pub(crate) async fn fresh(
         &self,
         caller: &Caller,
         bearer: &str,
@@ -339,7 +339,7 @@ impl Edge {
         }
     }
 
-    fn count(&self, reason: &str, outcome: &str) {
+    pub(crate) fn count(&self, reason: &str, outcome: &str) {
         if let Authority::Local(cp) = &self.authority {
             cp.metrics
                 .recoveries
@@ -348,6 +348,13 @@ impl Edge {
                     outcome: outcome.to_owned(),
                 })
                 .inc();
+        }
+    }
+
+    /// Drops the cached route `route`, if it is still the cached one.
+    pub(crate) fn forget(&self, route: &space_identity::RouteIdentity) {
+        if let Ok(mut routes) = self.routes.lock() {
+            routes.remove_if_current(route);
         }
     }
 
@@ -388,7 +395,7 @@ fn passthrough(a: crate::http::Answer) -> Forwarded {
     }
 }
 
-fn recovery_error(e: RecoveryError) -> ApiError {
+pub(crate) fn recovery_error(e: RecoveryError) -> ApiError {
     match e {
         RecoveryError::Denied(r) => ApiError {
             status: StatusCode::FORBIDDEN,

@@ -1,0 +1,262 @@
+//! File reads and writes through the edge, streamed between the client and the worker
+//! (neither body is held whole here), with the recovery rules of [`Edge::forward`].
+//!
+//! **Reads** (`GET …/files`, `Range` passed on): the worker's answer head decides. A
+//! RefreshRoute (421) or a transport failure arrives before any byte of the answer
+//! went to the client, so the read is eligible for the one rebuilt attempt (or the
+//! one retry) as any read is; once a head is passed on, its body is relayed as it
+//! comes and never retried — a body the worker cuts short cuts the client's answer
+//! short of its `Content-Length` too.
+//!
+//! **Writes** (`PUT …/files`): the client's body is relayed behind a gate
+//! ([`space_http::stream::gated`]) with `Expect: 100-continue`. The worker says
+//! `100 Continue` only when its handler starts reading the body, after admission; a
+//! RefreshRoute from admission (or a closed connection before that) therefore comes
+//! back with the client's body unread, and the rebuilt attempt carries that same body,
+//! whole. Once any byte of the body went to a worker, the write is not repeated
+//! anywhere: an error then is the answer, and the agent's write (a temporary file
+//! renamed into place at the end) left nothing half-written at the path.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use space_http::CallError;
+use space_http::stream::{self, StreamBody, StreamedAnswer};
+use space_identity::{OperationClass, Progress, Recovery, RecoveryStep, Route, SandboxId};
+use space_proto::api::ErrorBody;
+
+use crate::auth::Caller;
+use crate::edge::{Edge, recovery_error};
+use crate::error::ApiError;
+
+/// Longest wait for a read's answer head.
+const READ_HEAD_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Longest wait for a write's answer head, which comes once the whole body was
+/// relayed and made durable: a large upload on a slow link takes long.
+const WRITE_HEAD_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
+
+/// Largest error answer read here (to decide on recovery).
+const MAX_ERROR: usize = 64 << 10;
+
+/// Answer headers passed on from the worker.
+const PASSED: [header::HeaderName; 5] = [
+    header::CONTENT_TYPE,
+    header::CONTENT_LENGTH,
+    header::CONTENT_RANGE,
+    header::ACCEPT_RANGES,
+    header::HeaderName::from_static("space-execution"),
+];
+
+/// `GET …/files?path=` streamed from the worker.
+pub(crate) async fn read(
+    edge: &Edge,
+    caller: &Caller,
+    bearer: &str,
+    sandbox: &SandboxId,
+    path_and_query: &str,
+    headers: &HeaderMap,
+) -> Result<Response, ApiError> {
+    let (mut route, mut grant) = edge.route_for(caller, bearer, sandbox).await?;
+    let mut recovery = Recovery::new(OperationClass::Read);
+    loop {
+        let mut h: Vec<(&str, &str)> = vec![("authorization", &grant.authorization)];
+        if let Some(v) = headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
+            h.push(("range", v));
+        }
+        let url = format!("{}{path_and_query}", grant.worker_url);
+        let sent = stream::send(
+            Method::GET,
+            &url,
+            &h,
+            stream::empty(),
+            None,
+            READ_HEAD_TIMEOUT,
+        )
+        .await;
+        match step(edge, caller, bearer, sandbox, &mut recovery, &route, sent).await? {
+            Step::Answer(a) => return relay(&route, a),
+            Step::Done(resp) => return Ok(resp),
+            Step::Next(r, g) => (route, grant) = (r, g),
+        }
+    }
+}
+
+/// `PUT …/files?path=`: the client's `body` streamed to the worker.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn write(
+    edge: &Edge,
+    caller: &Caller,
+    bearer: &str,
+    sandbox: &SandboxId,
+    path_and_query: &str,
+    headers: &HeaderMap,
+    body: Body,
+    class: OperationClass,
+) -> Result<Response, ApiError> {
+    let (mut route, mut grant) = edge.route_for(caller, bearer, sandbox).await?;
+    let mut recovery = Recovery::new(class);
+    let mut body: Option<StreamBody> = Some(stream::boxed(body));
+    loop {
+        let Some(unread) = body.take() else {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "route_unavailable",
+                "the route changed after the upload started; the file was not replaced \
+                 (the write is all or nothing): send it again",
+            ));
+        };
+        let (gated, gate) = stream::gated(unread);
+        let mut h: Vec<(&str, &str)> = vec![("authorization", &grant.authorization)];
+        for name in ["content-type", "idempotency-key"] {
+            if let Some(v) = headers.get(name).and_then(|v| v.to_str().ok()) {
+                h.push((name, v));
+            }
+        }
+        let url = format!("{}{path_and_query}", grant.worker_url);
+        let sent = stream::send(
+            Method::PUT,
+            &url,
+            &h,
+            gated,
+            Some(gate.clone()),
+            WRITE_HEAD_TIMEOUT,
+        )
+        .await;
+        // The body back, if no byte of it left: only then may another attempt run.
+        body = gate.take_back();
+        let sent = match sent {
+            // A transport failure after bytes of the body left is never retried: the
+            // worker may have the file already.
+            Err(e) if body.is_none() => {
+                return Err(ApiError::bad_gateway(format!(
+                    "worker unreachable during the upload: {e}"
+                )));
+            }
+            other => other,
+        };
+        match step(edge, caller, bearer, sandbox, &mut recovery, &route, sent).await? {
+            Step::Answer(a) => return relay(&route, a),
+            Step::Done(resp) => return Ok(resp),
+            Step::Next(r, g) => (route, grant) = (r, g),
+        }
+    }
+}
+
+/// What one attempt gave.
+enum Step {
+    /// The answer, complete.
+    Done(Response),
+    /// An answer to pass on.
+    Answer(StreamedAnswer),
+    /// Try again on this route.
+    Next(Route, std::sync::Arc<crate::edge::Grant>),
+}
+
+/// The recovery rules after one attempt on `route` (as in [`Edge::forward`]).
+async fn step(
+    edge: &Edge,
+    caller: &Caller,
+    bearer: &str,
+    sandbox: &SandboxId,
+    recovery: &mut Recovery,
+    route: &Route,
+    sent: Result<StreamedAnswer, CallError>,
+) -> Result<Step, ApiError> {
+    let answer = match sent {
+        Ok(a) => a,
+        Err(e) => {
+            let progress = match e {
+                CallError::Connect(_) => Progress::NotStarted,
+                _ => Progress::Started,
+            };
+            return match recovery.on_transport_failure(progress) {
+                Ok(RecoveryStep::RetrySameRoute) if progress == Progress::NotStarted => {
+                    // Nothing reached the worker: it may have restarted under a new
+                    // address; resolve afresh.
+                    edge.forget(&route.identity());
+                    let (r, g) = edge.fresh(caller, bearer, sandbox).await?;
+                    Ok(Step::Next(r, g))
+                }
+                Ok(RecoveryStep::RetrySameRoute) => {
+                    let (r, g) = edge.route_for(caller, bearer, sandbox).await?;
+                    Ok(Step::Next(r, g))
+                }
+                _ => Err(ApiError::bad_gateway(format!("worker unreachable: {e}"))),
+            };
+        }
+    };
+    match answer.status {
+        StatusCode::MISDIRECTED_REQUEST => {
+            let body = answer.small_body(MAX_ERROR).await;
+            let body = serde_json::from_slice::<ErrorBody>(&body).ok();
+            let reason = space_proto::api::refresh_reason(body.as_ref());
+            let used = route.identity();
+            if let Err(e) = recovery.on_refresh(used.clone(), reason, Progress::NotStarted) {
+                edge.count(reason.as_str(), "failed");
+                return Err(recovery_error(e));
+            }
+            let (r, g) = edge.repair(caller, bearer, &used).await?;
+            if let Err(e) = recovery.on_resolved(&r.identity()) {
+                edge.count(reason.as_str(), "failed");
+                return Err(recovery_error(e));
+            }
+            edge.count(reason.as_str(), "rebuilt");
+            Ok(Step::Next(r, g))
+        }
+        StatusCode::FORBIDDEN => {
+            // Surfaced as the worker said it, and the route dropped.
+            let status = answer.status;
+            let content_type = answer.headers.get(header::CONTENT_TYPE).cloned();
+            let body = answer.small_body(MAX_ERROR).await;
+            let why = serde_json::from_slice::<ErrorBody>(&body)
+                .ok()
+                .and_then(|e| e.reason)
+                .unwrap_or_default();
+            edge.count(&why, "denied");
+            edge.forget(&route.identity());
+            let mut resp = (status, body).into_response();
+            if let Some(ct) = content_type {
+                resp.headers_mut().insert(header::CONTENT_TYPE, ct);
+            }
+            Ok(Step::Done(resp))
+        }
+        _ => Ok(Step::Answer(answer)),
+    }
+}
+
+/// The worker's answer passed on as it comes: its status, its length and range
+/// headers, its body streamed (hyper checks it against its `Content-Length`, on both
+/// sides). An answer from another execution than the route's is never passed on.
+fn relay(route: &Route, a: StreamedAnswer) -> Result<Response, ApiError> {
+    let execution = a
+        .headers
+        .get("space-execution")
+        .and_then(|v| v.to_str().ok());
+    if let Some(x) = execution {
+        if x != route.execution.id.to_string() {
+            tracing::error!(sandbox = %route.sandbox, expected = %route.execution.id, got = x, "file answer from another execution");
+            return Err(ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "wrong_execution",
+                "the worker answered from another execution than the route named; nothing was passed on",
+            ));
+        }
+    }
+    let mut resp = Body::new(a.body).into_response();
+    *resp.status_mut() = a.status;
+    for name in PASSED {
+        if let Some(v) = a.headers.get(&name) {
+            resp.headers_mut().insert(name, v.clone());
+        }
+    }
+    if !resp.headers().contains_key(header::CONTENT_TYPE) {
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/octet-stream"),
+        );
+    }
+    Ok(resp)
+}
