@@ -337,19 +337,10 @@ impl Client {
         decode(&a)
     }
 
-    /// A file's bytes.
+    /// A file's bytes, in memory: at most [`READ_FILE_MAX`] (a larger file is refused
+    /// with `413 too_large`, never cut). Stream any size with [`Client::read_file_to`].
     pub async fn read_file(&self, id: &SandboxId, path: &str) -> Result<Bytes, Error> {
-        let a = self
-            .operate(
-                id,
-                Method::GET,
-                &files(id, "files", path),
-                None,
-                Bytes::new(),
-                OperationClass::Read,
-            )
-            .await?;
-        Ok(a.body)
+        self.read_file_bounded(id, path).await
     }
 
     /// Writes a file, replacing what was there (its directory must exist).
@@ -923,6 +914,9 @@ fn api_error(a: &Answer) -> Error {
 fn decode<T: DeserializeOwned>(a: &Answer) -> Result<T, Error> {
     serde_json::from_slice(&a.body).map_err(|e| Error::Decode(e.to_string()))
 }
+
+mod files;
+pub use files::{ByteRange, READ_FILE_MAX, RangeRead};
 
 #[cfg(test)]
 mod tests {

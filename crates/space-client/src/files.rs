@@ -1,0 +1,363 @@
+//! Files of any size, streamed both ways: a read goes into an [`AsyncWrite`] as it
+//! arrives, a write comes from an [`AsyncRead`] (or a local file) as it is sent,
+//! neither held whole in memory. The byte count of a read is checked against the
+//! answer's `Content-Length`: a body that ends short is an error, never a shorter
+//! file. A `Range` read returns exactly the bytes asked for, with where they sit.
+//!
+//! Recovery is the same as for every operation ([`Client`]'s rules): a read is
+//! repeated on a new route only before any byte of it was taken; a write's body waits
+//! behind `Expect: 100-continue` until the worker has admitted it, so a RefreshRoute
+//! from admission hands the body back untouched for the one rebuilt attempt, and a
+//! write that started is never repeated.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use hyper::{Method, StatusCode};
+use space_http::CallError;
+use space_http::stream::{self, StreamBody, StreamedAnswer};
+use space_identity::{OperationClass, Progress, SandboxId};
+pub use space_proto::guest::ByteRange;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
+use super::{Answer, Attempt, Client, Error, api_error, error_body, files, idempotency_key};
+
+/// Largest file [`Client::read_file`] returns in memory (256 MiB); a larger one is
+/// refused with `413 too_large` before its body is read. Stream larger files with
+/// [`Client::read_file_to`].
+pub const READ_FILE_MAX: u64 = 256 << 20;
+
+/// Largest error answer read.
+const MAX_ERROR: usize = 64 << 10;
+
+/// Where the bytes of a ranged read sit in the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RangeRead {
+    /// First byte sent.
+    pub start: u64,
+    /// Bytes sent.
+    pub len: u64,
+    /// Size of the whole file.
+    pub size: u64,
+}
+
+impl Client {
+    /// Streams the file at `path` into `sink`; returns the bytes written, which are
+    /// the file's size (a body that ends short of its `Content-Length` is an error).
+    pub async fn read_file_to<W>(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        sink: &mut W,
+    ) -> Result<u64, Error>
+    where
+        W: AsyncWrite + Unpin + ?Sized,
+    {
+        let a = self.open_read(id, path, None).await?;
+        copy_body(a, sink).await
+    }
+
+    /// Streams the bytes `range` selects of the file at `path` into `sink`. A range
+    /// that selects nothing is `416 range_not_satisfiable`.
+    pub async fn read_file_range_to<W>(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        range: ByteRange,
+        sink: &mut W,
+    ) -> Result<RangeRead, Error>
+    where
+        W: AsyncWrite + Unpin + ?Sized,
+    {
+        let header = match range {
+            ByteRange::All => None,
+            ByteRange::From(a) => Some(format!("bytes={a}-")),
+            ByteRange::Span { first, last } => Some(format!("bytes={first}-{last}")),
+            ByteRange::Last(n) => Some(format!("bytes=-{n}")),
+        };
+        let a = self.open_read(id, path, header.as_deref()).await?;
+        let shape = match a.status {
+            StatusCode::PARTIAL_CONTENT => content_range(&a)?,
+            _ => {
+                let len = a.content_length().unwrap_or(0);
+                RangeRead {
+                    start: 0,
+                    len,
+                    size: len,
+                }
+            }
+        };
+        let n = copy_body(a, sink).await?;
+        Ok(RangeRead { len: n, ..shape })
+    }
+
+    /// The file at `path` in memory, at most [`READ_FILE_MAX`] bytes (a larger file
+    /// is refused with `413 too_large`, never cut).
+    pub(crate) async fn read_file_bounded(
+        &self,
+        id: &SandboxId,
+        path: &str,
+    ) -> Result<Bytes, Error> {
+        let a = self.open_read(id, path, None).await?;
+        let len = a.content_length().unwrap_or(0);
+        if len > READ_FILE_MAX {
+            return Err(Error::Api {
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+                code: "too_large".into(),
+                message: format!(
+                    "the file is {len} bytes, more than read_file returns ({READ_FILE_MAX}); \
+                     stream it with read_file_to"
+                ),
+                reason: None,
+            });
+        }
+        let mut out = Vec::with_capacity(len as usize);
+        copy_body(a, &mut out).await?;
+        Ok(Bytes::from(out))
+    }
+
+    /// Streams `len` bytes of `source` into the file at `path` (replacing it; its
+    /// directory must exist). The file changes only once all of it arrived: a source
+    /// that fails or ends early leaves the old file (or none) in place. Returns `len`.
+    pub async fn write_file_from<R>(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        source: R,
+        len: u64,
+    ) -> Result<u64, Error>
+    where
+        R: AsyncRead + Send + Unpin + 'static,
+    {
+        let body = stream::reader_body(source, Some(len));
+        self.write_body(id, path, body).await?;
+        Ok(len)
+    }
+
+    /// Streams the local file `local` into the file at `path`; returns its size.
+    pub async fn write_file_from_path(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        local: &Path,
+    ) -> Result<u64, Error> {
+        let file = tokio::fs::File::open(local)
+            .await
+            .map_err(|e| Error::Stream(format!("{}: {e}", local.display())))?;
+        let len = file
+            .metadata()
+            .await
+            .map_err(|e| Error::Stream(format!("{}: {e}", local.display())))?
+            .len();
+        self.write_file_from(id, path, file, len).await
+    }
+
+    /// A read's answer head (a success), through the edge or from the worker with
+    /// recovery; its body still to be read.
+    async fn open_read(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        range: Option<&str>,
+    ) -> Result<StreamedAnswer, Error> {
+        let pq = files(id, "files", path);
+        let timeout = READ_HEAD_TIMEOUT;
+        if !self.inner.direct {
+            let mut h = vec![("authorization", self.inner.bearer.as_str())];
+            if let Some(r) = range {
+                h.push(("range", r));
+            }
+            let url = format!("{}{pq}", self.inner.url);
+            let a = stream::send(Method::GET, &url, &h, stream::empty(), None, timeout).await?;
+            return success(a).await;
+        }
+        let pq = &pq;
+        self.on_route(id, OperationClass::Read, |grant| async move {
+            let mut h = vec![("authorization", grant.authorization.as_str())];
+            if let Some(r) = range {
+                h.push(("range", r));
+            }
+            let url = format!("{}{pq}", grant.worker_url);
+            let sent = stream::send(Method::GET, &url, &h, stream::empty(), None, timeout).await;
+            attempt(sent).await
+        })
+        .await
+    }
+
+    /// A write of `body` (through the edge, or to the worker with recovery: the body
+    /// waits behind a gate until the worker asks for it).
+    async fn write_body(&self, id: &SandboxId, path: &str, body: StreamBody) -> Result<(), Error> {
+        let pq = files(id, "files", path);
+        let key = idempotency_key();
+        let slot = Arc::new(Mutex::new(Some(body)));
+        let timeout = UPLOAD_TIMEOUT;
+        let direct = self.inner.direct;
+        let attempt_on = |authorization: String, base: String| {
+            let (slot, key, pq) = (Arc::clone(&slot), key.clone(), pq.clone());
+            async move {
+                let Some(body) = slot.lock().ok().and_then(|mut s| s.take()) else {
+                    return Attempt::Done(Err(Error::Stream(
+                        "the upload started on a route that changed; the file was not \
+                         replaced (a write is all or nothing): send it again"
+                            .into(),
+                    )));
+                };
+                let (body, gate) = stream::gated(body);
+                let h = [
+                    ("authorization", authorization.as_str()),
+                    ("content-type", "application/octet-stream"),
+                    ("idempotency-key", key.as_str()),
+                ];
+                let url = format!("{base}{pq}");
+                let sent =
+                    stream::send(Method::PUT, &url, &h, body, Some(gate.clone()), timeout).await;
+                let back = gate.take_back();
+                let untouched = back.is_some();
+                if let Ok(mut s) = slot.lock() {
+                    *s = back;
+                }
+                match sent {
+                    // Bytes of the body left: never repeated.
+                    Err(e) if !untouched => Attempt::Done(Err(Error::Transport(e))),
+                    sent => attempt(sent).await,
+                }
+            }
+        };
+        let a = if direct {
+            self.on_route(
+                id,
+                OperationClass::Mutation {
+                    idempotency_key: true,
+                },
+                |grant| attempt_on(grant.authorization.clone(), grant.worker_url.clone()),
+            )
+            .await?
+        } else {
+            match attempt_on(self.inner.bearer.clone(), self.inner.url.clone()).await {
+                Attempt::Done(r) => r?,
+                Attempt::Denied(e) | Attempt::Failed(e, _) => return Err(e),
+                Attempt::Refresh(body) => {
+                    return Err(Error::Api {
+                        status: StatusCode::MISDIRECTED_REQUEST,
+                        code: "refresh_route".into(),
+                        message: body
+                            .as_ref()
+                            .map_or_else(String::new, |b| b.message.clone()),
+                        reason: body.and_then(|b| b.reason),
+                    });
+                }
+            }
+        };
+        // The answer (204) has no body to speak of.
+        drop(a);
+        Ok(())
+    }
+}
+
+/// Longest wait for a read's answer head.
+const READ_HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Longest wait for an upload's answer, which comes once all of it was written.
+const UPLOAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
+
+/// One attempt's outcome for [`Client::on_route`].
+async fn attempt(sent: Result<StreamedAnswer, CallError>) -> Attempt<StreamedAnswer> {
+    match sent {
+        Ok(a) => match a.status {
+            StatusCode::MISDIRECTED_REQUEST => Attempt::Refresh(error_body(&small(a).await)),
+            StatusCode::FORBIDDEN => Attempt::Denied(api_error(&small(a).await)),
+            s if s.is_success() => Attempt::Done(Ok(a)),
+            _ => Attempt::Done(Err(api_error(&small(a).await))),
+        },
+        Err(e) => {
+            let progress = match e {
+                CallError::Connect(_) => Progress::NotStarted,
+                _ => Progress::Started,
+            };
+            Attempt::Failed(Error::Transport(e), progress)
+        }
+    }
+}
+
+/// A success, or the error its answer says.
+async fn success(a: StreamedAnswer) -> Result<StreamedAnswer, Error> {
+    if a.status.is_success() {
+        Ok(a)
+    } else {
+        Err(api_error(&small(a).await))
+    }
+}
+
+/// An answer read whole (an error's, at most 64 KiB).
+async fn small(a: StreamedAnswer) -> Answer {
+    let (status, headers) = (a.status, a.headers.clone());
+    let body = a.small_body(MAX_ERROR).await;
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// Where a 206's bytes sit (`Content-Range: bytes a-b/size`).
+fn content_range(a: &StreamedAnswer) -> Result<RangeRead, Error> {
+    let bad = || Error::Decode("a 206 answer without a valid Content-Range".into());
+    let v = a
+        .headers
+        .get(hyper::header::CONTENT_RANGE)
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(bad)?;
+    let (span, size) = v
+        .strip_prefix("bytes ")
+        .and_then(|r| r.split_once('/'))
+        .ok_or_else(bad)?;
+    let (first, last) = span.split_once('-').ok_or_else(bad)?;
+    let num = |s: &str| s.trim().parse::<u64>().map_err(|_| bad());
+    let (first, last, size) = (num(first)?, num(last)?, num(size)?);
+    if last < first {
+        return Err(bad());
+    }
+    Ok(RangeRead {
+        start: first,
+        len: last - first + 1,
+        size,
+    })
+}
+
+/// Copies a success's body into `sink`, checking the count against its
+/// `Content-Length`; flushes `sink` at the end.
+async fn copy_body<W>(a: StreamedAnswer, sink: &mut W) -> Result<u64, Error>
+where
+    W: AsyncWrite + Unpin + ?Sized,
+{
+    let expected = a.content_length();
+    let mut body = a.body;
+    let mut got = 0u64;
+    while let Some(frame) =
+        std::future::poll_fn(|cx| hyper::body::Body::poll_frame(std::pin::Pin::new(&mut body), cx))
+            .await
+    {
+        let frame = frame.map_err(|e| {
+            Error::Stream(format!(
+                "the file's body ended after {got} of {} bytes: {e}",
+                expected.map_or_else(|| "?".into(), |n| n.to_string())
+            ))
+        })?;
+        if let Ok(data) = frame.into_data() {
+            got += data.len() as u64;
+            sink.write_all(&data)
+                .await
+                .map_err(|e| Error::Stream(format!("writing the file: {e}")))?;
+        }
+    }
+    sink.flush()
+        .await
+        .map_err(|e| Error::Stream(format!("writing the file: {e}")))?;
+    match expected {
+        Some(n) if n != got => Err(Error::Stream(format!(
+            "short read: {got} of {n} bytes arrived"
+        ))),
+        _ => Ok(got),
+    }
+}
