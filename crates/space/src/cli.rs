@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use hyper::Method;
 use space_http::{Answer, HttpClient};
-use space_proto::api::{ErrorBody, ExecResponse, FileEntry, Sandbox, WorkerView};
+use space_proto::api::{ErrorBody, ExecResponse, FileEntry, MAX_EXEC_STDIN, Sandbox, WorkerView};
 
 use crate::{Cli, Command, FsCmd, KeysCmd, SandboxCmd};
 
@@ -75,17 +75,53 @@ impl Client {
 }
 
 fn describe_error(a: &Answer) -> String {
-    match serde_json::from_slice::<ErrorBody>(&a.body) {
+    api_error(a.status.as_u16(), &a.body)
+}
+
+/// The one form of every error the CLI reports (printed by `main` as
+/// `space: error: MESSAGE (CODE, HTTP STATUS)`): an API error body's message, then its
+/// code (and reason) and the HTTP status; a body that is not an API error is quoted
+/// (its first 512 bytes).
+pub(crate) fn api_error(status: u16, body: &[u8]) -> String {
+    match serde_json::from_slice::<ErrorBody>(body) {
         Ok(e) => match e.reason {
-            Some(r) => format!("{} ({}): {} [{r}]", e.error, a.status.as_u16(), e.message),
-            None => format!("{} ({}): {}", e.error, a.status.as_u16(), e.message),
+            Some(r) => format!("{} ({}: {r}, HTTP {status})", e.message, e.error),
+            None => format!("{} ({}, HTTP {status})", e.message, e.error),
         },
-        Err(_) => format!(
-            "HTTP {}: {}",
-            a.status.as_u16(),
-            String::from_utf8_lossy(&a.body)
-        ),
+        Err(_) => {
+            let text = String::from_utf8_lossy(&body[..body.len().min(512)]);
+            let text = text.trim();
+            if text.is_empty() {
+                format!("the server answered HTTP {status} (HTTP {status})")
+            } else {
+                format!("{text} (HTTP {status})")
+            }
+        }
     }
+}
+
+/// Stdin for a non-streaming exec: nothing when it is a terminal (nobody pipes
+/// anything) or empty; otherwise all of it, at most [`MAX_EXEC_STDIN`] bytes (read
+/// with that bound: more is refused before anything is sent).
+fn piped_stdin() -> Result<Option<Vec<u8>>, String> {
+    use std::io::IsTerminal;
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        return Ok(None);
+    }
+    let mut buf = Vec::new();
+    stdin
+        .lock()
+        .take(MAX_EXEC_STDIN as u64 + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("cannot read stdin: {e}"))?;
+    if buf.len() > MAX_EXEC_STDIN {
+        return Err(format!(
+            "stdin is over {} MiB, the limit of an exec; use --stream, which takes any size (too_large)",
+            MAX_EXEC_STDIN >> 20
+        ));
+    }
+    Ok((!buf.is_empty()).then_some(buf))
 }
 
 /// What the user should know about how an exec ended, beyond its output and code.
@@ -386,7 +422,16 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
                 body["max_output_bytes"] = n.into();
             }
             if a.stream {
-                return crate::streams::exec(&c.base, c.key(), &a.sandbox, &body).await;
+                return crate::streams::exec(&c.base, c.key(), &a.sandbox, &body, !a.no_stdin)
+                    .await;
+            }
+            if !a.no_stdin {
+                if let Some(bytes) = piped_stdin()? {
+                    use base64::Engine as _;
+                    let text = base64::engine::general_purpose::STANDARD.encode(&bytes);
+                    drop(bytes);
+                    body["stdin_base64"] = text.into();
+                }
             }
             let r: ExecResponse = c
                 .json(

@@ -65,8 +65,40 @@ pub fn own_dir() -> Result<PathBuf, String> {
         .ok_or_else(|| "cannot find the directory of the space executable".into())
 }
 
+/// Set by `space up` for its workers: its pid.
+pub const PARENT_ENV: &str = "SPACE_UP_PID";
+
+/// When started by `space up` ([`PARENT_ENV`]), ends this process once that parent is
+/// gone (killed with -9, it cannot stop its workers): as a crash does, without
+/// stopping sandboxes (the next `space up` re-adopts them), so the worker's lock is
+/// free for the next start's worker. Checked twice a second.
+fn exit_with_parent() {
+    let Some(parent) = std::env::var(PARENT_ENV)
+        .ok()
+        .and_then(|p| p.trim().parse::<i32>().ok())
+    else {
+        return;
+    };
+    let gone = move || rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get()) != parent;
+    if gone() {
+        complain(format_args!("space up (pid {parent}) is gone; exiting"));
+        std::process::exit(1);
+    }
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+        loop {
+            tick.tick().await;
+            if gone() {
+                complain(format_args!("space up (pid {parent}) is gone; exiting"));
+                std::process::exit(1);
+            }
+        }
+    });
+}
+
 /// `space worker`.
 pub async fn worker(a: WorkerArgs) -> Result<(), String> {
+    exit_with_parent();
     let id =
         a.id.parse()
             .map_err(|_| format!("--id {:?} is not a valid worker id (a DNS label)", a.id))?;

@@ -282,9 +282,14 @@ pub struct ExecArgs {
     /// Environment variable (repeatable).
     #[arg(long = "env", value_name = "KEY=VALUE")]
     pub env: Vec<String>,
-    /// Print output as it is produced (a WebSocket stream) instead of at the end.
+    /// Print output as it is produced (a WebSocket stream) instead of at the end;
+    /// stdin is forwarded as it is read (any size; its end closes the command's).
     #[arg(long)]
     pub stream: bool,
+    /// Do not read stdin (by default, stdin that is not a terminal is sent to the
+    /// command: up to 64 MiB, any size with --stream).
+    #[arg(long, short = 'n')]
+    pub no_stdin: bool,
     /// Keep at most this many bytes of each of stdout and stderr (default 16 MiB, at
     /// most 32 MiB; ignored with --stream, which has no cap).
     #[arg(long, value_name = "BYTES")]
@@ -360,7 +365,7 @@ fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
+            eprintln!("space: error: cannot start the runtime: {e}");
             return ExitCode::from(1);
         }
     };
@@ -377,7 +382,8 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {
-            eprintln!("error: {e}");
+            // The one error format of the CLI (see `cli::api_error`).
+            eprintln!("space: error: {e}");
             ExitCode::from(1)
         }
     }

@@ -24,14 +24,10 @@ async fn open(base: &str, key: &str, path: &str) -> Result<Socket, String> {
     req.headers_mut().insert("authorization", auth);
     match tokio_tungstenite::connect_async(req).await {
         Ok((s, _)) => Ok(s),
-        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
-            let body = resp
-                .body()
-                .as_deref()
-                .map(String::from_utf8_lossy)
-                .unwrap_or_default();
-            Err(format!("HTTP {}: {body}", resp.status().as_u16()))
-        }
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => Err(crate::cli::api_error(
+            resp.status().as_u16(),
+            resp.body().as_deref().unwrap_or_default(),
+        )),
         Err(e) => Err(format!("cannot open the stream: {e}")),
     }
 }
@@ -42,7 +38,7 @@ async fn open(base: &str, key: &str, path: &str) -> Result<Socket, String> {
 fn ended(m: Option<Message>) -> Result<i32, String> {
     match m {
         Some(Message::Close(Some(f))) if u16::from(f.code) != 1000 => Err(format!(
-            "stream closed: {} ({})",
+            "{} (stream closed, code {})",
             f.reason,
             u16::from(f.code)
         )),
@@ -150,20 +146,59 @@ pub async fn term(base: &str, key: &str, sandbox: &str) -> Result<i32, String> {
     ended(last)
 }
 
-/// `space exec --stream`: output as it is produced; the command's exit code.
+/// Largest stdin chunk read and sent in one message by `space exec --stream`.
+const STDIN_CHUNK: usize = 64 * 1024;
+
+/// `space exec --stream`: output as it is produced; the command's exit code. With
+/// `forward_stdin`, stdin is sent as it is read, in binary messages of at most
+/// [`STDIN_CHUNK`], and its end as an empty one (the command's stdin is closed: `cat`
+/// ends). A few chunks are buffered, no more: a command that does not read its stdin
+/// stops the reading here. Output is read meanwhile (the socket's halves are apart).
 pub async fn exec(
     base: &str,
     key: &str,
     sandbox: &str,
     request: &serde_json::Value,
+    forward_stdin: bool,
 ) -> Result<i32, String> {
     let mut socket = open(base, key, &format!("/v1/sandboxes/{sandbox}/exec/stream")).await?;
     socket
         .send(Message::Text(request.to_string().into()))
         .await
         .map_err(|e| format!("stream: {e}"))?;
+    let (mut tx, mut rx) = socket.split();
+    let (input_tx, mut input_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+    if forward_stdin {
+        // Stdin is blocking: a thread reads it. It is left behind, blocked, when the
+        // command ends first (the process exits with it).
+        std::thread::spawn(move || {
+            let mut stdin = std::io::stdin().lock();
+            loop {
+                let mut buf = vec![0u8; STDIN_CHUNK];
+                let n = match stdin.read(&mut buf) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => 0,
+                };
+                buf.truncate(n);
+                // The empty chunk (end of stdin) is sent too: it closes the command's.
+                if input_tx.blocking_send(buf).is_err() || n == 0 {
+                    return;
+                }
+            }
+        });
+    } else {
+        drop(input_tx);
+    }
+    let sender = tokio::spawn(async move {
+        while let Some(chunk) = input_rx.recv().await {
+            if tx.send(Message::Binary(chunk.into())).await.is_err() {
+                return;
+            }
+        }
+    });
     let last = loop {
-        match socket.next().await {
+        match rx.next().await {
             Some(Ok(Message::Binary(b))) if !b.is_empty() => {
                 let (tag, data) = (b[0], &b[1..]);
                 if tag == 2 {
@@ -181,6 +216,7 @@ pub async fn exec(
             _ => break None,
         }
     };
+    sender.abort();
     let code = ended(last)?;
     Ok(code.clamp(0, 255))
 }

@@ -138,6 +138,10 @@ async fn supervise(
     while !stopping.load(Ordering::SeqCst) {
         let spawned = Command::new(&exe)
             .args(&args)
+            // The worker ends when this process does, however it ends (see
+            // `daemons::exit_with_parent`): a `space up` killed with -9 leaves no worker
+            // holding its data directory for the next one.
+            .env(crate::daemons::PARENT_ENV, std::process::id().to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .kill_on_drop(false)
