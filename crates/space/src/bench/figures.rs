@@ -156,7 +156,34 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> Result<i32, String> {
         }
     };
     print_table(&rows, json);
+    Ok(exit_code(&rows, strict, soak_passed))
+}
+
+/// 1 when a figure could not be measured or the soak failed; with `strict`, also when
+/// a measured value missed its target.
+fn exit_code(rows: &[Row], strict: bool, soak_passed: bool) -> i32 {
     let could_not = rows.iter().any(|r| r.measured.starts_with("error: "));
     let missed = rows.iter().any(|r| r.pass == Some(false));
-    Ok(i32::from(could_not || !soak_passed || (strict && missed)))
+    i32::from(could_not || !soak_passed || (strict && missed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missed_target_fails_the_run_only_with_strict() {
+        let met = Row::new("P4", "p50", "5 ms".into(), "≤ 25 ms").pass(true);
+        let missed = Row::new("P3", "p50", "4 ×".into(), "≤ 3 ×").pass(false);
+        let info = Row::new("P3", "baseline", "0.05 ms".into(), "-");
+        assert_eq!(exit_code(&[met.clone(), info.clone()], true, true), 0);
+        assert_eq!(exit_code(&[met.clone(), missed.clone()], false, true), 0);
+        assert_eq!(exit_code(&[met.clone(), missed], true, true), 1);
+        // A figure that could not be measured, or a failed soak, fails the run anyway.
+        assert_eq!(
+            exit_code(&[met.clone(), failed("P7", "no worker")], false, true),
+            1
+        );
+        assert_eq!(exit_code(&[met, info], false, false), 1);
+    }
 }

@@ -190,3 +190,35 @@ async fn measure(p: &Platform, n: usize) -> Result<Vec<Row>, String> {
         .pass(fit >= 1000.0),
     ])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn process_tree_counts_a_grandchild_and_its_memory() {
+        // sh (child) → sleep (grandchild): both below this process.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 30 & wait"])
+            .spawn()
+            .expect("sh");
+        let me = std::process::id() as i32;
+        let sh = child.id() as i32;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let tree = loop {
+            let tree = process_tree(me);
+            if tree.len() >= 3 || std::time::Instant::now() > deadline {
+                break tree;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(tree[0], me);
+        assert!(tree.contains(&sh), "{tree:?}");
+        assert!(tree.len() >= 3, "the grandchild is missing: {tree:?}");
+        let (rss, pss) = memory_kib(me);
+        assert!(rss > 0 && pss > 0 && pss <= rss, "rss {rss} pss {pss}");
+        assert_eq!(memory_kib(-1), (0, 0));
+    }
+}
