@@ -135,6 +135,21 @@ impl Client {
         Ok(len)
     }
 
+    /// Streams all of `source`, up to its end, into the file at `path` (a length not
+    /// known ahead: sent chunked). The file changes only once all of it arrived.
+    pub async fn write_file_from_reader<R>(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        source: R,
+    ) -> Result<(), Error>
+    where
+        R: AsyncRead + Send + Unpin + 'static,
+    {
+        self.write_body(id, path, stream::reader_body(source, None))
+            .await
+    }
+
     /// Streams the local file `local` into the file at `path`; returns its size.
     pub async fn write_file_from_path(
         &self,

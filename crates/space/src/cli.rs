@@ -455,46 +455,12 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
             sandbox,
             path,
             local,
-        }) => {
-            let a = c
-                .call(
-                    Method::GET,
-                    &format!("/v1/sandboxes/{sandbox}/files?path={}", encode_query(path)),
-                    None,
-                    Bytes::new(),
-                )
-                .await?;
-            match local {
-                Some(p) if p.as_os_str() != "-" => {
-                    std::fs::write(p, &a.body).map_err(|e| format!("{}: {e}", p.display()))?
-                }
-                _ => std::io::stdout()
-                    .write_all(&a.body)
-                    .map_err(|e| e.to_string())?,
-            }
-        }
+        }) => crate::files::get(&c.base, c.key(), sandbox, path, local.as_deref()).await?,
         Command::Fs(FsCmd::Put {
             sandbox,
             local,
             path,
-        }) => {
-            let data = if local.as_os_str() == "-" {
-                let mut buf = Vec::new();
-                std::io::stdin()
-                    .read_to_end(&mut buf)
-                    .map_err(|e| e.to_string())?;
-                buf
-            } else {
-                std::fs::read(local).map_err(|e| format!("{}: {e}", local.display()))?
-            };
-            c.call(
-                Method::PUT,
-                &format!("/v1/sandboxes/{sandbox}/files?path={}", encode_query(path)),
-                Some("application/octet-stream"),
-                Bytes::from(data),
-            )
-            .await?;
-        }
+        }) => crate::files::put(&c.base, c.key(), sandbox, local, path).await?,
         Command::Fs(FsCmd::Ls { sandbox, path }) => {
             let list: Vec<FileEntry> = c
                 .json(

@@ -4,6 +4,7 @@
 mod bench;
 mod cli;
 mod daemons;
+mod files;
 mod streams;
 mod up;
 
