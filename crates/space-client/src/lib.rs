@@ -41,10 +41,12 @@ use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use hyper::{Method, StatusCode};
 use serde::de::DeserializeOwned;
-use space_http::{Answer, CallError, HttpClient};
+pub use space_http::Answer;
+use space_http::{CallError, HttpClient};
+pub use space_identity::OperationClass;
 use space_identity::{
-    AfterRefresh, OperationClass, Progress, Recovery, RecoveryError, Route, RouteCache,
-    RouteIdentity, SandboxId, Timestamp, WorkerId,
+    AfterRefresh, Progress, Recovery, RecoveryError, Route, RouteCache, RouteIdentity, SandboxId,
+    Timestamp, WorkerId,
 };
 use space_proto::api::{CapabilityResponse, ErrorBody};
 pub use space_proto::api::{
@@ -80,6 +82,15 @@ pub enum Error {
     Decode(String),
     /// A stream could not be opened, or ended abnormally.
     Stream(String),
+    /// The worker answered from another execution than the route the request was
+    /// sent on named: the answer was dropped (this never happens unless something
+    /// is badly wrong; it is checked on every answer in direct mode).
+    WrongExecution {
+        /// The route's execution.
+        expected: String,
+        /// The execution the answer named.
+        got: String,
+    },
 }
 
 impl Error {
@@ -119,6 +130,10 @@ impl fmt::Display for Error {
             Self::Route(e) => write!(f, "{e}"),
             Self::Decode(e) => write!(f, "unexpected answer: {e}"),
             Self::Stream(e) => write!(f, "stream: {e}"),
+            Self::WrongExecution { expected, got } => write!(
+                f,
+                "the answer came from execution {got}, not {expected} the route named; dropped"
+            ),
         }
     }
 }
@@ -168,6 +183,23 @@ struct Inner {
     routes: Mutex<RouteCache<Arc<Grant>>>,
     /// One async lock per sandbox, so concurrent refreshes share one resolve.
     resolving: Mutex<HashMap<SandboxId, Arc<tokio::sync::Mutex<()>>>>,
+    /// What route recovery cost so far.
+    recoveries: Mutex<Recoveries>,
+}
+
+/// Rebuilt attempts this client made (direct mode) and the latency each added: from
+/// the worker's RefreshRoute to the rebuilt attempt's outcome.
+#[derive(Clone, Debug, Default)]
+pub struct Recoveries {
+    /// Rebuilt attempts that ended (in success or not).
+    pub rebuilt: u64,
+    /// The added latency of each, up to [`Recoveries::KEPT`] of them (the first ones).
+    pub added: Vec<Duration>,
+}
+
+impl Recoveries {
+    /// Latencies kept at most.
+    pub const KEPT: usize = 1 << 20;
 }
 
 /// What one attempt on a route gave.
@@ -189,6 +221,8 @@ struct Grant {
     authorization: String,
     /// The worker's node-api base URL.
     worker_url: String,
+    /// The route's execution, as the worker names it in `space-execution`.
+    execution: String,
 }
 
 /// Access a direct-mode capability asks for: what this client sends to workers.
@@ -244,6 +278,7 @@ impl Client {
                 direct: options.direct,
                 routes: Mutex::new(RouteCache::new(ROUTES)),
                 resolving: Mutex::new(HashMap::new()),
+                recoveries: Mutex::default(),
             }),
         }
     }
@@ -389,6 +424,24 @@ impl Client {
         )
         .await
         .map(drop)
+    }
+
+    /// Any sandbox-scoped operation of the node API (`path_and_query` under
+    /// `/v1/sandboxes/{id}/`), through the edge or in direct mode, with the recovery
+    /// rules of `class` (a mutation with `idempotency_key: true` gets a fresh key). The
+    /// whole answer comes back, headers included: `space-execution` names the execution
+    /// that produced it (in direct mode already checked against the route used).
+    pub async fn operation(
+        &self,
+        sandbox: &SandboxId,
+        method: Method,
+        path_and_query: &str,
+        content_type: Option<&str>,
+        body: Bytes,
+        class: OperationClass,
+    ) -> Result<Answer, Error> {
+        self.operate(sandbox, method, path_and_query, content_type, body, class)
+            .await
     }
 
     // ---- streams ----------------------------------------------------------------------
@@ -538,6 +591,13 @@ impl Client {
                     Ok(a) => match a.status {
                         StatusCode::MISDIRECTED_REQUEST => Attempt::Refresh(error_body(&a)),
                         StatusCode::FORBIDDEN => Attempt::Denied(api_error(&a)),
+                        _ if wrong_execution(&a, &grant).is_some() => {
+                            let got = wrong_execution(&a, &grant).unwrap_or_default();
+                            Attempt::Done(Err(Error::WrongExecution {
+                                expected: grant.execution.clone(),
+                                got,
+                            }))
+                        }
                         s if s.is_success() => Attempt::Done(Ok(a)),
                         _ => Attempt::Done(Err(api_error(&a))),
                     },
@@ -570,8 +630,13 @@ impl Client {
     {
         let (mut route, mut grant) = self.route_for(sandbox).await?;
         let mut recovery = Recovery::new(class);
+        let mut refreshed_at: Option<std::time::Instant> = None;
         loop {
-            match attempt(Arc::clone(&grant)).await {
+            let outcome = attempt(Arc::clone(&grant)).await;
+            if let (Some(t), false) = (refreshed_at, matches!(outcome, Attempt::Refresh(_))) {
+                self.rebuilt(t.elapsed());
+            }
+            match outcome {
                 Attempt::Done(result) => return result,
                 Attempt::Denied(e) => {
                     self.forget(&route.identity());
@@ -594,6 +659,7 @@ impl Client {
                     recovery
                         .on_refresh(used.clone(), reason, Progress::NotStarted)
                         .map_err(Error::Route)?;
+                    refreshed_at.get_or_insert_with(std::time::Instant::now);
                     let (r, g) = self.repair(sandbox, &used).await?;
                     recovery.on_resolved(&r.identity()).map_err(Error::Route)?;
                     (route, grant) = (r, g);
@@ -657,6 +723,25 @@ impl Client {
             let _ = routes.replace_if_current(rejected, route.clone(), grant.clone(), now());
         }
         Ok((route, grant))
+    }
+
+    /// Records one rebuilt attempt's added latency.
+    fn rebuilt(&self, added: Duration) {
+        if let Ok(mut r) = self.inner.recoveries.lock() {
+            r.rebuilt += 1;
+            if r.added.len() < Recoveries::KEPT {
+                r.added.push(added);
+            }
+        }
+    }
+
+    /// The rebuilt attempts this client made so far and what they added.
+    pub fn recoveries(&self) -> Recoveries {
+        self.inner
+            .recoveries
+            .lock()
+            .map(|r| r.clone())
+            .unwrap_or_default()
     }
 
     fn forget(&self, route: &RouteIdentity) {
@@ -855,8 +940,15 @@ fn grant_of(cap: CapabilityResponse) -> (Route, Arc<Grant>) {
     let grant = Grant {
         authorization: format!("SpaceCap {}", cap.token),
         worker_url: cap.route.worker_url,
+        execution: cap.route.execution_id.to_string(),
     };
     (route, Arc::new(grant))
+}
+
+/// The execution an answer names when it is not the one of `grant`'s route.
+fn wrong_execution(a: &Answer, grant: &Grant) -> Option<String> {
+    let named = a.headers.get("space-execution")?.to_str().unwrap_or("?");
+    (!named.is_empty() && named != grant.execution).then(|| named.to_owned())
 }
 
 fn mutation() -> OperationClass {

@@ -310,6 +310,13 @@ async fn capability(
 ) -> Result<Response, ApiError> {
     let req: CapabilityRequest = parse(&body)?;
     let (cp, s) = owned_sandbox(&st, &headers, &id).await?;
+    // During a transition, wait for the next execution rather than answer
+    // `not_running`: a client resolving after a RefreshRoute then makes its one rebuilt
+    // attempt against an execution that runs.
+    let wait = req
+        .wait_ms
+        .map_or(cp.transition_wait(), std::time::Duration::from_millis);
+    let s = cp.settled_record(s, wait).await?;
     let port = match (req.port, req.protocol) {
         (Some(p), Some(proto)) => Some((p, proto)),
         (None, None) => None,

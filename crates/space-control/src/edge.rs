@@ -140,7 +140,8 @@ impl Edge {
     ) -> Result<CapabilityResponse, ApiError> {
         match &self.authority {
             Authority::Local(cp) => {
-                let s = cp.sandbox_for(caller, sandbox).await?;
+                // During a transition: the next execution, once acknowledged (bounded).
+                let s = cp.settled(caller, sandbox, cp.transition_wait()).await?;
                 cp.issue_capability(&s, edge_access(), Purpose::Control, None)
                     .await
             }
@@ -272,6 +273,8 @@ impl Edge {
     ) -> Result<Forwarded, ApiError> {
         let (mut route, mut grant) = self.route_for(caller, bearer, sandbox).await?;
         let mut recovery = Recovery::new(class);
+        // When the first RefreshRoute arrived: the rebuilt attempt's added latency.
+        let mut refreshed_at: Option<std::time::Instant> = None;
         loop {
             let mut h: Vec<(&str, &str)> = vec![("authorization", &grant.authorization)];
             for name in ["content-type", "idempotency-key"] {
@@ -315,6 +318,7 @@ impl Edge {
                             return Err(recovery_error(e));
                         }
                     }
+                    refreshed_at.get_or_insert_with(std::time::Instant::now);
                     let (r, g) = self.repair(caller, bearer, &used).await?;
                     if let Err(e) = recovery.on_resolved(&r.identity()) {
                         self.count(reason.as_str(), "failed");
@@ -334,8 +338,46 @@ impl Edge {
                     }
                     return Ok(passthrough(answer));
                 }
-                _ => return Ok(passthrough(answer)),
+                _ => {
+                    let answer = passthrough(answer);
+                    self.check_execution(&route, &answer)?;
+                    if let Some(t) = refreshed_at {
+                        self.observe_rebuilt(t.elapsed());
+                    }
+                    return Ok(answer);
+                }
             }
+        }
+    }
+
+    /// An answer must come from the execution of the route it was sent on: the worker
+    /// names it (`space-execution`, from the agent's frames, each stamped with the
+    /// execution that produced it). Another one is never passed on.
+    pub(crate) fn check_execution(
+        &self,
+        route: &Route,
+        answer: &Forwarded,
+    ) -> Result<(), ApiError> {
+        match answer.execution.as_deref() {
+            Some(x) if !x.is_empty() && x != route.execution.id.to_string() => {
+                if let Authority::Local(cp) = &self.authority {
+                    cp.metrics.wrong_execution.inc();
+                }
+                tracing::error!(sandbox = %route.sandbox, expected = %route.execution.id, got = x, "answer from another execution");
+                Err(ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "wrong_execution",
+                    "the worker answered from another execution than the route named; nothing was passed on",
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Records the latency a rebuilt attempt added.
+    pub(crate) fn observe_rebuilt(&self, added: Duration) {
+        if let Authority::Local(cp) = &self.authority {
+            cp.metrics.rebuilt_added.observe(added.as_secs_f64());
         }
     }
 
@@ -419,6 +461,7 @@ fn leak_code(code: &str) -> &'static str {
         "forbidden" => "forbidden",
         "conflict" => "conflict",
         "not_running" => "not_running",
+        "transitioning" => "transitioning",
         "bad_request" => "bad_request",
         _ => "bad_gateway",
     }

@@ -50,6 +50,12 @@ pub struct Metrics {
     pub standby_claims: Counter,
     /// Standby sandboxes ready (refreshed by the standby keeper).
     pub standby_ready: Gauge,
+    /// Resolves that waited for a transition longer than their bound.
+    pub transition_timeouts: Counter,
+    /// Time from a worker's RefreshRoute to the rebuilt attempt's answer at the edge.
+    pub rebuilt_added: Histogram,
+    /// Answers whose execution was not the one of the route used (never expected).
+    pub wrong_execution: Counter,
 }
 
 impl Default for Metrics {
@@ -95,8 +101,29 @@ impl Default for Metrics {
             "Route recoveries after a worker rejected a capability",
             recoveries.clone(),
         );
+        let transition_timeouts = Counter::default();
+        registry.register(
+            "space_control_transition_wait_timeouts",
+            "Resolves that gave up waiting for a sandbox's transition to end",
+            transition_timeouts.clone(),
+        );
+        let rebuilt_added = Histogram::new(exponential_buckets(0.000_1, 2.0, 20));
+        registry.register(
+            "space_edge_rebuilt_added_seconds",
+            "From a RefreshRoute to the rebuilt attempt's answer",
+            rebuilt_added.clone(),
+        );
+        let wrong_execution = Counter::default();
+        registry.register(
+            "space_edge_wrong_execution_answers",
+            "Worker answers naming another execution than the route the edge used",
+            wrong_execution.clone(),
+        );
         Self {
             registry,
+            transition_timeouts,
+            rebuilt_added,
+            wrong_execution,
             requests,
             latency,
             sandboxes,

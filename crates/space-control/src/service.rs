@@ -46,6 +46,8 @@ mod workers;
 use placing::LoadView;
 use quota::QuotaHold;
 
+pub use capabilities::{DEFAULT_TRANSITION_WAIT, MAX_TRANSITION_WAIT};
+
 /// The control plane: shared by every request handler.
 #[derive(Debug)]
 pub struct ControlPlane {
@@ -77,6 +79,9 @@ pub struct ControlPlane {
     /// sandbox's row: counted with the store's live sandboxes, so a burst cannot pass
     /// the quota together (see [`QuotaHold`]).
     quota_pending: Arc<std::sync::Mutex<BTreeMap<String, u64>>>,
+    /// How long a resolve waits for a sandbox in a transition to settle by default
+    /// (`SPACE_TRANSITION_WAIT_MS`, 10 s unless set).
+    transition_wait: Duration,
 }
 
 /// The tenant that owns standby sandboxes until a create claims one. Tenant IDs that
@@ -154,6 +159,11 @@ impl ControlPlane {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(30),
             snapshot_dir,
+            transition_wait: std::env::var("SPACE_TRANSITION_WAIT_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map_or(DEFAULT_TRANSITION_WAIT, Duration::from_millis)
+                .min(MAX_TRANSITION_WAIT),
         }))
     }
 

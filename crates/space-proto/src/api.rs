@@ -285,6 +285,12 @@ pub struct CapabilityRequest {
     /// For `service_port`.
     #[serde(default)]
     pub protocol: Option<Protocol>,
+    /// How long to wait, in milliseconds, for a sandbox in a transition (migrating,
+    /// starting, restarting) to have an acknowledged execution before answering
+    /// `503 transitioning` (default: the control plane's, 10 s; at most 30 s; 0 answers
+    /// at once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
 }
 
 /// The route a capability selects, with where to send it.

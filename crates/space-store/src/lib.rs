@@ -12,6 +12,7 @@
 //!
 //! Times are Unix seconds passed in by the caller; the store reads no clock.
 
+pub mod changes;
 mod postgres;
 mod records;
 mod rows;
@@ -224,7 +225,9 @@ impl Store {
         state: SandboxState,
         expected: Option<SandboxState>,
     ) -> Result<(), StoreError> {
-        dispatch!(self.set_sandbox_state(id, state, expected))
+        let done = dispatch!(self.set_sandbox_state(id, state, expected));
+        changes::notify(id);
+        done
     }
 
     /// Hands one running sandbox of the standby tenant `standby` (the oldest) to
@@ -265,7 +268,10 @@ impl Store {
         substrate: Substrate,
         now: i64,
     ) -> Result<ExecutionRecord, StoreError> {
-        dispatch!(self.allocate_execution(sandbox, execution_id, worker, substrate, now))
+        let done =
+            dispatch!(self.allocate_execution(sandbox, execution_id, worker, substrate, now));
+        changes::notify(sandbox);
+        done
     }
 
     /// Sets an execution's state and `updated_at`. With `expected`, a compare-and-set:
@@ -278,7 +284,9 @@ impl Store {
         expected: Option<ExecutionState>,
         now: i64,
     ) -> Result<(), StoreError> {
-        dispatch!(self.set_execution_state(sandbox, generation, state, expected, now))
+        let done = dispatch!(self.set_execution_state(sandbox, generation, state, expected, now));
+        changes::notify(sandbox);
+        done
     }
 
     /// Records a new activation attempt of an execution (a VMM restarted under the same
@@ -291,7 +299,10 @@ impl Store {
         pod_uid: Option<PodUid>,
         now: i64,
     ) -> Result<(), StoreError> {
-        dispatch!(self.set_execution_activation(sandbox, generation, activation, pod_uid, now))
+        let done =
+            dispatch!(self.set_execution_activation(sandbox, generation, activation, pod_uid, now));
+        changes::notify(sandbox);
+        done
     }
 
     /// One execution; `NotFound` if absent.

@@ -3,7 +3,100 @@
 
 use super::*;
 
+/// How long a resolve waits for a sandbox in a transition (a migration, a start, a
+/// restart after its worker was lost) to have an acknowledged execution again.
+pub const DEFAULT_TRANSITION_WAIT: Duration = Duration::from_secs(10);
+
+/// The longest wait a caller may ask for.
+pub const MAX_TRANSITION_WAIT: Duration = Duration::from_secs(30);
+
+/// Whether a capability can name the sandbox's execution now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settle {
+    /// An execution its worker acknowledged runs (the sandbox may be paused in place:
+    /// the same execution, requests wait at the worker).
+    Ready,
+    /// It never runs again (stopped): issuance answers why.
+    Final,
+    /// In a transition, named by the word given: wait for the next change.
+    Wait(&'static str),
+}
+
+/// [`Settle`] of `s` whose current execution is `exe` (pure: the store's records in,
+/// the decision out).
+pub(crate) fn settle(s: &SandboxRecord, exe: Option<&ExecutionRecord>) -> Settle {
+    match s.state {
+        SandboxState::Stopped => Settle::Final,
+        SandboxState::Starting => Settle::Wait("starting"),
+        SandboxState::Migrating => Settle::Wait("migrating"),
+        SandboxState::Running | SandboxState::Paused => match exe.map(|e| e.state) {
+            Some(ExecutionState::Running) => Settle::Ready,
+            Some(ExecutionState::Pending) => Settle::Wait("starting its next execution"),
+            // Its execution was lost or retired and the reconciler replaces it.
+            _ => Settle::Wait("restarting"),
+        },
+    }
+}
+
 impl ControlPlane {
+    /// The default of [`Self::settled`]'s wait.
+    pub fn transition_wait(&self) -> Duration {
+        self.transition_wait
+    }
+
+    /// `caller`'s sandbox once a capability can name its execution (see
+    /// [`Self::settled_record`]).
+    pub async fn settled(
+        &self,
+        caller: &Caller,
+        sandbox: &SandboxId,
+        wait: Duration,
+    ) -> Result<SandboxRecord, ApiError> {
+        let s = self.sandbox_for(caller, sandbox).await?;
+        self.settled_record(s, wait).await
+    }
+
+    /// `s` (already authorized) once a capability can name its execution: at once when
+    /// one runs, else after waiting — woken by the store's change notifications, never
+    /// polling — up to `wait` for a transition to end (then `503 transitioning`, naming
+    /// the state). A stopped sandbox comes back at once (issuance then refuses it).
+    pub async fn settled_record(
+        &self,
+        mut s: SandboxRecord,
+        wait: Duration,
+    ) -> Result<SandboxRecord, ApiError> {
+        let wait = wait.min(MAX_TRANSITION_WAIT);
+        let deadline = tokio::time::Instant::now() + wait;
+        // Subscribed before the first read: a change written in between wakes us.
+        let mut changes = space_store::changes::subscribe(&s.id);
+        let mut fresh = false;
+        loop {
+            if fresh {
+                s = self.store.get_sandbox(&s.id).await?;
+            }
+            fresh = true;
+            let exe = self.store.current_execution(&s.id).await?;
+            let state = match settle(&s, exe.as_ref()) {
+                Settle::Ready | Settle::Final => return Ok(s),
+                Settle::Wait(state) => state,
+            };
+            if tokio::time::timeout_at(deadline, changes.changed())
+                .await
+                .is_err()
+            {
+                self.metrics.transition_timeouts.inc();
+                return Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "transitioning",
+                    format!(
+                        "the sandbox is {state}: no execution of it was acknowledged running within {} ms; retry",
+                        wait.as_millis()
+                    ),
+                ));
+            }
+        }
+    }
+
     /// Issues a capability for the running execution of `s`.
     pub async fn issue_capability(
         &self,
@@ -91,5 +184,86 @@ impl ControlPlane {
             },
             expires_at: now + CAPABILITY_LIFETIME_SECS,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use space_identity::{ExecutionId, Substrate};
+
+    fn sandbox(state: SandboxState) -> SandboxRecord {
+        SandboxRecord {
+            id: SandboxId::from_bytes([1; 16]),
+            tenant: "ten_a".into(),
+            state,
+            template: "default".into(),
+            created_at: 0,
+            expires_at: None,
+            metadata: serde_json::Value::Null,
+            env: BTreeMap::new(),
+            generation: 1,
+            limits: None,
+        }
+    }
+
+    fn execution(state: ExecutionState) -> ExecutionRecord {
+        ExecutionRecord {
+            sandbox: SandboxId::from_bytes([1; 16]),
+            generation: 1,
+            execution_id: ExecutionId::from_bytes([2; 16]),
+            worker: "w1".parse().unwrap(),
+            substrate: Substrate::Jail,
+            activation: 1,
+            pod_uid: None,
+            state,
+            created_at: 0,
+            updated_at: 0,
+        }
+    }
+
+    #[test]
+    fn a_running_or_paused_sandbox_with_an_acknowledged_execution_is_ready() {
+        let exe = execution(ExecutionState::Running);
+        for s in [SandboxState::Running, SandboxState::Paused] {
+            assert_eq!(settle(&sandbox(s), Some(&exe)), Settle::Ready);
+        }
+    }
+
+    #[test]
+    fn a_migrating_sandbox_is_waited_for_even_while_its_old_execution_still_runs() {
+        let old = execution(ExecutionState::Running);
+        assert_eq!(
+            settle(&sandbox(SandboxState::Migrating), Some(&old)),
+            Settle::Wait("migrating")
+        );
+    }
+
+    #[test]
+    fn a_pending_lost_or_missing_execution_is_waited_for() {
+        let s = sandbox(SandboxState::Running);
+        for e in [
+            ExecutionState::Pending,
+            ExecutionState::Failed,
+            ExecutionState::Retired,
+        ] {
+            assert!(matches!(settle(&s, Some(&execution(e))), Settle::Wait(_)));
+        }
+        assert!(matches!(settle(&s, None), Settle::Wait(_)));
+        assert_eq!(
+            settle(&sandbox(SandboxState::Starting), None),
+            Settle::Wait("starting")
+        );
+    }
+
+    #[test]
+    fn a_stopped_sandbox_is_answered_at_once() {
+        assert_eq!(
+            settle(
+                &sandbox(SandboxState::Stopped),
+                Some(&execution(ExecutionState::Retired))
+            ),
+            Settle::Final
+        );
     }
 }

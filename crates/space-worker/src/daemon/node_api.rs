@@ -168,19 +168,34 @@ async fn admitted_first(
         matches!(w.admit(token.as_bytes(), &op).0, Verdict::Allow)
     });
     if allowed {
+        // A paused (or snapshot-frozen) execution: wait for it here, before the body is
+        // read, so that if it is retired meanwhile the 421 finds the body unread and
+        // the caller can make its rebuilt attempt with it.
+        let paused = id
+            .parse::<SandboxId>()
+            .ok()
+            .and_then(|s| w.slot(&s))
+            .filter(|s| s.record.state == RecordState::Paused);
+        if let Some(slot) = paused {
+            if let Err(r) = unpaused(&w, slot).await {
+                return closing(*r);
+            }
+        }
         return next.run(req).await;
     }
     // Refused: the rejection (counted once) as `admit` words it; the body stays unread.
     match admit(&w, req.headers(), &id, access) {
-        Err(r) => {
-            let mut resp = *r;
-            resp.headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            resp
-        }
+        Err(r) => closing(*r),
         // Allowed meanwhile (an install arrived): served.
         Ok(_) => next.run(req).await,
     }
+}
+
+/// `resp` with `Connection: close` (its request's body was not read).
+fn closing(mut resp: Response) -> Response {
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
 }
 
 /// The capability a request presents, if it parses.
@@ -276,11 +291,17 @@ fn admit(
 /// `409 paused` (nothing was forwarded, so nothing is lost).
 const PAUSED_WAIT: Duration = Duration::from_secs(2);
 
-/// The slot once its execution is not paused (waiting up to [`PAUSED_WAIT`]).
+/// The slot once its execution is not paused (waiting up to [`PAUSED_WAIT`], woken by
+/// slot changes, not polling). An execution retired or replaced meanwhile is a stale
+/// route (421); one that is no longer live is too.
 async fn unpaused(w: &Worker, mut slot: Arc<Slot>) -> Result<Arc<Slot>, Rejection> {
-    let deadline = Instant::now() + PAUSED_WAIT;
+    let deadline = tokio::time::Instant::now() + PAUSED_WAIT;
+    let mut changes = w.slot_changes.subscribe();
     while slot.record.state == RecordState::Paused {
-        if Instant::now() >= deadline {
+        if !matches!(
+            tokio::time::timeout_at(deadline, changes.changed()).await,
+            Ok(Ok(()))
+        ) {
             return Err(reject(
                 StatusCode::CONFLICT,
                 "paused",
@@ -288,21 +309,35 @@ async fn unpaused(w: &Worker, mut slot: Arc<Slot>) -> Result<Arc<Slot>, Rejectio
                 None,
             ));
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
         slot = match w.slot(&slot.record.sandbox) {
-            Some(s) if s.record.generation == slot.record.generation => s,
-            _ => {
-                return Err(reject(
-                    StatusCode::MISDIRECTED_REQUEST,
-                    "refresh_route",
-                    "execution replaced",
-                    Some("retired"),
-                ));
+            Some(s)
+                if s.record.generation == slot.record.generation
+                    && s.record.execution_id == slot.record.execution_id =>
+            {
+                s
             }
+            _ => return Err(replaced()),
         };
+    }
+    if !matches!(slot.record.state, RecordState::Running) {
+        return Err(replaced());
     }
     Ok(slot)
 }
+
+/// 421: the execution was retired or replaced while the request waited.
+fn replaced() -> Rejection {
+    reject(
+        StatusCode::MISDIRECTED_REQUEST,
+        "refresh_route",
+        "execution replaced",
+        Some("retired"),
+    )
+}
+
+/// How long an operation whose agent connection broke waits to learn that its
+/// execution was retired (then it is a stale route, 421) before it is a bridge failure.
+const RETIRE_GRACE: Duration = Duration::from_secs(2);
 
 /// Runs `call` on a pooled, verified agent connection, on this task: no thread waits
 /// for the agent, and no other thread is woken for it. The connection goes back to the
@@ -339,14 +374,26 @@ async fn with_conn<T: Send + 'static>(slot: &Arc<Slot>, call: Call<T>) -> Result
     }
     .await;
     // The connection broke because the execution was retired or replaced meanwhile
-    // (a migration, say): that is a stale route, not a broken backend.
+    // (a migration, say): that is a stale route, not a broken backend. Its agent may
+    // go a moment before the worker records the retirement (a jail torn down, a frozen
+    // agent's bridge giving up), so a broken connection waits briefly for the lease.
     match result {
-        Err(r) if r.status() == StatusCode::BAD_GATEWAY && *lease.borrow() => Err(reject(
-            StatusCode::MISDIRECTED_REQUEST,
-            "refresh_route",
-            "the execution was retired during the operation",
-            Some("retired"),
-        )),
+        Err(r) if r.status() == StatusCode::BAD_GATEWAY => {
+            let mut lease = lease;
+            let replaced = tokio::time::timeout(RETIRE_GRACE, lease.wait_for(|gone| *gone))
+                .await
+                .is_ok_and(|r| r.is_ok());
+            if replaced {
+                Err(reject(
+                    StatusCode::MISDIRECTED_REQUEST,
+                    "refresh_route",
+                    "the execution was retired during the operation",
+                    Some("retired"),
+                ))
+            } else {
+                Err(r)
+            }
+        }
         other => other,
     }
 }

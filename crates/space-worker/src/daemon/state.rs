@@ -91,6 +91,9 @@ pub struct Worker {
     pub cache: Mutex<VerifiedTokenCache>,
     /// Sandboxes.
     pub slots: RwLock<HashMap<SandboxId, Arc<Slot>>>,
+    /// Bumped whenever a slot is put: requests waiting for a paused execution to be
+    /// resumed (or replaced) wake on it instead of polling.
+    pub slot_changes: tokio::sync::watch::Sender<u64>,
     /// Updates of one sandbox apply one at a time, in arrival order (see
     /// [`Worker::lock_sandbox`]); updates of different sandboxes run side by side.
     /// Work that must see no update under way — the startup sweep, key bundles,
@@ -217,6 +220,7 @@ impl Worker {
             keys: RwLock::new(None),
             cache: Mutex::new(VerifiedTokenCache::new(10_000)),
             slots: RwLock::new(HashMap::new()),
+            slot_changes: tokio::sync::watch::Sender::new(0),
             update_lock: tokio::sync::RwLock::new(()),
             sandbox_locks: Mutex::new(HashMap::new()),
             idempotency: super::node_api::IdempotencyCache::default(),
@@ -344,6 +348,8 @@ impl Worker {
                 lease,
             }),
         );
+        drop(slots);
+        self.slot_changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// The current slot of a sandbox.

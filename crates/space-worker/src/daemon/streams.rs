@@ -197,6 +197,10 @@ pub async fn exec_stream(
         };
         match open(&slot, Operation::Exec(spec)).await {
             Ok(opened) => relay(socket, slot, opened, true, initial).await,
+            // The execution was retired while the stream was being opened.
+            Err(_) if *slot.lease.borrow() => {
+                close(&mut socket, CLOSE_REPLACED, "execution replaced".into()).await
+            }
             Err(r) => {
                 close(
                     &mut socket,

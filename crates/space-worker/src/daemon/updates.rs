@@ -417,14 +417,18 @@ async fn retire_execution(
         return;
     }
     space_http::crash::crash_point("worker.retire.recorded");
-    if let Some(slot) = worker.slot(sandbox) {
+    // The tombstone first: it ends the execution's lease, so an operation whose
+    // connection breaks from here on is told its route is stale (421), not that the
+    // backend failed; then its pooled connections go.
+    let old = worker.slot(sandbox);
+    worker.put_slot(tomb.clone(), None);
+    if let Some(slot) = old {
         if let Some(pool) = &slot.pool {
             if slot.record.generation == generation {
                 pool.clear();
             }
         }
     }
-    worker.put_slot(tomb.clone(), None);
     worker.metrics.retirements.inc();
     if let Some(r) = existing {
         worker.teardown(&r, launch::Layer::Discard).await;

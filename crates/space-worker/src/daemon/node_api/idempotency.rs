@@ -326,7 +326,11 @@ where
             )
         }
     };
-    if let Ok(v) = HeaderValue::from_str(&stored.execution) {
+    // Only an answer that came from the agent names an execution (a refusal before it
+    // names none).
+    if let Ok(v) = HeaderValue::from_str(&stored.execution)
+        && !stored.execution.is_empty()
+    {
         resp.headers_mut().insert("space-execution", v);
     }
     resp.headers_mut()
