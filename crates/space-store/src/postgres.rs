@@ -42,6 +42,66 @@ struct Pool {
     config: Config,
     idle: Mutex<Vec<Client>>,
     permits: Semaphore,
+    /// The task holding the `LISTEN` connection (see [`listen`]); ends with the pool.
+    listener: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if let Some(l) = self
+            .listener
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            l.abort();
+        }
+    }
+}
+
+/// The channel lifecycle changes are announced on; the payload is the sandbox ID.
+const LIFECYCLE_CHANNEL: &str = "space_lifecycle";
+
+/// Keeps a connection that `LISTEN`s on [`LIFECYCLE_CHANNEL`] and hands every
+/// notification to [`crate::changes::notify`]: so a waiter in this process learns of a
+/// transition another replica wrote. Reconnects after a second when it breaks (a
+/// notification lost meanwhile costs a waiter its own deadline, nothing else).
+async fn listen(config: Config) {
+    loop {
+        if let Err(e) = listen_once(&config).await {
+            // The store has no logger of its own; the daemon's stderr collects this.
+            eprintln!("space-store: lifecycle LISTEN connection: {e}; reconnecting");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+async fn listen_once(config: &Config) -> Result<(), tokio_postgres::Error> {
+    let (client, mut connection) = config.connect(NoTls).await?;
+    let drive = async move {
+        loop {
+            match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
+                    if let Ok(id) = n.payload().parse::<SandboxId>() {
+                        crate::changes::notify(&id);
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(e),
+                None => return Ok(()),
+            }
+        }
+    };
+    let subscribe = async {
+        client
+            .batch_execute(&format!("LISTEN {LIFECYCLE_CHANNEL}"))
+            .await?;
+        std::future::pending::<Result<(), tokio_postgres::Error>>().await
+    };
+    tokio::select! {
+        r = drive => r,
+        r = subscribe => r,
+    }
 }
 
 /// A client checked out of the [`Pool`]; goes back on drop unless its connection died.
@@ -133,11 +193,18 @@ impl PgStore {
             config,
             idle: Mutex::new(Vec::new()),
             permits: Semaphore::new(pool_size.max(1)),
+            listener: Mutex::new(None),
         };
         let store = Self {
             pool: Arc::new(pool),
         };
         store.migrate().await?;
+        let listener = tokio::spawn(listen(store.pool.config.clone()));
+        *store
+            .pool
+            .listener
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(listener.abort_handle());
         Ok(store)
     }
 
@@ -177,6 +244,14 @@ impl PgStore {
     }
 
     /// Runs one statement on a pooled client; the number of rows it changed.
+    /// Announces a change of `sandbox` to every replica's waiters (best effort: a
+    /// waiter's own deadline bounds a lost one).
+    async fn announce(&self, sandbox: &str) {
+        let _ = self
+            .exec("SELECT pg_notify($1, $2)", &[&LIFECYCLE_CHANNEL, &sandbox])
+            .await;
+    }
+
     async fn exec(&self, sql: &str, params: Params<'_>) -> Result<u64, StoreError> {
         let mut c = self.pool.get().await?;
         c.client().execute(sql, params).await.map_err(pg_err)
@@ -463,6 +538,9 @@ impl PgStore {
                 .await?
             }
         };
+        if changed > 0 {
+            self.announce(&id).await;
+        }
         let found = changed > 0 || self.exists(sql::SANDBOX_EXISTS, &[&id]).await?;
         crate::cas_outcome(changed, found, || format!("sandbox {id}"))
     }
@@ -560,6 +638,9 @@ impl PgStore {
                 self.exec(sql::SET_EXECUTION_STATE_IF, params).await?
             }
         };
+        if changed > 0 {
+            self.announce(&sbx).await;
+        }
         let found = changed > 0
             || self
                 .exists(sql::EXECUTION_EXISTS, &[&sbx, &generation])
