@@ -138,23 +138,10 @@ impl Platform {
         }
     }
 
-    /// The process of `space up` (control plane and edge).
-    pub fn control_pid(&self) -> Option<i32> {
-        self.child
-            .as_ref()?
-            .id()
-            .and_then(|p| i32::try_from(p).ok())
-    }
-
     /// The process of worker `id`, found by its data directory on its command line.
     pub fn worker_pid(&self, id: &str) -> Option<i32> {
         let dir = self.data_dir.join("workers").join(id);
         find_process(&["worker", "--id", id], &dir)
-    }
-
-    /// The data directory of worker `id`.
-    pub fn worker_dir(&self, id: &str) -> PathBuf {
-        self.data_dir.join("workers").join(id)
     }
 
     /// Stops `space up` (SIGTERM; SIGKILL after 30 s) and waits for it.

@@ -218,6 +218,10 @@ fn files(sbx: &SandboxId, path: &str) -> String {
 /// The outcome of an error.
 fn failed(e: Error) -> Outcome {
     match e {
+        // Nothing was sent: the worker is not listening (restarting, say).
+        Error::Transport(t @ space_http::CallError::Connect(_)) => {
+            Outcome::Failed(format!("unreachable: {t}"))
+        }
         Error::Transport(t) => Outcome::Dropped(t.to_string()),
         Error::WrongExecution { expected, got } => {
             Outcome::WrongExecution(format!("expected {expected}, got {got}"))
