@@ -399,24 +399,40 @@ fn begin_write(
             ));
         }
     }
-    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-    let tmp = dir.join(format!(
-        ".{}.space-tmp.{}.{n}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(err)?;
-    Ok(TempFile {
-        path: tmp,
-        target,
-        file,
-        done: false,
-    })
+    // The name must be new to the directory, whatever it holds: a sandbox's files
+    // outlive its agent (a snapshot taken during a write carries that write's
+    // temporary file into the next execution, whose agent has the same PID in its
+    // namespace and counts from 0 again), so the name carries random bits too, and a
+    // name that is taken is never reused.
+    let mut attempt = 0;
+    loop {
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let mut salt = [0u8; 8];
+        let _ = rustix::rand::getrandom(&mut salt, rustix::rand::GetRandomFlags::empty());
+        let tmp = dir.join(format!(
+            ".{}.space-tmp.{}.{n}.{:016x}",
+            name.to_string_lossy(),
+            std::process::id(),
+            u64::from_ne_bytes(salt)
+        ));
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+        {
+            Ok(file) => {
+                return Ok(TempFile {
+                    path: tmp,
+                    target,
+                    file,
+                    done: false,
+                });
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempt < 8 => attempt += 1,
+            Err(e) => return Err(err(e)),
+        }
+    }
 }
 
 fn finish_write(mut tmp: TempFile, path: &str, mode: Option<u32>) -> Result<(), WireError> {
