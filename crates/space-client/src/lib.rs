@@ -232,6 +232,9 @@ const ACCESS: &str =
 /// Ask for a new capability this long before the cached one expires.
 const RENEW_MARGIN_SECS: u64 = 10;
 
+/// How long a worker that refuses connections is waited for (nothing was sent to it).
+const UNREACHABLE_WAIT: Duration = Duration::from_secs(10);
+
 /// Routes cached at most (one per sandbox used).
 const ROUTES: usize = 10_000;
 
@@ -245,6 +248,43 @@ where
         cmd: argv.into_iter().map(Into::into).collect(),
         ..ExecRequest::default()
     }
+}
+
+/// An [`ExecRequest`] running `argv` with `stdin` (any bytes, not only text; at most
+/// [`space_proto::api::MAX_EXEC_STDIN`], 64 MiB: more is `413 too_large`, stream it
+/// with [`Client::exec_stream`] and [`ExecStream::send_stdin`] instead) written to its
+/// stdin, which is then closed.
+pub fn exec_with_stdin<I, S>(argv: I, stdin: &[u8]) -> ExecRequest
+where
+    I: IntoIterator<Item = S>,
+    S: Into<String>,
+{
+    ExecRequest {
+        stdin_base64: Some(base64_standard(stdin)),
+        ..exec(argv)
+    }
+}
+
+/// Standard, padded base64 (as `stdin_base64` takes it).
+fn base64_standard(data: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for (i, shift) in [18u32, 12, 6, 0].into_iter().enumerate() {
+            if i <= chunk.len() {
+                out.push(ALPHABET[((n >> shift) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 /// `s` as a URL query value (unreserved characters and `/` kept, the rest
@@ -631,6 +671,7 @@ impl Client {
         let (mut route, mut grant) = self.route_for(sandbox).await?;
         let mut recovery = Recovery::new(class);
         let mut refreshed_at: Option<std::time::Instant> = None;
+        let mut unreachable = space_http::patience::Patience::new(UNREACHABLE_WAIT);
         loop {
             let outcome = attempt(Arc::clone(&grant)).await;
             if let (Some(t), false) = (refreshed_at, matches!(outcome, Attempt::Refresh(_))) {
@@ -641,6 +682,16 @@ impl Client {
                 Attempt::Denied(e) => {
                     self.forget(&route.identity());
                     return Err(e);
+                }
+                // Nothing reached the worker: it is not listening (restarting, say).
+                // Waiting for it is not a retry of the operation: bounded, resolving
+                // afresh each time (it may come back under another address).
+                Attempt::Failed(Error::Transport(CallError::Connect(_)), _)
+                    if unreachable.patient() =>
+                {
+                    unreachable.wait().await;
+                    self.forget(&route.identity());
+                    (route, grant) = self.fresh(sandbox).await?;
                 }
                 Attempt::Failed(e, progress) => {
                     if recovery.on_transport_failure(progress).is_err() {
@@ -821,6 +872,30 @@ pub struct ExecStream {
 }
 
 impl ExecStream {
+    /// Writes `bytes` to the command's stdin (when the request gave no `stdin`). Sent
+    /// as it is given: the socket applies backpressure, so a command that does not
+    /// read stops the sender; a command that echoes its input needs its output read
+    /// ([`ExecStream::next`]) between sends of more than a few pipe buffers.
+    pub async fn send_stdin(&mut self, bytes: impl Into<Bytes>) -> Result<(), Error> {
+        let bytes = bytes.into();
+        if bytes.is_empty() {
+            // An empty message is the end of stdin: nothing to send.
+            return Ok(());
+        }
+        self.socket
+            .send(Message::Binary(bytes))
+            .await
+            .map_err(|e| Error::Stream(e.to_string()))
+    }
+
+    /// Closes the command's stdin (it reads end of file: `cat` ends).
+    pub async fn close_stdin(&mut self) -> Result<(), Error> {
+        self.socket
+            .send(Message::Binary(Bytes::new()))
+            .await
+            .map_err(|e| Error::Stream(e.to_string()))
+    }
+
     /// The next piece of output, then [`ExecEvent::Exited`], then `None`. The stream
     /// ends in an error when the execution it ran in was replaced meanwhile (close
     /// code 4001), which is never silently reattached.
@@ -1047,5 +1122,26 @@ mod tests {
             body: Bytes::from_static(b"upstream gone"),
         };
         assert_eq!(api_error(&plain).to_string(), "upstream gone (http, 502)");
+    }
+}
+
+#[cfg(test)]
+mod stdin_tests {
+    #[test]
+    fn stdin_base64_is_standard_padded_base64() {
+        // RFC 4648's test vectors, and every byte value.
+        for (plain, encoded) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(super::base64_standard(plain.as_bytes()), encoded);
+        }
+        let all: Vec<u8> = (0..=255).collect();
+        assert!(super::base64_standard(&all).ends_with("+/w=="));
     }
 }

@@ -275,6 +275,7 @@ impl Edge {
         let mut recovery = Recovery::new(class);
         // When the first RefreshRoute arrived: the rebuilt attempt's added latency.
         let mut refreshed_at: Option<std::time::Instant> = None;
+        let mut unreachable = space_http::patience::Patience::new(self.transition_wait());
         loop {
             let mut h: Vec<(&str, &str)> = vec![("authorization", &grant.authorization)];
             for name in ["content-type", "idempotency-key"] {
@@ -285,6 +286,16 @@ impl Edge {
             let url = format!("{}{}", grant.worker_url, path_and_query);
             let answer = match self.http.call(method.clone(), &url, &h, body.clone()).await {
                 Ok(a) => a,
+                // Nothing reached the worker: it is not listening (restarting, say).
+                // Waiting for it is not a retry of the operation; it is bounded like a
+                // transition's wait, resolving afresh each time (it may come back
+                // under another address, or its sandbox be moved).
+                Err(CallError::Connect(_)) if unreachable.patient() => {
+                    unreachable.wait().await;
+                    self.forget(&route.identity());
+                    (route, grant) = self.fresh(caller, bearer, sandbox).await?;
+                    continue;
+                }
                 Err(e) => {
                     let progress = match e {
                         CallError::Connect(_) => Progress::NotStarted,
@@ -378,6 +389,14 @@ impl Edge {
     pub(crate) fn observe_rebuilt(&self, added: Duration) {
         if let Authority::Local(cp) = &self.authority {
             cp.metrics.rebuilt_added.observe(added.as_secs_f64());
+        }
+    }
+
+    /// How long a resolve or an unreachable worker is waited for.
+    pub(crate) fn transition_wait(&self) -> Duration {
+        match &self.authority {
+            Authority::Local(cp) => cp.transition_wait(),
+            Authority::Remote { .. } => crate::service::DEFAULT_TRANSITION_WAIT,
         }
     }
 

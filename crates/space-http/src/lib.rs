@@ -20,6 +20,7 @@ use tokio::net::TcpStream;
 
 mod body;
 pub mod crash;
+pub mod patience;
 pub mod private_dir;
 mod server;
 pub mod stream;
