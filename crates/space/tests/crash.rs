@@ -214,6 +214,73 @@ fn worker_record_states(c: &Cluster, w: &str, sandbox: &str) -> Vec<(u64, String
         .collect()
 }
 
+/// How many of worker `w`'s executions its records say are live (running or paused).
+fn live_records(c: &Cluster, w: &str) -> usize {
+    let db = c.worker_dir(w).join("records.db");
+    let conn =
+        rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    conn.busy_timeout(Duration::from_secs(10)).unwrap();
+    conn.query_row(
+        "SELECT COUNT(*) FROM executions WHERE state IN ('running', 'paused')",
+        [],
+        |r| r.get::<_, i64>(0),
+    )
+    .unwrap() as usize
+}
+
+/// How many bridge processes (`spaced-host`) listen on a socket under worker `w`'s
+/// `run/` (`/proc/net/unix` keeps a socket's bound path after its file is removed).
+fn bridges_of(c: &Cluster, w: &str) -> usize {
+    let run = c.worker_dir(w).join("run");
+    let table = std::fs::read_to_string("/proc/net/unix").unwrap();
+    let inodes: BTreeSet<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let accepts = u32::from_str_radix(f.get(3)?, 16).ok()? & 0x1_0000 != 0;
+            (accepts && std::path::Path::new(f.get(7)?).starts_with(&run))
+                .then(|| format!("socket:[{}]", f[6]))
+        })
+        .collect();
+    let mut n = 0;
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cmd = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let argv0 = cmd.split(|&b| b == 0).next().unwrap_or_default();
+        if !argv0.ends_with(b"spaced-host") {
+            continue;
+        }
+        let listens = std::fs::read_dir(entry.path().join("fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|fd| {
+                std::fs::read_link(fd.path())
+                    .is_ok_and(|l| inodes.contains(l.to_string_lossy().as_ref()))
+            });
+        n += usize::from(listens);
+    }
+    n
+}
+
+/// Waits until every bridge listening under worker `w`'s `run/` is the bridge of a
+/// live execution: none is left over from a crash.
+fn assert_no_stray_bridge(c: &Cluster, w: &str, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (bridges, live) = (bridges_of(c, w), live_records(c, w));
+        if bridges == live {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {bridges} bridges listen for {live} live executions: one was left over"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// The control plane's signing keys: (key ID, state).
 fn signing_keys(c: &Cluster) -> Vec<(String, String)> {
     let conn = rusqlite::Connection::open(c.data_dir().join("control.db")).unwrap();
@@ -289,6 +356,7 @@ fn a_worker_killed_during_install_recovers_without_serving_a_half_installed_exec
                         .all(|(_, s)| s == "retired" || s == "failed")
             },
         );
+        assert_no_stray_bridge(&c, "w1", point);
         // Never served: no capability is issued for it.
         let (status, body) = ask_capability(&c, cut);
         assert_ne!(status, 200, "{point}: {body}");
@@ -347,6 +415,7 @@ fn a_worker_killed_during_retirement_never_serves_the_retired_execution_again() 
         eventually(&format!("{point}: the retired jail is torn down"), || {
             jail_pids_of(&id).is_empty()
         });
+        assert_no_stray_bridge(&c, "w1", point);
         assert_eq!(
             worker_record_states(&c, "w1", &id),
             vec![(generation, "retired".to_owned())],
@@ -385,6 +454,7 @@ fn a_worker_killed_during_retirement_never_serves_the_retired_execution_again() 
     eventually("the migrated-away jail is torn down", || {
         jail_pids_of(&old_key).is_empty()
     });
+    assert_no_stray_bridge(&c, "w1", "migration");
     assert_eq!(
         worker_record_states(&c, "w1", &id),
         vec![(old["generation"].as_u64().unwrap(), "retired".to_owned())]

@@ -356,3 +356,86 @@ pub fn spawn_reaper(bridges: impl Fn() -> Vec<(i32, u64)> + Send + 'static) {
         tracing::error!(error = %e, "cannot start the reaper");
     }
 }
+
+/// Kills the bridges an earlier process of this worker left behind unrecorded — a
+/// crash between a launch and the record naming its bridge, say: `spaced-host`
+/// processes listening on a socket under this worker's `run/` that are neither
+/// children of this process nor the recorded bridge (PID and start time) of one of
+/// `live`. The startup sweep cannot see them: bridges run outside the jails'
+/// cgroups. Run while no install is under way. Returns how many were killed.
+pub fn kill_stray_bridges(
+    data_dir: &Path,
+    bridge_bin: &Path,
+    live: &[super::records::ExecutionRecord],
+) -> usize {
+    let mut runs = vec![data_dir.join("run")];
+    runs.extend(data_dir.canonicalize().map(|d| d.join("run")));
+    // `/proc/net/unix`: Num RefCount Protocol Flags Type St Inode Path; a socket
+    // keeps its bound path there after its file is removed (the sweep removes it).
+    let table = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
+    let listening: std::collections::HashSet<&str> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let accepts = u32::from_str_radix(f.get(3)?, 16).ok()? & 0x1_0000 != 0;
+            let path = Path::new(f.get(7)?);
+            let ours = runs.iter().any(|r| path.starts_with(r));
+            (accepts && ours).then_some(*f.get(6)?)
+        })
+        .collect();
+    if listening.is_empty() {
+        return 0;
+    }
+    let bin = bridge_bin
+        .canonicalize()
+        .unwrap_or_else(|_| bridge_bin.to_path_buf());
+    let me = std::process::id();
+    let recorded: Vec<(u32, u64)> = live
+        .iter()
+        .filter_map(|r| r.bridge.as_ref())
+        .map(|b| (b.process.pid, b.process.start_time))
+        .collect();
+    let mut killed = 0;
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let exe = std::fs::read_link(entry.path().join("exe")).unwrap_or_default();
+        let exe = exe.to_string_lossy();
+        if pid == me || Path::new(exe.trim_end_matches(" (deleted)")) != bin {
+            continue;
+        }
+        let holds = std::fs::read_dir(entry.path().join("fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|fd| {
+                std::fs::read_link(fd.path()).is_ok_and(|l| {
+                    l.to_str()
+                        .and_then(|l| l.strip_prefix("socket:[")?.strip_suffix(']'))
+                        .is_some_and(|inode| listening.contains(inode))
+                })
+            });
+        let Ok(live) = LiveProcess::open(pid) else {
+            continue;
+        };
+        let mine = i32::try_from(pid)
+            .ok()
+            .and_then(|p| crate::substrate::process::read_stat(p).ok())
+            .is_some_and(|s| u32::try_from(s.ppid) == Ok(me));
+        if !holds || mine || recorded.contains(&(pid, live.identity.start_time)) {
+            continue;
+        }
+        // Through the pidfd: only the process inspected can be reached.
+        if rustix::process::pidfd_send_signal(&live.pidfd, rustix::process::Signal::KILL).is_ok() {
+            tracing::warn!(pid, "killed a bridge no record names (left by a crash)");
+            killed += 1;
+        }
+    }
+    killed
+}

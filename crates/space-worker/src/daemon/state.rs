@@ -501,6 +501,7 @@ impl Worker {
             Ok(Err(e)) => tracing::warn!(error = %e, "startup sweep failed"),
             Err(e) => tracing::warn!(error = %e, "startup sweep panicked"),
         }
+        launch::kill_stray_bridges(&self.data_dir, &self.binaries.bridge, &live);
         drop(_applying);
         for (sandbox, generation) in lost {
             let url = format!(
