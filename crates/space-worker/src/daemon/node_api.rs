@@ -373,29 +373,35 @@ async fn with_conn<T: Send + 'static>(slot: &Arc<Slot>, call: Call<T>) -> Result
         }
     }
     .await;
-    // The connection broke because the execution was retired or replaced meanwhile
-    // (a migration, say): that is a stale route, not a broken backend. Its agent may
-    // go a moment before the worker records the retirement (a jail torn down, a frozen
-    // agent's bridge giving up), so a broken connection waits briefly for the lease.
     match result {
-        Err(r) if r.status() == StatusCode::BAD_GATEWAY => {
-            let mut lease = lease;
-            let replaced = tokio::time::timeout(RETIRE_GRACE, lease.wait_for(|gone| *gone))
-                .await
-                .is_ok_and(|r| r.is_ok());
-            if replaced {
-                Err(reject(
-                    StatusCode::MISDIRECTED_REQUEST,
-                    "refresh_route",
-                    "the execution was retired during the operation",
-                    Some("retired"),
-                ))
-            } else {
-                Err(r)
-            }
-        }
+        Err(r) if r.status() == StatusCode::BAD_GATEWAY => Err(stale_or(r, lease, slot).await),
         other => other,
     }
+}
+
+/// A broken agent connection of `slot` (`r`, a 502): a stale route (421 `retired`)
+/// when the execution was retired or replaced meanwhile (a migration, say), else `r`.
+/// Its agent may go a moment before the worker records the retirement (a jail torn
+/// down, a frozen agent's bridge giving up), so this waits up to [`RETIRE_GRACE`] for
+/// the execution's lease to end.
+pub(crate) async fn stale_or(
+    r: Rejection,
+    mut lease: tokio::sync::watch::Receiver<bool>,
+    slot: &Slot,
+) -> Rejection {
+    let replaced = tokio::time::timeout(RETIRE_GRACE, lease.wait_for(|gone| *gone))
+        .await
+        .is_ok_and(|r| r.is_ok());
+    if replaced {
+        return reject(
+            StatusCode::MISDIRECTED_REQUEST,
+            "refresh_route",
+            "the execution was retired during the operation",
+            Some("retired"),
+        );
+    }
+    tracing::warn!(sandbox = %slot.record.sandbox, generation = slot.record.generation, state = ?slot.record.state, "agent connection failed and the execution was not retired");
+    r
 }
 
 /// A new verified connection to the pool's bridge (the checks and the handshake run
