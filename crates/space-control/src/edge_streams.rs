@@ -162,9 +162,12 @@ pub async fn relay(client: WebSocket, backend: Backend, resubscribe: Option<Resu
     let mut backend = backend;
     loop {
         let (mut backend_tx, mut backend_rx) = backend.split();
-        let ended: Option<tungstenite::protocol::CloseFrame> = loop {
-            tokio::select! {
-                m = client_rx.next() => match m {
+        // Both directions at once: a send that waits (the backend slow to take input)
+        // must not stop output the other way, or a command that echoes its stdin
+        // (`cat`) stops both (each side waiting for the other to read).
+        let up = async {
+            loop {
+                match client_rx.next().await {
                     Some(Ok(m)) => {
                         let closing = matches!(m, Message::Close(_));
                         if let Some(m) = to_backend(m) {
@@ -177,19 +180,30 @@ pub async fn relay(client: WebSocket, backend: Backend, resubscribe: Option<Resu
                         let _ = backend_tx.close().await;
                         return;
                     }
-                },
-                m = backend_rx.next() => match m {
-                    Some(Ok(tungstenite::Message::Close(frame))) => break frame,
+                }
+            }
+        };
+        let down = async {
+            loop {
+                match backend_rx.next().await {
+                    Some(Ok(tungstenite::Message::Close(frame))) => break Some(frame),
                     Some(Ok(m)) => {
                         if let Some(m) = to_client(m) {
                             if client_tx.send(m).await.is_err() {
-                                return;
+                                return None;
                             }
                         }
                     }
-                    _ => break None,
-                },
+                    _ => break Some(None),
+                }
             }
+        };
+        let ended: Option<tungstenite::protocol::CloseFrame> = tokio::select! {
+            () = up => return,
+            d = down => match d {
+                Some(frame) => frame,
+                None => return,
+            },
         };
         let replaced = ended.as_ref().is_some_and(|f| u16::from(f.code) == 4001);
         if let (true, Some(r)) = (replaced, &resubscribe) {

@@ -283,11 +283,17 @@ async fn start_split(slot: &Arc<Slot>, op: Operation) -> Result<Split, Rejection
         .send_request_async(op)
         .await
         .map_err(|e| bad(e.to_string()))?;
-    // The first answer tells whether the operation started.
-    let first = conn
-        .next_answer_async(id)
-        .await
-        .map_err(|e| bad(e.to_string()))?;
+    // The first answer tells whether the operation started. The agent's refusal (a
+    // missing directory to watch, a bad cwd) comes as an error of the connection's
+    // reader: answered with its own status (404 `not_found`, …), not as a broken
+    // backend (502).
+    let first = match conn.next_answer_async(id).await {
+        Ok(body) => body,
+        Err(client::ClientError::Agent(e)) => {
+            return Err(Box::new(super::node_api::agent_error(&e)));
+        }
+        Err(e) => return Err(bad(e.to_string())),
+    };
     match (&first, watch) {
         (AgentBody::Started { .. }, false) | (AgentBody::WatchStarted, true) => {}
         (AgentBody::Error(e), _) => return Err(Box::new(super::node_api::agent_error(e))),
