@@ -281,6 +281,96 @@ fn assert_no_stray_bridge(c: &Cluster, w: &str, what: &str) {
     }
 }
 
+/// A capability like `cap` (same route, same worker URL, issued now) signed by the
+/// control plane's key `key_id`, its seed read from the store: a worker accepts it
+/// only if it holds that key.
+fn signed_by(c: &Cluster, cap: &serde_json::Value, key_id: &str) -> serde_json::Value {
+    use space_identity::{
+        Access, AccessSet, CapabilitySigner, Claims, Execution, Generation, Placement, Purpose,
+        Route, Timestamp, TokenId,
+    };
+    let conn = rusqlite::Connection::open(c.data_dir().join("control.db")).unwrap();
+    let seed: Vec<u8> = conn
+        .query_row(
+            "SELECT seed FROM signing_keys WHERE key_id = ?1",
+            [key_id],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let signer = CapabilitySigner::from_seed(seed.try_into().unwrap());
+    assert_eq!(signer.key_id().to_string(), key_id);
+    let view: space_proto::api::RouteView = serde_json::from_value(cap["route"].clone()).unwrap();
+    let now = support::unix_now();
+    let claims = Claims {
+        key_id: signer.key_id(),
+        route: Route {
+            sandbox: view.sandbox,
+            execution: Execution {
+                generation: Generation(view.generation),
+                id: view.execution_id,
+            },
+            placement: Placement {
+                worker: view.worker,
+                substrate: view.substrate,
+                activation: view.activation,
+                pod_uid: view.pod_uid,
+            },
+        },
+        access: AccessSet::of(&[Access::Exec]),
+        purpose: Purpose::Control,
+        service_port: None,
+        issued_at: Timestamp::from_unix_secs(now),
+        expires_at: Timestamp::from_unix_secs(now + 60),
+        token_id: TokenId::from_bytes(support::rand_u128().to_le_bytes()),
+    };
+    let mut out = cap.clone();
+    out["token"] = signer.sign(&claims).unwrap().to_text().into();
+    out
+}
+
+/// Whether worker `w`'s durable keys — the anchor and the bundle in its records, the
+/// bundle it acknowledged and loads again at a restart — verify `cap`'s token.
+fn durably_accepted_by(c: &Cluster, w: &str, cap: &serde_json::Value) -> bool {
+    use space_identity::{InstalledKeys, SignedKeyBundle, Timestamp, Token, VerifyingKey};
+    let conn = rusqlite::Connection::open_with_flags(
+        c.worker_dir(w).join("records.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
+    conn.busy_timeout(Duration::from_secs(10)).unwrap();
+    let setting = |name: &str| -> Vec<u8> {
+        conn.query_row("SELECT value FROM settings WHERE name = ?1", [name], |r| {
+            r.get(0)
+        })
+        .unwrap()
+    };
+    let anchor = VerifyingKey::from_bytes(&setting("anchor").try_into().unwrap()).unwrap();
+    let mut keys = InstalledKeys::new(anchor);
+    keys.install(&SignedKeyBundle::from_bytes(setting("bundle")))
+        .unwrap();
+    let token = Token::from_text(cap["token"].as_str().unwrap()).unwrap();
+    let now = Timestamp::from_unix_secs(support::unix_now());
+    space_identity::verify_capability(token.as_bytes(), &keys, now).is_ok()
+}
+
+/// Waits until the platform has recovered `ids` after a restart: each runs, under
+/// the execution it had (re-adopted) or a newer one its worker's records name as
+/// running (replaced after its worker reported the old one lost).
+fn wait_recovered(c: &Cluster, ids: &[&String], before: &[serde_json::Value]) {
+    for (id, old) in ids.iter().zip(before) {
+        eventually(&format!("{id} runs again"), || {
+            let s = c.sandbox(id);
+            let e = &s["execution"];
+            let w = e["worker"].as_str().unwrap_or_default();
+            s["state"] == "running"
+                && (e == old
+                    || (e["generation"].as_u64() > old["generation"].as_u64()
+                        && worker_record_states(c, w, id)
+                            .contains(&(e["generation"].as_u64().unwrap(), "running".to_owned()))))
+        });
+    }
+}
+
 /// The control plane's signing keys: (key ID, state).
 fn signing_keys(c: &Cluster) -> Vec<(String, String)> {
     let conn = rusqlite::Connection::open(c.data_dir().join("control.db")).unwrap();
@@ -479,6 +569,11 @@ fn a_control_plane_killed_during_key_rotation_loses_no_key_and_keeps_serving() {
         let active = keys_in(&keys, "active");
         assert_eq!(active.len(), 1, "{keys:?}");
         let before = capability(&c, &on_w1);
+        let before_w2 = capability(&c, &on_w2);
+        let executions = [
+            c.sandbox(&on_w1)["execution"].clone(),
+            c.sandbox(&on_w2)["execution"].clone(),
+        ];
         crash.arm(point);
         let out = c.cli(&["--json", "keys", "rotate"]);
         assert!(
@@ -491,7 +586,29 @@ fn a_control_plane_killed_during_key_rotation_loses_no_key_and_keeps_serving() {
             "{point}: a rotation cut off was acknowledged: {}",
             text(&out.stdout)
         );
+        // Published before it signs anything: every worker had acknowledged (so
+        // stored) the bundle with the new key before the crash.
+        let new_key = signing_keys(&c)
+            .into_iter()
+            .find(|(k, _)| !keys.iter().any(|(old, _)| old == k))
+            .expect("the new key is not in the store")
+            .0;
+        for (w, cap) in [("w1", &before), ("w2", &before_w2)] {
+            assert!(
+                durably_accepted_by(&c, w, &signed_by(&c, cap, &new_key)),
+                "{point}: {w} did not hold the new key when the control plane died"
+            );
+        }
         c.crash_and_restart();
+        wait_recovered(&c, &[&on_w1, &on_w2], &executions);
+        // The restarted workers accept what the new key signs.
+        for cap in [&before, &before_w2] {
+            let (status, body) = direct_exec_when_up(&signed_by(&c, cap, &new_key));
+            assert!(
+                status == 200 || (status == 421 && body["reason"] == "stale_generation"),
+                "{point}: the new key at a restarted worker: {status} {body}"
+            );
+        }
 
         // The store's keyring is consistent: one key signs — the old one if the
         // crash came before activation, the new one after — and nothing was lost.
@@ -499,17 +616,14 @@ fn a_control_plane_killed_during_key_rotation_loses_no_key_and_keeps_serving() {
         let now_active = keys_in(&after, "active");
         assert_eq!(now_active.len(), 1, "{point}: {after:?}");
         assert_eq!(after.len(), keys.len() + 1, "{point}: {keys:?} → {after:?}");
-        let new_key = after
-            .iter()
-            .find(|(k, _)| !keys.iter().any(|(old, _)| old == k))
-            .unwrap();
+        let state_of_new = &after.iter().find(|(k, _)| *k == new_key).unwrap().1;
         match point {
             "control.rotate.published" => {
                 assert_eq!(now_active, active, "{point}");
-                assert_eq!(new_key.1, "published", "{point}");
+                assert_eq!(state_of_new, "published", "{point}");
             }
             _ => {
-                assert_eq!(now_active[0], new_key.0, "{point}");
+                assert_eq!(now_active[0], new_key, "{point}");
                 assert!(keys_in(&after, "retiring").contains(&active[0]), "{point}");
             }
         }
@@ -522,7 +636,8 @@ fn a_control_plane_killed_during_key_rotation_loses_no_key_and_keeps_serving() {
             assert_eq!(status, 200, "{point}: {body}");
         }
         // The capability issued before the crash: its key still verifies (a 200, or
-        // a 421 if its execution was replaced meanwhile), never a signature refusal.
+        // a 421 if its execution was replaced meanwhile — the comparator answers 421
+        // only after the signature verified), never a signature refusal.
         let (status, body) = direct_exec_when_up(&before);
         assert!(
             status == 200 || (status == 421 && body["reason"] == "stale_generation"),
