@@ -291,11 +291,21 @@ fn admit(
 /// `409 paused` (nothing was forwarded, so nothing is lost).
 const PAUSED_WAIT: Duration = Duration::from_secs(2);
 
-/// The slot once its execution is not paused (waiting up to [`PAUSED_WAIT`], woken by
+/// How long a request to an execution frozen for a snapshot or a migration waits for
+/// it to be thawed or replaced: as long as the edge waits for a transition.
+const SNAPSHOT_WAIT: Duration = Duration::from_secs(10);
+
+/// The slot once its execution is not paused (waiting up to [`PAUSED_WAIT`], or
+/// [`SNAPSHOT_WAIT`] when it is frozen for a snapshot, woken by
 /// slot changes, not polling). An execution retired or replaced meanwhile is a stale
 /// route (421); one that is no longer live is too.
 async fn unpaused(w: &Worker, mut slot: Arc<Slot>) -> Result<Arc<Slot>, Rejection> {
-    let deadline = tokio::time::Instant::now() + PAUSED_WAIT;
+    let wait = if w.is_snapshot_frozen(&slot.record.sandbox, slot.record.generation) {
+        SNAPSHOT_WAIT
+    } else {
+        PAUSED_WAIT
+    };
+    let deadline = tokio::time::Instant::now() + wait;
     let mut changes = w.slot_changes.subscribe();
     while slot.record.state == RecordState::Paused {
         if !matches!(

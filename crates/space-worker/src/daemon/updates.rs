@@ -330,6 +330,9 @@ pub(crate) async fn freeze(
         .slot(sandbox)
         .filter(|s| s.record.generation == generation && s.record.execution_id == execution_id)
         .ok_or_else(|| refuse(409, "no such execution on this worker"))?;
+    if !pause {
+        worker.set_snapshot_frozen(sandbox, generation, false);
+    }
     let (from, to, done) = if pause {
         (RecordState::Running, RecordState::Paused, "paused")
     } else {
@@ -422,6 +425,7 @@ async fn retire_execution(
     // backend failed; then its pooled connections go.
     let old = worker.slot(sandbox);
     worker.put_slot(tomb.clone(), None);
+    worker.set_snapshot_frozen(sandbox, generation, false);
     if let Some(slot) = old {
         if let Some(pool) = &slot.pool {
             if slot.record.generation == generation {

@@ -69,6 +69,7 @@ pub async fn snapshot(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
     if let Err(e) = updates::freeze(&w, &sandbox, generation, execution_id, true).await {
         return fail(e);
     }
+    w.set_snapshot_frozen(&sandbox, generation, true);
     let Some(upper) = w
         .slot(&sandbox)
         .and_then(|s| s.record.handle.as_ref().map(|h| h.upper_dir.clone()))
