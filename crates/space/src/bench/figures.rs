@@ -111,6 +111,9 @@ async fn platform_figures(which: &[&str]) -> Vec<Row> {
                 .filter(|r| which.contains(&r.id.as_str()) || r.measured.starts_with("error: ")),
         );
     }
+    if which.contains(&"files") {
+        rows.extend(rows_or_failed("files", super::files::run(&p).await));
+    }
     if which.contains(&"P8") {
         rows.extend(rows_or_failed("P8", p8::run(&p, warm, standby).await));
     }
@@ -129,6 +132,7 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> Result<i32, String> {
         BenchCmd::P5(s) => (platform_figures(&["P5"]).await, s.strict, true),
         BenchCmd::P6(s) => (platform_figures(&["P6"]).await, s.strict, true),
         BenchCmd::P8(s) => (platform_figures(&["P8"]).await, s.strict, true),
+        BenchCmd::Files(s) => (platform_figures(&["files"]).await, s.strict, true),
         BenchCmd::P7(a) => (
             rows_or_failed("P7", p7::run(a.sandboxes).await),
             a.strict,

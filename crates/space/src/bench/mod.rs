@@ -4,6 +4,7 @@
 //! runs and a row of the table on stdout: measured value, target, ratio, pass.
 
 mod figures;
+pub mod files;
 pub mod p1_p2;
 pub mod p3;
 pub mod p4;
@@ -39,6 +40,9 @@ pub enum BenchCmd {
     P7(figures::P7Args),
     /// P8: streams of execution N closed after N+1 is installed.
     P8(figures::Strict),
+    /// Files: a 50 MiB put and get through the edge against a host `cp` of the same
+    /// file into and out of the same filesystem (target ≤ 3 ×).
+    Files(figures::Strict),
     /// P1–P8, then the soak's short form: one table.
     All(figures::P7Args),
 }
