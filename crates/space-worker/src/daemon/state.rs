@@ -516,8 +516,7 @@ impl Worker {
         // No install may create directories while the sweep decides what is left over.
         let _applying = self.update_lock.write().await;
         match tokio::task::spawn_blocking(move || {
-            let _ = (&jail, &data_dir, &keep, &keep_runs);
-            Ok::<_, crate::substrate::SubstrateError>(crate::substrate::jail::SweepReport::default())
+            jail.sweep_leftovers(&data_dir, &keep, &keep_runs)
         })
         .await
         {
