@@ -21,7 +21,10 @@ use space_identity::{OperationClass, Progress, SandboxId};
 pub use space_proto::guest::ByteRange;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::{Answer, Attempt, Client, Error, api_error, error_body, files, idempotency_key};
+use super::{
+    Answer, Attempt, Client, Error, Grant, api_error, error_body, files, idempotency_key,
+    wrong_execution,
+};
 
 /// Largest file [`Client::read_file`] returns in memory (256 MiB); a larger one is
 /// refused with `413 too_large` before its body is read. Stream larger files with
@@ -195,7 +198,7 @@ impl Client {
             }
             let url = format!("{}{pq}", grant.worker_url);
             let sent = stream::send(Method::GET, &url, &h, stream::empty(), None, timeout).await;
-            attempt(sent).await
+            attempt(sent, Some(&grant)).await
         })
         .await
     }
@@ -208,7 +211,7 @@ impl Client {
         let slot = Arc::new(Mutex::new(Some(body)));
         let timeout = UPLOAD_TIMEOUT;
         let direct = self.inner.direct;
-        let attempt_on = |authorization: String, base: String| {
+        let attempt_on = |authorization: String, base: String, grant: Option<Arc<Grant>>| {
             let (slot, key, pq) = (Arc::clone(&slot), key.clone(), pq.clone());
             async move {
                 let Some(body) = slot.lock().ok().and_then(|mut s| s.take()) else {
@@ -235,7 +238,7 @@ impl Client {
                 match sent {
                     // Bytes of the body left: never repeated.
                     Err(e) if !untouched => Attempt::Done(Err(Error::Transport(e))),
-                    sent => attempt(sent).await,
+                    sent => attempt(sent, grant.as_deref()).await,
                 }
             }
         };
@@ -245,11 +248,14 @@ impl Client {
                 OperationClass::Mutation {
                     idempotency_key: true,
                 },
-                |grant| attempt_on(grant.authorization.clone(), grant.worker_url.clone()),
+                |grant| {
+                    let (a, u) = (grant.authorization.clone(), grant.worker_url.clone());
+                    attempt_on(a, u, Some(grant))
+                },
             )
             .await?
         } else {
-            match attempt_on(self.inner.bearer.clone(), self.inner.url.clone()).await {
+            match attempt_on(self.inner.bearer.clone(), self.inner.url.clone(), None).await {
                 Attempt::Done(r) => r?,
                 Attempt::Denied(e) | Attempt::Failed(e, _) => return Err(e),
                 Attempt::Refresh(body) => {
@@ -276,15 +282,33 @@ const READ_HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30
 /// Longest wait for an upload's answer, which comes once all of it was written.
 const UPLOAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
 
-/// One attempt's outcome for [`Client::on_route`].
-async fn attempt(sent: Result<StreamedAnswer, CallError>) -> Attempt<StreamedAnswer> {
+/// One attempt's outcome for [`Client::on_route`]; with `grant` (direct mode), an
+/// answer from another execution than the route's is dropped.
+async fn attempt(
+    sent: Result<StreamedAnswer, CallError>,
+    grant: Option<&Grant>,
+) -> Attempt<StreamedAnswer> {
     match sent {
-        Ok(a) => match a.status {
-            StatusCode::MISDIRECTED_REQUEST => Attempt::Refresh(error_body(&small(a).await)),
-            StatusCode::FORBIDDEN => Attempt::Denied(api_error(&small(a).await)),
-            s if s.is_success() => Attempt::Done(Ok(a)),
-            _ => Attempt::Done(Err(api_error(&small(a).await))),
-        },
+        Ok(a) => {
+            let head = Answer {
+                status: a.status,
+                headers: a.headers.clone(),
+                body: Bytes::new(),
+            };
+            match a.status {
+                StatusCode::MISDIRECTED_REQUEST => Attempt::Refresh(error_body(&small(a).await)),
+                StatusCode::FORBIDDEN => Attempt::Denied(api_error(&small(a).await)),
+                _ if grant.and_then(|g| wrong_execution(&head, g)).is_some() => {
+                    let g = grant.expect("checked");
+                    Attempt::Done(Err(Error::WrongExecution {
+                        expected: g.execution.clone(),
+                        got: wrong_execution(&head, g).unwrap_or_default(),
+                    }))
+                }
+                s if s.is_success() => Attempt::Done(Ok(a)),
+                _ => Attempt::Done(Err(api_error(&small(a).await))),
+            }
+        }
         Err(e) => {
             let progress = match e {
                 CallError::Connect(_) => Progress::NotStarted,

@@ -77,7 +77,7 @@ pub(crate) async fn read(
         )
         .await;
         match step(edge, caller, bearer, sandbox, &mut recovery, &route, sent).await? {
-            Step::Answer(a) => return relay(&route, a),
+            Step::Answer(a) => return relay(edge, &route, a),
             Step::Done(resp) => return Ok(resp),
             Step::Next(r, g) => (route, grant) = (r, g),
         }
@@ -138,7 +138,7 @@ pub(crate) async fn write(
             other => other,
         };
         match step(edge, caller, bearer, sandbox, &mut recovery, &route, sent).await? {
-            Step::Answer(a) => return relay(&route, a),
+            Step::Answer(a) => return relay(edge, &route, a),
             Step::Done(resp) => return Ok(resp),
             Step::Next(r, g) => (route, grant) = (r, g),
         }
@@ -230,21 +230,19 @@ async fn step(
 /// The worker's answer passed on as it comes: its status, its length and range
 /// headers, its body streamed (hyper checks it against its `Content-Length`, on both
 /// sides). An answer from another execution than the route's is never passed on.
-fn relay(route: &Route, a: StreamedAnswer) -> Result<Response, ApiError> {
+fn relay(edge: &Edge, route: &Route, a: StreamedAnswer) -> Result<Response, ApiError> {
     let execution = a
         .headers
         .get("space-execution")
-        .and_then(|v| v.to_str().ok());
-    if let Some(x) = execution {
-        if x != route.execution.id.to_string() {
-            tracing::error!(sandbox = %route.sandbox, expected = %route.execution.id, got = x, "file answer from another execution");
-            return Err(ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                "wrong_execution",
-                "the worker answered from another execution than the route named; nothing was passed on",
-            ));
-        }
-    }
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let head = crate::edge::Forwarded {
+        status: a.status,
+        content_type: None,
+        execution,
+        body: bytes::Bytes::new(),
+    };
+    edge.check_execution(route, &head)?;
     let mut resp = Body::new(a.body).into_response();
     *resp.status_mut() = a.status;
     for name in PASSED {

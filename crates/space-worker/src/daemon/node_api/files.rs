@@ -27,7 +27,7 @@ use space_proto::guest::{AgentBody, ByteRange, Input, MAX_CHUNK, Operation, Requ
 
 use super::{
     PathQuery, Rejection, admit, agent_error, bad_gateway, connect, error, not_running, observe,
-    once, reject, required_path, unpaused, with_execution,
+    once, reject, required_path, stale_or, unpaused, with_execution,
 };
 use crate::daemon::state::{AgentPool, AgentStream, Slot, Worker};
 
@@ -93,17 +93,14 @@ async fn take(pool: &AgentPool) -> Result<AgentConnection<AgentStream>, Rejectio
     }
 }
 
-/// A bridge failure, as a stale route when the execution was retired meanwhile.
-fn broken(e: &ClientError, lease: &tokio::sync::watch::Receiver<bool>) -> Rejection {
-    if *lease.borrow() {
-        return reject(
-            StatusCode::MISDIRECTED_REQUEST,
-            "refresh_route",
-            "the execution was retired during the operation",
-            Some("retired"),
-        );
-    }
-    bad_gateway(e.to_string())
+/// A bridge failure of `slot`'s connection: a stale route when the execution was
+/// retired meanwhile (see [`stale_or`]), else a 502.
+async fn broken(
+    e: &ClientError,
+    lease: &tokio::sync::watch::Receiver<bool>,
+    slot: &Slot,
+) -> Rejection {
+    stale_or(bad_gateway(e.to_string()), lease.clone(), slot).await
 }
 
 async fn read(
@@ -127,17 +124,17 @@ async fn read(
         path,
         range: asked.unwrap_or(ByteRange::All),
     };
-    let rid = conn
-        .send_request_async(op)
-        .await
-        .map_err(|e| broken(&e, &lease))?;
+    let rid = match conn.send_request_async(op).await {
+        Ok(rid) => rid,
+        Err(e) => return Err(broken(&e, &lease, &slot).await),
+    };
     let (size, span) = match conn.next_answer_async(rid).await {
         Ok(AgentBody::FileOpened { size, range }) => (size, range),
         Err(ClientError::Agent(e)) => {
             pool.give_back(conn);
             return Err(Box::new(agent_error(&e)));
         }
-        Err(e) => return Err(broken(&e, &lease)),
+        Err(e) => return Err(broken(&e, &lease, &slot).await),
         Ok(other) => return Err(bad_gateway(format!("unexpected answer {other:?}"))),
     };
     let Some((start, len)) = span else {
@@ -313,10 +310,10 @@ async fn write(slot: &Arc<Slot>, path: String, mut body: Body) -> Result<Respons
         mode: None,
         parents: false,
     };
-    let rid = conn
-        .send_request_async(op)
-        .await
-        .map_err(|e| broken(&e, &lease))?;
+    let rid = match conn.send_request_async(op).await {
+        Ok(rid) => rid,
+        Err(e) => return Err(broken(&e, &lease, slot).await),
+    };
     let mut frames = Vec::new();
     loop {
         let next = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
@@ -339,17 +336,18 @@ async fn write(slot: &Arc<Slot>, path: String, mut body: Body) -> Result<Respons
         };
         frames.clear();
         for piece in data.chunks(MAX_CHUNK) {
-            let f =
-                input_frame(rid, Input::Data(piece.to_vec())).map_err(|e| broken(&e, &lease))?;
-            frames.extend_from_slice(&f);
+            match input_frame(rid, Input::Data(piece.to_vec())) {
+                Ok(f) => frames.extend_from_slice(&f),
+                Err(e) => return Err(bad_gateway(e.to_string())),
+            }
         }
-        write_async(conn.stream_mut(), &frames)
-            .await
-            .map_err(|e| broken(&e, &lease))?;
+        if let Err(e) = write_async(conn.stream_mut(), &frames).await {
+            return Err(broken(&e, &lease, slot).await);
+        }
     }
-    conn.send_input_async(rid, Input::End)
-        .await
-        .map_err(|e| broken(&e, &lease))?;
+    if let Err(e) = conn.send_input_async(rid, Input::End).await {
+        return Err(broken(&e, &lease, slot).await);
+    }
     match conn.next_answer_async(rid).await {
         Ok(AgentBody::Written { .. }) => {
             pool.give_back(conn);
@@ -359,7 +357,7 @@ async fn write(slot: &Arc<Slot>, path: String, mut body: Body) -> Result<Respons
             pool.give_back(conn);
             Err(Box::new(agent_error(&e)))
         }
-        Err(e) => Err(broken(&e, &lease)),
+        Err(e) => Err(broken(&e, &lease, slot).await),
         Ok(other) => Err(bad_gateway(format!("unexpected answer {other:?}"))),
     }
 }
