@@ -153,6 +153,30 @@ impl Keyring {
     pub async fn load(store: &Store, now: i64) -> Result<Self, StoreError> {
         let anchor = load_anchor(store).await?;
         let mut keys = store.list_signing_keys().await?;
+        // More than one active key: an activation was cut off after its first step.
+        // The newest (the one that signs) stays; the others retire as they would have.
+        let actives: Vec<&SigningKeyRecord> = keys
+            .iter()
+            .filter(|k| k.state == KeyState::Active)
+            .collect();
+        if actives.len() > 1 {
+            // The one the cut-off activation named (creation times are seconds: two
+            // keys made in one second do not tell which is newer).
+            let named = store.kv_get(ACTIVATING_KV).await?;
+            let keep = named
+                .filter(|n| actives.iter().any(|k| k.key_id == *n))
+                .or_else(|| {
+                    actives
+                        .iter()
+                        .max_by_key(|k| (k.created_at, k.key_id.clone()))
+                        .map(|k| k.key_id.clone())
+                });
+            if let Some(newest) = keep {
+                retire_all_but(store, &newest, now).await?;
+                publish_bundle(store, &anchor, now).await?;
+                keys = store.list_signing_keys().await?;
+            }
+        }
         if !keys.iter().any(|k| k.state == KeyState::Active) {
             store
                 .insert_signing_key(&new_key_record(KeyState::Active, now))
@@ -219,16 +243,31 @@ pub async fn begin_rotation(
 /// retention (lifetime + skew on both ends), so verifiers refuse it by themselves
 /// after every capability it signed has expired; [`retire_expired`] then drops it.
 pub async fn activate(store: &Store, new_key: &str, now: i64) -> Result<(), StoreError> {
+    // The new key first: a crash between the two steps leaves two active keys, of
+    // which the newest signs (see `Keyring::load`, which finishes the step), never
+    // none.
+    store.kv_set(ACTIVATING_KV, new_key).await?;
+    store
+        .set_signing_key_state(new_key, KeyState::Active)
+        .await?;
+    space_http::crash::crash_point("control.rotate.activating");
+    retire_all_but(store, new_key, now).await
+}
+
+/// The kv entry naming the key an activation makes active (set before its first step).
+const ACTIVATING_KV: &str = "keys:activating";
+
+/// Every key but `keep`: a published one (its rotation never completed; it signed
+/// nothing) retires at once, an active one starts its retirement grace.
+async fn retire_all_but(store: &Store, keep: &str, now: i64) -> Result<(), StoreError> {
     let grace = i64::try_from(space_identity::TOMBSTONE_RETENTION_SECS).unwrap_or(150);
     for k in store.list_signing_keys().await? {
-        // A key published by an earlier rotation that never completed signed nothing:
-        // it leaves at once.
-        if k.state == KeyState::Published && k.key_id != new_key {
+        if k.state == KeyState::Published && k.key_id != keep {
             store
                 .set_signing_key_state(&k.key_id, KeyState::Retired)
                 .await?;
         }
-        if k.state == KeyState::Active && k.key_id != new_key {
+        if k.state == KeyState::Active && k.key_id != keep {
             store
                 .kv_set(&retire_kv(&k.key_id), &(now + grace).to_string())
                 .await?;
@@ -237,7 +276,7 @@ pub async fn activate(store: &Store, new_key: &str, now: i64) -> Result<(), Stor
                 .await?;
         }
     }
-    store.set_signing_key_state(new_key, KeyState::Active).await
+    Ok(())
 }
 
 /// Retires keys whose retirement grace has passed; returns whether any did (a new
