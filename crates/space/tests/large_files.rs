@@ -569,3 +569,66 @@ fn a_write_past_the_disk_limit_is_a_clear_error_and_leaves_no_partial_file() {
     let (_, listing) = sh(&c, &id, "ls -a /root");
     assert!(!listing.contains("new"), "{listing}");
 }
+
+/// Sum of the edge's route recoveries with `outcome`, over every reason.
+fn recoveries(c: &Cluster, outcome: &str) -> f64 {
+    let (_, metrics) = c.http("GET", &format!("{}/metrics", c.url), None, b"");
+    String::from_utf8_lossy(&metrics)
+        .lines()
+        .filter(|l| {
+            l.starts_with("space_edge_route_recoveries_total{")
+                && l.contains(&format!("outcome=\"{outcome}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn an_upload_refused_by_a_stale_route_is_rebuilt_with_its_whole_body() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let id = c.create(&["--disk-mib", "256"]);
+    let from = worker_of(&c, &id);
+    let to = if from == "w1" { "w2" } else { "w1" };
+    // The edge caches the route to the first worker.
+    let out = c.cli_with_stdin(&["fs", "put", &id, "-", "/root/warm"], b"warm");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = c.cli(&["sandbox", "migrate", &id, "--worker", to]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(worker_of(&c, &id), to);
+    let rebuilt = recoveries(&c, "rebuilt");
+
+    // 32 MB through the stale route: the old worker refuses it at admission (421),
+    // before reading its body; the edge's rebuilt attempt carries every byte.
+    let local = c.dir.path().join("up.in");
+    let sent = write_pattern(&local, 90, 32_000_000);
+    let out = c.cli(&["fs", "put", &id, local.to_str().unwrap(), "/root/up"]);
+    assert!(
+        out.status.success(),
+        "the upload through a stale route failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        recoveries(&c, "rebuilt"),
+        rebuilt + 1.0,
+        "the upload did not go through a rebuilt attempt"
+    );
+    let back = c.dir.path().join("up.out");
+    let out = c.cli(&["fs", "get", &id, "/root/up", back.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(hash_file(&back), (32_000_000, sent));
+}
