@@ -631,4 +631,34 @@ fn an_upload_refused_by_a_stale_route_is_rebuilt_with_its_whole_body() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(hash_file(&back), (32_000_000, sent));
+
+    // The SDK in direct mode, the same: its cached route goes stale with a migration
+    // back, and its one rebuilt attempt carries the whole body.
+    let client = Client::new(&c.url, &c.admin_key);
+    let sandbox: SandboxId = id.parse().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(client.write_file_from(
+        &sandbox,
+        "/root/warm",
+        std::io::Cursor::new(b"warm".to_vec()),
+        4,
+    ))
+    .unwrap();
+    let out = c.cli(&["sandbox", "migrate", &id, "--worker", &from]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let before = client.recoveries().rebuilt;
+    rt.block_on(client.write_file_from_path(&sandbox, "/root/up2", &local))
+        .unwrap();
+    assert_eq!(client.recoveries().rebuilt, before + 1);
+    let mut got = Vec::new();
+    rt.block_on(client.read_file_to(&sandbox, "/root/up2", &mut got))
+        .unwrap();
+    assert_eq!(blake3::hash(&got), sent);
 }
