@@ -533,7 +533,11 @@ fn a_write_past_the_disk_limit_is_a_clear_error_and_leaves_no_partial_file() {
 
     // The old file is whole, and nothing else is left in its directory.
     let out = c.cli(&["fs", "get", &id, "/root/keep"]);
-    assert_eq!(out.stdout, b"the old content\n");
+    assert!(
+        out.stdout == b"the old content\n",
+        "the old file is not whole: {} bytes",
+        out.stdout.len()
+    );
     let (_, listing) = sh(&c, &id, "ls -a /root");
     assert!(
         !listing.contains("space-tmp"),
@@ -661,4 +665,53 @@ fn an_upload_refused_by_a_stale_route_is_rebuilt_with_its_whole_body() {
     rt.block_on(client.read_file_to(&sandbox, "/root/up2", &mut got))
         .unwrap();
     assert_eq!(blake3::hash(&got), sent);
+}
+
+#[test]
+fn an_upload_cut_part_way_leaves_the_old_file_whole_and_no_temporary_file() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let id = c.create(&["--disk-mib", "256"]);
+    let out = c.cli_with_stdin(&["fs", "put", &id, "-", "/root/keep"], b"old\n");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A client announces 50 MB, sends 8 MB and goes away.
+    let addr = c.url.trim_start_matches("http://");
+    let mut s = TcpStream::connect(addr).unwrap();
+    let head = format!(
+        "PUT {} HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {}\r\n\
+         content-type: application/octet-stream\r\ncontent-length: 50000000\r\n\r\n",
+        files_path(&id, "/root/keep"),
+        c.admin_key
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    let data = pattern(3, 8 * MIB);
+    s.write_all(&data).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(s);
+    // The agent drops its temporary file once the worker's connection ends.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, listing) = sh(&c, &id, "ls -a /root");
+        if !listing.contains("space-tmp") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a temporary file stayed: {listing}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = c.cli(&["fs", "get", &id, "/root/keep"]);
+    assert!(
+        out.stdout == b"old\n",
+        "the old file was replaced by {} bytes of a cut upload: {}",
+        out.stdout.len(),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
