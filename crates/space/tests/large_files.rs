@@ -715,3 +715,79 @@ fn an_upload_cut_part_way_leaves_the_old_file_whole_and_no_temporary_file() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn a_stalled_client_loses_its_transfer_after_the_idle_time() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start_with_env(&[("SPACE_FILE_IDLE_SECS", "2")]);
+    let id = c.create(&["--disk-mib", "256"]);
+    let out = c.cli_with_stdin(&["fs", "put", &id, "-", "/root/keep"], b"old\n");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // An upload that announces 50 MB, sends 1 MB and stalls (the connection open).
+    let addr = c.url.trim_start_matches("http://");
+    let mut s = TcpStream::connect(addr).unwrap();
+    let head = format!(
+        "PUT {} HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {}\r\n\
+         content-type: application/octet-stream\r\ncontent-length: 50000000\r\n\r\n",
+        files_path(&id, "/root/keep"),
+        c.admin_key
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(&pattern(5, MIB)).unwrap();
+    let t = Instant::now();
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                answer.extend_from_slice(&buf[..n]);
+                if answer.windows(4).any(|w| w == b"\r\n\r\n") {
+                    break;
+                }
+            }
+            Err(e) => {
+                assert!(
+                    e.kind() != std::io::ErrorKind::WouldBlock
+                        && e.kind() != std::io::ErrorKind::TimedOut,
+                    "a stalled upload was still held after {:?}",
+                    t.elapsed()
+                );
+                break;
+            }
+        }
+    }
+    eprintln!(
+        "stalled upload ended after {:?}: {}",
+        t.elapsed(),
+        String::from_utf8_lossy(&answer)
+            .lines()
+            .next()
+            .unwrap_or("(closed)")
+    );
+    assert!(t.elapsed() < Duration::from_secs(12));
+    drop(s);
+    let out = c.cli(&["fs", "get", &id, "/root/keep"]);
+    assert!(out.stdout == b"old\n", "{} bytes", out.stdout.len());
+    let (_, listing) = sh(&c, &id, "ls -a /root");
+    assert!(!listing.contains("space-tmp"), "{listing}");
+
+    // A download whose reader stalls past the idle time is cut.
+    assert_eq!(sh(&c, &id, "head -c 48M /dev/urandom > /root/big").0, 0);
+    let r = raw_get(&c, &files_path(&id, "/root/big"), &[], 1, || {
+        std::thread::sleep(Duration::from_secs(5));
+    });
+    assert_eq!(r.content_length(), Some(48 * MIB));
+    assert!(
+        (r.body.len() as u64) < 48 * MIB,
+        "a stalled download was held open past the idle time"
+    );
+}

@@ -182,6 +182,33 @@ async fn read(
     Ok(with_execution(resp, &slot))
 }
 
+/// Longest a transfer waits for its client: for the next bytes of an upload, or for
+/// a download's reader to take the next batch. A client idle longer loses the
+/// transfer, so a stalled client cannot hold an agent connection (and, for an upload,
+/// a temporary file) for ever. `SPACE_FILE_IDLE_SECS`, default 60.
+fn idle() -> std::time::Duration {
+    static IDLE: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    *IDLE.get_or_init(|| {
+        let secs = std::env::var("SPACE_FILE_IDLE_SECS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|s| *s > 0)
+            .unwrap_or(60);
+        std::time::Duration::from_secs(secs)
+    })
+}
+
+/// Hands `item` to the HTTP body within the idle time; whether it was taken.
+async fn handed(
+    tx: &tokio::sync::mpsc::Sender<Result<Bytes, Cut>>,
+    item: Result<Bytes, Cut>,
+) -> bool {
+    matches!(
+        tokio::time::timeout(idle(), tx.send(item)).await,
+        Ok(Ok(()))
+    )
+}
+
 /// Why a streamed read ended without its span.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -213,7 +240,7 @@ async fn pump(
                 if batch.len() >= BATCH {
                     let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
                     if let Some(prev) = held.replace(Bytes::from(full)) {
-                        if tx.send(Ok(prev)).await.is_err() {
+                        if !handed(&tx, Ok(prev)).await {
                             return;
                         }
                     }
@@ -241,14 +268,14 @@ async fn pump(
                 .into_iter()
                 .flatten()
             {
-                if tx.send(Ok(part)).await.is_err() {
+                if !handed(&tx, Ok(part)).await {
                     return;
                 }
             }
         }
         Err(cut) => {
             tracing::warn!(%cut, "file read cut");
-            let _ = tx.send(Err(cut)).await;
+            handed(&tx, Err(cut)).await;
         }
     }
 }
@@ -316,7 +343,20 @@ async fn write(slot: &Arc<Slot>, path: String, mut body: Body) -> Result<Respons
     };
     let mut frames = Vec::new();
     loop {
-        let next = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
+        let next = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx));
+        let Ok(next) = tokio::time::timeout(idle(), next).await else {
+            // A client that stops sending holds an agent connection and a temporary
+            // file: after the idle time, both go (nothing is written at `path`).
+            return Err(reject(
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                format!(
+                    "no byte of the request body for {} s; nothing was written",
+                    idle().as_secs()
+                ),
+                None,
+            ));
+        };
         let data = match next {
             None => break,
             Some(Ok(frame)) => match frame.into_data() {
