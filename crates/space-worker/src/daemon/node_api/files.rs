@@ -119,7 +119,11 @@ async fn read(
         .and_then(ByteRange::parse_header);
     let pool = slot.pool.clone().ok_or_else(not_running)?;
     let lease = slot.lease();
-    let mut conn = take(&pool).await?;
+    let mut conn = match take(&pool).await {
+        Ok(c) => c,
+        // No connection to the agent: a stale route if the execution is being retired.
+        Err(r) => return Err(stale_or(r, lease, &slot).await),
+    };
     let op = Operation::ReadRange {
         path,
         range: asked.unwrap_or(ByteRange::All),
@@ -331,7 +335,11 @@ impl hyper::body::Body for Streamed {
 async fn write(slot: &Arc<Slot>, path: String, mut body: Body) -> Result<Response, Rejection> {
     let pool = slot.pool.clone().ok_or_else(not_running)?;
     let lease = slot.lease();
-    let mut conn = take(&pool).await?;
+    let mut conn = match take(&pool).await {
+        Ok(c) => c,
+        // No connection to the agent: a stale route if the execution is being retired.
+        Err(r) => return Err(stale_or(r, lease, &slot).await),
+    };
     let op = Operation::WriteFile {
         path,
         mode: None,
