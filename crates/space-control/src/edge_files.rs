@@ -41,6 +41,10 @@ const WRITE_HEAD_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
 /// Largest error answer read here (to decide on recovery).
 const MAX_ERROR: usize = 64 << 10;
 
+/// Uploads up to this size are held whole at the edge, so a rebuilt attempt can
+/// resend them whatever the worker read of the first one.
+const RESEND_LIMIT: usize = 1 << 20;
+
 /// Answer headers passed on from the worker.
 const PASSED: [header::HeaderName; 5] = [
     header::CONTENT_TYPE,
@@ -98,9 +102,29 @@ pub(crate) async fn write(
 ) -> Result<Response, ApiError> {
     let (mut route, mut grant) = edge.route_for(caller, bearer, sandbox).await?;
     let mut recovery = Recovery::new(class);
-    let mut body: Option<StreamBody> = Some(stream::boxed(body));
+    // A small body is kept whole here: the one rebuilt attempt can send it again even
+    // when the worker had read it before the route went stale (an execution frozen for
+    // a migration after admission). A large one streams, and only a refusal before its
+    // first byte left (behind `Expect: 100-continue`) leaves it for another attempt.
+    let small = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| *n <= RESEND_LIMIT);
+    let (mut body, kept): (Option<StreamBody>, Option<bytes::Bytes>) = match small {
+        Some(_) => {
+            let whole = axum::body::to_bytes(body, RESEND_LIMIT)
+                .await
+                .map_err(|e| ApiError::bad_request(format!("upload body: {e}")))?;
+            (None, Some(whole))
+        }
+        None => (Some(stream::boxed(body)), None),
+    };
     loop {
-        let Some(unread) = body.take() else {
+        let Some(unread) = body
+            .take()
+            .or_else(|| kept.clone().map(|b| stream::boxed(Body::from(b))))
+        else {
             return Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "route_unavailable",
