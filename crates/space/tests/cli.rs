@@ -238,7 +238,7 @@ fn a_second_worker_on_one_data_directory_is_refused() {
     let w1 = c.worker_pid("w1");
     let dir = c.worker_dir("w1");
     let records_before = tree(&dir);
-    let out = Command::new(space_bin())
+    let mut second = Command::new(space_bin())
         .args(["worker", "--id", "w1", "--control", &c.url])
         .arg("--enroll-secret-file")
         .arg(c.data_dir().join("enroll.key"))
@@ -246,8 +246,23 @@ fn a_second_worker_on_one_data_directory_is_refused() {
         .arg(&dir)
         .args(["--warm-pool", "0"])
         .env("SPACE_LOG", "warn")
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while second.try_wait().unwrap().is_none() {
+        if Instant::now() >= deadline {
+            let _ = second.kill();
+            let out = second.wait_with_output().unwrap();
+            panic!(
+                "a second worker on a used data directory kept running: {}",
+                stderr(&out)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = second.wait_with_output().unwrap();
     let err = stderr(&out);
     assert!(!out.status.success(), "{err}");
     assert!(
@@ -418,6 +433,21 @@ fn exec_stdin_over_its_limit_is_a_clear_413() {
     assert_eq!(status, 413, "{}", String::from_utf8_lossy(&answer));
     let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
     assert_eq!(v["error"], "too_large");
+    // Both forms at once, or base64 that is not: 400, nothing run.
+    for body in [
+        r#"{"cmd":["true"],"stdin":"a","stdin_base64":"YQ=="}"#,
+        r#"{"cmd":["true"],"stdin_base64":"not base64!"}"#,
+    ] {
+        let (status, answer) = c.http(
+            "POST",
+            &format!("{}/v1/sandboxes/{id}/exec", c.url),
+            Some(&format!("Bearer {}", c.admin_key)),
+            body.as_bytes(),
+        );
+        assert_eq!(status, 400, "{}", String::from_utf8_lossy(&answer));
+        let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+        assert_eq!(v["error"], "bad_request");
+    }
     // One over the body limit is refused by the edge the same way.
     let body = vec![b' '; space_proto::api::MAX_EXEC_BODY + 1];
     let (status, answer) = c.http(
@@ -473,22 +503,31 @@ fn stdin_streams_through_cat_in_bounded_memory() {
             }
         }
     });
+    // A stall anywhere (a hop that stops reading one way while it writes the other)
+    // is a CLI killed here, and a short count below.
+    let cli = child.id() as i32;
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if done_rx.recv_timeout(Duration::from_secs(240)).is_err() {
+            kill9(cli);
+        }
+    });
     let mut output = child.stdout.take().unwrap();
     let mut total = 0usize;
     let mut buf = vec![0u8; 1 << 16];
-    let deadline = Instant::now() + Duration::from_secs(240);
     loop {
         let n = output.read(&mut buf).unwrap();
         if n == 0 {
             break;
         }
         total += n;
-        assert!(Instant::now() < deadline, "stalled at {total} bytes");
     }
+    let _ = done_tx.send(());
+    watchdog.join().unwrap();
     feeder.join().unwrap();
     let status = child.wait().unwrap();
+    assert_eq!(total, len, "stalled: {total} of {len} bytes came back");
     assert!(status.success());
-    assert_eq!(total, len);
     let (wgrowth, egrowth) = (
         support::peak_growth(worker, wbase),
         support::peak_growth(edge, ebase),
@@ -626,4 +665,51 @@ fn cli_errors_share_one_format() {
         err.starts_with("space: error: ") && err.trim_end().ends_with(", HTTP 401)"),
         "{err}"
     );
+}
+
+#[test]
+fn sdk_stdin_reaches_the_command_plain_and_streamed() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let id = c.create(&[]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = space_client::Client::new(&c.url, &c.admin_key);
+    let sandbox: space_identity::SandboxId = id.parse().unwrap();
+    let data = non_repeating(2 << 20);
+    rt.block_on(async {
+        // Plain: bytes that are not text, more than one agent frame.
+        let req = space_client::exec_with_stdin(["sha256sum"], &data);
+        let out = client.exec(&sandbox, &req).await.unwrap();
+        assert_eq!(out.exit_code, 0, "{}", out.stderr);
+        assert_eq!(out.stdout[..64], sha256(&data));
+        // Streamed: sent, then closed; `wc -c` ends and counts all of it.
+        let mut stream = client
+            .exec_stream(&sandbox, &space_client::exec(["wc", "-c"]))
+            .await
+            .unwrap();
+        for chunk in data.chunks(100_000) {
+            stream.send_stdin(chunk.to_vec()).await.unwrap();
+        }
+        stream.close_stdin().await.unwrap();
+        let mut out = Vec::new();
+        loop {
+            match stream.next().await.unwrap().unwrap() {
+                space_client::ExecEvent::Stdout(b) => out.extend_from_slice(&b),
+                space_client::ExecEvent::Stderr(_) => {}
+                space_client::ExecEvent::Exited(code) => {
+                    assert_eq!(code, 0);
+                    break;
+                }
+            }
+        }
+        assert_eq!(
+            String::from_utf8_lossy(&out).trim(),
+            (2u64 << 20).to_string()
+        );
+    });
 }
