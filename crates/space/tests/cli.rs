@@ -103,8 +103,12 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// A second `space up` on `data`, given `limit` to exit by itself.
+/// A second `space up` on `data`, given `limit` to exit by itself. Its output goes to
+/// files, not pipes: a second start that is not refused must fail this test, not hang
+/// it on pipes its workers hold.
 fn second_up(data: &std::path::Path, limit: Duration) -> Output {
+    let out_dir = tempfile::tempdir().unwrap();
+    let (out_path, err_path) = (out_dir.path().join("out"), out_dir.path().join("err"));
     let mut child = Command::new(space_bin())
         .args([
             "up",
@@ -118,24 +122,35 @@ fn second_up(data: &std::path::Path, limit: Duration) -> Output {
         .env("SPACE_LOG", "warn")
         .env("SPACE_WARM_POOL", "0")
         .env("SPACE_STANDBY", "0")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
         .spawn()
         .unwrap();
     let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return child.wait_with_output().unwrap();
+    let status = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            // Stopped as `space up` is (its workers with it).
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = child.wait();
+            panic!(
+                "a second `space up` on a used data directory kept running; stdout: {} stderr: {}",
+                std::fs::read_to_string(&out_path).unwrap_or_default(),
+                std::fs::read_to_string(&err_path).unwrap_or_default()
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: std::fs::read(&out_path).unwrap(),
+        stderr: std::fs::read(&err_path).unwrap(),
     }
-    let _ = child.kill();
-    let out = child.wait_with_output().unwrap();
-    panic!(
-        "a second `space up` on a used data directory kept running; stdout: {} stderr: {}",
-        String::from_utf8_lossy(&out.stdout),
-        stderr(&out)
-    );
 }
 
 /// Every file under `dir` with its size and modification time.
@@ -290,6 +305,21 @@ fn a_killed_space_up_leaves_no_lock_behind() {
     let mut c = Cluster::start();
     let id = c.create(&[]);
     let old = (c.edge_pid(), c.worker_pid("w1"), c.worker_pid("w2"));
+    // The workers (and what they start) do not hold `space up`'s lock: it is
+    // close-on-exec.
+    let lock = c.data_dir().join("space.lock");
+    for pid in [old.1, old.2] {
+        for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .flatten()
+        {
+            assert_ne!(
+                std::fs::read_link(fd.path()).ok().as_deref(),
+                Some(lock.as_path()),
+                "worker {pid} inherited the lock"
+            );
+        }
+    }
     // kill -9 of `space up` alone: its lock file stays, its workers notice and go.
     kill9(old.0);
     let deadline = Instant::now() + Duration::from_secs(10);
