@@ -489,7 +489,10 @@ fn exec_stdin_over_its_limit_is_a_clear_413() {
     assert_eq!(status, 413, "{}", String::from_utf8_lossy(&answer));
     let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
     assert_eq!(v["error"], "too_large");
-    // Just under the stdin limit goes through, whole.
+    // Just under the stdin limit goes through, whole, with the worker's memory bounded
+    // by a few copies of the request (its body, its base64, the bytes).
+    let worker = c.worker_pid(c.sandbox(&id)["execution"]["worker"].as_str().unwrap());
+    let base = support::reset_peak(worker);
     let out = cli_feeding(
         &c,
         &["exec", &id, "--", "wc", "-c"],
@@ -501,6 +504,12 @@ fn exec_stdin_over_its_limit_is_a_clear_413() {
         String::from_utf8_lossy(&out.stdout).trim(),
         (64u64 << 20).to_string()
     );
+    let growth = support::peak_growth(worker, base);
+    eprintln!(
+        "64 MiB of stdin: worker peak RSS growth {} KiB",
+        growth >> 10
+    );
+    assert!(growth < 320 << 20, "worker grew {growth} bytes");
 }
 
 #[test]
@@ -722,9 +731,8 @@ fn sdk_stdin_reaches_the_command_plain_and_streamed() {
             .exec_stream(&sandbox, &space_client::exec(["wc", "-c"]))
             .await
             .unwrap();
-        for chunk in data.chunks(100_000) {
-            stream.send_stdin(chunk.to_vec()).await.unwrap();
-        }
+        // One message larger than an agent frame (1 MiB): the worker cuts it.
+        stream.send_stdin(data.clone()).await.unwrap();
         stream.close_stdin().await.unwrap();
         let mut out = Vec::new();
         loop {
