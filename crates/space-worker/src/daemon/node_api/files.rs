@@ -338,7 +338,7 @@ async fn write(slot: &Arc<Slot>, path: String, mut body: Body) -> Result<Respons
     let mut conn = match take(&pool).await {
         Ok(c) => c,
         // No connection to the agent: a stale route if the execution is being retired.
-        Err(r) => return Err(stale_or(r, lease, &slot).await),
+        Err(r) => return Err(stale_or(r, lease, slot).await),
     };
     let op = Operation::WriteFile {
         path,
