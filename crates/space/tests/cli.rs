@@ -253,6 +253,8 @@ fn a_second_worker_on_one_data_directory_is_refused() {
     let w1 = c.worker_pid("w1");
     let dir = c.worker_dir("w1");
     let records_before = tree(&dir);
+    let err_dir = tempfile::tempdir().unwrap();
+    let err_path = err_dir.path().join("err");
     let mut second = Command::new(space_bin())
         .args(["worker", "--id", "w1", "--control", &c.url])
         .arg("--enroll-secret-file")
@@ -261,23 +263,35 @@ fn a_second_worker_on_one_data_directory_is_refused() {
         .arg(&dir)
         .args(["--warm-pool", "0"])
         .env("SPACE_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        // Files, not pipes: what a second worker that is not refused starts would
+        // hold a pipe open (and hang this test instead of failing it).
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err_path).unwrap())
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while second.try_wait().unwrap().is_none() {
+    let status = loop {
+        if let Some(status) = second.try_wait().unwrap() {
+            break status;
+        }
         if Instant::now() >= deadline {
-            let _ = second.kill();
-            let out = second.wait_with_output().unwrap();
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(second.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = second.wait();
             panic!(
                 "a second worker on a used data directory kept running: {}",
-                stderr(&out)
+                std::fs::read_to_string(&err_path).unwrap_or_default()
             );
         }
         std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = second.wait_with_output().unwrap();
+    };
+    let out = Output {
+        status,
+        stdout: Vec::new(),
+        stderr: std::fs::read(&err_path).unwrap(),
+    };
     let err = stderr(&out);
     assert!(!out.status.success(), "{err}");
     assert!(
