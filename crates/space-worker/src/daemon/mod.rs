@@ -216,6 +216,17 @@ pub async fn run(config: WorkerConfig) -> Result<WorkerHandle, String> {
                 Ok(list) => resync_worker.resync(list, asked_at).await,
                 Err(e) => tracing::warn!(error = %e, "periodic sync failed"),
             }
+            // Tombstones past their retention go (a capability for them is expired by
+            // then); the sandbox's highest generation stays, so nothing old installs.
+            let before = asked_at
+                - i64::try_from(space_identity::TOMBSTONE_RETENTION_SECS).unwrap_or(150)
+                - 60;
+            let records = resync_worker.clone();
+            match tokio::task::spawn_blocking(move || records.records.prune(before)).await {
+                Ok(Ok(n)) if n > 0 => tracing::debug!(pruned = n, "tombstones pruned"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "could not prune tombstones"),
+                _ => {}
+            }
         }
     });
     Ok(WorkerHandle {

@@ -308,6 +308,31 @@ impl Records {
         })
     }
 
+    /// One recorded execution.
+    pub fn get(
+        &self,
+        sandbox: &SandboxId,
+        generation: u64,
+    ) -> Result<Option<ExecutionRecord>, RecordError> {
+        self.with(|c| {
+            let row: Option<(String, String)> = c
+                .prepare_cached(
+                    "SELECT body, state FROM executions WHERE sandbox = ?1 AND generation = ?2",
+                )?
+                .query_row(params![sandbox.to_string(), generation as i64], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .optional()?;
+            let Some((body, state)) = row else {
+                return Ok(None);
+            };
+            let mut rec: ExecutionRecord =
+                serde_json::from_str(&body).map_err(|_| RecordError::Corrupt("record"))?;
+            rec.state = RecordState::parse(&state).ok_or(RecordError::Corrupt("state"))?;
+            Ok(Some(rec))
+        })
+    }
+
     /// Drops tombstones and failures older than `before` (the max generation stays).
     pub fn prune(&self, before: i64) -> Result<usize, RecordError> {
         let all = self.all()?;
@@ -454,6 +479,25 @@ mod tests {
             r.setting("credential").unwrap().as_deref(),
             Some(&b"abc"[..])
         );
+    }
+
+    #[test]
+    fn one_record_is_read_by_its_sandbox_and_generation() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Records::open(&dir.path().join("r.db")).unwrap();
+        r.put(&rec(2, RecordState::Retired)).unwrap();
+        r.put(&rec(3, RecordState::Running)).unwrap();
+        let sandbox = SandboxId::from_bytes([1; 16]);
+        assert_eq!(
+            r.get(&sandbox, 3).unwrap(),
+            Some(rec(3, RecordState::Running))
+        );
+        assert_eq!(
+            r.get(&sandbox, 2).unwrap(),
+            Some(rec(2, RecordState::Retired))
+        );
+        assert_eq!(r.get(&sandbox, 4).unwrap(), None);
+        assert_eq!(r.get(&SandboxId::from_bytes([9; 16]), 3).unwrap(), None);
     }
 
     #[test]

@@ -393,10 +393,9 @@ async fn retire_execution(
     execution_id: ExecutionId,
     drop_kept_layer: bool,
 ) {
-    let existing = worker.records.all().ok().and_then(|all| {
-        all.into_iter()
-            .find(|r| r.sandbox == *sandbox && r.generation == generation)
-    });
+    // This execution's record alone (reading every record made each retirement cost
+    // as much as the worker's whole history).
+    let existing = worker.records.get(sandbox, generation).ok().flatten();
     let mut tomb = existing.clone().unwrap_or(ExecutionRecord {
         sandbox: *sandbox,
         generation,
