@@ -43,6 +43,10 @@ pub struct SoakArgs {
     /// Also kill a worker with SIGKILL now and then (`space up` restarts it).
     #[arg(long)]
     pub kill_workers: bool,
+    /// Stop after this many seconds whatever was reached (the run then fails if
+    /// --ops or --min-migrations was not).
+    #[arg(long, default_value_t = 7200)]
+    pub max_duration: u64,
 }
 
 impl SoakArgs {
@@ -56,6 +60,7 @@ impl SoakArgs {
             ops: 0,
             min_migrations: 20,
             kill_workers: false,
+            max_duration: 600,
         }
     }
 }
@@ -63,6 +68,8 @@ impl SoakArgs {
 /// What a soak saw.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct SoakReport {
+    /// Whether the operations and migrations asked for were reached.
+    pub reached: bool,
     /// Seconds it ran.
     pub seconds: f64,
     /// Operations made.
@@ -128,6 +135,7 @@ impl SoakReport {
     /// that means none).
     pub fn passed(&self) -> bool {
         self.ops > 0
+            && self.reached
             && self.wrong_deliveries() == 0
             && self.lost_writes == 0
             && self.dropped == 0
@@ -318,7 +326,7 @@ async fn soak(args: &SoakArgs, platform: &Arc<Platform>) -> Result<SoakReport, S
         ))
     });
     let started = Instant::now();
-    let give_up = Duration::from_secs(args.duration.saturating_mul(10).max(600));
+    let give_up = Duration::from_secs(args.max_duration.max(args.duration));
     let mut last_line = Instant::now();
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -379,6 +387,11 @@ async fn soak(args: &SoakArgs, platform: &Arc<Platform>) -> Result<SoakReport, S
         eprintln!("soak: {n} × {what}");
     }
     let migrations = churned.migrations.load(Ordering::Relaxed);
+    let ops = tally.ops.load(Ordering::Relaxed);
+    let reached = ops >= args.ops && migrations >= args.min_migrations;
+    if ops < args.ops {
+        eprintln!("soak: only {ops} operations of the {} asked for", args.ops);
+    }
     if migrations < args.min_migrations {
         eprintln!(
             "soak: only {migrations} migrations of the {} asked for",
@@ -386,6 +399,7 @@ async fn soak(args: &SoakArgs, platform: &Arc<Platform>) -> Result<SoakReport, S
         );
     }
     let report = SoakReport {
+        reached,
         seconds,
         ops: tally.ops.load(Ordering::Relaxed),
         via_edge: tally.via_edge.load(Ordering::Relaxed),
@@ -505,6 +519,7 @@ space_edge_rebuilt_added_seconds_bucket{le=\"+Inf\"} 10\n";
     #[test]
     fn a_run_with_a_wrong_delivery_or_a_dropped_connection_fails() {
         let ok = SoakReport {
+            reached: true,
             ops: 1_000_000,
             failures: 2,
             ..SoakReport::default()
