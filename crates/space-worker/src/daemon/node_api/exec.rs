@@ -1,0 +1,246 @@
+//! `POST …/exec`: a command run to its end, its stdin (of up to 64 MiB) written in
+//! frames while its output is collected, its answer the exit and the capped output.
+
+use super::*;
+use space_proto::guest::{ExecSpec, ExitOutcome, MAX_CHUNK};
+
+pub(super) async fn exec(
+    State(w): State<Arc<Worker>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    let start = Instant::now();
+    let (sandbox, slot) = match admit(&w, &headers, &id, Access::Exec) {
+        Ok(v) => v,
+        Err(r) => return *r,
+    };
+    let body = match body {
+        Ok(b) => b,
+        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => return exec_too_large(),
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("exec body: {e}"),
+                None,
+            );
+        }
+    };
+    let slot = match unpaused(&w, slot).await {
+        Ok(s) => s,
+        Err(r) => return *r,
+    };
+    let mut req: ExecRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("invalid exec body: {e}"),
+                None,
+            );
+        }
+    };
+    drop(body);
+    let stdin = match exec_stdin(&mut req) {
+        Ok(s) => s,
+        Err(r) => return *r,
+    };
+    if req.cmd.is_empty() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "cmd must not be empty",
+            None,
+        );
+    }
+    let max_output_bytes = req.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES);
+    if max_output_bytes > MAX_OUTPUT_BYTES {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!(
+                "max_output_bytes must be at most {MAX_OUTPUT_BYTES} ({} MiB); use the \
+                 streaming exec (/exec/stream) for more output",
+                MAX_OUTPUT_BYTES >> 20
+            ),
+            None,
+        );
+    }
+    let spec = ExecSpec {
+        argv: req.cmd,
+        // The sandbox's environment, overridden by the request's.
+        env: slot
+            .record
+            .env
+            .clone()
+            .into_iter()
+            .chain(req.env.unwrap_or_default())
+            .collect::<std::collections::BTreeMap<_, _>>()
+            .into_iter()
+            .collect(),
+        cwd: req.cwd,
+        // Stdin that fits in the request frame goes with it; more follows as input.
+        stdin: (stdin.len() <= MAX_CHUNK).then(Vec::new),
+        timeout_ms: Some(
+            req.timeout_secs
+                .unwrap_or(DEFAULT_EXEC_TIMEOUT_SECS)
+                .saturating_mul(1000),
+        ),
+        pty: None,
+        max_output_bytes: Some(max_output_bytes),
+    };
+    let execution_id = slot.record.execution_id;
+    let resp = once(&w.idempotency, sandbox, &headers, move || async move {
+        // The memory cgroup's OOM-kill count, before and after: a rise means the
+        // kernel killed a process of the sandbox for its limit while this ran.
+        let cgroups = slot.record.handle.as_ref().map(|h| h.cgroups.clone());
+        let oom_before = cgroups.as_ref().and_then(|c| c.oom_kills());
+        let ran = match spec.stdin {
+            Some(_) => {
+                let mut spec = spec;
+                spec.stdin = Some(stdin);
+                with_conn(&slot, Call::exec(spec)).await
+            }
+            None => exec_with_stdin(&slot, spec, stdin).await,
+        };
+        match ran {
+            Ok(out) => {
+                let oom_killed = matches!(
+                    (oom_before, cgroups.as_ref().and_then(|c| c.oom_kills())),
+                    (Some(before), Some(after)) if after > before
+                );
+                let memory_limit_mib = cgroups
+                    .as_ref()
+                    .filter(|_| oom_killed)
+                    .and_then(|c| c.memory_limit())
+                    .map(|b| b >> 20);
+                let (exit_code, signal) = match out.status.outcome {
+                    ExitOutcome::Code(c) => (c, None),
+                    ExitOutcome::Signal(s) => (128 + s, Some(s)),
+                };
+                let (stdout_truncated, stderr_truncated) =
+                    (out.status.stdout_truncated, out.status.stderr_truncated);
+                // The caps hold each stream's JSON to `max_output_bytes`, so the answer
+                // is at most about twice that, held once (valid UTF-8 is not copied).
+                with_execution(
+                    exec_json(&ExecResponse {
+                        exit_code,
+                        signal,
+                        timed_out: out.status.timed_out,
+                        oom_killed,
+                        memory_limit_mib,
+                        truncated: stdout_truncated || stderr_truncated,
+                        stdout_truncated,
+                        stderr_truncated,
+                        stdout: lossy(out.stdout),
+                        stderr: lossy(out.stderr),
+                        execution_id,
+                    }),
+                    &slot,
+                )
+            }
+            Err(r) => *r,
+        }
+    })
+    .await;
+    observe(&w, "exec", start);
+    resp
+}
+
+/// 413 for an exec request over [`MAX_EXEC_BODY`] or with stdin over
+/// [`MAX_EXEC_STDIN`].
+fn exec_too_large() -> Response {
+    error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "too_large",
+        format!(
+            "exec stdin is limited to {} MiB (the request to {} MiB); use the streaming \
+             exec (/exec/stream, `space exec --stream`) for more",
+            MAX_EXEC_STDIN >> 20,
+            MAX_EXEC_BODY >> 20
+        ),
+        None,
+    )
+}
+
+/// The stdin bytes of an exec request (taken out of it): its text or its decoded
+/// base64, at most [`MAX_EXEC_STDIN`].
+pub(crate) fn exec_stdin(req: &mut ExecRequest) -> Result<Vec<u8>, Rejection> {
+    use base64::Engine as _;
+    let stdin = match (req.stdin.take(), req.stdin_base64.take()) {
+        (Some(_), Some(_)) => {
+            return Err(reject(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "give stdin or stdin_base64, not both",
+                None,
+            ));
+        }
+        (Some(text), None) => text.into_bytes(),
+        (None, Some(b64)) => {
+            // Decoded size known before decoding: no buffer for an oversized stdin.
+            if b64.len() / 4 * 3 > MAX_EXEC_STDIN + 2 {
+                return Err(Box::new(exec_too_large()));
+            }
+            base64::engine::general_purpose::STANDARD
+                .decode(b64.as_bytes())
+                .map_err(|e| {
+                    reject(
+                        StatusCode::BAD_REQUEST,
+                        "bad_request",
+                        format!("stdin_base64 is not standard base64: {e}"),
+                        None,
+                    )
+                })?
+        }
+        (None, None) => Vec::new(),
+    };
+    if stdin.len() > MAX_EXEC_STDIN {
+        return Err(Box::new(exec_too_large()));
+    }
+    Ok(stdin)
+}
+
+/// [`crate::daemon::streams::exec_collect`] (stdin larger than a frame), with the same answer
+/// as [`with_conn`] when the execution is retired meanwhile.
+async fn exec_with_stdin(
+    slot: &Arc<Slot>,
+    spec: ExecSpec,
+    stdin: Vec<u8>,
+) -> Result<space_proto::client::ExecOutput, Rejection> {
+    let lease = slot.lease();
+    match crate::daemon::streams::exec_collect(slot, spec, stdin).await {
+        Err(r) if r.status() == StatusCode::BAD_GATEWAY && *lease.borrow() => Err(reject(
+            StatusCode::MISDIRECTED_REQUEST,
+            "refresh_route",
+            "the execution was retired during the operation",
+            Some("retired"),
+        )),
+        other => other,
+    }
+}
+
+/// The JSON answer of an exec, written into a buffer of its exact size: no growth by
+/// doubling (a copy and up to twice the size) for a large answer.
+fn exec_json(answer: &ExecResponse) -> Response {
+    let size = space_proto::guest::json_str_len(&answer.stdout)
+        + space_proto::guest::json_str_len(&answer.stderr)
+        + 1024;
+    let mut body = Vec::with_capacity(size);
+    match serde_json::to_writer(&mut body, answer) {
+        Ok(()) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("exec answer: {e}"),
+            None,
+        ),
+    }
+}
+
+/// Text of `bytes`, invalid UTF-8 replaced; without a copy when it is valid.
+fn lossy(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
