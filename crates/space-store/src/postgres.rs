@@ -10,18 +10,23 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use space_identity::{ExecutionId, PodUid, SandboxId, Substrate, WorkerId};
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::Semaphore;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, Config, GenericClient, NoTls, Row};
+use tokio_postgres::{Config, GenericClient, Row};
 
 use crate::StoreError;
+
+mod listen;
+mod pool;
 use crate::records::{
     ApiKeyRecord, ExecutionRecord, ExecutionState, KeyState, SandboxRecord, SandboxState,
     SigningKeyRecord, Tenant, WorkerRecord, WorkerState,
 };
 use crate::rows::{self, Cols, to_sql_int};
 use crate::sql::{self, MIGRATIONS};
+use listen::{LIFECYCLE_CHANNEL, listen};
+use pool::Pool;
 
 /// Serialises schema migrations between replicas starting at the same time (an
 /// arbitrary constant: "SPACE" in ASCII).
@@ -33,144 +38,6 @@ type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 #[derive(Clone, Debug)]
 pub struct PgStore {
     pool: Arc<Pool>,
-}
-
-/// A few clients behind a semaphore: at most `size` connections, idle ones reused,
-/// broken ones dropped and replaced on the next checkout.
-#[derive(Debug)]
-struct Pool {
-    config: Config,
-    idle: Mutex<Vec<Client>>,
-    permits: Semaphore,
-    /// The task holding the `LISTEN` connection (see [`listen`]); ends with the pool.
-    listener: Mutex<Option<tokio::task::AbortHandle>>,
-}
-
-impl Drop for Pool {
-    fn drop(&mut self) {
-        if let Some(l) = self
-            .listener
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
-            l.abort();
-        }
-    }
-}
-
-/// The channel lifecycle changes are announced on; the payload is the sandbox ID.
-const LIFECYCLE_CHANNEL: &str = "space_lifecycle";
-
-/// Keeps a connection that `LISTEN`s on [`LIFECYCLE_CHANNEL`] and hands every
-/// notification to [`crate::changes::notify`]: so a waiter in this process learns of a
-/// transition another replica wrote. Reconnects after a second when it breaks (a
-/// notification lost meanwhile costs a waiter its own deadline, nothing else).
-async fn listen(config: Config) {
-    loop {
-        if let Err(e) = listen_once(&config).await {
-            // The store has no logger of its own; the daemon's stderr collects this.
-            eprintln!("space-store: lifecycle LISTEN connection: {e}; reconnecting");
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-}
-
-async fn listen_once(config: &Config) -> Result<(), tokio_postgres::Error> {
-    let (client, mut connection) = config.connect(NoTls).await?;
-    let drive = async move {
-        loop {
-            match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
-                Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
-                    if let Ok(id) = n.payload().parse::<SandboxId>() {
-                        crate::changes::notify(&id);
-                    }
-                }
-                Some(Ok(_)) => {}
-                Some(Err(e)) => return Err(e),
-                None => return Ok(()),
-            }
-        }
-    };
-    let subscribe = async {
-        client
-            .batch_execute(&format!("LISTEN {LIFECYCLE_CHANNEL}"))
-            .await?;
-        std::future::pending::<Result<(), tokio_postgres::Error>>().await
-    };
-    tokio::select! {
-        r = drive => r,
-        r = subscribe => r,
-    }
-}
-
-/// A client checked out of the [`Pool`]; goes back on drop unless its connection died.
-struct PooledClient<'a> {
-    pool: &'a Pool,
-    client: Option<Client>,
-    _permit: SemaphorePermit<'a>,
-}
-
-impl Pool {
-    async fn get(&self) -> Result<PooledClient<'_>, StoreError> {
-        let permit = self
-            .permits
-            .acquire()
-            .await
-            .map_err(|_| StoreError::Backend("connection pool closed".into()))?;
-        let reused = loop {
-            let next = self
-                .idle
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .pop();
-            match next {
-                Some(c) if c.is_closed() => continue,
-                other => break other,
-            }
-        };
-        let client = match reused {
-            Some(c) => c,
-            None => self.connect().await?,
-        };
-        Ok(PooledClient {
-            pool: self,
-            client: Some(client),
-            _permit: permit,
-        })
-    }
-
-    async fn connect(&self) -> Result<Client, StoreError> {
-        let (client, connection) = self.config.connect(NoTls).await.map_err(pg_err)?;
-        // The connection future does the I/O; it ends when the client is dropped or the
-        // server goes away, and `Client::is_closed` then tells the pool.
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        Ok(client)
-    }
-}
-
-impl PooledClient<'_> {
-    fn client(&mut self) -> &mut Client {
-        self.client
-            .as_mut()
-            .unwrap_or_else(|| unreachable!("the client is taken only on drop"))
-    }
-}
-
-impl Drop for PooledClient<'_> {
-    fn drop(&mut self) {
-        match self.client.take() {
-            Some(c) if !c.is_closed() => self
-                .pool
-                .idle
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(c),
-            _ => {}
-        }
-    }
 }
 
 impl PgStore {
