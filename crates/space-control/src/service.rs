@@ -38,6 +38,7 @@ pub const MAX_TTL_SECS: u64 = 30 * 86_400;
 
 mod background;
 mod capabilities;
+mod executions;
 mod placing;
 mod quota;
 mod snapshots;
@@ -540,141 +541,6 @@ impl ControlPlane {
         Ok(true)
     }
 
-    /// Allocates the next generation on `worker`, installs it there and waits for the
-    /// worker to acknowledge it running. A failed start consumes its generation.
-    pub async fn start_execution(
-        &self,
-        s: &SandboxRecord,
-        w: &WorkerRecord,
-    ) -> Result<ExecutionRecord, ApiError> {
-        let worker = &w.id;
-        let now = now_secs() as i64;
-        let exe = self
-            .store
-            .allocate_execution(
-                &s.id,
-                ExecutionId::from_bytes(random_bytes()),
-                worker,
-                w.substrate,
-                now,
-            )
-            .await?;
-        let outcome = self.deliver(w, Update::Install(install_of(s, &exe))).await;
-        if let Some(ready) = outcome.as_ref().ok().and_then(|a| a.warm_ready) {
-            self.load
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .reported_warm(worker, ready);
-        }
-        match outcome {
-            Ok(ack) if ack.state == "running" => {
-                let now = now_secs() as i64;
-                self.store
-                    .set_execution_state(
-                        &s.id,
-                        exe.generation,
-                        ExecutionState::Running,
-                        Some(ExecutionState::Pending),
-                        now,
-                    )
-                    .await?;
-                // What the conditional update wrote: nothing else changes a pending
-                // execution.
-                Ok(ExecutionRecord {
-                    state: ExecutionState::Running,
-                    updated_at: now,
-                    ..exe
-                })
-            }
-            other => {
-                let _ = self
-                    .store
-                    .set_execution_state(
-                        &s.id,
-                        exe.generation,
-                        ExecutionState::Failed,
-                        None,
-                        now_secs() as i64,
-                    )
-                    .await;
-                let why = match other {
-                    Ok(ack) => ack.message.unwrap_or(ack.state),
-                    Err(e) => e.message,
-                };
-                tracing::warn!(sandbox = %s.id, generation = exe.generation, worker = %worker, reason = %why, "execution failed to start");
-                Err(ApiError::bad_gateway(format!(
-                    "worker {worker} could not start the sandbox: {why}"
-                )))
-            }
-        }
-    }
-
-    /// Stops a sandbox: its execution is retired on its worker (which keeps a
-    /// tombstone), and it is never served again.
-    pub async fn delete_sandbox(&self, s: &SandboxRecord) -> Result<(), ApiError> {
-        self.store
-            .set_sandbox_state(&s.id, SandboxState::Stopped, None)
-            .await?;
-        if let Some(exe) = self.store.current_execution(&s.id).await? {
-            self.retire(&exe).await?;
-        }
-        Ok(())
-    }
-
-    /// Pauses a running sandbox in place (freezer): the same execution, so
-    /// capabilities and routes stay valid; requests wait or get a clear `paused`.
-    pub async fn pause(&self, s: &SandboxRecord) -> Result<(), ApiError> {
-        self.freeze(s, true).await
-    }
-
-    /// Resumes a paused sandbox in place.
-    pub async fn resume(&self, s: &SandboxRecord) -> Result<(), ApiError> {
-        self.freeze(s, false).await
-    }
-
-    async fn freeze(&self, s: &SandboxRecord, pause: bool) -> Result<(), ApiError> {
-        let (from, to) = if pause {
-            (SandboxState::Running, SandboxState::Paused)
-        } else {
-            (SandboxState::Paused, SandboxState::Running)
-        };
-        if s.state == to {
-            return Ok(());
-        }
-        if s.state != from {
-            return Err(ApiError::conflict(format!(
-                "the sandbox is {}",
-                s.state.as_str()
-            )));
-        }
-        let exe = self.running_execution(&s.id).await?;
-        let w = self.store.get_worker(&exe.worker).await?;
-        let (sandbox, generation, execution_id) = (s.id, exe.generation, exe.execution_id);
-        let update = if pause {
-            Update::Pause {
-                sandbox,
-                generation,
-                execution_id,
-            }
-        } else {
-            Update::Resume {
-                sandbox,
-                generation,
-                execution_id,
-            }
-        };
-        let ack = self.deliver(&w, update).await?;
-        let expected = if pause { "paused" } else { "running" };
-        if ack.state != expected {
-            return Err(ApiError::bad_gateway(format!(
-                "worker answered {}",
-                ack.state
-            )));
-        }
-        self.store.set_sandbox_state(&s.id, to, Some(from)).await?;
-        Ok(())
-    }
-
     fn busy(&self, sandbox: SandboxId) -> Result<Busy<'_>, ApiError> {
         let mut b = self
             .busy
@@ -708,34 +574,6 @@ impl ControlPlane {
         });
         busy.2 = Some(renew.abort_handle());
         Ok(busy)
-    }
-
-    /// Retires one execution on its worker and records it.
-    pub async fn retire(&self, exe: &ExecutionRecord) -> Result<(), ApiError> {
-        let w = self.store.get_worker(&exe.worker).await?;
-        let update = Update::Retire {
-            sandbox: exe.sandbox,
-            generation: exe.generation,
-            execution_id: exe.execution_id,
-        };
-        match self.deliver(&w, update).await {
-            Ok(_) => {}
-            // A worker that is down learns of the retirement at its next sync, and the
-            // capabilities for the execution expire; the record is retired either way.
-            Err(e) => {
-                tracing::warn!(sandbox = %exe.sandbox, worker = %exe.worker, error = %e.message, "retirement not delivered")
-            }
-        }
-        self.store
-            .set_execution_state(
-                &exe.sandbox,
-                exe.generation,
-                ExecutionState::Retired,
-                None,
-                now_secs() as i64,
-            )
-            .await?;
-        Ok(())
     }
 
     // ---- capabilities --------------------------------------------------------------
