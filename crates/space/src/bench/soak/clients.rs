@@ -68,6 +68,9 @@ pub struct Tally {
     pub deferred: Mutex<Vec<Deferred>>,
 }
 
+/// Answers kept for judging at the end, at most.
+const MAX_DEFERRED: usize = 1 << 20;
+
 /// An answer to judge again at the end.
 #[derive(Debug, Clone)]
 pub struct Deferred {
@@ -245,8 +248,17 @@ fn judged(c: &Ctx, sbx: &SandboxId, a: &Answer, sent: Instant) -> Option<Outcome
     };
     let answered = Instant::now();
     let sandbox = sbx.to_string();
-    if c.timeline.judge(&sandbox, x, sent, answered) != Verdict::Right {
+    let verdict = c.timeline.judge(&sandbox, x, sent, answered);
+    if verdict != Verdict::Right {
         if let Ok(mut d) = c.tally.deferred.lock() {
+            // Bounded: past the bound an answer is judged now, as it stands.
+            if d.len() >= MAX_DEFERRED {
+                let what = format!("{sandbox} answered by {x}");
+                return Some(match verdict {
+                    Verdict::Stale => Outcome::Stale(what),
+                    _ => Outcome::CrossSandbox(what),
+                });
+            }
             d.push(Deferred {
                 sandbox,
                 execution: x.to_owned(),
