@@ -147,7 +147,18 @@ async fn supervise(
             .kill_on_drop(false)
             .spawn();
         match spawned {
-            Ok(child) => children.lock().await[slot] = Some(child),
+            Ok(mut child) => {
+                let mut table = children.lock().await;
+                if stopping.load(Ordering::SeqCst) {
+                    // Shutdown began between the check above and now: `stop_children`
+                    // has already been through the table (it sets `stopping` before
+                    // taking the lock), so this child is stopped here.
+                    drop(table);
+                    stop_child(&mut child).await;
+                    return;
+                }
+                table[slot] = Some(child);
+            }
             Err(e) => {
                 complain(format_args!("worker {id}: cannot start: {e}"));
                 tokio::time::sleep(backoff).await;
@@ -197,12 +208,27 @@ async fn stop_children(children: &Mutex<Vec<Option<Child>>>) {
     }
     for slot in table.iter_mut() {
         if let Some(mut child) = slot.take() {
-            if tokio::time::timeout(STOP_GRACE, child.wait())
-                .await
-                .is_err()
-            {
-                let _ = child.kill().await;
-            }
+            wait_or_kill(&mut child).await;
         }
+    }
+}
+
+/// Stops one worker: SIGTERM, then SIGKILL after [`STOP_GRACE`].
+async fn stop_child(child: &mut Child) {
+    if let Some(pid) = child.id() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    wait_or_kill(child).await;
+}
+
+async fn wait_or_kill(child: &mut Child) {
+    if tokio::time::timeout(STOP_GRACE, child.wait())
+        .await
+        .is_err()
+    {
+        let _ = child.kill().await;
     }
 }
