@@ -229,6 +229,9 @@ struct Grant {
 const ACCESS: &str =
     r#"{"access":["exec","fs_read","fs_write","watch","terminal"],"purpose":"control"}"#;
 
+/// [`ACCESS`] for a rebuilt attempt (see `CapabilityRequest::rebuilt`).
+const ACCESS_REBUILT: &str = r#"{"access":["exec","fs_read","fs_write","watch","terminal"],"purpose":"control","rebuilt":true}"#;
+
 /// Ask for a new capability this long before the cached one expires.
 const RENEW_MARGIN_SECS: u64 = 10;
 

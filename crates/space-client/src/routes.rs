@@ -89,7 +89,7 @@ impl Client {
 
     /// A new capability, cached until shortly before it expires.
     pub(crate) async fn fresh(&self, sandbox: &SandboxId) -> Result<(Route, Arc<Grant>), Error> {
-        let cap = self.authorize(sandbox).await?;
+        let cap = self.authorize(sandbox, false).await?;
         let until = Timestamp::from_unix_secs(cap.expires_at.saturating_sub(RENEW_MARGIN_SECS));
         let (route, grant) = grant_of(cap);
         if let Ok(mut routes) = self.inner.routes.lock() {
@@ -120,7 +120,7 @@ impl Client {
                 return Ok((e.route.clone(), e.value.clone()));
             }
         }
-        let cap = self.authorize(sandbox).await?;
+        let cap = self.authorize(sandbox, true).await?;
         let (route, grant) = grant_of(cap);
         if let Ok(mut routes) = self.inner.routes.lock() {
             // Only over the rejected route, keeping its expiry; an entry that expired
@@ -156,14 +156,20 @@ impl Client {
     }
 
     /// A capability for the current execution of `sandbox`, from the edge.
-    pub(crate) async fn authorize(&self, sandbox: &SandboxId) -> Result<CapabilityResponse, Error> {
+    /// `rebuilt`: for the rebuilt attempt after a RefreshRoute.
+    pub(crate) async fn authorize(
+        &self,
+        sandbox: &SandboxId,
+        rebuilt: bool,
+    ) -> Result<CapabilityResponse, Error> {
         let h = [("content-type", "application/json")];
+        let body = if rebuilt { ACCESS_REBUILT } else { ACCESS };
         let a = self
             .edge(
                 Method::POST,
                 &format!("/v1/sandboxes/{sandbox}/capabilities"),
                 Some(&h),
-                Bytes::from_static(ACCESS.as_bytes()),
+                Bytes::from_static(body.as_bytes()),
             )
             .await?;
         decode(&a)

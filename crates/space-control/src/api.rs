@@ -325,6 +325,9 @@ async fn capability(
     let cap = cp
         .issue_capability(&s, AccessSet::of(&req.access), req.purpose, port)
         .await?;
+    if req.rebuilt {
+        cp.note_rebuilt(&cap);
+    }
     Ok(Json(cap).into_response())
 }
 

@@ -137,19 +137,26 @@ impl Edge {
         caller: &Caller,
         bearer: &str,
         sandbox: &SandboxId,
+        rebuilt: bool,
     ) -> Result<CapabilityResponse, ApiError> {
         match &self.authority {
             Authority::Local(cp) => {
                 // During a transition: the next execution, once acknowledged (bounded).
                 let s = cp.settled(caller, sandbox, cp.transition_wait()).await?;
-                cp.issue_capability(&s, edge_access(), Purpose::Control, None)
-                    .await
+                let cap = cp
+                    .issue_capability(&s, edge_access(), Purpose::Control, None)
+                    .await?;
+                if rebuilt {
+                    cp.note_rebuilt(&cap);
+                }
+                Ok(cap)
             }
             Authority::Remote { url, http } => {
                 let auth = format!("Bearer {bearer}");
                 let body = serde_json::json!({
                     "access": edge_access().iter().map(|a| a.as_str()).collect::<Vec<_>>(),
                     "purpose": "control",
+                    "rebuilt": rebuilt,
                 });
                 let a = http
                     .post_json(
@@ -192,7 +199,7 @@ impl Edge {
         bearer: &str,
         sandbox: &SandboxId,
     ) -> Result<(Route, Arc<Grant>), ApiError> {
-        let cap = self.authorize(caller, bearer, sandbox).await?;
+        let cap = self.authorize(caller, bearer, sandbox, false).await?;
         let until = Timestamp::from_unix_secs(cap.expires_at.saturating_sub(RENEW_MARGIN_SECS));
         let (route, grant) = grant_of(caller, cap);
         if let Ok(mut routes) = self.routes.lock() {
@@ -248,7 +255,9 @@ impl Edge {
                 }
             }
         }
-        let cap = self.authorize(caller, bearer, &rejected.sandbox).await?;
+        let cap = self
+            .authorize(caller, bearer, &rejected.sandbox, true)
+            .await?;
         let (route, grant) = grant_of(caller, cap);
         if let Ok(mut routes) = self.routes.lock() {
             // Conditional on the rejected route; keeps the original expiry. Missing (the

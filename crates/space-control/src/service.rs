@@ -36,6 +36,7 @@ pub const CAPABILITY_LIFETIME_SECS: u64 = 60;
 /// Longest TTL a sandbox may ask for.
 pub const MAX_TTL_SECS: u64 = 30 * 86_400;
 
+mod arrivals;
 mod background;
 mod capabilities;
 mod executions;
@@ -83,6 +84,8 @@ pub struct ControlPlane {
     /// How long a resolve waits for a sandbox in a transition to settle by default
     /// (`SPACE_TRANSITION_WAIT_MS`, 10 s unless set).
     transition_wait: Duration,
+    /// Rebuilt attempts' capabilities: a freeze lets them arrive first.
+    arrivals: arrivals::Arrivals,
 }
 
 /// The tenant that owns standby sandboxes until a create claims one. Tenant IDs that
@@ -165,6 +168,7 @@ impl ControlPlane {
                 .and_then(|v| v.parse().ok())
                 .map_or(DEFAULT_TRANSITION_WAIT, Duration::from_millis)
                 .min(MAX_TRANSITION_WAIT),
+            arrivals: arrivals::Arrivals::from_env(),
         }))
     }
 

@@ -291,6 +291,11 @@ pub struct CapabilityRequest {
     /// at once).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_ms: Option<u64>,
+    /// For a rebuilt attempt, the one retry after a RefreshRoute: the control plane then
+    /// holds the next freeze of the execution named (a snapshot, a migration) until the
+    /// attempt had time to arrive (250 ms), so it is not refused a second time.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rebuilt: bool,
 }
 
 /// The route a capability selects, with where to send it.

@@ -162,3 +162,50 @@ fn a_request_to_an_execution_frozen_for_a_snapshot_waits_for_its_retirement_and_
     assert_eq!(body["reason"], "retired", "{body}");
     assert!(waited >= Duration::from_secs(3), "{waited:?}");
 }
+
+/// A rebuilt attempt — the one retry after a RefreshRoute — resolved to an execution
+/// just before the next migration of its sandbox began arrives after that migration
+/// froze the execution: it waited for the retirement and was refused a second time
+/// (3 of 1,000,008 soak operations). The migration now lets it arrive first: the
+/// freeze starts a grace (2 s here) after the rebuilt capability was issued.
+#[test]
+fn a_rebuilt_attempt_resolved_just_before_the_next_migration_is_served_by_its_execution() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start_with_env(&[("SPACE_REBUILT_ARRIVAL_MS", "2000")]);
+    let id = c.create(&["--worker", "w1"]);
+    let (status, cap) = capability(&c, &id, serde_json::json!({"rebuilt": true}));
+    assert_eq!(status, 200, "{cap}");
+    let issued = Instant::now();
+    let mut migration = migrating(&c, &id);
+    // Later than the freeze would have come without the grace, well inside it.
+    std::thread::sleep(Duration::from_millis(400));
+    let base = cap["route"]["worker_url"].as_str().unwrap().to_owned();
+    let token = format!("SpaceCap {}", cap["token"].as_str().unwrap());
+    let (status, body) = http(
+        "GET",
+        &format!("{base}/v1/sandboxes/{id}/files?path=/etc/hostname"),
+        Some(&token),
+        b"",
+    );
+    let arrived = issued.elapsed();
+    assert!(migration.wait().unwrap().success(), "the migration failed");
+    assert!(
+        arrived < Duration::from_millis(1800),
+        "the attempt itself came too late to judge: {arrived:?}"
+    );
+    assert_eq!(
+        status,
+        200,
+        "{} after {arrived:?}",
+        String::from_utf8_lossy(&body)
+    );
+    // The migration happened all the same, to a new execution.
+    let now = c.sandbox(&id);
+    assert_eq!(now["execution"]["worker"], "w2", "{now}");
+    assert_ne!(
+        now["execution"]["execution_id"], cap["route"]["execution_id"],
+        "{now}"
+    );
+}

@@ -92,6 +92,10 @@ impl ControlPlane {
         keep_as: Option<std::path::PathBuf>,
     ) -> Result<Archive, ApiError> {
         let sw = self.store.get_worker(&src.worker).await?;
+        // The sandbox is `migrating` already: no resolve names `src` any more, and the
+        // rebuilt attempts that were resolved to it arrive before it is frozen.
+        self.let_rebuilt_attempts_arrive(&s.id, src.generation)
+            .await;
         self.step(&s.id, format!("freezing and archiving on {}", sw.id))
             .await;
         let snapshot = self
