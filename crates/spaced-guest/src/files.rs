@@ -409,11 +409,11 @@ fn begin_write(
         let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
         let mut salt = [0u8; 8];
         let _ = rustix::rand::getrandom(&mut salt, rustix::rand::GetRandomFlags::empty());
-        let tmp = dir.join(format!(
-            ".{}.space-tmp.{}.{n}.{:016x}",
-            name.to_string_lossy(),
+        let tmp = dir.join(space_proto::guest::temp_files::temp_name(
+            &name.to_string_lossy(),
             std::process::id(),
-            u64::from_ne_bytes(salt)
+            n,
+            u64::from_ne_bytes(salt),
         ));
         match OpenOptions::new()
             .write(true)

@@ -4,6 +4,7 @@ mod activation;
 mod handshake;
 mod messages;
 mod output;
+pub mod temp_files;
 
 #[cfg(test)]
 mod proptests;

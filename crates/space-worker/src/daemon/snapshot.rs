@@ -181,6 +181,15 @@ impl<W: Write> Packer<W> {
         let path = root.join(rel);
         let meta = fs::symlink_metadata(&path)?;
         let ft = meta.file_type();
+        // The temporary file of a write the snapshot cut off: that write was never
+        // acknowledged (its client retries it on the next execution).
+        if ft.is_file()
+            && rel
+                .file_name()
+                .is_some_and(|n| space_proto::guest::temp_files::is_temp_name(n.as_encoded_bytes()))
+        {
+            return Ok(false);
+        }
         let xattrs = overlay_xattrs(&path);
         let pax: Vec<(String, Vec<u8>)> = xattrs
             .into_iter()
@@ -654,6 +663,34 @@ mod tests {
             host.join("secrets/key")
         );
         assert_eq!(fs::read_dir(host.join("secrets")).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_write_cut_off_by_the_snapshot_leaves_no_temporary_file_in_the_next_execution() {
+        use space_proto::guest::temp_files::temp_name;
+        let t = tempfile::tempdir().unwrap();
+        let src = t.path().join("upper");
+        fs::create_dir_all(src.join("root/work")).unwrap();
+        fs::write(src.join("root/work/notes"), b"kept").unwrap();
+        // What an agent frozen mid-write leaves, in two directories.
+        let cut = temp_name("notes", 9, 41, 0x0123_4567_89ab_cdef);
+        fs::write(src.join("root/work").join(&cut), b"half a wr").unwrap();
+        fs::write(src.join("root").join(temp_name("x", 1, 0, 7)), b"").unwrap();
+        // A user's files that only look alike, and a directory of that form, stay.
+        fs::write(src.join("root/work/.notes.space-tmp.1"), b"mine").unwrap();
+        fs::create_dir(src.join("root").join(temp_name("d", 1, 0, 7))).unwrap();
+        let archive = pack(&src).unwrap();
+        let dst = t.path().join("restored");
+        unpack(&archive[..], &dst).unwrap();
+        let mut names: Vec<String> = fs::read_dir(dst.join("root/work"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, [".notes.space-tmp.1", "notes"]);
+        assert!(!dst.join("root").join(temp_name("x", 1, 0, 7)).exists());
+        assert!(dst.join("root").join(temp_name("d", 1, 0, 7)).is_dir());
+        assert_eq!(fs::read(dst.join("root/work/notes")).unwrap(), b"kept");
     }
 
     #[test]
