@@ -8,6 +8,7 @@ mod files;
 mod streams;
 mod up;
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -359,6 +360,11 @@ fn main() -> ExitCode {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr)
+        // A log line that cannot be written (standard error is a pipe whose reader went
+        // away) is dropped. With this on, the subscriber reports the failure with
+        // `eprintln!`, which panics on that same pipe: the thread that logged died —
+        // a worker stopping mid-shutdown left its disk volume mounted.
+        .log_internal_errors(false)
         .try_init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -366,7 +372,10 @@ fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("space: error: cannot start the runtime: {e}");
+            let _ = writeln!(
+                std::io::stderr(),
+                "space: error: cannot start the runtime: {e}"
+            );
             return ExitCode::from(1);
         }
     };
@@ -384,7 +393,8 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {
             // The one error format of the CLI (see `cli::api_error`).
-            eprintln!("space: error: {e}");
+            // Not `eprintln!`: it panics when standard error goes nowhere.
+            let _ = writeln!(std::io::stderr(), "space: error: {e}");
             ExitCode::from(1)
         }
     }
