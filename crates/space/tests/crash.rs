@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use support::{Cluster, can_run_jails, find_pid, jail_pids_of};
+use support::{Cluster, can_run_jails, find_pid, jail_pids_of, kill9};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -681,4 +681,46 @@ fn a_control_plane_killed_during_key_rotation_loses_no_key_and_keeps_serving() {
             assert_eq!(status, 200, "{point}: after the retried rotation: {body}");
         }
     }
+}
+
+/// A sandbox whose agent died is relaunched as a new execution on its worker; the
+/// worker is killed while it installs that execution. Before: the control plane,
+/// its install cut off, stopped the sandbox, and the restarted worker retired the
+/// half-installed execution with the sandbox's writable layer — acknowledged files
+/// gone. Now the sandbox stays `starting`, the worker keeps the layer of an
+/// execution that never ran, and the reconciler starts the sandbox again from it.
+#[test]
+fn a_worker_killed_while_installing_a_replacement_loses_no_acknowledged_file() {
+    if !can_run_jails() {
+        return;
+    }
+    let crash = CrashPoints::new(&["worker.install.recorded"]);
+    let c = crash.start();
+    let id = c.create(&["--worker", "w1"]);
+    put(&c, &id, "/root/f", b"acknowledged");
+    let first = c.sandbox(&id)["execution"]["generation"].as_u64().unwrap();
+    let old_pid = c.worker_pid("w1");
+    crash.arm("worker.install.recorded");
+    let agent = jail_pids_of(&id)
+        .into_iter()
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("spaced-guest"))
+        })
+        .expect("the sandbox's agent");
+    kill9(agent);
+    eventually("the replacement's install reached the crash point", || {
+        crash.fired("worker.install.recorded")
+    });
+    wait_restarted(&c, "w1", old_pid);
+    eventually("the sandbox runs again as a newer execution", || {
+        let now = c.sandbox(&id);
+        now["state"] == "running" && now["execution"]["generation"].as_u64() > Some(first)
+    });
+    assert_eq!(get(&c, &id, "/root/f"), "acknowledged", "files lost");
+    let view = c.sandbox(&id);
+    assert_eq!(
+        edge_exec(&c, &id),
+        view["execution"]["execution_id"].as_str().unwrap()
+    );
 }

@@ -51,9 +51,7 @@ impl ControlPlane {
                     .collect();
                 running.sort_by_key(|e| e.generation);
                 let Some(current) = running.pop() else {
-                    self.store
-                        .set_sandbox_state(&s.id, SandboxState::Stopped, Some(s.state))
-                        .await?;
+                    self.start_again_or_stop(&s, &execs).await?;
                     continue;
                 };
                 for old in running {
@@ -79,6 +77,46 @@ impl ControlPlane {
                     .set_sandbox_state(&s.id, SandboxState::Running, Some(s.state))
                     .await?;
             }
+        }
+        Ok(())
+    }
+
+    /// A sandbox in a transition that nothing runs any more: started again on the
+    /// worker that keeps its writable layer, or stopped (see [`after_failed_start`]).
+    async fn start_again_or_stop(
+        &self,
+        s: &SandboxRecord,
+        execs: &[ExecutionRecord],
+    ) -> Result<(), ApiError> {
+        let key = restart_key(&s.id);
+        let tried = self
+            .store
+            .kv_get(&key)
+            .await?
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0);
+        let on = match after_failed_start(s.state, execs, tried) {
+            AfterFailedStart::Stop => {
+                self.store.kv_set(&key, "").await?;
+                self.store
+                    .set_sandbox_state(&s.id, SandboxState::Stopped, Some(s.state))
+                    .await?;
+                return Ok(());
+            }
+            AfterFailedStart::StartOn(w) => w,
+        };
+        let w = match self.store.get_worker(&on).await {
+            Ok(w) if w.state == WorkerState::Active => w,
+            // Not back yet: its layer waits there; the next round tries again.
+            _ => return Ok(()),
+        };
+        self.store.kv_set(&key, &(tried + 1).to_string()).await?;
+        tracing::warn!(sandbox = %s.id, worker = %w.id, attempt = tried + 1, "starting a sandbox again after its replacement failed");
+        if self.start_execution(s, &w).await.is_ok() {
+            self.store.kv_set(&key, "").await?;
+            self.store
+                .set_sandbox_state(&s.id, SandboxState::Running, Some(s.state))
+                .await?;
         }
         Ok(())
     }
@@ -135,5 +173,105 @@ impl ControlPlane {
                 })
                 .set(n);
         }
+    }
+}
+
+/// Starts the reconciler makes for a sandbox whose replacement failed, before it stops
+/// it.
+pub(crate) const MAX_RESTARTS: u32 = 8;
+
+fn restart_key(sandbox: &SandboxId) -> String {
+    format!("restarts:{sandbox}")
+}
+
+/// What the reconciler does with a sandbox in a transition that nothing runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AfterFailedStart {
+    /// Start a new execution on this worker: the newest execution's, which keeps the
+    /// sandbox's writable layer (a worker never discards the layer of an execution
+    /// that did not run).
+    StartOn(WorkerId),
+    /// Nothing to come back to, or tried often enough.
+    Stop,
+}
+
+/// Pure: `state` is the sandbox's, `execs` its executions (none running), `tried` the
+/// starts the reconciler made already. A `starting` sandbox whose newest execution
+/// replaced an earlier one (a generation after the first) has acknowledged files on
+/// that execution's worker: it is started again there, up to [`MAX_RESTARTS`] times.
+/// A first execution that never ran (a create cut off) and a migration that lost
+/// both ends are stopped, as before.
+pub(crate) fn after_failed_start(
+    state: SandboxState,
+    execs: &[ExecutionRecord],
+    tried: u32,
+) -> AfterFailedStart {
+    let newest = execs.iter().max_by_key(|e| e.generation);
+    match newest {
+        Some(e) if state == SandboxState::Starting && e.generation > 1 && tried < MAX_RESTARTS => {
+            AfterFailedStart::StartOn(e.worker.clone())
+        }
+        _ => AfterFailedStart::Stop,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exe(generation: u64, worker: &str, state: ExecutionState) -> ExecutionRecord {
+        ExecutionRecord {
+            sandbox: SandboxId::from_bytes([3; 16]),
+            generation,
+            execution_id: ExecutionId::from_bytes([generation as u8; 16]),
+            worker: worker.parse().unwrap(),
+            substrate: space_identity::Substrate::Jail,
+            activation: 1,
+            pod_uid: None,
+            state,
+            created_at: 0,
+            updated_at: 0,
+        }
+    }
+
+    #[test]
+    fn a_lost_sandbox_whose_replacement_failed_starts_again_where_its_layer_is() {
+        let execs = [
+            exe(1, "w1", ExecutionState::Failed),
+            exe(2, "w2", ExecutionState::Failed),
+        ];
+        assert_eq!(
+            after_failed_start(SandboxState::Starting, &execs, 0),
+            AfterFailedStart::StartOn("w2".parse().unwrap())
+        );
+        assert_eq!(
+            after_failed_start(SandboxState::Starting, &execs, MAX_RESTARTS - 1),
+            AfterFailedStart::StartOn("w2".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn a_cut_off_create_a_lost_migration_or_too_many_tries_stop_the_sandbox() {
+        let first = [exe(1, "w1", ExecutionState::Failed)];
+        assert_eq!(
+            after_failed_start(SandboxState::Starting, &first, 0),
+            AfterFailedStart::Stop
+        );
+        let two = [
+            exe(1, "w1", ExecutionState::Failed),
+            exe(2, "w1", ExecutionState::Failed),
+        ];
+        assert_eq!(
+            after_failed_start(SandboxState::Migrating, &two, 0),
+            AfterFailedStart::Stop
+        );
+        assert_eq!(
+            after_failed_start(SandboxState::Starting, &two, MAX_RESTARTS),
+            AfterFailedStart::Stop
+        );
+        assert_eq!(
+            after_failed_start(SandboxState::Starting, &[], 0),
+            AfterFailedStart::Stop
+        );
     }
 }

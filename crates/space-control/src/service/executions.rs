@@ -81,6 +81,17 @@ impl ControlPlane {
             .await?;
         if let Some(exe) = self.store.current_execution(&s.id).await? {
             self.retire(&exe).await?;
+        } else if let Some(last) = self
+            .store
+            .list_executions(&s.id)
+            .await?
+            .into_iter()
+            .filter(|e| e.state == ExecutionState::Failed)
+            .max_by_key(|e| e.generation)
+        {
+            // Nothing runs (a replacement failed): its worker may keep the sandbox's
+            // writable layer for the next start, which the retirement removes.
+            self.retire(&last).await?;
         }
         Ok(())
     }

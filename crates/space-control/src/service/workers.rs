@@ -244,14 +244,14 @@ impl ControlPlane {
                 .set_sandbox_state(sandbox, SandboxState::Starting, Some(s.state))
                 .await?;
             let started = self.start_execution(&s, w).await;
-            let next = if started.is_ok() {
-                SandboxState::Running
-            } else {
-                SandboxState::Stopped
-            };
-            self.store
-                .set_sandbox_state(sandbox, next, Some(SandboxState::Starting))
-                .await?;
+            if started.is_ok() {
+                self.store
+                    .set_sandbox_state(sandbox, SandboxState::Running, Some(SandboxState::Starting))
+                    .await?;
+            }
+            // Otherwise it stays `starting`: its worker keeps the writable layer of an
+            // execution that never ran, and the reconciler starts the sandbox again
+            // there (`reconcile_transitions`) — stopping it lost acknowledged files.
             started?;
         }
         Ok(())

@@ -487,7 +487,7 @@ impl Worker {
                 .iter()
                 .any(|i| i.sandbox == r.sandbox && i.generation == r.generation)
             {
-                updates::retire_local(self, &r.sandbox, r.generation, r.execution_id).await;
+                updates::retire_unlisted(self, &r).await;
             }
         }
         let live: Vec<_> = self

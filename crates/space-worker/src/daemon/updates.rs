@@ -384,8 +384,19 @@ pub async fn retire_local(
     retire_execution(worker, sandbox, generation, execution_id, true).await;
 }
 
+/// Retires an execution the control plane did not list at this worker's start. One
+/// that never ran — its install was cut off by a crash, so nothing acknowledged it —
+/// leaves the sandbox's writable layer kept here: the control plane starts the
+/// sandbox again from it (a sandbox it stopped meanwhile has it removed by that
+/// retirement). Discarding it lost acknowledged files.
+pub async fn retire_unlisted(worker: &Arc<Worker>, r: &ExecutionRecord) {
+    let never_ran = r.state == RecordState::Starting;
+    retire_execution(worker, &r.sandbox, r.generation, r.execution_id, !never_ran).await;
+}
+
 /// [`retire_local`]; with `drop_kept_layer` false the sandbox's kept layer stays (a
-/// new execution of it is being installed here and starts from that layer).
+/// new execution of it is being installed here and starts from that layer), and so
+/// does the layer of an execution that never ran.
 async fn retire_execution(
     worker: &Arc<Worker>,
     sandbox: &SandboxId,
@@ -434,7 +445,12 @@ async fn retire_execution(
     }
     worker.metrics.retirements.inc();
     if let Some(r) = existing {
-        worker.teardown(&r, launch::Layer::Discard).await;
+        let layer = if r.state == RecordState::Starting && !drop_kept_layer {
+            launch::Layer::Keep
+        } else {
+            launch::Layer::Discard
+        };
+        worker.teardown(&r, layer).await;
         // A retired sandbox's kept layer (from an earlier crash) goes too.
         if drop_kept_layer {
             let _ =
