@@ -184,6 +184,23 @@ impl Keyring {
             publish_bundle(store, &anchor, now).await?;
             keys = store.list_signing_keys().await?;
         }
+        // A rotation cut off after its activation, before the bundle that cuts the
+        // retiring key's validity was stored: that key would stay valid for its full
+        // lifetime in every verifier. The bundle is published now (workers fetch it at
+        // their next sync).
+        let mut cut = Vec::new();
+        for k in &keys {
+            if let Some(t) = retire_at(store, k).await? {
+                cut.push((k.key_id.clone(), t));
+            }
+        }
+        let latest = store
+            .latest_bundle()
+            .await?
+            .and_then(|(_, bytes)| KeyBundle::decode_verified(&bytes, &anchor.anchor()).ok());
+        if !validity_is_cut(latest.as_ref(), &cut) {
+            publish_bundle(store, &anchor, now).await?;
+        }
         Self::from_parts(store, anchor, &keys).await
     }
 
@@ -224,6 +241,21 @@ impl Keyring {
         );
         Self::from_parts(store, anchor, &keys).await
     }
+}
+
+/// Pure: whether `bundle` ends every retiring key of `cut` (key ID, end of its grace)
+/// by that time. A bundle that cannot be read (none yet, or not verifying) does not.
+fn validity_is_cut(bundle: Option<&KeyBundle>, cut: &[(String, i64)]) -> bool {
+    let Some(bundle) = bundle else {
+        return cut.is_empty();
+    };
+    cut.iter().all(|(id, until)| {
+        bundle
+            .keys
+            .iter()
+            .find(|k| k.key_id.to_string() == *id)
+            .is_none_or(|k| i64::try_from(k.not_after.unix_secs()).unwrap_or(i64::MAX) <= *until)
+    })
 }
 
 /// Step one of a rotation: a new key is published (in a new bundle) but not yet used.
@@ -292,4 +324,34 @@ pub async fn retire_expired(store: &Store, now: i64) -> Result<bool, StoreError>
         }
     }
     Ok(changed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bundle_with(key: &CapabilitySigner, not_after: u64) -> KeyBundle {
+        KeyBundle {
+            version: 1,
+            issued_at: Timestamp::from_unix_secs(0),
+            keys: vec![key.bundle_key(
+                KeyUses::all(),
+                Timestamp::from_unix_secs(0),
+                Timestamp::from_unix_secs(not_after),
+            )],
+        }
+    }
+
+    #[test]
+    fn a_bundle_that_keeps_a_retiring_key_valid_past_its_grace_is_not_cut() {
+        let key = CapabilitySigner::from_seed([5; 32]);
+        let id = key.key_id().to_string();
+        let full = bundle_with(&key, 10_000);
+        let cut = bundle_with(&key, 100);
+        assert!(!validity_is_cut(Some(&full), &[(id.clone(), 100)]));
+        assert!(validity_is_cut(Some(&cut), &[(id.clone(), 100)]));
+        assert!(validity_is_cut(Some(&full), &[]));
+        assert!(!validity_is_cut(None, &[(id, 100)]));
+        assert!(validity_is_cut(None, &[]));
+    }
 }

@@ -407,6 +407,37 @@ fn signing_keys(c: &Cluster) -> Vec<(String, String)> {
         .collect()
 }
 
+/// For a retiring key: its `not_after` in the control plane's newest bundle, and the
+/// end of its retirement grace.
+fn retiring_validity(c: &Cluster, key_id: &str) -> (u64, u64) {
+    use space_identity::{BundleSigner, KeyBundle};
+    let conn = rusqlite::Connection::open(c.data_dir().join("control.db")).unwrap();
+    conn.busy_timeout(Duration::from_secs(10)).unwrap();
+    let kv = |name: &str| -> String {
+        conn.query_row("SELECT value FROM kv WHERE name = ?1", [name], |r| r.get(0))
+            .unwrap()
+    };
+    let seed: Vec<u8> = (0..32)
+        .map(|i| u8::from_str_radix(&kv("anchor_seed")[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    let anchor = BundleSigner::from_seed(seed.try_into().unwrap()).anchor();
+    let bytes: Vec<u8> = conn
+        .query_row(
+            "SELECT bytes FROM key_bundle WHERE singleton = 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let bundle = KeyBundle::decode_verified(&bytes, &anchor).unwrap();
+    let key = bundle
+        .keys
+        .iter()
+        .find(|k| k.key_id.to_string() == key_id)
+        .expect("the retiring key is in the bundle");
+    let grace_ends = kv(&format!("retire_at:{key_id}")).parse().unwrap();
+    (key.not_after.unix_secs(), grace_ends)
+}
+
 fn keys_in(keys: &[(String, String)], state: &str) -> Vec<String> {
     keys.iter()
         .filter(|(_, s)| s == state)
@@ -647,6 +678,13 @@ fn a_control_plane_killed_during_key_rotation_loses_no_key_and_keeps_serving() {
             _ => {
                 assert_eq!(now_active[0], new_key, "{point}");
                 assert!(keys_in(&after, "retiring").contains(&active[0]), "{point}");
+                // And the newest bundle cuts the retiring key's validity to its grace:
+                // cut off after the activation, it kept the full year.
+                let (until, grace_ends) = retiring_validity(&c, &active[0]);
+                assert!(
+                    until <= grace_ends,
+                    "{point}: the retiring key stays valid until {until}, its grace ends at {grace_ends}"
+                );
             }
         }
         // Acknowledged sandboxes run on, with their files.
