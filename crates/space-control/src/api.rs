@@ -19,8 +19,10 @@ use space_proto::api::{CapabilityRequest, CreateSandbox, EnrollRequest};
 
 use crate::auth::Caller;
 use crate::edge::{Authority, Edge};
-use crate::error::ApiError;
+use crate::error::ControlError;
 use crate::service::ControlPlane;
+
+pub mod error;
 
 /// Largest request body (file uploads), read only once the API key is verified.
 pub const MAX_BODY: usize = 64 << 20;
@@ -44,22 +46,22 @@ pub struct AppState {
     pub edge: Arc<Edge>,
 }
 
-fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ControlError> {
     serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+        .map_err(|e| ControlError::BadRequest(format!("invalid JSON body: {e}")))
 }
 
-fn bearer(headers: &HeaderMap) -> Result<String, ApiError> {
+fn bearer(headers: &HeaderMap) -> Result<String, ControlError> {
     let v = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .ok_or_else(ApiError::unauthorized)?;
+        .ok_or(ControlError::Unauthorized)?;
     v.strip_prefix("Bearer ")
         .map(|s| s.trim().to_owned())
-        .ok_or_else(ApiError::unauthorized)
+        .ok_or(ControlError::Unauthorized)
 }
 
-async fn caller(st: &AppState, headers: &HeaderMap) -> Result<(Caller, String), ApiError> {
+async fn caller(st: &AppState, headers: &HeaderMap) -> Result<(Caller, String), ControlError> {
     let b = bearer(headers)?;
     // Verified already by `authenticate_first` in this task (the same key).
     if let Ok(Some(c)) = AUTHENTICATED.try_with(|(c, key)| (*key == b).then(|| c.clone())) {
@@ -89,14 +91,8 @@ async fn authenticate_first(State(st): State<AppState>, req: Request, next: Next
     }
 }
 
-fn cp(st: &AppState) -> Result<&Arc<ControlPlane>, ApiError> {
-    st.cp.as_ref().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "not_here",
-            "served by the control plane, not this edge",
-        )
-    })
+fn cp(st: &AppState) -> Result<&Arc<ControlPlane>, ControlError> {
+    st.cp.as_ref().ok_or(ControlError::NotHere)
 }
 
 /// The caller's sandbox `id` (404 for anyone else's).
@@ -104,15 +100,15 @@ async fn owned_sandbox(
     st: &AppState,
     headers: &HeaderMap,
     id: &str,
-) -> Result<(Arc<ControlPlane>, space_store::SandboxRecord), ApiError> {
+) -> Result<(Arc<ControlPlane>, space_store::SandboxRecord), ControlError> {
     let (c, _) = caller(st, headers).await?;
     let cp = Arc::clone(cp(st)?);
     let s = cp.sandbox_for(&c, &sandbox_id(id)?).await?;
     Ok((cp, s))
 }
 
-fn sandbox_id(s: &str) -> Result<SandboxId, ApiError> {
-    s.parse().map_err(|_| ApiError::not_found("sandbox"))
+fn sandbox_id(s: &str) -> Result<SandboxId, ControlError> {
+    s.parse().map_err(|_| ControlError::NotFound("sandbox"))
 }
 
 /// The router.
@@ -158,7 +154,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/workers", get(workers))
         .route("/v1/whoami", get(whoami))
         .route("/metrics", get(metrics))
-        .fallback(|| async { ApiError::not_found("route") })
+        .fallback(|| async { ControlError::NotFound("route") })
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn_with_state(
             state.clone(),
@@ -193,7 +189,7 @@ async fn create_sandbox(
     State(st): State<AppState>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     let (c, _) = caller(&st, &headers).await?;
     let req: CreateSandbox = if body.is_empty() {
         CreateSandbox::default()
@@ -208,7 +204,7 @@ async fn create_sandbox(
 async fn list_sandboxes(
     State(st): State<AppState>,
     headers: HeaderMap,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     let (c, _) = caller(&st, &headers).await?;
     let cp = cp(&st)?;
     let mut out = Vec::new();
@@ -222,7 +218,7 @@ async fn get_sandbox(
     State(st): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     let (cp, s) = owned_sandbox(&st, &headers, &id).await?;
     Ok(Json(cp.view(&s).await?).into_response())
 }
@@ -231,7 +227,7 @@ async fn delete_sandbox(
     State(st): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     let (cp, s) = owned_sandbox(&st, &headers, &id).await?;
     cp.delete_sandbox(&s).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -241,7 +237,7 @@ async fn pause(
     State(st): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     let (cp, s) = owned_sandbox(&st, &headers, &id).await?;
     cp.pause(&s).await?;
     Ok(Json(cp.view(&cp.store.get_sandbox(&s.id).await?).await?).into_response())
@@ -252,7 +248,7 @@ async fn resume(
     headers: HeaderMap,
     Path(id): Path<String>,
     body: Bytes,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Req {
@@ -281,7 +277,7 @@ async fn migrate(
     headers: HeaderMap,
     Path(id): Path<String>,
     body: Bytes,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Req {
@@ -297,7 +293,7 @@ async fn snapshot(
     State(st): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     let (cp, s) = owned_sandbox(&st, &headers, &id).await?;
     Ok(Json(cp.snapshot(&s).await?).into_response())
 }
@@ -307,7 +303,7 @@ async fn capability(
     headers: HeaderMap,
     Path(id): Path<String>,
     body: Bytes,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     let req: CapabilityRequest = parse(&body)?;
     let (cp, s) = owned_sandbox(&st, &headers, &id).await?;
     // During a transition, wait for the next execution rather than answer
@@ -320,7 +316,11 @@ async fn capability(
     let port = match (req.port, req.protocol) {
         (Some(p), Some(proto)) => Some((p, proto)),
         (None, None) => None,
-        _ => return Err(ApiError::bad_request("port and protocol go together")),
+        _ => {
+            return Err(ControlError::BadRequest(
+                "port and protocol go together".into(),
+            ));
+        }
     };
     let cap = cp
         .issue_capability(&s, AccessSet::of(&req.access), req.purpose, port)
@@ -339,7 +339,7 @@ async fn forward(
     path_and_query: String,
     body: Bytes,
     class: OperationClass,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     let (c, b) = caller(st, headers).await?;
     let sandbox = sandbox_id(id)?;
     let f = st
@@ -376,22 +376,18 @@ async fn forward_exec(
     headers: HeaderMap,
     Path(id): Path<String>,
     req: Request,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     let pq = path_and_query(&req);
     // Room for 64 MiB of stdin in base64; the worker checks the stdin itself.
     let limit = space_proto::api::MAX_EXEC_BODY;
     let body = axum::body::to_bytes(req.into_body(), limit)
         .await
         .map_err(|_| {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "too_large",
-                format!(
-                    "exec request over {} MiB (stdin at most {} MiB; use the streaming exec for more)",
-                    limit >> 20,
-                    space_proto::api::MAX_EXEC_STDIN >> 20
-                ),
-            )
+            ControlError::TooLarge(format!(
+                "exec request over {} MiB (stdin at most {} MiB; use the streaming exec for more)",
+                limit >> 20,
+                space_proto::api::MAX_EXEC_STDIN >> 20
+            ))
         })?;
     let class = mutation(&headers);
     forward(&st, &headers, &id, Method::POST, pq, body, class).await
@@ -402,7 +398,7 @@ async fn forward_files(
     headers: HeaderMap,
     Path(id): Path<String>,
     req: Request,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     let method = req.method().clone();
     let pq = path_and_query(&req);
     // Reads and writes stream both ways, at any size (`edge_files`).
@@ -420,13 +416,7 @@ async fn forward_files(
     }
     let body = axum::body::to_bytes(req.into_body(), MAX_BODY)
         .await
-        .map_err(|_| {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "too_large",
-                "body over 64 MiB",
-            )
-        })?;
+        .map_err(|_| ControlError::TooLarge("body over 64 MiB".into()))?;
     let class = if method == Method::GET {
         OperationClass::Read
     } else {
@@ -440,7 +430,7 @@ async fn forward_list(
     headers: HeaderMap,
     Path(id): Path<String>,
     req: Request,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     let pq = path_and_query(&req);
     forward(
         &st,
@@ -462,7 +452,7 @@ async fn forward_stream(
     Path(id): Path<String>,
     uri: axum::http::Uri,
     ws: axum::extract::WebSocketUpgrade,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     let (c, b) = caller(&st, &headers).await?;
     let sandbox = sandbox_id(&id)?;
     let pq = uri
@@ -490,12 +480,12 @@ fn path_and_query(req: &Request) -> String {
         .map_or_else(|| req.uri().path().to_owned(), |p| p.as_str().to_owned())
 }
 
-async fn workers(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+async fn workers(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ControlError> {
     let _ = caller(&st, &headers).await?;
     Ok(Json(cp(&st)?.workers().await?).into_response())
 }
 
-async fn whoami(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+async fn whoami(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ControlError> {
     let (c, _) = caller(&st, &headers).await?;
     Ok(
         Json(serde_json::json!({"tenant": c.tenant, "key_id": c.key_id, "admin": c.admin}))
@@ -507,10 +497,12 @@ async fn create_tenant(
     State(st): State<AppState>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     let (c, _) = caller(&st, &headers).await?;
     if !c.admin {
-        return Err(ApiError::forbidden("only an admin key may create tenants"));
+        return Err(ControlError::Forbidden(
+            "only an admin key may create tenants".into(),
+        ));
     }
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
@@ -526,7 +518,10 @@ async fn create_tenant(
         .into_response())
 }
 
-async fn create_key(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+async fn create_key(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ControlError> {
     let (c, _) = caller(&st, &headers).await?;
     let key = cp(&st)?.create_key(&c.tenant, false).await?;
     Ok((
@@ -540,17 +535,17 @@ async fn revoke_key(
     State(st): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     let (c, _) = caller(&st, &headers).await?;
     cp(&st)?.revoke_key(&c, &id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn rotate(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+async fn rotate(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ControlError> {
     let (c, _) = caller(&st, &headers).await?;
     if !c.admin {
-        return Err(ApiError::forbidden(
-            "only an admin key may rotate signing keys",
+        return Err(ControlError::Forbidden(
+            "only an admin key may rotate signing keys".into(),
         ));
     }
     let key_id = cp(&st)?.rotate_keys().await?;
@@ -558,12 +553,12 @@ async fn rotate(State(st): State<AppState>, headers: HeaderMap) -> Result<Respon
     Ok(Json(serde_json::json!({"active_key": key_id})).into_response())
 }
 
-async fn metrics(State(st): State<AppState>) -> Result<Response, ApiError> {
+async fn metrics(State(st): State<AppState>) -> Result<Response, ControlError> {
     let text = cp(&st)?.metrics.encode();
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 
-async fn enroll(State(st): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+async fn enroll(State(st): State<AppState>, body: Bytes) -> Result<Response, ControlError> {
     let req: EnrollRequest = parse(&body)?;
     Ok(Json(cp(&st)?.enroll(&req).await?).into_response())
 }
@@ -572,8 +567,8 @@ async fn worker_caller(
     st: &AppState,
     headers: &HeaderMap,
     id: &str,
-) -> Result<space_store::WorkerRecord, ApiError> {
-    let id: WorkerId = id.parse().map_err(|_| ApiError::unauthorized())?;
+) -> Result<space_store::WorkerRecord, ControlError> {
+    let id: WorkerId = id.parse().map_err(|_| ControlError::Unauthorized)?;
     let b = bearer(headers)?;
     cp(st)?.authenticate_worker(&id, &b).await
 }
@@ -582,7 +577,7 @@ async fn sync(
     State(st): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     let w = worker_caller(&st, &headers, &id).await?;
     Ok(Json(cp(&st)?.sync_for(&w).await?).into_response())
 }
@@ -592,7 +587,7 @@ async fn lost(
     headers: HeaderMap,
     Path(id): Path<String>,
     body: Bytes,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     let w = worker_caller(&st, &headers, &id).await?;
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
@@ -631,9 +626,12 @@ pub fn edge_router(state: AppState) -> Router {
         .with_state(state)
 }
 
-async fn relay_to_control(State(st): State<AppState>, req: Request) -> Result<Response, ApiError> {
+async fn relay_to_control(
+    State(st): State<AppState>,
+    req: Request,
+) -> Result<Response, ControlError> {
     let Authority::Remote { url, http } = st.edge.authority() else {
-        return Err(ApiError::not_found("route"));
+        return Err(ControlError::NotFound("route"));
     };
     let method = req.method().clone();
     let pq = path_and_query(&req);
@@ -646,13 +644,7 @@ async fn relay_to_control(State(st): State<AppState>, req: Request) -> Result<Re
     };
     let body = axum::body::to_bytes(req.into_body(), limit)
         .await
-        .map_err(|_| {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "too_large",
-                format!("body over {limit} bytes"),
-            )
-        })?;
+        .map_err(|_| ControlError::TooLarge(format!("body over {limit} bytes")))?;
     let mut h: Vec<(&str, &str)> = Vec::new();
     for name in ["authorization", "content-type"] {
         if let Some(v) = headers.get(name).and_then(|v| v.to_str().ok()) {
@@ -662,7 +654,7 @@ async fn relay_to_control(State(st): State<AppState>, req: Request) -> Result<Re
     let a = http
         .call(method, &format!("{url}{pq}"), &h, body)
         .await
-        .map_err(|e| ApiError::unavailable(format!("control plane: {e}")))?;
+        .map_err(|e| ControlError::Unavailable(format!("control plane: {e}")))?;
     let mut resp = (a.status, a.body).into_response();
     if let Some(ct) = a.headers.get(header::CONTENT_TYPE) {
         resp.headers_mut().insert(header::CONTENT_TYPE, ct.clone());

@@ -12,13 +12,13 @@ use std::time::Duration;
 use axum::http::{HeaderMap, Method, StatusCode};
 use bytes::Bytes;
 use space_identity::{
-    Access, AccessSet, AfterRefresh, OperationClass, Progress, Purpose, Recovery, RecoveryError,
-    RecoveryStep, Route, RouteCache, RouteIdentity, SandboxId, Timestamp,
+    Access, AccessSet, AfterRefresh, OperationClass, Progress, Purpose, Recovery, RecoveryStep,
+    Route, RouteCache, RouteIdentity, SandboxId, Timestamp,
 };
 use space_proto::api::{CapabilityResponse, ErrorBody};
 
 use crate::auth::Caller;
-use crate::error::ApiError;
+use crate::error::{ControlError, ErrorCode, Relayed};
 use crate::http::{CallError, HttpClient};
 use crate::metrics::RecoveryLabels;
 use crate::now_secs;
@@ -103,7 +103,7 @@ impl Edge {
     }
 
     /// Resolves an API key.
-    pub async fn authenticate(&self, bearer: &str) -> Result<Caller, ApiError> {
+    pub async fn authenticate(&self, bearer: &str) -> Result<Caller, ControlError> {
         match &self.authority {
             Authority::Local(cp) => cp.authenticate(bearer).await,
             Authority::Remote { url, http } => {
@@ -116,12 +116,13 @@ impl Edge {
                         Bytes::new(),
                     )
                     .await
-                    .map_err(|e| ApiError::unavailable(format!("control plane: {e}")))?;
+                    .map_err(|e| ControlError::Unavailable(format!("control plane: {e}")))?;
                 if a.status == StatusCode::UNAUTHORIZED {
-                    return Err(ApiError::unauthorized());
+                    return Err(ControlError::Unauthorized);
                 }
-                let v: serde_json::Value = serde_json::from_slice(&a.body)
-                    .map_err(|_| ApiError::bad_gateway("control plane: bad whoami answer"))?;
+                let v: serde_json::Value = serde_json::from_slice(&a.body).map_err(|_| {
+                    ControlError::BadGateway("control plane: bad whoami answer".into())
+                })?;
                 Ok(Caller {
                     tenant: v["tenant"].as_str().unwrap_or_default().to_owned(),
                     key_id: v["key_id"].as_str().unwrap_or_default().to_owned(),
@@ -138,7 +139,7 @@ impl Edge {
         bearer: &str,
         sandbox: &SandboxId,
         rebuilt: bool,
-    ) -> Result<CapabilityResponse, ApiError> {
+    ) -> Result<CapabilityResponse, ControlError> {
         match &self.authority {
             Authority::Local(cp) => {
                 // During a transition: the next execution, once acknowledged (bounded).
@@ -165,22 +166,23 @@ impl Edge {
                         &body,
                     )
                     .await
-                    .map_err(|e| ApiError::unavailable(format!("control plane: {e}")))?;
+                    .map_err(|e| ControlError::Unavailable(format!("control plane: {e}")))?;
                 if !a.status.is_success() {
                     let e: ErrorBody = serde_json::from_slice(&a.body).unwrap_or(ErrorBody {
                         error: "bad_gateway".into(),
                         message: String::from_utf8_lossy(&a.body).into_owned(),
                         reason: None,
                     });
-                    return Err(ApiError {
-                        status: a.status,
-                        code: leak_code(&e.error),
+                    return Err(ControlError::Relayed(Relayed {
+                        status: a.status.as_u16(),
+                        code: ErrorCode::relayed(&e.error),
                         message: e.message,
                         reason: e.reason,
-                    });
+                    }));
                 }
-                serde_json::from_slice(&a.body)
-                    .map_err(|_| ApiError::bad_gateway("control plane: bad capability answer"))
+                serde_json::from_slice(&a.body).map_err(|_| {
+                    ControlError::BadGateway("control plane: bad capability answer".into())
+                })
             }
         }
     }
@@ -198,7 +200,7 @@ impl Edge {
         caller: &Caller,
         bearer: &str,
         sandbox: &SandboxId,
-    ) -> Result<(Route, Arc<Grant>), ApiError> {
+    ) -> Result<(Route, Arc<Grant>), ControlError> {
         let cap = self.authorize(caller, bearer, sandbox, false).await?;
         let until = Timestamp::from_unix_secs(cap.expires_at.saturating_sub(RENEW_MARGIN_SECS));
         let (route, grant) = grant_of(caller, cap);
@@ -219,7 +221,7 @@ impl Edge {
         caller: &Caller,
         bearer: &str,
         sandbox: &SandboxId,
-    ) -> Result<(Route, Arc<Grant>), ApiError> {
+    ) -> Result<(Route, Arc<Grant>), ControlError> {
         match self.cached(caller, sandbox) {
             Some(hit) => Ok(hit),
             None => self.fresh(caller, bearer, sandbox).await,
@@ -233,12 +235,12 @@ impl Edge {
         caller: &Caller,
         bearer: &str,
         rejected: &RouteIdentity,
-    ) -> Result<(Route, Arc<Grant>), ApiError> {
+    ) -> Result<(Route, Arc<Grant>), ControlError> {
         let lock = {
             let mut map = self
                 .resolving
                 .lock()
-                .map_err(|_| ApiError::internal("edge lock poisoned"))?;
+                .map_err(|_| ControlError::Internal("edge lock poisoned".into()))?;
             if map.len() > 10_000 {
                 map.retain(|_, l| Arc::strong_count(l) > 1);
             }
@@ -279,7 +281,7 @@ impl Edge {
         headers: &HeaderMap,
         body: Bytes,
         class: OperationClass,
-    ) -> Result<Forwarded, ApiError> {
+    ) -> Result<Forwarded, ControlError> {
         let (mut route, mut grant) = self.route_for(caller, bearer, sandbox).await?;
         let mut recovery = Recovery::new(class);
         // When the first RefreshRoute arrived: the rebuilt attempt's added latency.
@@ -322,7 +324,11 @@ impl Edge {
                             continue;
                         }
                         Ok(RecoveryStep::RetrySameRoute) => continue,
-                        _ => return Err(ApiError::bad_gateway(format!("worker unreachable: {e}"))),
+                        _ => {
+                            return Err(ControlError::BadGateway(format!(
+                                "worker unreachable: {e}"
+                            )));
+                        }
                     }
                 }
             };
@@ -335,14 +341,14 @@ impl Edge {
                         Ok(_) => {}
                         Err(e) => {
                             self.count(reason.as_str(), "failed");
-                            return Err(recovery_error(e));
+                            return Err(e.into());
                         }
                     }
                     refreshed_at.get_or_insert_with(std::time::Instant::now);
                     let (r, g) = self.repair(caller, bearer, &used).await?;
                     if let Err(e) = recovery.on_resolved(&r.identity()) {
                         self.count(reason.as_str(), "failed");
-                        return Err(recovery_error(e));
+                        return Err(e.into());
                     }
                     self.count(reason.as_str(), "rebuilt");
                     (route, grant) = (r, g);
@@ -377,18 +383,14 @@ impl Edge {
         &self,
         route: &Route,
         answer: &Forwarded,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), ControlError> {
         match answer.execution.as_deref() {
             Some(x) if !x.is_empty() && x != route.execution.id.to_string() => {
                 if let Authority::Local(cp) = &self.authority {
                     cp.metrics.wrong_execution.inc();
                 }
                 tracing::error!(sandbox = %route.sandbox, expected = %route.execution.id, got = x, "answer from another execution");
-                Err(ApiError::new(
-                    StatusCode::BAD_GATEWAY,
-                    "wrong_execution",
-                    "the worker answered from another execution than the route named; nothing was passed on",
-                ))
+                Err(ControlError::WrongExecution)
             }
             _ => Ok(()),
         }
@@ -462,35 +464,5 @@ fn passthrough(a: crate::http::Answer) -> Forwarded {
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned),
         body: a.body,
-    }
-}
-
-pub(crate) fn recovery_error(e: RecoveryError) -> ApiError {
-    match e {
-        RecoveryError::Denied(r) => ApiError {
-            status: StatusCode::FORBIDDEN,
-            code: "deny",
-            message: "denied".into(),
-            reason: Some(r.as_str().into()),
-        },
-        other => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "route_unavailable",
-            other.to_string(),
-        ),
-    }
-}
-
-/// Error codes from a remote control plane, mapped onto our static set.
-fn leak_code(code: &str) -> &'static str {
-    match code {
-        "not_found" => "not_found",
-        "unauthorized" => "unauthorized",
-        "forbidden" => "forbidden",
-        "conflict" => "conflict",
-        "not_running" => "not_running",
-        "transitioning" => "transitioning",
-        "bad_request" => "bad_request",
-        _ => "bad_gateway",
     }
 }

@@ -28,8 +28,8 @@ use space_identity::{OperationClass, Progress, Recovery, RecoveryStep, Route, Sa
 use space_proto::api::ErrorBody;
 
 use crate::auth::Caller;
-use crate::edge::{Edge, recovery_error};
-use crate::error::ApiError;
+use crate::edge::Edge;
+use crate::error::{ControlError, RouteLost};
 
 /// Longest wait for a read's answer head.
 const READ_HEAD_TIMEOUT: Duration = Duration::from_secs(300);
@@ -62,7 +62,7 @@ pub(crate) async fn read(
     sandbox: &SandboxId,
     path_and_query: &str,
     headers: &HeaderMap,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     let (mut route, mut grant) = edge.route_for(caller, bearer, sandbox).await?;
     let mut recovery = Recovery::new(OperationClass::Read);
     loop {
@@ -99,7 +99,7 @@ pub(crate) async fn write(
     headers: &HeaderMap,
     body: Body,
     class: OperationClass,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     let (mut route, mut grant) = edge.route_for(caller, bearer, sandbox).await?;
     let mut recovery = Recovery::new(class);
     // A small body is kept whole here: the one rebuilt attempt can send it again even
@@ -115,7 +115,7 @@ pub(crate) async fn write(
         Some(_) => {
             let whole = axum::body::to_bytes(body, RESEND_LIMIT)
                 .await
-                .map_err(|e| ApiError::bad_request(format!("upload body: {e}")))?;
+                .map_err(|e| ControlError::BadRequest(format!("upload body: {e}")))?;
             (None, Some(whole))
         }
         None => (Some(stream::boxed(body)), None),
@@ -125,12 +125,9 @@ pub(crate) async fn write(
             .take()
             .or_else(|| kept.clone().map(|b| stream::boxed(Body::from(b))))
         else {
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "route_unavailable",
-                "the route changed after the upload started; the file was not replaced \
-                 (the write is all or nothing): send it again",
-            ));
+            return Err(ControlError::RefreshRoute {
+                reason: RouteLost::UploadStarted,
+            });
         };
         let (gated, gate) = stream::gated(unread);
         let mut h: Vec<(&str, &str)> = vec![("authorization", &grant.authorization)];
@@ -155,7 +152,7 @@ pub(crate) async fn write(
             // A transport failure after bytes of the body left is never retried: the
             // worker may have the file already.
             Err(e) if body.is_none() => {
-                return Err(ApiError::bad_gateway(format!(
+                return Err(ControlError::BadGateway(format!(
                     "worker unreachable during the upload: {e}"
                 )));
             }
@@ -188,7 +185,7 @@ async fn step(
     recovery: &mut Recovery,
     route: &Route,
     sent: Result<StreamedAnswer, CallError>,
-) -> Result<Step, ApiError> {
+) -> Result<Step, ControlError> {
     let answer = match sent {
         Ok(a) => a,
         Err(e) => {
@@ -208,7 +205,7 @@ async fn step(
                     let (r, g) = edge.route_for(caller, bearer, sandbox).await?;
                     Ok(Step::Next(r, g))
                 }
-                _ => Err(ApiError::bad_gateway(format!("worker unreachable: {e}"))),
+                _ => Err(ControlError::BadGateway(format!("worker unreachable: {e}"))),
             };
         }
     };
@@ -220,12 +217,12 @@ async fn step(
             let used = route.identity();
             if let Err(e) = recovery.on_refresh(used.clone(), reason, Progress::NotStarted) {
                 edge.count(reason.as_str(), "failed");
-                return Err(recovery_error(e));
+                return Err(e.into());
             }
             let (r, g) = edge.repair(caller, bearer, &used).await?;
             if let Err(e) = recovery.on_resolved(&r.identity()) {
                 edge.count(reason.as_str(), "failed");
-                return Err(recovery_error(e));
+                return Err(e.into());
             }
             edge.count(reason.as_str(), "rebuilt");
             Ok(Step::Next(r, g))
@@ -254,7 +251,7 @@ async fn step(
 /// The worker's answer passed on as it comes: its status, its length and range
 /// headers, its body streamed (hyper checks it against its `Content-Length`, on both
 /// sides). An answer from another execution than the route's is never passed on.
-fn relay(edge: &Edge, route: &Route, a: StreamedAnswer) -> Result<Response, ApiError> {
+fn relay(edge: &Edge, route: &Route, a: StreamedAnswer) -> Result<Response, ControlError> {
     let execution = a
         .headers
         .get("space-execution")

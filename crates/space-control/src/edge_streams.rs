@@ -14,7 +14,7 @@ use tokio_tungstenite::tungstenite::{self, client::IntoClientRequest};
 
 use crate::auth::Caller;
 use crate::edge::Edge;
-use crate::error::ApiError;
+use crate::error::{ControlError, ErrorCode, Relayed};
 
 type Backend =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
@@ -27,7 +27,7 @@ impl Edge {
         bearer: &str,
         sandbox: &SandboxId,
         path_and_query: &str,
-    ) -> Result<Backend, ApiError> {
+    ) -> Result<Backend, ControlError> {
         let (mut route, mut grant) = self.route_for(caller, bearer, sandbox).await?;
         let mut recovery = Recovery::new(OperationClass::StreamOpen);
         loop {
@@ -38,11 +38,11 @@ impl Edge {
             );
             let mut req = url
                 .into_client_request()
-                .map_err(|e| ApiError::bad_gateway(format!("worker url: {e}")))?;
+                .map_err(|e| ControlError::BadGateway(format!("worker url: {e}")))?;
             let auth = grant
                 .authorization
                 .parse()
-                .map_err(|_| ApiError::internal("capability is not a header value"))?;
+                .map_err(|_| ControlError::Internal("capability is not a header value".into()))?;
             req.headers_mut().insert("authorization", auth);
             match tokio_tungstenite::connect_async(req).await {
                 Ok((socket, _)) => return Ok(socket),
@@ -57,21 +57,11 @@ impl Edge {
                         let used = route.identity();
                         recovery
                             .on_refresh(used.clone(), reason, Progress::NotStarted)
-                            .map_err(|e| {
-                                ApiError::new(
-                                    StatusCode::SERVICE_UNAVAILABLE,
-                                    "route_unavailable",
-                                    e.to_string(),
-                                )
-                            })?;
+                            .map_err(ControlError::from)?;
                         let (r, g) = self.repair(caller, bearer, &used).await?;
-                        recovery.on_resolved(&r.identity()).map_err(|e| {
-                            ApiError::new(
-                                StatusCode::SERVICE_UNAVAILABLE,
-                                "route_unavailable",
-                                e.to_string(),
-                            )
-                        })?;
+                        recovery
+                            .on_resolved(&r.identity())
+                            .map_err(ControlError::from)?;
                         (route, grant) = (r, g);
                         continue;
                     }
@@ -83,27 +73,16 @@ impl Edge {
                             None,
                         ),
                     };
-                    return Err(ApiError {
-                        status,
-                        code: static_code(&code),
+                    return Err(ControlError::Relayed(Relayed {
+                        status: status.as_u16(),
+                        code: ErrorCode::relayed(&code),
                         message,
                         reason,
-                    });
+                    }));
                 }
-                Err(e) => return Err(ApiError::bad_gateway(format!("worker stream: {e}"))),
+                Err(e) => return Err(ControlError::BadGateway(format!("worker stream: {e}"))),
             }
         }
-    }
-}
-
-fn static_code(code: &str) -> &'static str {
-    match code {
-        "deny" => "deny",
-        "unauthorized" => "unauthorized",
-        "paused" => "paused",
-        "not_found" => "not_found",
-        "bad_request" => "bad_request",
-        _ => "bad_gateway",
     }
 }
 
@@ -228,7 +207,7 @@ pub async fn relay(client: WebSocket, backend: Backend, resubscribe: Option<Resu
                             code: 4001,
                             reason: Utf8Bytes::from(format!(
                                 "execution replaced; re-open failed: {}",
-                                e.message
+                                e
                             )),
                         })))
                         .await;

@@ -1,104 +1,349 @@
-//! Errors of the public API, mapped to HTTP only here.
+//! What can go wrong in the control plane and the edge, by meaning. Nothing here names
+//! an HTTP status: [`crate::api::error`] maps each error to its answer (status, code,
+//! message, reason) in one place. The message a client reads is the error's `Display`.
 
-use axum::Json;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use space_proto::api::ErrorBody;
+use std::time::Duration;
 
-/// An error answer: status, stable code, message, and for identity rejections the
-/// comparator's reason.
-#[derive(Debug, Clone)]
-pub struct ApiError {
-    /// HTTP status.
-    pub status: StatusCode,
-    /// Stable code.
-    pub code: &'static str,
-    /// Text for people.
+use space_identity::{DenyReason, RecoveryError};
+use space_store::StoreError;
+
+/// An error of the control plane's service or of the edge.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ControlError {
+    /// The request is malformed or asks for something that does not exist.
+    #[error("{0}")]
+    BadRequest(String),
+    /// A sandbox asked for limits below the minimums or past the maxima.
+    #[error("{0}")]
+    InvalidLimits(String),
+    /// No valid API key (or worker credential) was presented.
+    #[error("a valid API key is required")]
+    Unauthorized,
+    /// The caller is known but may not do this.
+    #[error("{0}")]
+    Forbidden(String),
+    /// A capability was denied (never retried): the comparator's reason is kept.
+    #[error("denied")]
+    Deny {
+        /// Why.
+        reason: DenyReason,
+    },
+    /// `what` does not exist, or belongs to another tenant (which is not revealed).
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    /// The request conflicts with the state of the sandbox (or of the store).
+    #[error("{0}")]
+    Conflict(String),
+    /// The sandbox has no execution its worker acknowledged running.
+    #[error("the sandbox has no running execution")]
+    NotRunning,
+    /// The stored snapshot's bytes do not have the digest recorded when it was taken.
+    #[error(
+        "the stored snapshot does not match its digest (tampered or truncated); nothing was changed"
+    )]
+    SnapshotCorrupt,
+    /// A body, an exec request or a writable layer is over its limit.
+    #[error("{0}")]
+    TooLarge(String),
+    /// The tenant has as many live sandboxes as its quota allows.
+    #[error("this tenant has {live} live sandboxes, its quota is {quota}: delete one first")]
+    Quota {
+        /// Its live sandboxes.
+        live: u64,
+        /// Its quota.
+        quota: u64,
+    },
+    /// The sandbox stayed in a transition (named by `state`) for the whole wait.
+    #[error(
+        "the sandbox is {state}: no execution of it was acknowledged running within {} ms; retry",
+        waited.as_millis()
+    )]
+    Transitioning {
+        /// `starting`, `migrating`, `restarting` …
+        state: &'static str,
+        /// How long the resolve waited.
+        waited: Duration,
+    },
+    /// Something the request needs is not there now (no worker, a control plane
+    /// unreachable, a key not acknowledged yet): retry later.
+    #[error("{0}")]
+    Unavailable(String),
+    /// A RefreshRoute the edge could not recover from under the rules of
+    /// `IDENTITY.md` §4 (kept apart from [`Self::Deny`]: the route went stale, the
+    /// capability was not refused).
+    #[error("{reason}")]
+    RefreshRoute {
+        /// Why no (further) rebuilt attempt was made.
+        reason: RouteLost,
+    },
+    /// A worker failed, was unreachable, or answered nonsense.
+    #[error("{0}")]
+    BadGateway(String),
+    /// A worker answered from another execution than the route named.
+    #[error(
+        "the worker answered from another execution than the route named; nothing was passed on"
+    )]
+    WrongExecution,
+    /// A failure of our own (signing, the snapshot spool, a poisoned lock); never
+    /// for bad input.
+    #[error("{0}")]
+    Internal(String),
+    /// The store failed, or a record it was asked for is missing or conflicts.
+    #[error("{}", store_message(.0))]
+    Store(#[from] StoreError),
+    /// A control-plane operation asked of a standalone edge.
+    #[error("served by the control plane, not this edge")]
+    NotHere,
+    /// An error answer another daemon gave (the remote control plane of a standalone
+    /// edge, a worker refusing a stream), passed on as it came.
+    #[error("{}", .0.message)]
+    Relayed(Relayed),
+}
+
+/// Why a RefreshRoute ended the operation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouteLost {
+    /// The recovery rules allow no further attempt.
+    #[error("{0}")]
+    Recovery(RecoveryError),
+    /// The upload's body went to a worker already and cannot be sent again.
+    #[error(
+        "the route changed after the upload started; the file was not replaced \
+         (the write is all or nothing): send it again"
+    )]
+    UploadStarted,
+}
+
+/// An error answer of another daemon, as the edge passes it on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Relayed {
+    /// Its HTTP status, as given.
+    pub status: u16,
+    /// Its code, if one the platform passes on (see [`ErrorCode::relayed`]).
+    pub code: ErrorCode,
+    /// Its message.
     pub message: String,
-    /// Reason code, for `refresh_route` / `deny`.
+    /// Its reason code.
     pub reason: Option<String>,
 }
 
-impl ApiError {
-    /// An error with no reason code.
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            status,
-            code,
-            message: message.into(),
-            reason: None,
+impl From<RecoveryError> for ControlError {
+    fn from(e: RecoveryError) -> Self {
+        match e {
+            RecoveryError::Denied(reason) => Self::Deny { reason },
+            other => Self::RefreshRoute {
+                reason: RouteLost::Recovery(other),
+            },
         }
-    }
-
-    /// 400.
-    pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
-    }
-
-    /// 401.
-    pub fn unauthorized() -> Self {
-        Self::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "a valid API key is required",
-        )
-    }
-
-    /// 403.
-    pub fn forbidden(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::FORBIDDEN, "forbidden", message)
-    }
-
-    /// 404 (also for things that exist but belong to another tenant).
-    pub fn not_found(what: &str) -> Self {
-        Self::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("{what} not found"),
-        )
-    }
-
-    /// 409.
-    pub fn conflict(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::CONFLICT, "conflict", message)
-    }
-
-    /// 503.
-    pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
-    }
-
-    /// 502: a worker failed or answered nonsense.
-    pub fn bad_gateway(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_GATEWAY, "bad_gateway", message)
-    }
-
-    /// 500, for failures of our own (store, signing). Never for bad input.
-    pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
     }
 }
 
-impl From<space_store::StoreError> for ApiError {
-    fn from(e: space_store::StoreError) -> Self {
-        match e {
-            space_store::StoreError::NotFound(_) => Self::not_found("record"),
-            space_store::StoreError::Conflict(m) => Self::conflict(m),
-            other => {
-                tracing::error!(error = %other, "store failure");
-                Self::internal("storage failure")
+fn store_message(e: &StoreError) -> String {
+    match e {
+        StoreError::NotFound(_) => "record not found".into(),
+        StoreError::Conflict(m) => m.clone(),
+        _ => "storage failure".into(),
+    }
+}
+
+impl ControlError {
+    /// The stable code of this error's answer.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::BadRequest(_) => ErrorCode::BadRequest,
+            Self::InvalidLimits(_) => ErrorCode::InvalidLimits,
+            Self::Unauthorized => ErrorCode::Unauthorized,
+            Self::Forbidden(_) => ErrorCode::Forbidden,
+            Self::Deny { .. } => ErrorCode::Deny,
+            Self::NotFound(_) | Self::Store(StoreError::NotFound(_)) => ErrorCode::NotFound,
+            Self::Conflict(_) | Self::Store(StoreError::Conflict(_)) => ErrorCode::Conflict,
+            Self::NotRunning => ErrorCode::NotRunning,
+            Self::SnapshotCorrupt => ErrorCode::SnapshotCorrupt,
+            Self::TooLarge(_) => ErrorCode::TooLarge,
+            Self::Quota { .. } => ErrorCode::QuotaExceeded,
+            Self::Transitioning { .. } => ErrorCode::Transitioning,
+            Self::Unavailable(_) => ErrorCode::Unavailable,
+            Self::RefreshRoute { .. } => ErrorCode::RouteUnavailable,
+            Self::BadGateway(_) => ErrorCode::BadGateway,
+            Self::WrongExecution => ErrorCode::WrongExecution,
+            Self::Internal(_) | Self::Store(_) => ErrorCode::Internal,
+            Self::NotHere => ErrorCode::NotHere,
+            Self::Relayed(r) => r.code,
+        }
+    }
+
+    /// The comparator's reason a client is given (denials, and relayed answers that
+    /// carry one).
+    pub fn reason(&self) -> Option<String> {
+        match self {
+            Self::Deny { reason } => Some(reason.as_str().to_owned()),
+            Self::Relayed(r) => r.reason.clone(),
+            _ => None,
+        }
+    }
+}
+
+macro_rules! codes {
+    ($($(#[$doc:meta])* $variant:ident => $text:literal,)+) => {
+        /// The stable codes of error answers (`{"error": code, …}`).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum ErrorCode {
+            $($(#[$doc])* $variant,)+
+        }
+
+        impl ErrorCode {
+            /// Every code.
+            pub const ALL: &'static [ErrorCode] = &[$(ErrorCode::$variant,)+];
+
+            /// Its wire form.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(ErrorCode::$variant => $text,)+
+                }
             }
         }
+    };
+}
+
+codes! {
+    /// Malformed input.
+    BadRequest => "bad_request",
+    /// Limits out of range.
+    InvalidLimits => "invalid_limits",
+    /// No valid key.
+    Unauthorized => "unauthorized",
+    /// Not allowed.
+    Forbidden => "forbidden",
+    /// A capability denied, with its reason.
+    Deny => "deny",
+    /// Nothing there (for this caller).
+    NotFound => "not_found",
+    /// In conflict with the state.
+    Conflict => "conflict",
+    /// No running execution.
+    NotRunning => "not_running",
+    /// Paused (a worker's answer while its sandbox is frozen).
+    Paused => "paused",
+    /// A stored snapshot that fails its digest.
+    SnapshotCorrupt => "snapshot_corrupt",
+    /// Over a size limit.
+    TooLarge => "too_large",
+    /// Over the tenant's sandbox quota.
+    QuotaExceeded => "quota_exceeded",
+    /// A transition outlasted the wait.
+    Transitioning => "transitioning",
+    /// Not available now.
+    Unavailable => "unavailable",
+    /// A stale route that could not be recovered.
+    RouteUnavailable => "route_unavailable",
+    /// A worker or control plane failed.
+    BadGateway => "bad_gateway",
+    /// An answer from another execution.
+    WrongExecution => "wrong_execution",
+    /// Our own failure.
+    Internal => "internal",
+    /// Not served by a standalone edge.
+    NotHere => "not_here",
+}
+
+impl ErrorCode {
+    /// The code the edge passes on for `code`, read from another daemon's error
+    /// answer: the codes a client of the edge may act on are kept, any other (or an
+    /// unknown one) becomes `bad_gateway`. The one map for every relayed answer.
+    pub fn relayed(code: &str) -> Self {
+        const KEPT: [ErrorCode; 9] = [
+            ErrorCode::BadRequest,
+            ErrorCode::Unauthorized,
+            ErrorCode::Forbidden,
+            ErrorCode::Deny,
+            ErrorCode::NotFound,
+            ErrorCode::Conflict,
+            ErrorCode::NotRunning,
+            ErrorCode::Paused,
+            ErrorCode::Transitioning,
+        ];
+        KEPT.into_iter()
+            .find(|c| c.as_str() == code)
+            .unwrap_or(ErrorCode::BadGateway)
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = ErrorBody {
-            error: self.code.to_owned(),
-            message: self.message,
-            reason: self.reason,
-        };
-        (self.status, Json(body)).into_response()
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_has_its_own_wire_form() {
+        let mut seen = std::collections::BTreeSet::new();
+        for c in ErrorCode::ALL {
+            assert!(seen.insert(c.as_str()), "{c:?} repeats {}", c.as_str());
+        }
+    }
+
+    #[test]
+    fn a_relayed_answer_keeps_the_codes_a_client_acts_on_and_hides_the_rest() {
+        for kept in [
+            "bad_request",
+            "unauthorized",
+            "forbidden",
+            "deny",
+            "not_found",
+            "conflict",
+            "not_running",
+            "paused",
+            "transitioning",
+        ] {
+            assert_eq!(ErrorCode::relayed(kept).as_str(), kept);
+        }
+        for hidden in [
+            "internal",
+            "quota_exceeded",
+            "refresh_route",
+            "",
+            "NOT_FOUND",
+        ] {
+            assert_eq!(
+                ErrorCode::relayed(hidden),
+                ErrorCode::BadGateway,
+                "{hidden}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_recovery_that_was_denied_stays_a_deny_and_any_other_is_a_lost_route() {
+        let denied = ControlError::from(RecoveryError::Denied(DenyReason::Expired));
+        assert!(matches!(
+            denied,
+            ControlError::Deny {
+                reason: DenyReason::Expired
+            }
+        ));
+        assert_eq!(denied.reason().as_deref(), Some("expired"));
+        let lost = ControlError::from(RecoveryError::ResolvedSameRoute);
+        assert_eq!(lost.code(), ErrorCode::RouteUnavailable);
+        assert_eq!(
+            lost.to_string(),
+            "the control plane resolved the rejected route again"
+        );
+        assert_eq!(lost.reason(), None);
+    }
+
+    #[test]
+    fn store_failures_tell_clients_nothing_of_the_store() {
+        let e = ControlError::from(StoreError::Backend("disk I/O error at /data".into()));
+        assert_eq!(e.to_string(), "storage failure");
+        assert_eq!(e.code(), ErrorCode::Internal);
+        let e = ControlError::from(StoreError::NotFound("sandbox sbx_1".into()));
+        assert_eq!(
+            (e.code(), e.to_string().as_str()),
+            (ErrorCode::NotFound, "record not found")
+        );
     }
 }

@@ -5,11 +5,10 @@
 //! and stored with the sandbox: every execution of it (relaunch, resume, migration)
 //! is installed with the same limits, whatever the flags of a later control plane.
 
-use axum::http::StatusCode;
 use space_proto::api::{Limits, LimitsRequest};
 use space_store::SandboxLimits;
 
-use crate::error::ApiError;
+use crate::error::ControlError;
 
 const MIB: u64 = 1 << 20;
 
@@ -65,8 +64,8 @@ impl LimitsPolicy {
     }
 }
 
-fn invalid(message: String) -> ApiError {
-    ApiError::new(StatusCode::BAD_REQUEST, "invalid_limits", message)
+fn invalid(message: String) -> ControlError {
+    ControlError::InvalidLimits(message)
 }
 
 impl LimitsPolicy {
@@ -74,12 +73,12 @@ impl LimitsPolicy {
     pub fn validate(&self) -> Result<(), String> {
         self.resolve(Some(&view_request(&self.defaults)))
             .map(drop)
-            .map_err(|e| format!("default limits: {}", e.message))
+            .map_err(|e| format!("default limits: {}", e))
     }
 
     /// The limits of a create asking for `req`: each named limit at least the minimum
     /// and at most the maximum (`400 invalid_limits` otherwise), the rest defaults.
-    pub fn resolve(&self, req: Option<&LimitsRequest>) -> Result<Limits, ApiError> {
+    pub fn resolve(&self, req: Option<&LimitsRequest>) -> Result<Limits, ControlError> {
         let Some(req) = req else {
             return Ok(self.defaults);
         };
@@ -141,18 +140,14 @@ impl LimitsPolicy {
 
     /// `Ok` while `live` sandboxes leave room for one more; `429 quota_exceeded`
     /// otherwise.
-    pub fn admit(&self, live: u64) -> Result<(), ApiError> {
+    pub fn admit(&self, live: u64) -> Result<(), ControlError> {
         if live < self.tenant_sandboxes {
             return Ok(());
         }
-        Err(ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "quota_exceeded",
-            format!(
-                "this tenant has {live} live sandboxes, its quota is {}: delete one first",
-                self.tenant_sandboxes
-            ),
-        ))
+        Err(ControlError::Quota {
+            live,
+            quota: self.tenant_sandboxes,
+        })
     }
 }
 
@@ -243,8 +238,7 @@ mod tests {
             req(|r| r.disk_mib = Some(u64::MAX / 2)),
         ] {
             let e = p.resolve(Some(&bad)).unwrap_err();
-            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{bad:?}");
-            assert_eq!(e.code, "invalid_limits");
+            assert!(matches!(e, ControlError::InvalidLimits(_)), "{bad:?}");
         }
     }
 
@@ -256,8 +250,11 @@ mod tests {
         };
         assert!(p.admit(1).is_ok());
         let e = p.admit(2).unwrap_err();
-        assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(e.code, "quota_exceeded");
+        assert!(matches!(e, ControlError::Quota { live: 2, quota: 2 }));
+        assert_eq!(
+            e.to_string(),
+            "this tenant has 2 live sandboxes, its quota is 2: delete one first"
+        );
     }
 
     #[test]

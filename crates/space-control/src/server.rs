@@ -158,7 +158,7 @@ pub async fn serve(config: ControlConfig) -> Result<ServerHandle, String> {
         config.data_dir.join("snapshots"),
     )
     .await
-    .map_err(|e| format!("control plane: {}", e.message))?;
+    .map_err(|e| format!("control plane: {e}"))?;
 
     let admin_key_path = config.data_dir.join("admin.key");
     if !admin_key_path.exists() {
@@ -171,7 +171,7 @@ pub async fn serve(config: ControlConfig) -> Result<ServerHandle, String> {
             let (_, key) = cp
                 .create_tenant("admin", true)
                 .await
-                .map_err(|e| format!("admin tenant: {}", e.message))?;
+                .map_err(|e| format!("admin tenant: {e}"))?;
             read_or_create_secret(&admin_key_path, || key.text.clone())
                 .map_err(|e| format!("admin.key: {e}"))?;
         } else {
@@ -232,7 +232,7 @@ fn spawn_standby_keeper(cp: Arc<ControlPlane>, mut stop: watch::Receiver<bool>) 
                 Ok(true) => Duration::ZERO,
                 Ok(false) => Duration::from_millis(100),
                 Err(e) => {
-                    tracing::warn!(error = %e.message, "standby sandbox failed to start");
+                    tracing::warn!(error = %e, "standby sandbox failed to start");
                     Duration::from_secs(2)
                 }
             };
@@ -250,16 +250,16 @@ fn spawn_background(cp: Arc<ControlPlane>, mut stop: watch::Receiver<bool>) -> J
                 _ = stop.changed() => return,
             }
             if let Err(e) = cp.reconcile_transitions().await {
-                tracing::warn!(error = %e.message, "transition reconciler failed");
+                tracing::warn!(error = %e, "transition reconciler failed");
             }
             if let Err(e) = cp.expire_sandboxes().await {
-                tracing::warn!(error = %e.message, "ttl sweep failed");
+                tracing::warn!(error = %e, "ttl sweep failed");
             }
             if let Err(e) = cp.retire_old_keys().await {
-                tracing::warn!(error = %e.message, "key retirement failed");
+                tracing::warn!(error = %e, "key retirement failed");
             }
             if let Err(e) = cp.reload_keys().await {
-                tracing::warn!(error = %e.message, "key reload failed");
+                tracing::warn!(error = %e, "key reload failed");
             }
             cp.refresh_gauges().await;
         }

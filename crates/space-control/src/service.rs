@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::StatusCode;
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use space_identity::{
@@ -24,7 +23,7 @@ use space_store::{
 use tokio::sync::RwLock;
 
 use crate::auth::{self, Caller, IssuedKey, KeyCache};
-use crate::error::ApiError;
+use crate::error::ControlError;
 use crate::http::HttpClient;
 use crate::keyring::{self, Keyring};
 use crate::metrics::Metrics;
@@ -134,7 +133,7 @@ impl ControlPlane {
         store: Store,
         enroll_secret: String,
         snapshot_dir: std::path::PathBuf,
-    ) -> Result<Arc<Self>, ApiError> {
+    ) -> Result<Arc<Self>, ControlError> {
         let keys = Keyring::load(&store, now_secs() as i64).await?;
         let standby = Tenant {
             id: STANDBY_TENANT.into(),
@@ -178,7 +177,7 @@ impl ControlPlane {
     }
 
     /// Re-reads keys from the store (other replicas may have rotated).
-    pub async fn reload_keys(&self) -> Result<(), ApiError> {
+    pub async fn reload_keys(&self) -> Result<(), ControlError> {
         let fresh = self.keys().await.reload(&self.store).await?;
         *self.keys.write().await = Arc::new(fresh);
         Ok(())
@@ -187,8 +186,8 @@ impl ControlPlane {
     // ---- callers -------------------------------------------------------------------
 
     /// Resolves an `Authorization: Bearer` API key to its caller.
-    pub async fn authenticate(&self, bearer: &str) -> Result<Caller, ApiError> {
-        let (id, hash) = auth::parse_key(bearer).ok_or_else(ApiError::unauthorized)?;
+    pub async fn authenticate(&self, bearer: &str) -> Result<Caller, ControlError> {
+        let (id, hash) = auth::parse_key(bearer).ok_or(ControlError::Unauthorized)?;
         if let Some(c) = self.key_cache.get(id, &hash) {
             return Ok(c);
         }
@@ -197,7 +196,7 @@ impl ControlPlane {
             .find_api_key(id)
             .await?
             .filter(|k| k.revoked_at.is_none() && auth::hashes_equal(&k.hash, &hash))
-            .ok_or_else(ApiError::unauthorized)?;
+            .ok_or(ControlError::Unauthorized)?;
         let caller = Caller {
             tenant: record.tenant,
             key_id: record.id,
@@ -212,10 +211,10 @@ impl ControlPlane {
         &self,
         name: &str,
         admin: bool,
-    ) -> Result<(Tenant, IssuedKey), ApiError> {
+    ) -> Result<(Tenant, IssuedKey), ControlError> {
         if name.is_empty() || name.len() > 64 {
-            return Err(ApiError::bad_request(
-                "tenant name must be 1 to 64 characters",
+            return Err(ControlError::BadRequest(
+                "tenant name must be 1 to 64 characters".into(),
             ));
         }
         let tenant = Tenant {
@@ -234,7 +233,7 @@ impl ControlPlane {
     }
 
     /// Issues a new API key for `tenant`.
-    pub async fn create_key(&self, tenant: &str, admin: bool) -> Result<IssuedKey, ApiError> {
+    pub async fn create_key(&self, tenant: &str, admin: bool) -> Result<IssuedKey, ControlError> {
         let key = auth::issue_key();
         self.store
             .insert_api_key(&ApiKeyRecord {
@@ -250,13 +249,13 @@ impl ControlPlane {
     }
 
     /// Revokes a key of `tenant` (admins may revoke any).
-    pub async fn revoke_key(&self, caller: &Caller, id: &str) -> Result<(), ApiError> {
+    pub async fn revoke_key(&self, caller: &Caller, id: &str) -> Result<(), ControlError> {
         let key = self
             .store
             .find_api_key(id)
             .await?
             .filter(|k| caller.admin || k.tenant == caller.tenant)
-            .ok_or_else(|| ApiError::not_found("api key"))?;
+            .ok_or_else(|| ControlError::NotFound("api key"))?;
         self.store
             .revoke_api_key(&key.id, now_secs() as i64)
             .await?;
@@ -271,18 +270,18 @@ impl ControlPlane {
         &self,
         caller: &Caller,
         id: &SandboxId,
-    ) -> Result<SandboxRecord, ApiError> {
+    ) -> Result<SandboxRecord, ControlError> {
         match self.store.get_sandbox(id).await {
             Ok(s) if s.tenant == caller.tenant || caller.admin => Ok(s),
             Ok(_) | Err(space_store::StoreError::NotFound(_)) => {
-                Err(ApiError::not_found("sandbox"))
+                Err(ControlError::NotFound("sandbox"))
             }
             Err(e) => Err(e.into()),
         }
     }
 
     /// The user-facing view of a sandbox.
-    pub async fn view(&self, s: &SandboxRecord) -> Result<api::Sandbox, ApiError> {
+    pub async fn view(&self, s: &SandboxRecord) -> Result<api::Sandbox, ControlError> {
         let execution = match s.state {
             SandboxState::Stopped => None,
             _ => self.store.current_execution(&s.id).await?,
@@ -324,18 +323,15 @@ impl ControlPlane {
 
     /// The sandbox's current execution, which must be running (`409 not_running`
     /// otherwise).
-    async fn running_execution(&self, sandbox: &SandboxId) -> Result<ExecutionRecord, ApiError> {
+    async fn running_execution(
+        &self,
+        sandbox: &SandboxId,
+    ) -> Result<ExecutionRecord, ControlError> {
         self.store
             .current_execution(sandbox)
             .await?
             .filter(|e| e.state == ExecutionState::Running)
-            .ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::CONFLICT,
-                    "not_running",
-                    "the sandbox has no running execution",
-                )
-            })
+            .ok_or(ControlError::NotRunning)
     }
 
     /// Records the step a snapshot or migration of `sandbox` is at, for clients that
@@ -349,16 +345,16 @@ impl ControlPlane {
         &self,
         caller: &Caller,
         req: CreateSandbox,
-    ) -> Result<api::Sandbox, ApiError> {
+    ) -> Result<api::Sandbox, ControlError> {
         let template = req.template.unwrap_or_else(|| "default".into());
         if template != "default" {
-            return Err(ApiError::bad_request(format!(
+            return Err(ControlError::BadRequest(format!(
                 "unknown template {template:?}"
             )));
         }
         if let Some(ttl) = req.ttl_secs {
             if ttl == 0 || ttl > MAX_TTL_SECS {
-                return Err(ApiError::bad_request(format!(
+                return Err(ControlError::BadRequest(format!(
                     "ttl_secs must be 1 to {MAX_TTL_SECS}"
                 )));
             }
@@ -366,9 +362,11 @@ impl ControlPlane {
         let pause_at_ttl = match req.ttl_action.as_deref() {
             None | Some("stop") => false,
             Some("pause") if req.ttl_secs.is_some() => true,
-            Some("pause") => return Err(ApiError::bad_request("ttl_action needs ttl_secs")),
+            Some("pause") => {
+                return Err(ControlError::BadRequest("ttl_action needs ttl_secs".into()));
+            }
             Some(other) => {
-                return Err(ApiError::bad_request(format!(
+                return Err(ControlError::BadRequest(format!(
                     "ttl_action must be stop or pause, not {other:?}"
                 )));
             }
@@ -379,7 +377,7 @@ impl ControlPlane {
             .metadata
             .unwrap_or(serde_json::Value::Object(Default::default()));
         if metadata.to_string().len() > 16 * 1024 {
-            return Err(ApiError::bad_request("metadata is over 16 KiB"));
+            return Err(ControlError::BadRequest("metadata is over 16 KiB".into()));
         }
         let policy = self.limits_policy();
         let limits = policy.resolve(req.limits.as_ref())?;
@@ -512,7 +510,7 @@ impl ControlPlane {
     /// fewer than the target are ready or starting, starts one (through the normal
     /// create path: placement, warm jail, acknowledged install). Returns whether it
     /// started one.
-    pub async fn keep_standby(&self) -> Result<bool, ApiError> {
+    pub async fn keep_standby(&self) -> Result<bool, ControlError> {
         let target = self.standby_target();
         let standby = self.store.list_sandboxes(STANDBY_TENANT).await?;
         let ready = standby
@@ -545,14 +543,14 @@ impl ControlPlane {
         Ok(true)
     }
 
-    fn busy(&self, sandbox: SandboxId) -> Result<Busy<'_>, ApiError> {
+    fn busy(&self, sandbox: SandboxId) -> Result<Busy<'_>, ControlError> {
         let mut b = self
             .busy
             .lock()
-            .map_err(|_| ApiError::internal("lock poisoned"))?;
+            .map_err(|_| ControlError::Internal("lock poisoned".into()))?;
         if !b.insert(sandbox) {
-            return Err(ApiError::conflict(
-                "another lifecycle operation on this sandbox is under way",
+            return Err(ControlError::Conflict(
+                "another lifecycle operation on this sandbox is under way".into(),
             ));
         }
         Ok(Busy(self, sandbox, None))
@@ -562,7 +560,7 @@ impl ControlPlane {
     /// lasts, its lease in the store is renewed every third of the reconciler's grace
     /// period (first after one third, so quick ones write nothing), so a slow
     /// transition on this replica is never taken over by another's reconciler.
-    fn transition(&self, sandbox: SandboxId) -> Result<Busy<'_>, ApiError> {
+    fn transition(&self, sandbox: SandboxId) -> Result<Busy<'_>, ControlError> {
         let mut busy = self.busy(sandbox)?;
         let store = self.store.clone();
         let period =
@@ -618,9 +616,11 @@ fn install_of(s: &SandboxRecord, exe: &ExecutionRecord) -> InstallExecution {
     }
 }
 
-fn validate_env(env: &BTreeMap<String, String>) -> Result<(), ApiError> {
+fn validate_env(env: &BTreeMap<String, String>) -> Result<(), ControlError> {
     if env.len() > 256 {
-        return Err(ApiError::bad_request("at most 256 environment variables"));
+        return Err(ControlError::BadRequest(
+            "at most 256 environment variables".into(),
+        ));
     }
     for (k, v) in env {
         let ok_name = !k.is_empty()
@@ -628,12 +628,12 @@ fn validate_env(env: &BTreeMap<String, String>) -> Result<(), ApiError> {
             && !k.starts_with(|c: char| c.is_ascii_digit())
             && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
         if !ok_name {
-            return Err(ApiError::bad_request(format!(
+            return Err(ControlError::BadRequest(format!(
                 "invalid environment variable name {k:?}"
             )));
         }
         if v.len() > 32 * 1024 || v.contains('\0') {
-            return Err(ApiError::bad_request(format!("invalid value for {k}")));
+            return Err(ControlError::BadRequest(format!("invalid value for {k}")));
         }
     }
     Ok(())

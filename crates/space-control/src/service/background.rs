@@ -12,7 +12,7 @@ impl ControlPlane {
     /// transition is taken over only when neither its newest execution nor its lease
     /// (renewed by the replica running it) has changed for the grace period, so one
     /// still under way elsewhere, however slow, is left alone.
-    pub async fn reconcile_transitions(&self) -> Result<(), ApiError> {
+    pub async fn reconcile_transitions(&self) -> Result<(), ControlError> {
         let now = now_secs() as i64;
         for t in self.store.list_tenants().await? {
             for s in self.store.list_sandboxes(&t.id).await? {
@@ -68,7 +68,7 @@ impl ControlPlane {
                 };
                 if let Err(e) = thawed {
                     // Its worker is not back yet: try again at the next round.
-                    tracing::warn!(sandbox = %s.id, error = %e.message, "could not thaw after an interrupted transition");
+                    tracing::warn!(sandbox = %s.id, error = %e, "could not thaw after an interrupted transition");
                     continue;
                 }
                 // Running again: a snapshot stored before the crash is stale.
@@ -87,7 +87,7 @@ impl ControlPlane {
         &self,
         s: &SandboxRecord,
         execs: &[ExecutionRecord],
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), ControlError> {
         let key = restart_key(&s.id);
         let tried = self
             .store
@@ -122,7 +122,7 @@ impl ControlPlane {
     }
 
     /// Stops sandboxes past their TTL.
-    pub async fn expire_sandboxes(&self) -> Result<(), ApiError> {
+    pub async fn expire_sandboxes(&self) -> Result<(), ControlError> {
         let now = now_secs() as i64;
         for t in self.store.list_tenants().await? {
             for s in self.store.list_sandboxes(&t.id).await? {

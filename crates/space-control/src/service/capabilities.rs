@@ -51,7 +51,7 @@ impl ControlPlane {
         caller: &Caller,
         sandbox: &SandboxId,
         wait: Duration,
-    ) -> Result<SandboxRecord, ApiError> {
+    ) -> Result<SandboxRecord, ControlError> {
         let s = self.sandbox_for(caller, sandbox).await?;
         self.settled_record(s, wait).await
     }
@@ -64,7 +64,7 @@ impl ControlPlane {
         &self,
         mut s: SandboxRecord,
         wait: Duration,
-    ) -> Result<SandboxRecord, ApiError> {
+    ) -> Result<SandboxRecord, ControlError> {
         let wait = wait.min(MAX_TRANSITION_WAIT);
         let deadline = tokio::time::Instant::now() + wait;
         // Subscribed before the first read: a change written in between wakes us.
@@ -85,14 +85,10 @@ impl ControlPlane {
                 .is_err()
             {
                 self.metrics.transition_timeouts.inc();
-                return Err(ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "transitioning",
-                    format!(
-                        "the sandbox is {state}: no execution of it was acknowledged running within {} ms; retry",
-                        wait.as_millis()
-                    ),
-                ));
+                return Err(ControlError::Transitioning {
+                    state,
+                    waited: wait,
+                });
             }
         }
     }
@@ -104,38 +100,38 @@ impl ControlPlane {
         access: AccessSet,
         purpose: Purpose,
         port: Option<(u16, Protocol)>,
-    ) -> Result<CapabilityResponse, ApiError> {
+    ) -> Result<CapabilityResponse, ControlError> {
         if access.is_empty() {
-            return Err(ApiError::bad_request("access must not be empty"));
+            return Err(ControlError::BadRequest("access must not be empty".into()));
         }
         let service_port = match (purpose, port) {
             (Purpose::ServicePort, Some((port, protocol))) if port != 0 => {
                 Some(ServicePort { port, protocol })
             }
             (Purpose::ServicePort, _) => {
-                return Err(ApiError::bad_request(
-                    "service_port capabilities need a port and a protocol",
+                return Err(ControlError::BadRequest(
+                    "service_port capabilities need a port and a protocol".into(),
                 ));
             }
             (Purpose::Control, None) => None,
             (Purpose::Control, Some(_)) => {
-                return Err(ApiError::bad_request(
-                    "port and protocol are only for service_port",
+                return Err(ControlError::BadRequest(
+                    "port and protocol are only for service_port".into(),
                 ));
             }
         };
         if purpose == Purpose::ServicePort && access != AccessSet::of(&[Access::ServicePort]) {
-            return Err(ApiError::bad_request(
-                "a service_port capability grants service_port only",
+            return Err(ControlError::BadRequest(
+                "a service_port capability grants service_port only".into(),
             ));
         }
         if purpose == Purpose::Control && access.contains(Access::ServicePort) {
-            return Err(ApiError::bad_request(
-                "service_port access needs purpose service_port",
+            return Err(ControlError::BadRequest(
+                "service_port access needs purpose service_port".into(),
             ));
         }
         if matches!(s.state, SandboxState::Stopped) {
-            return Err(ApiError::conflict("the sandbox is stopped"));
+            return Err(ControlError::Conflict("the sandbox is stopped".into()));
         }
         // Only an execution its worker acknowledged as running gets capabilities.
         let exe = self.running_execution(&s.id).await?;
@@ -168,7 +164,7 @@ impl ControlPlane {
         let token = keys
             .signer
             .sign(&claims)
-            .map_err(|e| ApiError::internal(format!("cannot sign capability: {e}")))?;
+            .map_err(|e| ControlError::Internal(format!("cannot sign capability: {e}")))?;
         self.metrics.capabilities_issued.inc();
         Ok(CapabilityResponse {
             token: token.to_text(),

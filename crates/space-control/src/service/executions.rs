@@ -10,7 +10,7 @@ impl ControlPlane {
         &self,
         s: &SandboxRecord,
         w: &WorkerRecord,
-    ) -> Result<ExecutionRecord, ApiError> {
+    ) -> Result<ExecutionRecord, ControlError> {
         let worker = &w.id;
         let now = now_secs() as i64;
         let exe = self
@@ -63,10 +63,10 @@ impl ControlPlane {
                     .await;
                 let why = match other {
                     Ok(ack) => ack.message.unwrap_or(ack.state),
-                    Err(e) => e.message,
+                    Err(e) => e.to_string(),
                 };
                 tracing::warn!(sandbox = %s.id, generation = exe.generation, worker = %worker, reason = %why, "execution failed to start");
-                Err(ApiError::bad_gateway(format!(
+                Err(ControlError::BadGateway(format!(
                     "worker {worker} could not start the sandbox: {why}"
                 )))
             }
@@ -75,7 +75,7 @@ impl ControlPlane {
 
     /// Stops a sandbox: its execution is retired on its worker (which keeps a
     /// tombstone), and it is never served again.
-    pub async fn delete_sandbox(&self, s: &SandboxRecord) -> Result<(), ApiError> {
+    pub async fn delete_sandbox(&self, s: &SandboxRecord) -> Result<(), ControlError> {
         self.store
             .set_sandbox_state(&s.id, SandboxState::Stopped, None)
             .await?;
@@ -98,16 +98,16 @@ impl ControlPlane {
 
     /// Pauses a running sandbox in place (freezer): the same execution, so
     /// capabilities and routes stay valid; requests wait or get a clear `paused`.
-    pub async fn pause(&self, s: &SandboxRecord) -> Result<(), ApiError> {
+    pub async fn pause(&self, s: &SandboxRecord) -> Result<(), ControlError> {
         self.freeze(s, true).await
     }
 
     /// Resumes a paused sandbox in place.
-    pub async fn resume(&self, s: &SandboxRecord) -> Result<(), ApiError> {
+    pub async fn resume(&self, s: &SandboxRecord) -> Result<(), ControlError> {
         self.freeze(s, false).await
     }
 
-    async fn freeze(&self, s: &SandboxRecord, pause: bool) -> Result<(), ApiError> {
+    async fn freeze(&self, s: &SandboxRecord, pause: bool) -> Result<(), ControlError> {
         let (from, to) = if pause {
             (SandboxState::Running, SandboxState::Paused)
         } else {
@@ -117,7 +117,7 @@ impl ControlPlane {
             return Ok(());
         }
         if s.state != from {
-            return Err(ApiError::conflict(format!(
+            return Err(ControlError::Conflict(format!(
                 "the sandbox is {}",
                 s.state.as_str()
             )));
@@ -141,7 +141,7 @@ impl ControlPlane {
         let ack = self.deliver(&w, update).await?;
         let expected = if pause { "paused" } else { "running" };
         if ack.state != expected {
-            return Err(ApiError::bad_gateway(format!(
+            return Err(ControlError::BadGateway(format!(
                 "worker answered {}",
                 ack.state
             )));
@@ -151,7 +151,7 @@ impl ControlPlane {
     }
 
     /// Retires one execution on its worker and records it.
-    pub async fn retire(&self, exe: &ExecutionRecord) -> Result<(), ApiError> {
+    pub async fn retire(&self, exe: &ExecutionRecord) -> Result<(), ControlError> {
         let w = self.store.get_worker(&exe.worker).await?;
         let update = Update::Retire {
             sandbox: exe.sandbox,
@@ -163,7 +163,7 @@ impl ControlPlane {
             // A worker that is down learns of the retirement at its next sync, and the
             // capabilities for the execution expire; the record is retired either way.
             Err(e) => {
-                tracing::warn!(sandbox = %exe.sandbox, worker = %exe.worker, error = %e.message, "retirement not delivered")
+                tracing::warn!(sandbox = %exe.sandbox, worker = %exe.worker, error = %e, "retirement not delivered")
             }
         }
         self.store

@@ -10,7 +10,7 @@ impl ControlPlane {
     pub(super) async fn place_create(
         &self,
         requested: Option<&WorkerId>,
-    ) -> Result<Placed<'_>, ApiError> {
+    ) -> Result<Placed<'_>, ControlError> {
         let worker = self.choose_worker(requested, None, true).await?;
         Ok(Placed { cp: self, worker })
     }
@@ -20,7 +20,7 @@ impl ControlPlane {
         &self,
         requested: Option<&WorkerId>,
         exclude: Option<&WorkerId>,
-    ) -> Result<WorkerRecord, ApiError> {
+    ) -> Result<WorkerRecord, ControlError> {
         self.choose_worker(requested, exclude, false).await
     }
 
@@ -31,7 +31,7 @@ impl ControlPlane {
         requested: Option<&WorkerId>,
         exclude: Option<&WorkerId>,
         in_flight: bool,
-    ) -> Result<WorkerRecord, ApiError> {
+    ) -> Result<WorkerRecord, ControlError> {
         let workers = self.store.list_workers().await?;
         let stale = self
             .load
@@ -60,8 +60,8 @@ impl ControlPlane {
             })
             .collect();
         let chosen = placement::choose(&candidates, requested, exclude).map_err(|e| match e {
-            placement::PlacementError::UnknownWorker(_) => ApiError::bad_request(e.to_string()),
-            _ => ApiError::unavailable(e.to_string()),
+            placement::PlacementError::UnknownWorker(_) => ControlError::BadRequest(e.to_string()),
+            _ => ControlError::Unavailable(e.to_string()),
         })?;
         if in_flight {
             view.placed_on(&chosen);
@@ -70,7 +70,7 @@ impl ControlPlane {
         workers
             .into_iter()
             .find(|w| w.id == chosen)
-            .ok_or_else(|| ApiError::unavailable(format!("worker {chosen} is gone")))
+            .ok_or_else(|| ControlError::Unavailable(format!("worker {chosen} is gone")))
     }
 }
 

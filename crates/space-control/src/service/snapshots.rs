@@ -11,17 +11,17 @@ impl ControlPlane {
     /// which checks it before unpacking; the new execution is installed and
     /// acknowledged running before any capability names it; only then is the source
     /// retired (it keeps a tombstone). On failure the source is thawed and stays.
-    pub async fn migrate(&self, s: &SandboxRecord, target: &WorkerId) -> Result<(), ApiError> {
+    pub async fn migrate(&self, s: &SandboxRecord, target: &WorkerId) -> Result<(), ControlError> {
         let before = s.state;
         if !matches!(before, SandboxState::Running | SandboxState::Paused) {
-            return Err(ApiError::conflict(format!(
+            return Err(ControlError::Conflict(format!(
                 "the sandbox is {}",
                 before.as_str()
             )));
         }
         let src = self.running_execution(&s.id).await?;
         if src.worker == *target {
-            return Err(ApiError::conflict(format!(
+            return Err(ControlError::Conflict(format!(
                 "the sandbox already runs on {target}"
             )));
         }
@@ -77,7 +77,7 @@ impl ControlPlane {
         s: &SandboxRecord,
         src: &ExecutionRecord,
         target: &WorkerId,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), ControlError> {
         let archive = self.take_snapshot(s, src, None).await?;
         self.restore(s, src, target, archive).await
     }
@@ -90,7 +90,7 @@ impl ControlPlane {
         s: &SandboxRecord,
         src: &ExecutionRecord,
         keep_as: Option<std::path::PathBuf>,
-    ) -> Result<Archive, ApiError> {
+    ) -> Result<Archive, ControlError> {
         let sw = self.store.get_worker(&src.worker).await?;
         // The sandbox is `migrating` already: no resolve names `src` any more, and the
         // rebuilt attempts that were resolved to it arrive before it is frozen.
@@ -112,12 +112,12 @@ impl ControlPlane {
         let dir = self.snapshot_dir.clone();
         let (file, path) = tokio::task::spawn_blocking(move || Archive::create(&dir, &s_id_tmp()))
             .await
-            .map_err(|e| ApiError::internal(e.to_string()))?
-            .map_err(|e| ApiError::internal(format!("snapshot spool: {e}")))?;
+            .map_err(|e| ControlError::Internal(e.to_string()))?
+            .map_err(|e| ControlError::Internal(format!("snapshot spool: {e}")))?;
         let mut archive = Archive {
             file: file
                 .try_clone()
-                .map_err(|e| ApiError::internal(e.to_string()))?,
+                .map_err(|e| ControlError::Internal(e.to_string()))?,
             path: Some(path),
             size: 0,
             digest: String::new(),
@@ -134,7 +134,7 @@ impl ControlPlane {
                 sink,
             )
             .await
-            .map_err(|e| ApiError::bad_gateway(format!("snapshot on {}: {e}", sw.id)))?;
+            .map_err(|e| ControlError::BadGateway(format!("snapshot on {}: {e}", sw.id)))?;
         let Some((sink, size)) = spooled else {
             let message = format!(
                 "snapshot on {}: {} {}",
@@ -143,24 +143,22 @@ impl ControlPlane {
                 String::from_utf8_lossy(&answer.body)
             );
             // A layer over the limit is the sandbox's doing, not a failure of the platform.
-            if answer.status == StatusCode::PAYLOAD_TOO_LARGE {
-                return Err(ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "too_large",
-                    message,
-                ));
+            if answer.status == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                return Err(ControlError::TooLarge(message));
             }
-            return Err(ApiError::bad_gateway(message));
+            return Err(ControlError::BadGateway(message));
         };
         let file = sink
             .out
             .into_inner()
-            .map_err(|e| ApiError::internal(format!("snapshot spool: {}", e.error())))?;
+            .map_err(|e| ControlError::Internal(format!("snapshot spool: {}", e.error())))?;
         archive.size = size;
         archive.digest = sink.hash.finalize().to_hex().to_string();
         let synced = tokio::task::spawn_blocking(move || file.sync_all()).await;
         if !matches!(synced, Ok(Ok(()))) {
-            return Err(ApiError::internal("snapshot spool: fsync failed"));
+            return Err(ControlError::Internal(
+                "snapshot spool: fsync failed".into(),
+            ));
         }
         if let Some(keep) = keep_as {
             archive.keep_as(keep)?;
@@ -176,7 +174,7 @@ impl ControlPlane {
         src: &ExecutionRecord,
         target: &WorkerId,
         archive: Archive,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), ControlError> {
         let tw = self.store.get_worker(target).await?;
         // The digest signed for the target is the one of the bytes on disk here.
         let layer = self
@@ -198,7 +196,7 @@ impl ControlPlane {
         let body = archive
             .file
             .try_clone()
-            .map_err(|e| ApiError::internal(e.to_string()))?;
+            .map_err(|e| ControlError::Internal(e.to_string()))?;
         let placed = self
             .http
             .call_with_file(
@@ -212,9 +210,9 @@ impl ControlPlane {
                 archive.size,
             )
             .await
-            .map_err(|e| ApiError::bad_gateway(format!("layer to {}: {e}", tw.id)))?;
+            .map_err(|e| ControlError::BadGateway(format!("layer to {}: {e}", tw.id)))?;
         if !placed.status.is_success() {
-            return Err(ApiError::bad_gateway(format!(
+            return Err(ControlError::BadGateway(format!(
                 "layer to {}: {} {}",
                 tw.id,
                 placed.status,
@@ -237,9 +235,9 @@ impl ControlPlane {
     /// by the control plane with its digest; the sandbox is `paused`. A later
     /// `resume` on a worker restores it there as a new execution (after checking the
     /// digest); `resume` in place thaws the same execution and drops the snapshot.
-    pub async fn snapshot(&self, s: &SandboxRecord) -> Result<serde_json::Value, ApiError> {
+    pub async fn snapshot(&self, s: &SandboxRecord) -> Result<serde_json::Value, ControlError> {
         if !matches!(s.state, SandboxState::Running | SandboxState::Paused) {
-            return Err(ApiError::conflict(format!(
+            return Err(ControlError::Conflict(format!(
                 "the sandbox is {}",
                 s.state.as_str()
             )));
@@ -271,7 +269,7 @@ impl ControlPlane {
         &self,
         s: &SandboxRecord,
         src: &ExecutionRecord,
-    ) -> Result<serde_json::Value, ApiError> {
+    ) -> Result<serde_json::Value, ControlError> {
         self.step(&s.id, "receiving and storing the archive".to_owned())
             .await;
         // Streamed to disk, fsynced, then renamed to its place.
@@ -299,9 +297,9 @@ impl ControlPlane {
         &self,
         s: &SandboxRecord,
         target: &WorkerId,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), ControlError> {
         if s.state != SandboxState::Paused {
-            return Err(ApiError::conflict(format!(
+            return Err(ControlError::Conflict(format!(
                 "the sandbox is {}",
                 s.state.as_str()
             )));
@@ -320,19 +318,15 @@ impl ControlPlane {
             return self.migrate(s, target).await;
         };
         if generation != src.generation {
-            return Err(ApiError::conflict(
-                "the stored snapshot is of an older execution",
+            return Err(ControlError::Conflict(
+                "the stored snapshot is of an older execution".into(),
             ));
         }
         let archive = Archive::open_kept(self.snapshot_path(&s.id))
             .await
-            .map_err(|e| ApiError::internal(format!("reading the snapshot: {e}")))?;
+            .map_err(|e| ControlError::Internal(format!("reading the snapshot: {e}")))?;
         if archive.digest != digest {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "snapshot_corrupt",
-                "the stored snapshot does not match its digest (tampered or truncated); nothing was changed",
-            ));
+            return Err(ControlError::SnapshotCorrupt);
         }
         let _busy = self.transition(s.id)?;
         self.store
@@ -405,11 +399,11 @@ impl Archive {
     }
 
     /// Renames the file to `to` (it is no longer removed when dropped).
-    fn keep_as(&mut self, to: std::path::PathBuf) -> Result<(), ApiError> {
+    fn keep_as(&mut self, to: std::path::PathBuf) -> Result<(), ControlError> {
         if let Some(from) = self.path.take() {
             if let Err(e) = std::fs::rename(&from, &to) {
                 let _ = std::fs::remove_file(&from);
-                return Err(ApiError::internal(format!("storing the snapshot: {e}")));
+                return Err(ControlError::Internal(format!("storing the snapshot: {e}")));
             }
         }
         Ok(())

@@ -11,15 +11,20 @@ impl ControlPlane {
     /// restart): the enrollment secret alone enrolls new IDs only, so it cannot take
     /// over a worker and the sandboxes (and environments) placed on it. A re-enrolled
     /// worker keeps its credential, so an answer lost on the way cannot lock it out.
-    pub async fn enroll(&self, req: &api::EnrollRequest) -> Result<api::EnrollResponse, ApiError> {
+    pub async fn enroll(
+        &self,
+        req: &api::EnrollRequest,
+    ) -> Result<api::EnrollResponse, ControlError> {
         let expected = blake3::hash(self.enroll_secret.as_bytes());
         if blake3::hash(req.enroll_secret.as_bytes()) != expected {
-            return Err(ApiError::forbidden("wrong enrollment secret"));
+            return Err(ControlError::Forbidden("wrong enrollment secret".into()));
         }
         if !(req.url.starts_with("http://") || req.url.starts_with("https://"))
             || req.url.len() > 512
         {
-            return Err(ApiError::bad_request("url must be an http(s) URL"));
+            return Err(ControlError::BadRequest(
+                "url must be an http(s) URL".into(),
+            ));
         }
         let existing = match self.store.get_worker(&req.worker).await {
             Ok(w) => Some(w),
@@ -27,7 +32,7 @@ impl ControlPlane {
             Err(e) => return Err(e.into()),
         };
         let taken = || {
-            ApiError::forbidden(format!(
+            ControlError::Forbidden(format!(
                 "worker {} is enrolled already: re-enrolling it needs its own credential \
                  (kept in its records); the enrollment secret alone only enrolls a new worker ID",
                 req.worker
@@ -77,17 +82,17 @@ impl ControlPlane {
         &self,
         id: &WorkerId,
         credential: &str,
-    ) -> Result<WorkerRecord, ApiError> {
+    ) -> Result<WorkerRecord, ControlError> {
         let w = self
             .store
             .get_worker(id)
             .await
-            .map_err(|_| ApiError::unauthorized())?;
+            .map_err(|_| ControlError::Unauthorized)?;
         if !auth::hashes_equal(
             &w.credential_hash,
             blake3::hash(credential.as_bytes()).as_bytes(),
         ) {
-            return Err(ApiError::unauthorized());
+            return Err(ControlError::Unauthorized);
         }
         Ok(w)
     }
@@ -99,11 +104,11 @@ impl ControlPlane {
         &self,
         worker: &WorkerId,
         update: Update,
-    ) -> Result<SignedUpdate, ApiError> {
+    ) -> Result<SignedUpdate, ControlError> {
         let mut signed = self.sign_updates(worker, vec![update]).await?;
         signed
             .pop()
-            .ok_or_else(|| ApiError::internal("no update was signed"))
+            .ok_or_else(|| ControlError::Internal("no update was signed".into()))
     }
 
     /// Signs several updates for `worker` with consecutive sequence numbers, reserved
@@ -112,7 +117,7 @@ impl ControlPlane {
         &self,
         worker: &WorkerId,
         updates: Vec<Update>,
-    ) -> Result<Vec<SignedUpdate>, ApiError> {
+    ) -> Result<Vec<SignedUpdate>, ControlError> {
         let n = updates.len() as u64;
         if n == 0 {
             return Ok(Vec::new());
@@ -142,11 +147,15 @@ impl ControlPlane {
 
     /// Pushes one signed update to a worker and returns its acknowledgement, which the
     /// worker sends only after the update is durable.
-    pub async fn deliver(&self, w: &WorkerRecord, update: Update) -> Result<UpdateAck, ApiError> {
+    pub async fn deliver(
+        &self,
+        w: &WorkerRecord,
+        update: Update,
+    ) -> Result<UpdateAck, ControlError> {
         let signed = self.sign_update(&w.id, update).await?;
         let url = format!("{}/internal/v1/updates", w.url);
         let body = serde_json::to_vec(&signed)
-            .map_err(|e| ApiError::internal(format!("encode update: {e}")))?;
+            .map_err(|e| ControlError::Internal(format!("encode update: {e}")))?;
         let delivery = self.delivery_header(&w.id, &body).await?;
         let answer = self
             .http
@@ -160,21 +169,25 @@ impl ControlPlane {
                 bytes::Bytes::from(body),
             )
             .await
-            .map_err(|e| ApiError::bad_gateway(format!("worker {}: {e}", w.id)))?;
+            .map_err(|e| ControlError::BadGateway(format!("worker {}: {e}", w.id)))?;
         if !answer.status.is_success() {
             let text = String::from_utf8_lossy(&answer.body);
-            return Err(ApiError::bad_gateway(format!(
+            return Err(ControlError::BadGateway(format!(
                 "worker {} answered {}: {text}",
                 w.id, answer.status
             )));
         }
         serde_json::from_slice(&answer.body)
-            .map_err(|e| ApiError::bad_gateway(format!("worker {}: bad ack: {e}", w.id)))
+            .map_err(|e| ControlError::BadGateway(format!("worker {}: bad ack: {e}", w.id)))
     }
 
     /// The signed [`space_proto::api::Delivery`] of a request body for worker `to`: it
     /// lets the worker authenticate the request before reading the body.
-    pub async fn delivery_header(&self, to: &WorkerId, body: &[u8]) -> Result<String, ApiError> {
+    pub async fn delivery_header(
+        &self,
+        to: &WorkerId,
+        body: &[u8],
+    ) -> Result<String, ControlError> {
         let descriptor = serde_json::to_vec(&space_proto::api::Delivery {
             worker: to.to_string(),
             issued_at: now_secs(),
@@ -185,7 +198,7 @@ impl ControlPlane {
                 .map(|b| format!("{b:02x}"))
                 .collect(),
         })
-        .map_err(|e| ApiError::internal(format!("encode delivery: {e}")))?;
+        .map_err(|e| ControlError::Internal(format!("encode delivery: {e}")))?;
         let keys = self.keys().await;
         let signature = keys.anchor.sign_delivery(&descriptor);
         Ok(format!("{}.{}", b64(&descriptor), b64(&signature)))
@@ -193,7 +206,7 @@ impl ControlPlane {
 
     /// What a (re)starting worker must hold: the newest bundle, then an install for each
     /// execution the control plane believes runs there.
-    pub async fn sync_for(&self, w: &WorkerRecord) -> Result<Vec<SignedUpdate>, ApiError> {
+    pub async fn sync_for(&self, w: &WorkerRecord) -> Result<Vec<SignedUpdate>, ControlError> {
         self.store.touch_worker(&w.id, now_secs() as i64).await?;
         let keys = self.keys().await;
         let mut updates = vec![Update::Bundle {
@@ -220,10 +233,12 @@ impl ControlPlane {
         w: &WorkerRecord,
         sandbox: &SandboxId,
         generation: u64,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), ControlError> {
         let exe = self.store.get_execution(sandbox, generation).await?;
         if exe.worker != w.id {
-            return Err(ApiError::forbidden("not this worker's execution"));
+            return Err(ControlError::Forbidden(
+                "not this worker's execution".into(),
+            ));
         }
         self.store
             .set_execution_state(
@@ -258,7 +273,7 @@ impl ControlPlane {
     }
 
     /// Lists workers with their load.
-    pub async fn workers(&self) -> Result<Vec<WorkerView>, ApiError> {
+    pub async fn workers(&self) -> Result<Vec<WorkerView>, ControlError> {
         let load = self.store.count_active_by_worker().await?;
         Ok(self
             .store
@@ -281,7 +296,7 @@ impl ControlPlane {
     pub async fn push_bundle(
         &self,
         bundle: &space_identity::SignedKeyBundle,
-    ) -> Result<Vec<WorkerId>, ApiError> {
+    ) -> Result<Vec<WorkerId>, ControlError> {
         let mut failed = Vec::new();
         for w in self.store.list_workers().await? {
             if w.state != WorkerState::Active {
@@ -291,7 +306,7 @@ impl ControlPlane {
                 bundle: b64(bundle.as_bytes()),
             };
             if let Err(e) = self.deliver(&w, update).await {
-                tracing::warn!(worker = %w.id, error = %e.message, "bundle not acknowledged");
+                tracing::warn!(worker = %w.id, error = %e, "bundle not acknowledged");
                 failed.push(w.id);
             }
         }
@@ -301,7 +316,7 @@ impl ControlPlane {
     /// Rotates the capability signing key: publish the new key to every receiver, and
     /// only then sign with it; the old key retires after the maximum capability
     /// lifetime plus skew.
-    pub async fn rotate_keys(&self) -> Result<String, ApiError> {
+    pub async fn rotate_keys(&self) -> Result<String, ControlError> {
         let now = now_secs() as i64;
         let keys = self.keys().await;
         let (record, _, bundle) = keyring::begin_rotation(&self.store, &keys.anchor, now).await?;
@@ -309,7 +324,7 @@ impl ControlPlane {
         space_http::crash::crash_point("control.rotate.published");
         if !failed.is_empty() {
             let names: Vec<String> = failed.iter().map(ToString::to_string).collect();
-            return Err(ApiError::unavailable(format!(
+            return Err(ControlError::Unavailable(format!(
                 "new key {} published but not acknowledged by {}; it is not used yet — retry when they are back or drain them",
                 record.key_id,
                 names.join(", ")
@@ -325,7 +340,7 @@ impl ControlPlane {
     }
 
     /// Drops keys whose retirement grace has passed, and pushes the smaller bundle.
-    pub async fn retire_old_keys(&self) -> Result<(), ApiError> {
+    pub async fn retire_old_keys(&self) -> Result<(), ControlError> {
         let now = now_secs() as i64;
         if keyring::retire_expired(&self.store, now).await? {
             let keys = self.keys().await;
