@@ -17,8 +17,7 @@ use serde::de::DeserializeOwned;
 use space_identity::{AccessSet, OperationClass, SandboxId, WorkerId};
 use space_proto::api::{CapabilityRequest, CreateSandbox, EnrollRequest};
 
-use crate::auth::Caller;
-use crate::edge::{Authority, Edge};
+use crate::edge::{Authenticated, Authority, Edge};
 use crate::error::ControlError;
 use crate::service::ControlPlane;
 
@@ -34,7 +33,7 @@ pub const MAX_INTERNAL_BODY: usize = 64 << 10;
 tokio::task_local! {
     /// The caller [`authenticate_first`] verified for the request this task serves,
     /// with the key presented.
-    static AUTHENTICATED: (Caller, String);
+    static AUTHENTICATED: Authenticated;
 }
 
 /// Shared state of the handlers.
@@ -61,14 +60,13 @@ fn bearer(headers: &HeaderMap) -> Result<String, ControlError> {
         .ok_or(ControlError::Unauthorized)
 }
 
-async fn caller(st: &AppState, headers: &HeaderMap) -> Result<(Caller, String), ControlError> {
-    let b = bearer(headers)?;
+async fn caller(st: &AppState, headers: &HeaderMap) -> Result<Authenticated, ControlError> {
+    let key = bearer(headers)?;
     // Verified already by `authenticate_first` in this task (the same key).
-    if let Ok(Some(c)) = AUTHENTICATED.try_with(|(c, key)| (*key == b).then(|| c.clone())) {
-        return Ok((c, b));
+    if let Ok(Some(who)) = AUTHENTICATED.try_with(|who| who.presented(&key).then(|| who.clone())) {
+        return Ok(who);
     }
-    let c = st.edge.authenticate(&b).await?;
-    Ok((c, b))
+    st.edge.authenticate(&key).await
 }
 
 /// Verifies the API key of every `/v1/*` request before its body is read, so an
@@ -101,9 +99,9 @@ async fn owned_sandbox(
     headers: &HeaderMap,
     id: &str,
 ) -> Result<(Arc<ControlPlane>, space_store::SandboxRecord), ControlError> {
-    let (c, _) = caller(st, headers).await?;
+    let who = caller(st, headers).await?;
     let cp = Arc::clone(cp(st)?);
-    let s = cp.sandbox_for(&c, &sandbox_id(id)?).await?;
+    let s = cp.sandbox_for(&who.caller, &sandbox_id(id)?).await?;
     Ok((cp, s))
 }
 
@@ -190,14 +188,15 @@ async fn create_sandbox(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ControlError> {
-    let (c, _) = caller(&st, &headers).await?;
+    let who = caller(&st, &headers).await?;
+    let c = &who.caller;
     let req: CreateSandbox = if body.is_empty() {
         CreateSandbox::default()
     } else {
         parse(&body)?
     };
     let cp = cp(&st)?;
-    let view = cp.create_sandbox(&c, req).await?;
+    let view = cp.create_sandbox(c, req).await?;
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
 
@@ -205,7 +204,8 @@ async fn list_sandboxes(
     State(st): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Response, ControlError> {
-    let (c, _) = caller(&st, &headers).await?;
+    let who = caller(&st, &headers).await?;
+    let c = &who.caller;
     let cp = cp(&st)?;
     let mut out = Vec::new();
     for s in cp.store.list_sandboxes(&c.tenant).await? {
@@ -340,13 +340,12 @@ async fn forward(
     body: Bytes,
     class: OperationClass,
 ) -> Result<Response, ControlError> {
-    let (c, b) = caller(st, headers).await?;
+    let who = caller(st, headers).await?;
     let sandbox = sandbox_id(id)?;
     let f = st
         .edge
         .forward(
-            &c,
-            &b,
+            &who,
             &sandbox,
             method,
             &path_and_query,
@@ -401,17 +400,17 @@ async fn forward_files(
 ) -> Result<Response, ControlError> {
     let method = req.method().clone();
     let pq = path_and_query(&req);
-    // Reads and writes stream both ways, at any size (`edge_files`).
+    // Reads and writes stream both ways, at any size (`edge::files`).
     if method == Method::GET || method == Method::PUT {
-        let (c, b) = caller(&st, &headers).await?;
+        let who = caller(&st, &headers).await?;
         let sandbox = sandbox_id(&id)?;
         let edge = &st.edge;
         return if method == Method::GET {
-            crate::edge_files::read(edge, &c, &b, &sandbox, &pq, &headers).await
+            crate::edge::files::read(edge, &who, &sandbox, &pq, &headers).await
         } else {
             let class = mutation(&headers);
             let body = req.into_body();
-            crate::edge_files::write(edge, &c, &b, &sandbox, &pq, &headers, body, class).await
+            crate::edge::files::write(edge, &who, &sandbox, &pq, &headers, body, class).await
         };
     }
     let body = axum::body::to_bytes(req.into_body(), MAX_BODY)
@@ -453,25 +452,24 @@ async fn forward_stream(
     uri: axum::http::Uri,
     ws: axum::extract::WebSocketUpgrade,
 ) -> Result<Response, ControlError> {
-    let (c, b) = caller(&st, &headers).await?;
+    let who = caller(&st, &headers).await?;
     let sandbox = sandbox_id(&id)?;
     let pq = uri
         .path_and_query()
         .map_or_else(|| uri.path().to_owned(), |p| p.as_str().to_owned());
-    let backend = st.edge.open_stream(&c, &b, &sandbox, &pq).await?;
+    let backend = st.edge.open_stream(&who, &sandbox, &pq).await?;
     // A watch re-subscribes across a replacement; a terminal only when asked (its new
     // shell is not the old one).
     let query = uri.query().unwrap_or_default();
     let resubscribe = (uri.path().ends_with("/watch")
         || query.split('&').any(|kv| kv == "reattach=true"))
-    .then(|| crate::edge_streams::Resubscribe {
+    .then(|| crate::edge::streams::Resubscribe {
         edge: Arc::clone(&st.edge),
-        caller: c.clone(),
-        bearer: b.clone(),
+        caller: who.clone(),
         sandbox,
         path_and_query: pq.clone(),
     });
-    Ok(ws.on_upgrade(move |socket| crate::edge_streams::relay(socket, backend, resubscribe)))
+    Ok(ws.on_upgrade(move |socket| crate::edge::streams::relay(socket, backend, resubscribe)))
 }
 
 fn path_and_query(req: &Request) -> String {
@@ -481,12 +479,13 @@ fn path_and_query(req: &Request) -> String {
 }
 
 async fn workers(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ControlError> {
-    let _ = caller(&st, &headers).await?;
+    caller(&st, &headers).await?;
     Ok(Json(cp(&st)?.workers().await?).into_response())
 }
 
 async fn whoami(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ControlError> {
-    let (c, _) = caller(&st, &headers).await?;
+    let who = caller(&st, &headers).await?;
+    let c = &who.caller;
     Ok(
         Json(serde_json::json!({"tenant": c.tenant, "key_id": c.key_id, "admin": c.admin}))
             .into_response(),
@@ -498,7 +497,8 @@ async fn create_tenant(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ControlError> {
-    let (c, _) = caller(&st, &headers).await?;
+    let who = caller(&st, &headers).await?;
+    let c = &who.caller;
     if !c.admin {
         return Err(ControlError::Forbidden(
             "only an admin key may create tenants".into(),
@@ -522,7 +522,8 @@ async fn create_key(
     State(st): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Response, ControlError> {
-    let (c, _) = caller(&st, &headers).await?;
+    let who = caller(&st, &headers).await?;
+    let c = &who.caller;
     let key = cp(&st)?.create_key(&c.tenant, false).await?;
     Ok((
         StatusCode::CREATED,
@@ -536,13 +537,15 @@ async fn revoke_key(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, ControlError> {
-    let (c, _) = caller(&st, &headers).await?;
-    cp(&st)?.revoke_key(&c, &id).await?;
+    let who = caller(&st, &headers).await?;
+    let c = &who.caller;
+    cp(&st)?.revoke_key(c, &id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 async fn rotate(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ControlError> {
-    let (c, _) = caller(&st, &headers).await?;
+    let who = caller(&st, &headers).await?;
+    let c = &who.caller;
     if !c.admin {
         return Err(ControlError::Forbidden(
             "only an admin key may rotate signing keys".into(),

@@ -10,8 +10,6 @@
 pub mod api;
 pub mod auth;
 pub mod edge;
-mod edge_files;
-pub mod edge_streams;
 pub mod error;
 pub mod keyring;
 pub mod limits;

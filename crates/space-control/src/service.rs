@@ -255,7 +255,7 @@ impl ControlPlane {
             .find_api_key(id)
             .await?
             .filter(|k| caller.admin || k.tenant == caller.tenant)
-            .ok_or_else(|| ControlError::NotFound("api key"))?;
+            .ok_or(ControlError::NotFound("api key"))?;
         self.store
             .revoke_api_key(&key.id, now_secs() as i64)
             .await?;

@@ -27,8 +27,7 @@ use space_http::stream::{self, StreamBody, StreamedAnswer};
 use space_identity::{OperationClass, Progress, Recovery, RecoveryStep, Route, SandboxId};
 use space_proto::api::ErrorBody;
 
-use crate::auth::Caller;
-use crate::edge::Edge;
+use super::{Authenticated, Edge};
 use crate::error::{ControlError, RouteLost};
 
 /// Longest wait for a read's answer head.
@@ -57,13 +56,12 @@ const PASSED: [header::HeaderName; 5] = [
 /// `GET …/files?path=` streamed from the worker.
 pub(crate) async fn read(
     edge: &Edge,
-    caller: &Caller,
-    bearer: &str,
+    who: &Authenticated,
     sandbox: &SandboxId,
     path_and_query: &str,
     headers: &HeaderMap,
 ) -> Result<Response, ControlError> {
-    let (mut route, mut grant) = edge.route_for(caller, bearer, sandbox).await?;
+    let (mut route, mut grant) = edge.route_for(who, sandbox).await?;
     let mut recovery = Recovery::new(OperationClass::Read);
     loop {
         let mut h: Vec<(&str, &str)> = vec![("authorization", &grant.authorization)];
@@ -80,7 +78,7 @@ pub(crate) async fn read(
             READ_HEAD_TIMEOUT,
         )
         .await;
-        match step(edge, caller, bearer, sandbox, &mut recovery, &route, sent).await? {
+        match step(edge, who, sandbox, &mut recovery, &route, sent).await? {
             Step::Answer(a) => return relay(edge, &route, a),
             Step::Done(resp) => return Ok(resp),
             Step::Next(r, g) => (route, grant) = (r, g),
@@ -89,18 +87,16 @@ pub(crate) async fn read(
 }
 
 /// `PUT …/files?path=`: the client's `body` streamed to the worker.
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn write(
     edge: &Edge,
-    caller: &Caller,
-    bearer: &str,
+    who: &Authenticated,
     sandbox: &SandboxId,
     path_and_query: &str,
     headers: &HeaderMap,
     body: Body,
     class: OperationClass,
 ) -> Result<Response, ControlError> {
-    let (mut route, mut grant) = edge.route_for(caller, bearer, sandbox).await?;
+    let (mut route, mut grant) = edge.route_for(who, sandbox).await?;
     let mut recovery = Recovery::new(class);
     // A small body is kept whole here: the one rebuilt attempt can send it again even
     // when the worker had read it before the route went stale (an execution frozen for
@@ -158,7 +154,7 @@ pub(crate) async fn write(
             }
             other => other,
         };
-        match step(edge, caller, bearer, sandbox, &mut recovery, &route, sent).await? {
+        match step(edge, who, sandbox, &mut recovery, &route, sent).await? {
             Step::Answer(a) => return relay(edge, &route, a),
             Step::Done(resp) => return Ok(resp),
             Step::Next(r, g) => (route, grant) = (r, g),
@@ -173,14 +169,13 @@ enum Step {
     /// An answer to pass on.
     Answer(StreamedAnswer),
     /// Try again on this route.
-    Next(Route, std::sync::Arc<crate::edge::Grant>),
+    Next(Route, std::sync::Arc<super::Grant>),
 }
 
 /// The recovery rules after one attempt on `route` (as in [`Edge::forward`]).
 async fn step(
     edge: &Edge,
-    caller: &Caller,
-    bearer: &str,
+    who: &Authenticated,
     sandbox: &SandboxId,
     recovery: &mut Recovery,
     route: &Route,
@@ -198,11 +193,11 @@ async fn step(
                     // Nothing reached the worker: it may have restarted under a new
                     // address; resolve afresh.
                     edge.forget(&route.identity());
-                    let (r, g) = edge.fresh(caller, bearer, sandbox).await?;
+                    let (r, g) = edge.fresh(who, sandbox).await?;
                     Ok(Step::Next(r, g))
                 }
                 Ok(RecoveryStep::RetrySameRoute) => {
-                    let (r, g) = edge.route_for(caller, bearer, sandbox).await?;
+                    let (r, g) = edge.route_for(who, sandbox).await?;
                     Ok(Step::Next(r, g))
                 }
                 _ => Err(ControlError::BadGateway(format!("worker unreachable: {e}"))),
@@ -219,7 +214,7 @@ async fn step(
                 edge.count(reason.as_str(), "failed");
                 return Err(e.into());
             }
-            let (r, g) = edge.repair(caller, bearer, &used).await?;
+            let (r, g) = edge.repair(who, &used).await?;
             if let Err(e) = recovery.on_resolved(&r.identity()) {
                 edge.count(reason.as_str(), "failed");
                 return Err(e.into());
@@ -257,7 +252,7 @@ fn relay(edge: &Edge, route: &Route, a: StreamedAnswer) -> Result<Response, Cont
         .get("space-execution")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let head = crate::edge::Forwarded {
+    let head = super::Forwarded {
         status: a.status,
         content_type: None,
         execution,

@@ -12,8 +12,7 @@ use space_identity::{OperationClass, Progress, Recovery, SandboxId};
 use space_proto::api::ErrorBody;
 use tokio_tungstenite::tungstenite::{self, client::IntoClientRequest};
 
-use crate::auth::Caller;
-use crate::edge::Edge;
+use super::{Authenticated, Edge};
 use crate::error::{ControlError, ErrorCode, Relayed};
 
 type Backend =
@@ -23,12 +22,11 @@ impl Edge {
     /// Opens the backend socket of a stream for `sandbox` at `path_and_query`.
     pub async fn open_stream(
         &self,
-        caller: &Caller,
-        bearer: &str,
+        who: &Authenticated,
         sandbox: &SandboxId,
         path_and_query: &str,
     ) -> Result<Backend, ControlError> {
-        let (mut route, mut grant) = self.route_for(caller, bearer, sandbox).await?;
+        let (mut route, mut grant) = self.route_for(who, sandbox).await?;
         let mut recovery = Recovery::new(OperationClass::StreamOpen);
         loop {
             let url = format!(
@@ -58,7 +56,7 @@ impl Edge {
                         recovery
                             .on_refresh(used.clone(), reason, Progress::NotStarted)
                             .map_err(ControlError::from)?;
-                        let (r, g) = self.repair(caller, bearer, &used).await?;
+                        let (r, g) = self.repair(who, &used).await?;
                         recovery
                             .on_resolved(&r.identity())
                             .map_err(ControlError::from)?;
@@ -120,10 +118,9 @@ fn to_client(m: tungstenite::Message) -> Option<Message> {
 pub struct Resubscribe {
     /// The edge, to open a new backend through the full checks.
     pub edge: std::sync::Arc<Edge>,
-    /// The caller, as authenticated when the stream opened.
-    pub caller: Caller,
-    /// Its API key (the authorization is checked again on the re-open).
-    pub bearer: String,
+    /// The caller, as authenticated when the stream opened (with its key: the
+    /// authorization is checked again on the re-open).
+    pub caller: Authenticated,
     /// The sandbox.
     pub sandbox: SandboxId,
     /// The backend path and query.
@@ -190,7 +187,7 @@ pub async fn relay(client: WebSocket, backend: Backend, resubscribe: Option<Resu
             // the replaced execution can follow.
             match r
                 .edge
-                .open_stream(&r.caller, &r.bearer, &r.sandbox, &r.path_and_query)
+                .open_stream(&r.caller, &r.sandbox, &r.path_and_query)
                 .await
             {
                 Ok(next) => {
