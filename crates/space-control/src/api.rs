@@ -152,6 +152,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/workers", get(workers))
         .route("/v1/whoami", get(whoami))
         .route("/metrics", get(metrics))
+        .route("/healthz", get(crate::health::healthz))
+        .route("/readyz", get(crate::health::readyz))
         .fallback(|| async { ControlError::NotFound("route") })
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn_with_state(
@@ -620,6 +622,8 @@ pub fn edge_router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/terminal", get(forward_stream))
         .route("/v1/sandboxes/{id}/watch", get(forward_stream))
         .route("/v1/sandboxes/{id}/exec/stream", get(forward_stream))
+        .route("/healthz", get(crate::health::healthz))
+        .route("/readyz", get(crate::health::readyz))
         .fallback(relay_to_control)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn_with_state(

@@ -11,6 +11,7 @@ pub mod api;
 pub mod auth;
 pub mod edge;
 pub mod error;
+pub mod health;
 pub mod keyring;
 pub mod limits;
 pub mod metrics;
