@@ -108,7 +108,6 @@ impl ControlPlane {
                 },
             )
             .await?;
-        let order = serde_json::to_vec(&snapshot).unwrap_or_default();
         let dir = self.snapshot_dir.clone();
         let (file, path) = tokio::task::spawn_blocking(move || Archive::create(&dir, &s_id_tmp()))
             .await
@@ -123,31 +122,7 @@ impl ControlPlane {
             digest: String::new(),
         };
         let sink = space_http::HashingFile::new(file);
-        let (answer, spooled) = self
-            .http
-            .call_to_sink(
-                axum::http::Method::POST,
-                &format!("{}/internal/v1/snapshot", sw.url),
-                &[("content-type", "application/json")],
-                bytes::Bytes::from(order),
-                MAX_ARCHIVE,
-                sink,
-            )
-            .await
-            .map_err(|e| ControlError::BadGateway(format!("snapshot on {}: {e}", sw.id)))?;
-        let Some((sink, size)) = spooled else {
-            let message = format!(
-                "snapshot on {}: {} {}",
-                sw.id,
-                answer.status,
-                String::from_utf8_lossy(&answer.body)
-            );
-            // A layer over the limit is the sandbox's doing, not a failure of the platform.
-            if answer.status == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                return Err(ControlError::TooLarge(message));
-            }
-            return Err(ControlError::BadGateway(message));
-        };
+        let (sink, size) = self.fetch_layer(&sw, &snapshot, sink).await?;
         let file = sink
             .out
             .into_inner()
@@ -192,33 +167,11 @@ impl ControlPlane {
             format!("transferring {} to {}", mib(archive.size as usize), tw.id),
         )
         .await;
-        let header = b64(&serde_json::to_vec(&layer).unwrap_or_default());
         let body = archive
             .file
             .try_clone()
             .map_err(|e| ControlError::Internal(e.to_string()))?;
-        let placed = self
-            .http
-            .call_with_file(
-                axum::http::Method::POST,
-                &format!("{}/internal/v1/layers", tw.url),
-                &[
-                    ("space-update", header.as_str()),
-                    ("content-type", "application/x-tar"),
-                ],
-                body,
-                archive.size,
-            )
-            .await
-            .map_err(|e| ControlError::BadGateway(format!("layer to {}: {e}", tw.id)))?;
-        if !placed.status.is_success() {
-            return Err(ControlError::BadGateway(format!(
-                "layer to {}: {} {}",
-                tw.id,
-                placed.status,
-                String::from_utf8_lossy(&placed.body)
-            )));
-        }
+        self.send_layer(&tw, &layer, body, archive.size).await?;
         self.step(&s.id, format!("starting the new execution on {}", tw.id))
             .await;
         self.start_execution(s, &tw).await?;
@@ -439,6 +392,7 @@ pub(super) fn mib(bytes: usize) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
+/// The kv key recording a stored snapshot: "generation digest size".
 pub(super) fn snapshot_key(sandbox: &SandboxId) -> String {
     format!("snapshot:{sandbox}")
 }

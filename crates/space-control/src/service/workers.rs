@@ -1,7 +1,5 @@
-//! Workers and the update channel: enrollment (a taken ID needs its credential),
-//! signed updates with their per-worker sequence numbers, delivery with a signed
-//! single-use header, the sync a (re)starting worker gets, lost executions, key
-//! bundles and their rotation.
+//! Workers: enrollment (a taken ID needs its credential), their credentials, the sync
+//! a (re)starting worker gets, the executions they report lost, and their listing.
 
 use super::*;
 
@@ -97,113 +95,6 @@ impl ControlPlane {
         Ok(w)
     }
 
-    /// Signs an update for `worker` under the next number of its update sequence
-    /// (reserved durably in the store first, so no number is signed twice, also by
-    /// two replicas or across restarts); the worker applies each number once.
-    pub async fn sign_update(
-        &self,
-        worker: &WorkerId,
-        update: Update,
-    ) -> Result<SignedUpdate, ControlError> {
-        let mut signed = self.sign_updates(worker, vec![update]).await?;
-        signed
-            .pop()
-            .ok_or_else(|| ControlError::Internal("no update was signed".into()))
-    }
-
-    /// Signs several updates for `worker` with consecutive sequence numbers, reserved
-    /// in one store write.
-    pub async fn sign_updates(
-        &self,
-        worker: &WorkerId,
-        updates: Vec<Update>,
-    ) -> Result<Vec<SignedUpdate>, ControlError> {
-        let n = updates.len() as u64;
-        if n == 0 {
-            return Ok(Vec::new());
-        }
-        let last = self.store.reserve_update_seqs(worker, n).await?;
-        let issued_at = now_secs();
-        let keys = self.keys().await;
-        Ok(updates
-            .into_iter()
-            .zip(last + 1 - n..)
-            .map(|(update, seq)| {
-                let body = serde_json::to_vec(&UpdateBody {
-                    worker: worker.clone(),
-                    issued_at,
-                    seq,
-                    update,
-                })
-                .unwrap_or_default();
-                let signature = keys.anchor.sign_update(&body);
-                SignedUpdate {
-                    body: b64(&body),
-                    signature: b64(&signature),
-                }
-            })
-            .collect())
-    }
-
-    /// Pushes one signed update to a worker and returns its acknowledgement, which the
-    /// worker sends only after the update is durable.
-    pub async fn deliver(
-        &self,
-        w: &WorkerRecord,
-        update: Update,
-    ) -> Result<UpdateAck, ControlError> {
-        let signed = self.sign_update(&w.id, update).await?;
-        let url = format!("{}/internal/v1/updates", w.url);
-        let body = serde_json::to_vec(&signed)
-            .map_err(|e| ControlError::Internal(format!("encode update: {e}")))?;
-        let delivery = self.delivery_header(&w.id, &body).await?;
-        let answer = self
-            .http
-            .call(
-                axum::http::Method::POST,
-                &url,
-                &[
-                    ("content-type", "application/json"),
-                    (space_proto::api::DELIVERY_HEADER, delivery.as_str()),
-                ],
-                bytes::Bytes::from(body),
-            )
-            .await
-            .map_err(|e| ControlError::BadGateway(format!("worker {}: {e}", w.id)))?;
-        if !answer.status.is_success() {
-            let text = String::from_utf8_lossy(&answer.body);
-            return Err(ControlError::BadGateway(format!(
-                "worker {} answered {}: {text}",
-                w.id, answer.status
-            )));
-        }
-        serde_json::from_slice(&answer.body)
-            .map_err(|e| ControlError::BadGateway(format!("worker {}: bad ack: {e}", w.id)))
-    }
-
-    /// The signed [`space_proto::api::Delivery`] of a request body for worker `to`: it
-    /// lets the worker authenticate the request before reading the body.
-    pub async fn delivery_header(
-        &self,
-        to: &WorkerId,
-        body: &[u8],
-    ) -> Result<String, ControlError> {
-        let descriptor = serde_json::to_vec(&space_proto::api::Delivery {
-            worker: to.to_string(),
-            issued_at: now_secs(),
-            size: body.len() as u64,
-            digest: blake3::hash(body).to_hex().to_string(),
-            nonce: random_bytes::<16>()
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect(),
-        })
-        .map_err(|e| ControlError::Internal(format!("encode delivery: {e}")))?;
-        let keys = self.keys().await;
-        let signature = keys.anchor.sign_delivery(&descriptor);
-        Ok(format!("{}.{}", b64(&descriptor), b64(&signature)))
-    }
-
     /// What a (re)starting worker must hold: the newest bundle, then an install for each
     /// execution the control plane believes runs there.
     pub async fn sync_for(&self, w: &WorkerRecord) -> Result<Vec<SignedUpdate>, ControlError> {
@@ -289,65 +180,5 @@ impl ControlPlane {
                 id: w.id,
             })
             .collect())
-    }
-
-    /// Pushes the newest bundle to every active worker; returns the workers that did
-    /// not acknowledge it.
-    pub async fn push_bundle(
-        &self,
-        bundle: &space_identity::SignedKeyBundle,
-    ) -> Result<Vec<WorkerId>, ControlError> {
-        let mut failed = Vec::new();
-        for w in self.store.list_workers().await? {
-            if w.state != WorkerState::Active {
-                continue;
-            }
-            let update = Update::Bundle {
-                bundle: b64(bundle.as_bytes()),
-            };
-            if let Err(e) = self.deliver(&w, update).await {
-                tracing::warn!(worker = %w.id, error = %e, "bundle not acknowledged");
-                failed.push(w.id);
-            }
-        }
-        Ok(failed)
-    }
-
-    /// Rotates the capability signing key: publish the new key to every receiver, and
-    /// only then sign with it; the old key retires after the maximum capability
-    /// lifetime plus skew.
-    pub async fn rotate_keys(&self) -> Result<String, ControlError> {
-        let now = now_secs() as i64;
-        let keys = self.keys().await;
-        let (record, _, bundle) = keyring::begin_rotation(&self.store, &keys.anchor, now).await?;
-        let failed = self.push_bundle(&bundle).await?;
-        space_http::crash::crash_point("control.rotate.published");
-        if !failed.is_empty() {
-            let names: Vec<String> = failed.iter().map(ToString::to_string).collect();
-            return Err(ControlError::Unavailable(format!(
-                "new key {} published but not acknowledged by {}; it is not used yet — retry when they are back or drain them",
-                record.key_id,
-                names.join(", ")
-            )));
-        }
-        keyring::activate(&self.store, &record.key_id, now).await?;
-        space_http::crash::crash_point("control.rotate.activated");
-        // The retiring key's shortened validity must reach verifiers too.
-        let (_, bundle) = keyring::publish_bundle(&self.store, &keys.anchor, now).await?;
-        self.push_bundle(&bundle).await?;
-        self.reload_keys().await?;
-        Ok(record.key_id)
-    }
-
-    /// Drops keys whose retirement grace has passed, and pushes the smaller bundle.
-    pub async fn retire_old_keys(&self) -> Result<(), ControlError> {
-        let now = now_secs() as i64;
-        if keyring::retire_expired(&self.store, now).await? {
-            let keys = self.keys().await;
-            let (_, bundle) = keyring::publish_bundle(&self.store, &keys.anchor, now).await?;
-            self.push_bundle(&bundle).await?;
-            self.reload_keys().await?;
-        }
-        Ok(())
     }
 }

@@ -1,0 +1,225 @@
+//! The update channel to workers, and the only part of the service that speaks
+//! HTTP (as their client): updates signed under each worker's sequence numbers
+//! (reserved durably first), delivered with a signed single-use header and
+//! acknowledged once durable; the install a worker gets for an execution; key
+//! bundles pushed to every active worker; snapshot archives fetched and layers sent.
+
+use super::*;
+
+impl ControlPlane {
+    /// Signs an update for `worker` under the next number of its update sequence
+    /// (reserved durably in the store first, so no number is signed twice, also by
+    /// two replicas or across restarts); the worker applies each number once.
+    pub async fn sign_update(
+        &self,
+        worker: &WorkerId,
+        update: Update,
+    ) -> Result<SignedUpdate, ControlError> {
+        let mut signed = self.sign_updates(worker, vec![update]).await?;
+        signed
+            .pop()
+            .ok_or_else(|| ControlError::Internal("no update was signed".into()))
+    }
+
+    /// Signs several updates for `worker` with consecutive sequence numbers, reserved
+    /// in one store write.
+    pub async fn sign_updates(
+        &self,
+        worker: &WorkerId,
+        updates: Vec<Update>,
+    ) -> Result<Vec<SignedUpdate>, ControlError> {
+        let n = updates.len() as u64;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let last = self.store.reserve_update_seqs(worker, n).await?;
+        let issued_at = now_secs();
+        let keys = self.keys().await;
+        Ok(updates
+            .into_iter()
+            .zip(last + 1 - n..)
+            .map(|(update, seq)| {
+                let body = serde_json::to_vec(&UpdateBody {
+                    worker: worker.clone(),
+                    issued_at,
+                    seq,
+                    update,
+                })
+                .unwrap_or_default();
+                let signature = keys.anchor.sign_update(&body);
+                SignedUpdate {
+                    body: b64(&body),
+                    signature: b64(&signature),
+                }
+            })
+            .collect())
+    }
+
+    /// Pushes one signed update to a worker and returns its acknowledgement, which the
+    /// worker sends only after the update is durable.
+    pub async fn deliver(
+        &self,
+        w: &WorkerRecord,
+        update: Update,
+    ) -> Result<UpdateAck, ControlError> {
+        let signed = self.sign_update(&w.id, update).await?;
+        let url = format!("{}/internal/v1/updates", w.url);
+        let body = serde_json::to_vec(&signed)
+            .map_err(|e| ControlError::Internal(format!("encode update: {e}")))?;
+        let delivery = self.delivery_header(&w.id, &body).await?;
+        let answer = self
+            .http
+            .call(
+                axum::http::Method::POST,
+                &url,
+                &[
+                    ("content-type", "application/json"),
+                    (space_proto::api::DELIVERY_HEADER, delivery.as_str()),
+                ],
+                bytes::Bytes::from(body),
+            )
+            .await
+            .map_err(|e| ControlError::BadGateway(format!("worker {}: {e}", w.id)))?;
+        if !answer.status.is_success() {
+            let text = String::from_utf8_lossy(&answer.body);
+            return Err(ControlError::BadGateway(format!(
+                "worker {} answered {}: {text}",
+                w.id, answer.status
+            )));
+        }
+        serde_json::from_slice(&answer.body)
+            .map_err(|e| ControlError::BadGateway(format!("worker {}: bad ack: {e}", w.id)))
+    }
+
+    /// Orders `w` to freeze an execution and archive its writable layer (`snapshot`,
+    /// signed for it), and streams the archive it answers with into `sink` (at most
+    /// [`MAX_ARCHIVE`] bytes). Returns the sink and the archive's size.
+    pub(super) async fn fetch_layer(
+        &self,
+        w: &WorkerRecord,
+        snapshot: &SignedUpdate,
+        sink: space_http::HashingFile,
+    ) -> Result<(space_http::HashingFile, u64), ControlError> {
+        let order = serde_json::to_vec(snapshot).unwrap_or_default();
+        let (answer, spooled) = self
+            .http
+            .call_to_sink(
+                axum::http::Method::POST,
+                &format!("{}/internal/v1/snapshot", w.url),
+                &[("content-type", "application/json")],
+                bytes::Bytes::from(order),
+                MAX_ARCHIVE,
+                sink,
+            )
+            .await
+            .map_err(|e| ControlError::BadGateway(format!("snapshot on {}: {e}", w.id)))?;
+        spooled.ok_or_else(|| {
+            let message = format!(
+                "snapshot on {}: {} {}",
+                w.id,
+                answer.status,
+                String::from_utf8_lossy(&answer.body)
+            );
+            // A layer over the limit is the sandbox's doing, not a failure of the platform.
+            if answer.status == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                ControlError::TooLarge(message)
+            } else {
+                ControlError::BadGateway(message)
+            }
+        })
+    }
+
+    /// Sends `w` the archive `file` (`size` bytes) under `layer`, its signed digest
+    /// and size, which the worker checks before unpacking it.
+    pub(super) async fn send_layer(
+        &self,
+        w: &WorkerRecord,
+        layer: &SignedUpdate,
+        file: std::fs::File,
+        size: u64,
+    ) -> Result<(), ControlError> {
+        let header = b64(&serde_json::to_vec(layer).unwrap_or_default());
+        let placed = self
+            .http
+            .call_with_file(
+                axum::http::Method::POST,
+                &format!("{}/internal/v1/layers", w.url),
+                &[
+                    ("space-update", header.as_str()),
+                    ("content-type", "application/x-tar"),
+                ],
+                file,
+                size,
+            )
+            .await
+            .map_err(|e| ControlError::BadGateway(format!("layer to {}: {e}", w.id)))?;
+        if !placed.status.is_success() {
+            return Err(ControlError::BadGateway(format!(
+                "layer to {}: {} {}",
+                w.id,
+                placed.status,
+                String::from_utf8_lossy(&placed.body)
+            )));
+        }
+        Ok(())
+    }
+
+    /// The signed [`space_proto::api::Delivery`] of a request body for worker `to`: it
+    /// lets the worker authenticate the request before reading the body.
+    pub async fn delivery_header(
+        &self,
+        to: &WorkerId,
+        body: &[u8],
+    ) -> Result<String, ControlError> {
+        let descriptor = serde_json::to_vec(&space_proto::api::Delivery {
+            worker: to.to_string(),
+            issued_at: now_secs(),
+            size: body.len() as u64,
+            digest: blake3::hash(body).to_hex().to_string(),
+            nonce: random_bytes::<16>()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect(),
+        })
+        .map_err(|e| ControlError::Internal(format!("encode delivery: {e}")))?;
+        let keys = self.keys().await;
+        let signature = keys.anchor.sign_delivery(&descriptor);
+        Ok(format!("{}.{}", b64(&descriptor), b64(&signature)))
+    }
+
+    /// Pushes the newest bundle to every active worker; returns the workers that did
+    /// not acknowledge it.
+    pub async fn push_bundle(
+        &self,
+        bundle: &space_identity::SignedKeyBundle,
+    ) -> Result<Vec<WorkerId>, ControlError> {
+        let mut failed = Vec::new();
+        for w in self.store.list_workers().await? {
+            if w.state != WorkerState::Active {
+                continue;
+            }
+            let update = Update::Bundle {
+                bundle: b64(bundle.as_bytes()),
+            };
+            if let Err(e) = self.deliver(&w, update).await {
+                tracing::warn!(worker = %w.id, error = %e, "bundle not acknowledged");
+                failed.push(w.id);
+            }
+        }
+        Ok(failed)
+    }
+}
+
+/// What a worker must run for execution `exe` of sandbox `s`.
+pub(super) fn install_of(s: &SandboxRecord, exe: &ExecutionRecord) -> InstallExecution {
+    InstallExecution {
+        sandbox: s.id,
+        generation: exe.generation,
+        execution_id: exe.execution_id,
+        substrate: exe.substrate,
+        activation: exe.activation,
+        template: s.template.clone(),
+        env: s.env.clone(),
+        limits: crate::limits::of_store(s.limits.as_ref()),
+    }
+}
