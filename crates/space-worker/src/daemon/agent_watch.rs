@@ -99,7 +99,7 @@ async fn agent_exited(
         }
         // Ends every stream of the execution; the comparator now answers 421.
         worker.put_slot(failed.clone(), None);
-        worker.metrics.retirements.inc();
+        worker.metrics.retired();
         worker.teardown(r, launch::Layer::Keep).await;
         failed
     };

@@ -79,15 +79,25 @@ pub fn launch(
     }
 }
 
+/// One jail and the bridge that will serve it, launched ahead of demand (see
+/// [`super::warm`], which keeps them).
+#[derive(Debug)]
+pub struct Warm {
+    /// The jail (agent waiting for its activation).
+    pub jail: crate::substrate::jail::warm::WarmJail,
+    /// The bridge (waiting for its spec).
+    pub bridge: WarmBridge,
+}
+
 /// Activates a warm jail and its bridge for `activation`. On failure nothing of
 /// either is left.
 pub fn launch_warm(
     jail: &JailDriver,
     bins: &Binaries,
-    warm: super::warm::Warm,
+    warm: Warm,
     activation: &Activation,
 ) -> Result<(SandboxHandle, BridgeRecord), LaunchError> {
-    let super::warm::Warm {
+    let Warm {
         jail: warm_jail,
         bridge,
     } = warm;

@@ -69,6 +69,16 @@ impl WorkerLimits {
     }
 }
 
+/// The substrate's limits for an install's.
+pub fn substrate_limits(l: &Limits) -> crate::substrate::Limits {
+    crate::substrate::Limits {
+        memory_bytes: Some(l.memory_bytes),
+        pids_max: Some(u64::from(l.pids)),
+        cpu_millis: Some(l.cpu_millis),
+        disk_bytes: (l.disk_bytes > 0).then_some(l.disk_bytes),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

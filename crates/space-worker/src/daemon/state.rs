@@ -6,13 +6,11 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
-use space_http::HttpClient;
 use space_identity::{
     Execution, Generation, InstalledIdentity, InstalledKeys, Operation, Placement,
     RecordState as IdState, Route, SandboxId, SignedKeyBundle, Timestamp, Verdict,
     VerifiedTokenCache, VerifyingKey, WorkerId,
 };
-use space_proto::api::{SignedUpdate, Update};
 use space_proto::guest::Activation;
 use spaced_host::BridgePool;
 
@@ -23,9 +21,11 @@ pub type AgentStream = super::agent_socket::AgentSocket;
 /// The worker's pool of verified connections to one execution.
 pub type AgentPool = BridgePool<AgentStream>;
 
+use super::config::WorkerConfig;
 use super::launch::{self, Binaries};
+use super::metrics::WorkerMetrics;
 use super::records::{ExecutionRecord, RecordState, Records};
-use super::{WorkerConfig, updates};
+use super::warm::WarmPool;
 use crate::substrate::jail::{JailConfig, JailDriver};
 
 /// One sandbox as this worker holds it.
@@ -104,16 +104,14 @@ pub struct Worker {
     /// snapshots and layer transfers — takes this lock exclusively.
     pub update_lock: tokio::sync::RwLock<()>,
     sandbox_locks: Mutex<HashMap<SandboxId, Arc<tokio::sync::Mutex<()>>>>,
-    /// Idempotency keys of non-idempotent operations.
-    pub idempotency: super::node_api::IdempotencyCache,
     /// Metrics.
-    pub metrics: super::node_api::WorkerMetrics,
+    pub metrics: WorkerMetrics,
     /// Jails launched ahead of demand.
-    pub warm: Arc<super::warm::WarmPool>,
+    pub warm: Arc<WarmPool>,
     /// The control plane's base URL (lost executions are reported there).
     pub control_url: String,
     /// Set when the worker stops its sandboxes itself: their agents' exits are then
-    /// expected (see [`super::agent_watch`]).
+    /// expected (the agent watch checks [`Worker::is_stopping`]).
     stopping: std::sync::atomic::AtomicBool,
     /// Default and largest sandbox limits.
     pub limits: super::limits::WorkerLimits,
@@ -214,6 +212,17 @@ impl Worker {
             .map_err(|e| format!("disk volume: {e}"))?;
             tracing::info!(?disk, "disk limits");
         }
+        Self::assemble(config, url, records, substrate)
+    }
+
+    /// The worker of `config` on `records` and `substrate` (its disk volume, if any,
+    /// already mounted): installed keys and slots loaded from the records.
+    pub(crate) fn assemble(
+        config: &WorkerConfig,
+        url: String,
+        records: Records,
+        substrate: Arc<JailDriver>,
+    ) -> Result<Arc<Self>, String> {
         let worker = Arc::new(Self {
             id: config.id.clone(),
             url,
@@ -228,13 +237,12 @@ impl Worker {
             snapshot_frozen: Mutex::new(Default::default()),
             update_lock: tokio::sync::RwLock::new(()),
             sandbox_locks: Mutex::new(HashMap::new()),
-            idempotency: super::node_api::IdempotencyCache::default(),
-            metrics: super::node_api::WorkerMetrics::default(),
+            metrics: WorkerMetrics::default(),
             control_url: config.control_url.clone(),
             stopping: std::sync::atomic::AtomicBool::new(false),
-            warm: super::warm::WarmPool::new(
+            warm: WarmPool::new(
                 config.warm_pool,
-                super::updates::limits_of(&config.limits.defaults),
+                super::limits::substrate_limits(&config.limits.defaults),
             ),
             limits: config.limits,
         });
@@ -429,209 +437,6 @@ impl Worker {
             Err(_) => space_identity::verify(token, keys, now, op, &self.id, installed),
         };
         (verdict, slot)
-    }
-
-    /// Applies the control plane's sync: bundle first, then re-adopt each execution it
-    /// lists if its processes survived and verify, report it lost otherwise, and retire
-    /// every local execution it does not list.
-    pub async fn reconcile(
-        self: &Arc<Self>,
-        list: Vec<SignedUpdate>,
-        http: &HttpClient,
-        control_url: &str,
-        credential: &str,
-    ) -> Result<(), String> {
-        let mut wanted = Vec::new();
-        // One durable claim of every sequence number in the list.
-        for (body, update) in updates::verify_all(self, &list).map_err(|e| e.message)? {
-            match update {
-                Update::Bundle { .. } => {
-                    updates::apply(self, body, update)
-                        .await
-                        .map_err(|e| e.message)?;
-                }
-                Update::Install(i) => wanted.push(i),
-                Update::Retire { .. }
-                | Update::Pause { .. }
-                | Update::Resume { .. }
-                | Update::Unfreeze { .. }
-                | Update::Snapshot { .. }
-                | Update::Layer { .. } => {
-                    updates::apply(self, body, update)
-                        .await
-                        .map_err(|e| e.message)?;
-                }
-            }
-        }
-        let mut lost = Vec::new();
-        for i in &wanted {
-            if !self.readopt(i).await {
-                lost.push((i.sandbox, i.generation));
-            }
-        }
-        // Everything live here that the control plane did not list is retired.
-        let live: Vec<ExecutionRecord> = self
-            .records
-            .all()
-            .map_err(|e| e.to_string())?
-            .into_iter()
-            .filter(|r| {
-                matches!(
-                    r.state,
-                    RecordState::Starting | RecordState::Running | RecordState::Paused
-                )
-            })
-            .collect();
-        for r in live {
-            if !wanted
-                .iter()
-                .any(|i| i.sandbox == r.sandbox && i.generation == r.generation)
-            {
-                updates::retire_unlisted(self, &r).await;
-            }
-        }
-        let live: Vec<_> = self
-            .records
-            .all()
-            .map_err(|e| e.to_string())?
-            .into_iter()
-            .filter(|r| matches!(r.state, RecordState::Running | RecordState::Paused))
-            .collect();
-        let keep: Vec<_> = live
-            .iter()
-            .map(|r| launch::execution_key(&r.sandbox, &r.execution_id))
-            .collect();
-        let keep_runs: Vec<_> = live
-            .iter()
-            .filter_map(|r| {
-                r.handle
-                    .as_ref()?
-                    .socket_path
-                    .parent()
-                    .map(std::path::Path::to_path_buf)
-            })
-            .collect();
-        let jail = Arc::clone(&self.substrate);
-        let data_dir = self.data_dir.clone();
-        // No install may create directories while the sweep decides what is left over.
-        let _applying = self.update_lock.write().await;
-        match tokio::task::spawn_blocking(move || {
-            jail.sweep_leftovers(&data_dir, &keep, &keep_runs)
-        })
-        .await
-        {
-            Ok(Ok(report)) => tracing::info!(?report, "startup sweep"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "startup sweep failed"),
-            Err(e) => tracing::warn!(error = %e, "startup sweep panicked"),
-        }
-        launch::kill_stray_bridges(&self.data_dir, &self.binaries.bridge, &live);
-        drop(_applying);
-        for (sandbox, generation) in lost {
-            let url = format!(
-                "{}/internal/v1/workers/{}/lost",
-                control_url.trim_end_matches('/'),
-                self.id
-            );
-            let auth = format!("Bearer {credential}");
-            let body = serde_json::json!({"sandbox": sandbox, "generation": generation});
-            if let Err(e) = http
-                .post_json(&url, &[("authorization", &auth)], &body)
-                .await
-            {
-                tracing::warn!(sandbox = %sandbox, error = %e, "could not report a lost execution");
-            }
-        }
-        Ok(())
-    }
-
-    /// Re-adopts an execution after a restart if its record is running and its jail,
-    /// agent and bridge are the recorded live processes. Otherwise marks it failed.
-    async fn readopt(self: &Arc<Self>, i: &space_proto::api::InstallExecution) -> bool {
-        let Some(slot) = self.slot(&i.sandbox) else {
-            return false;
-        };
-        let r = &slot.record;
-        let same = r.generation == i.generation && r.execution_id == i.execution_id;
-        let alive = same
-            && matches!(r.state, RecordState::Running | RecordState::Paused)
-            && r.bridge
-                .as_ref()
-                .is_some_and(|b| launch::still_alive(&b.process))
-            && r.handle.as_ref().is_some_and(|h| {
-                h.agent
-                    .is_some_and(|a| launch::still_alive_pid(a.pid, a.start_time))
-            });
-        // Its user namespace range was free while no worker held it: re-adopted only
-        // if it is still this jail's alone.
-        let alive = alive
-            && r.handle
-                .as_ref()
-                .is_some_and(|h| self.substrate.hold_userns(h).unwrap_or(false));
-        if alive {
-            if let Some(b) = &r.bridge {
-                let pool = Arc::new(AgentPool::new(
-                    launch::bridge_target(b, &activation_of(r)),
-                    32,
-                ));
-                self.put_slot(r.clone(), Some(pool));
-            }
-            super::agent_watch::watch_agent(self, r);
-            tracing::info!(sandbox = %r.sandbox, generation = r.generation, "re-adopted after restart");
-            return true;
-        }
-        if same {
-            let mut failed = r.clone();
-            failed.state = RecordState::Failed;
-            failed.updated_at = now_secs() as i64;
-            let _ = self.records.put(&failed);
-            self.teardown(r, launch::Layer::Keep).await;
-            self.put_slot(failed, None);
-        }
-        false
-    }
-
-    /// Periodic catch-up: installs the newest bundle and retires every execution that
-    /// runs here but that the control plane no longer lists (a retirement missed while
-    /// this worker was unreachable). Executions are never started from here: an
-    /// install that was not acknowledged already failed at the control plane.
-    /// Records changed since shortly before `asked_at` are left alone: the list may
-    /// predate them.
-    pub async fn resync(self: &Arc<Self>, list: Vec<SignedUpdate>, asked_at: i64) {
-        let mut listed = Vec::new();
-        let verified = match updates::verify_all(self, &list) {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::warn!(error = %e.message, "resync: update refused");
-                return;
-            }
-        };
-        for (body, update) in verified {
-            match update {
-                update @ Update::Bundle { .. } => {
-                    if let Err(e) = updates::apply(self, body, update).await {
-                        tracing::warn!(error = %e.message, "resync: bundle refused");
-                    }
-                }
-                Update::Install(i) => listed.push((i.sandbox, i.generation)),
-                _ => {}
-            }
-        }
-        let Ok(records) = self.records.all() else {
-            return;
-        };
-        for r in records {
-            let live = matches!(r.state, RecordState::Running | RecordState::Paused);
-            let settled = r.updated_at < asked_at - 2;
-            if live && settled && !listed.contains(&(r.sandbox, r.generation)) {
-                tracing::info!(sandbox = %r.sandbox, generation = r.generation, "retiring an execution the control plane no longer lists");
-                let retire = Update::Retire {
-                    sandbox: r.sandbox,
-                    generation: r.generation,
-                    execution_id: r.execution_id,
-                };
-                let _ = updates::apply(self, Vec::new(), retire).await;
-            }
-        }
     }
 
     /// Stops every sandbox's processes (clean shutdown); records stay as they are, so

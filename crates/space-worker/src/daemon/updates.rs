@@ -14,28 +14,64 @@ use space_proto::api::{
 use super::launch;
 use super::records::{Claim, ExecutionRecord, RecordState};
 use super::state::{Worker, activation_of, now_secs, random32};
-use crate::substrate::{Limits, Substrate};
+use crate::substrate::Substrate;
 
-/// A refused update.
-#[derive(Debug, Clone)]
-pub struct UpdateError {
-    /// HTTP status.
-    pub status: u16,
-    /// Why.
-    pub message: String,
+/// Why an update (or the delivery carrying it) is refused. The message is the whole
+/// answer a client sees; node-api chooses the status (`node_api::refusal`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UpdateError {
+    /// The request carries no readable signed delivery: its sender is unknown.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// Not signed by the trust anchor, for another worker, or not fresh.
+    #[error("{0}")]
+    Refused(String),
+    /// Malformed, or asking for what this worker does not do.
+    #[error("{0}")]
+    Invalid(String),
+    /// Contrary to this worker's records: a replay, an old generation, an execution
+    /// not in the state the update expects.
+    #[error("{0}")]
+    Conflict(String),
+    /// Larger than this worker reads.
+    #[error("{0}")]
+    TooLarge(String),
+    /// This worker holds no trust anchor yet.
+    #[error("not enrolled yet")]
+    NotEnrolled,
+    /// This worker failed (its records, a task, the freezer).
+    #[error("{0}")]
+    Internal(String),
 }
 
-fn refuse(status: u16, message: impl Into<String>) -> UpdateError {
-    UpdateError {
-        status,
-        message: message.into(),
-    }
+fn unauthenticated(why: impl Into<String>) -> UpdateError {
+    UpdateError::Unauthenticated(why.into())
+}
+
+fn refused(why: impl Into<String>) -> UpdateError {
+    UpdateError::Refused(why.into())
+}
+
+fn invalid(why: impl Into<String>) -> UpdateError {
+    UpdateError::Invalid(why.into())
+}
+
+fn conflict(why: impl Into<String>) -> UpdateError {
+    UpdateError::Conflict(why.into())
+}
+
+fn too_large(why: impl Into<String>) -> UpdateError {
+    UpdateError::TooLarge(why.into())
+}
+
+fn internal(why: impl Into<String>) -> UpdateError {
+    UpdateError::Internal(why.into())
 }
 
 /// Checks an update the way [`verify_all`] does; for one arriving on its own.
 pub fn verify(worker: &Worker, signed: &SignedUpdate) -> Result<(Vec<u8>, Update), UpdateError> {
     let mut one = verify_all(worker, std::slice::from_ref(signed))?;
-    one.pop().ok_or_else(|| refuse(500, "no update verified"))
+    one.pop().ok_or_else(|| internal("no update verified"))
 }
 
 /// Checks updates: signed by the trust anchor, for this worker, fresh (issued at most
@@ -55,10 +91,10 @@ pub fn verify_all(
     signed: &[SignedUpdate],
 ) -> Result<Vec<(Vec<u8>, Update)>, UpdateError> {
     let anchor = {
-        let keys = worker.keys.read().map_err(|_| refuse(500, "poisoned"))?;
+        let keys = worker.keys.read().map_err(|_| internal("poisoned"))?;
         *keys
             .as_ref()
-            .ok_or_else(|| refuse(503, "not enrolled yet"))?
+            .ok_or_else(|| UpdateError::NotEnrolled)?
             .anchor()
     };
     let now = now_secs();
@@ -67,26 +103,23 @@ pub fn verify_all(
     for signed in signed {
         let body = B64
             .decode(&signed.body)
-            .map_err(|_| refuse(400, "update body is not base64url"))?;
+            .map_err(|_| invalid("update body is not base64url"))?;
         let sig: [u8; 64] = B64
             .decode(&signed.signature)
             .ok()
             .and_then(|s| s.try_into().ok())
-            .ok_or_else(|| refuse(400, "update signature is not 64 bytes of base64url"))?;
+            .ok_or_else(|| invalid("update signature is not 64 bytes of base64url"))?;
         if !space_identity::verify_update(&anchor, &body, &sig) {
-            return Err(refuse(403, "update not signed by the trust anchor"));
+            return Err(refused("update not signed by the trust anchor"));
         }
         let parsed: UpdateBody =
-            serde_json::from_slice(&body).map_err(|e| refuse(400, format!("update body: {e}")))?;
+            serde_json::from_slice(&body).map_err(|e| invalid(format!("update body: {e}")))?;
         if parsed.worker != worker.id {
-            return Err(refuse(
-                403,
-                format!("update is for worker {}", parsed.worker),
-            ));
+            return Err(refused(format!("update is for worker {}", parsed.worker)));
         }
         check_fresh(parsed.issued_at, now)?;
         if parsed.seq == 0 {
-            return Err(refuse(400, "update sequence numbers start at 1"));
+            return Err(invalid("update sequence numbers start at 1"));
         }
         seqs.push((parsed.seq, parsed.issued_at));
         out.push((body, parsed.update));
@@ -94,27 +127,21 @@ pub fn verify_all(
     let claims = worker
         .records
         .claim_updates(&seqs, now)
-        .map_err(|e| refuse(500, e.to_string()))?;
+        .map_err(|e| internal(e.to_string()))?;
     for (&(seq, _), claim) in seqs.iter().zip(&claims) {
         match claim {
             Claim::Fresh => {}
             Claim::Replayed => {
                 tracing::warn!(seq, "refused a replayed update");
-                return Err(refuse(
-                    409,
-                    format!(
-                        "replayed_update: update {seq} was received before; each is applied once"
-                    ),
-                ));
+                return Err(conflict(format!(
+                    "replayed_update: update {seq} was received before; each is applied once"
+                )));
             }
             Claim::BelowFloor => {
                 tracing::warn!(seq, "refused an update below the sequence floor");
-                return Err(refuse(
-                    409,
-                    format!(
-                        "old_sequence: update {seq} is older than every update this worker still accepts"
-                    ),
-                ));
+                return Err(conflict(format!(
+                    "old_sequence: update {seq} is older than every update this worker still accepts"
+                )));
             }
         }
     }
@@ -123,57 +150,51 @@ pub fn verify_all(
 
 /// Checks the signed delivery descriptor of an update request (its header) before the
 /// body is read: signed by the trust anchor, for this worker, fresh, and of a size
-/// this worker reads. 401 when absent or unparseable, 403 otherwise.
+/// this worker reads. `header` is the header's text (`None` when it is absent or not
+/// text): unauthenticated when absent or unparseable, refused otherwise.
 pub fn check_delivery(
     worker: &Worker,
-    header: Option<&axum::http::HeaderValue>,
+    header: Option<&str>,
 ) -> Result<space_proto::api::Delivery, UpdateError> {
     use space_proto::api::{DELIVERY_HEADER, Delivery, MAX_UPDATE_BODY};
-    let text = header
-        .and_then(|h| h.to_str().ok())
-        .ok_or_else(|| refuse(401, format!("no {DELIVERY_HEADER} header")))?;
+    let text = header.ok_or_else(|| unauthenticated(format!("no {DELIVERY_HEADER} header")))?;
     let (descriptor, signature) = text
         .split_once('.')
         .and_then(|(d, s)| Some((B64.decode(d).ok()?, B64.decode(s).ok()?)))
         .ok_or_else(|| {
-            refuse(
-                401,
-                format!("{DELIVERY_HEADER} is not <base64url>.<base64url>"),
-            )
+            unauthenticated(format!("{DELIVERY_HEADER} is not <base64url>.<base64url>"))
         })?;
     let signature: [u8; 64] = signature
         .try_into()
-        .map_err(|_| refuse(401, "delivery signature is not 64 bytes"))?;
+        .map_err(|_| unauthenticated("delivery signature is not 64 bytes"))?;
     let anchor = {
-        let keys = worker.keys.read().map_err(|_| refuse(500, "poisoned"))?;
+        let keys = worker.keys.read().map_err(|_| internal("poisoned"))?;
         *keys
             .as_ref()
-            .ok_or_else(|| refuse(503, "not enrolled yet"))?
+            .ok_or_else(|| UpdateError::NotEnrolled)?
             .anchor()
     };
     if !space_identity::verify_delivery(&anchor, &descriptor, &signature) {
-        return Err(refuse(403, "delivery not signed by the trust anchor"));
+        return Err(refused("delivery not signed by the trust anchor"));
     }
     let delivery: Delivery = serde_json::from_slice(&descriptor)
-        .map_err(|e| refuse(403, format!("delivery descriptor: {e}")))?;
+        .map_err(|e| refused(format!("delivery descriptor: {e}")))?;
     if delivery.worker != worker.id.as_str() {
-        return Err(refuse(403, "delivery addressed to another worker"));
+        return Err(refused("delivery addressed to another worker"));
     }
     let now = now_secs();
     check_fresh(delivery.issued_at, now)?;
     // Used once: a captured header cannot make this worker read its body again (the
     // update inside would be refused as a replay, but only after reading it).
     if !first_delivery(&signature, delivery.issued_at, now) {
-        return Err(refuse(
-            409,
+        return Err(conflict(
             "replayed_delivery: this delivery header was used before",
         ));
     }
     if delivery.size > MAX_UPDATE_BODY {
-        return Err(refuse(
-            413,
-            format!("too_large: updates are at most {MAX_UPDATE_BODY} bytes"),
-        ));
+        return Err(too_large(format!(
+            "too_large: updates are at most {MAX_UPDATE_BODY} bytes"
+        )));
     }
     Ok(delivery)
 }
@@ -204,23 +225,17 @@ fn first_delivery(signature: &[u8; 64], issued_at: u64, now: u64) -> bool {
 /// Refuses an `issued_at` outside the freshness window around `now`.
 fn check_fresh(issued_at: u64, now: u64) -> Result<(), UpdateError> {
     if issued_at.saturating_add(UPDATE_MAX_AGE_SECS + UPDATE_CLOCK_SKEW_SECS) < now {
-        return Err(refuse(
-            403,
-            format!(
-                "stale_update: issued {} s ago; updates older than {UPDATE_MAX_AGE_SECS} s \
+        return Err(refused(format!(
+            "stale_update: issued {} s ago; updates older than {UPDATE_MAX_AGE_SECS} s \
                  (+{UPDATE_CLOCK_SKEW_SECS} s skew) are refused",
-                now - issued_at
-            ),
-        ));
+            now - issued_at
+        )));
     }
     if issued_at > now + UPDATE_CLOCK_SKEW_SECS {
-        return Err(refuse(
-            403,
-            format!(
-                "future_update: issued {} s ahead of this worker's clock (skew allowed: {UPDATE_CLOCK_SKEW_SECS} s)",
-                issued_at - now
-            ),
-        ));
+        return Err(refused(format!(
+            "future_update: issued {} s ahead of this worker's clock (skew allowed: {UPDATE_CLOCK_SKEW_SECS} s)",
+            issued_at - now
+        )));
     }
     Ok(())
 }
@@ -254,24 +269,24 @@ pub async fn apply(
             let _applying = worker.update_lock.write().await;
             let bytes = B64
                 .decode(&bundle)
-                .map_err(|_| refuse(400, "bundle is not base64url"))?;
+                .map_err(|_| invalid("bundle is not base64url"))?;
             let signed = SignedKeyBundle::from_bytes(bytes);
             let mut staged = worker
                 .keys
                 .read()
-                .map_err(|_| refuse(500, "poisoned"))?
+                .map_err(|_| internal("poisoned"))?
                 .clone()
-                .ok_or_else(|| refuse(503, "not enrolled yet"))?;
+                .ok_or_else(|| UpdateError::NotEnrolled)?;
             let changed = staged
                 .install(&signed)
-                .map_err(|e| refuse(409, e.to_string()))?;
+                .map_err(|e| conflict(e.to_string()))?;
             if changed {
                 // Durable first, then in effect, then acknowledged.
                 worker
                     .records
                     .set_setting("bundle", signed.as_bytes())
-                    .map_err(|e| refuse(500, e.to_string()))?;
-                *worker.keys.write().map_err(|_| refuse(500, "poisoned"))? = Some(staged);
+                    .map_err(|e| internal(e.to_string()))?;
+                *worker.keys.write().map_err(|_| internal("poisoned"))? = Some(staged);
             }
             Ok(ack(worker, "installed", None))
         }
@@ -311,7 +326,7 @@ pub async fn apply(
         }
         // These carry or return an archive: they have their own endpoints.
         Update::Snapshot { .. } | Update::Layer { .. } => {
-            Err(refuse(400, "this update has its own endpoint"))
+            Err(invalid("this update has its own endpoint"))
         }
     }
 }
@@ -329,7 +344,7 @@ pub(crate) async fn freeze(
     let slot = worker
         .slot(sandbox)
         .filter(|s| s.record.generation == generation && s.record.execution_id == execution_id)
-        .ok_or_else(|| refuse(409, "no such execution on this worker"))?;
+        .ok_or_else(|| conflict("no such execution on this worker"))?;
     if !pause {
         worker.set_snapshot_frozen(sandbox, generation, false);
     }
@@ -342,20 +357,20 @@ pub(crate) async fn freeze(
         return Ok(ack(worker, done, None));
     }
     if slot.record.state != from {
-        return Err(refuse(409, format!("execution is {:?}", slot.record.state)));
+        return Err(conflict(format!("execution is {:?}", slot.record.state)));
     }
     let handle = slot
         .record
         .handle
         .clone()
-        .ok_or_else(|| refuse(409, "execution has no processes"))?;
+        .ok_or_else(|| conflict("execution has no processes"))?;
     let mut record = slot.record.clone();
     record.state = to;
     record.updated_at = now_secs() as i64;
     worker
         .records
         .put(&record)
-        .map_err(|e| refuse(500, e.to_string()))?;
+        .map_err(|e| internal(e.to_string()))?;
     let substrate = Arc::clone(&worker.substrate);
     let acted = tokio::task::spawn_blocking(move || {
         if pause {
@@ -365,10 +380,10 @@ pub(crate) async fn freeze(
         }
     })
     .await
-    .map_err(|e| refuse(500, e.to_string()))?;
+    .map_err(|e| internal(e.to_string()))?;
     if let Err(e) = acted {
         let _ = worker.records.put(&slot.record);
-        return Err(refuse(500, format!("freezer: {e}")));
+        return Err(internal(format!("freezer: {e}")));
     }
     worker.put_slot(record, slot.pool.clone());
     Ok(ack(worker, done, None))
@@ -443,7 +458,7 @@ async fn retire_execution(
             }
         }
     }
-    worker.metrics.retirements.inc();
+    worker.metrics.retired();
     if let Some(r) = existing {
         let layer = if r.state == RecordState::Starting && !drop_kept_layer {
             launch::Layer::Keep
@@ -465,12 +480,12 @@ async fn install_execution(
     i: InstallExecution,
 ) -> Result<UpdateAck, UpdateError> {
     if let Some(why) = worker.limits.refusal(&i.limits) {
-        return Err(refuse(400, why));
+        return Err(invalid(why));
     }
     let max = worker
         .records
         .max_generation(&i.sandbox)
-        .map_err(|e| refuse(500, e.to_string()))?;
+        .map_err(|e| internal(e.to_string()))?;
     if i.generation <= max {
         // The same install again (a retried delivery) is answered with its state;
         // anything older is a replay and is refused.
@@ -485,13 +500,10 @@ async fn install_execution(
                 return Ok(ack(worker, state, None));
             }
         }
-        return Err(refuse(
-            409,
-            format!(
-                "generation {} is not newer than {max} already recorded",
-                i.generation
-            ),
-        ));
+        return Err(conflict(format!(
+            "generation {} is not newer than {max} already recorded",
+            i.generation
+        )));
     }
     // A newer execution supersedes whatever ran before on this worker.
     if let Some(old) = worker.slot(&i.sandbox) {
@@ -522,9 +534,7 @@ async fn install_execution(
         env: i.env.clone(),
         updated_at: now_secs() as i64,
     };
-    put_record(worker, &record)
-        .await
-        .map_err(|e| refuse(500, e))?;
+    put_record(worker, &record).await.map_err(|e| internal(e))?;
     worker.put_slot(record.clone(), None);
     space_http::crash::crash_point("worker.install.recorded");
 
@@ -532,7 +542,7 @@ async fn install_execution(
     let bins = worker.binaries.clone();
     let data_dir = worker.data_dir.clone();
     let activation = activation_of(&record);
-    let limits = limits_of(&i.limits);
+    let limits = super::limits::substrate_limits(&i.limits);
     let warm = Arc::clone(&worker.warm);
     let launched = tokio::task::spawn_blocking(move || {
         // A warm jail starts with an empty writable layer: a sandbox that has files
@@ -547,12 +557,12 @@ async fn install_execution(
         launch::launch(&*substrate, &bins, &data_dir, &activation, limits).map(|d| (d, false))
     })
     .await
-    .map_err(|e| refuse(500, format!("launch task: {e}")))?;
+    .map_err(|e| internal(format!("launch task: {e}")))?;
     match launched {
         Ok(((handle, bridge), was_warm)) => {
             space_http::crash::crash_point("worker.install.launched");
             if was_warm {
-                worker.metrics.warm_activations.inc();
+                worker.metrics.warm_activation();
             }
             record.state = RecordState::Running;
             record.handle = Some(handle);
@@ -560,7 +570,7 @@ async fn install_execution(
             record.updated_at = now_secs() as i64;
             if let Err(e) = put_record(worker, &record).await {
                 worker.teardown(&record, launch::Layer::Keep).await;
-                return Err(refuse(500, e));
+                return Err(internal(e));
             }
             let pool = Arc::new(super::state::AgentPool::new(
                 launch::bridge_target(&bridge, &activation_of(&record)),
@@ -568,7 +578,7 @@ async fn install_execution(
             ));
             super::agent_watch::watch_agent(worker, &record);
             worker.put_slot(record, Some(pool));
-            worker.metrics.launches.inc();
+            worker.metrics.launched();
             Ok(ack(worker, "running", None))
         }
         Err(e) => {
@@ -579,16 +589,6 @@ async fn install_execution(
             tracing::warn!(sandbox = %i.sandbox, generation = i.generation, error = %e, "launch failed");
             Ok(ack(worker, "failed", Some(e.to_string())))
         }
-    }
-}
-
-/// The substrate's limits for an install's.
-pub fn limits_of(l: &space_proto::api::Limits) -> Limits {
-    Limits {
-        memory_bytes: Some(l.memory_bytes),
-        pids_max: Some(u64::from(l.pids)),
-        cpu_millis: Some(l.cpu_millis),
-        disk_bytes: (l.disk_bytes > 0).then_some(l.disk_bytes),
     }
 }
 

@@ -14,9 +14,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::substrate::jail::JailDriver;
-use crate::substrate::jail::warm::WarmJail;
 use crate::substrate::{AgentCommand, Limits, SubstrateError};
 
+pub use super::launch::Warm;
 use super::launch::{Binaries, WarmBridge};
 
 /// How long after the last take the pool waits before launching again.
@@ -24,15 +24,6 @@ pub const QUIET: Duration = Duration::from_millis(300);
 
 /// How long the pool waits after a failed launch before trying again.
 const RETRY: Duration = Duration::from_secs(5);
-
-/// One ready jail and the bridge that will serve it.
-#[derive(Debug)]
-pub struct Warm {
-    /// The jail (agent waiting for its activation).
-    pub jail: WarmJail,
-    /// The bridge (waiting for its spec).
-    pub bridge: WarmBridge,
-}
 
 #[derive(Debug)]
 struct Shared {

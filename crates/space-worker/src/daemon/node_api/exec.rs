@@ -1,73 +1,79 @@
 //! `POST …/exec`: a command run to its end, its stdin (of up to 64 MiB) written in
 //! frames while its output is collected, its answer the exit and the capped output.
 
-use super::*;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use space_identity::Access;
+use space_proto::api::{
+    DEFAULT_MAX_OUTPUT_BYTES, ExecRequest, ExecResponse, MAX_EXEC_BODY, MAX_EXEC_STDIN,
+    MAX_OUTPUT_BYTES,
+};
+use space_proto::client::Call;
 use space_proto::guest::{ExecSpec, ExitOutcome, MAX_CHUNK};
 
-pub(super) async fn exec(
+use super::admission::parse_and_admit;
+use super::agent::{exec_collect, with_conn, with_execution};
+use super::idempotency::{IdempotencyCache, once};
+use super::refusal::{Refusal, Stale};
+use crate::daemon::state::{Slot, Worker};
+
+/// Default exec timeout when the request names none.
+const DEFAULT_EXEC_TIMEOUT_SECS: u64 = space_proto::api::DEFAULT_EXEC_TIMEOUT_SECS;
+
+pub(crate) async fn exec(
     State(w): State<Arc<Worker>>,
+    State(idempotency): State<IdempotencyCache>,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
     let start = Instant::now();
-    let (sandbox, slot) = match admit(&w, &headers, &id, Access::Exec) {
-        Ok(v) => v,
-        Err(r) => return *r,
-    };
+    match run(&w, &idempotency, &id, &headers, body).await {
+        Ok(resp) => {
+            w.metrics.observe("exec", start.elapsed());
+            resp
+        }
+        // Refused before it ran: not an operation's latency.
+        Err(r) => r.into_response(),
+    }
+}
+
+async fn run(
+    w: &Worker,
+    idempotency: &IdempotencyCache,
+    id: &str,
+    headers: &HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Response, Refusal> {
+    let admitted = parse_and_admit(w, headers, id, Access::Exec)?;
     let body = match body {
         Ok(b) => b,
-        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => return exec_too_large(),
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                format!("exec body: {e}"),
-                None,
-            );
-        }
+        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => return Err(exec_too_large()),
+        Err(e) => return Err(Refusal::BadRequest(format!("exec body: {e}"))),
     };
-    let slot = match unpaused(&w, slot).await {
-        Ok(s) => s,
-        Err(r) => return *r,
-    };
-    let mut req: ExecRequest = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                format!("invalid exec body: {e}"),
-                None,
-            );
-        }
-    };
+    let admitted = admitted.unpaused(w).await?;
+    let mut req: ExecRequest = serde_json::from_slice(&body)
+        .map_err(|e| Refusal::BadRequest(format!("invalid exec body: {e}")))?;
     drop(body);
-    let stdin = match exec_stdin(&mut req) {
-        Ok(s) => s,
-        Err(r) => return *r,
-    };
+    let stdin = exec_stdin(&mut req)?;
     if req.cmd.is_empty() {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            "cmd must not be empty",
-            None,
-        );
+        return Err(Refusal::BadRequest("cmd must not be empty".into()));
     }
     let max_output_bytes = req.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES);
     if max_output_bytes > MAX_OUTPUT_BYTES {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            format!(
-                "max_output_bytes must be at most {MAX_OUTPUT_BYTES} ({} MiB); use the \
-                 streaming exec (/exec/stream) for more output",
-                MAX_OUTPUT_BYTES >> 20
-            ),
-            None,
-        );
+        return Err(Refusal::BadRequest(format!(
+            "max_output_bytes must be at most {MAX_OUTPUT_BYTES} ({} MiB); use the \
+             streaming exec (/exec/stream) for more output",
+            MAX_OUTPUT_BYTES >> 20
+        )));
     }
+    let sandbox = admitted.sandbox();
+    let slot = admitted.into_slot();
     let spec = ExecSpec {
         argv: req.cmd,
         // The sandbox's environment, overridden by the request's.
@@ -92,7 +98,7 @@ pub(super) async fn exec(
         max_output_bytes: Some(max_output_bytes),
     };
     let execution_id = slot.record.execution_id;
-    let resp = once(&w.idempotency, sandbox, &headers, move || async move {
+    let resp = once(idempotency, sandbox, headers, move || async move {
         // The memory cgroup's OOM-kill count, before and after: a rise means the
         // kernel killed a process of the sandbox for its limit while this ran.
         let cgroups = slot.record.handle.as_ref().map(|h| h.cgroups.clone());
@@ -141,83 +147,66 @@ pub(super) async fn exec(
                     &slot,
                 )
             }
-            Err(r) => *r,
+            Err(r) => r.into_response(),
         }
     })
     .await;
-    observe(&w, "exec", start);
-    resp
+    Ok(resp)
 }
 
 /// 413 for an exec request over [`MAX_EXEC_BODY`] or with stdin over
 /// [`MAX_EXEC_STDIN`].
-fn exec_too_large() -> Response {
-    error(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "too_large",
-        format!(
-            "exec stdin is limited to {} MiB (the request to {} MiB); use the streaming \
-             exec (/exec/stream, `space exec --stream`) for more",
-            MAX_EXEC_STDIN >> 20,
-            MAX_EXEC_BODY >> 20
-        ),
-        None,
-    )
+fn exec_too_large() -> Refusal {
+    Refusal::TooLarge(format!(
+        "exec stdin is limited to {} MiB (the request to {} MiB); use the streaming \
+         exec (/exec/stream, `space exec --stream`) for more",
+        MAX_EXEC_STDIN >> 20,
+        MAX_EXEC_BODY >> 20
+    ))
 }
 
 /// The stdin bytes of an exec request (taken out of it): its text or its decoded
 /// base64, at most [`MAX_EXEC_STDIN`].
-pub(crate) fn exec_stdin(req: &mut ExecRequest) -> Result<Vec<u8>, Rejection> {
+pub(crate) fn exec_stdin(req: &mut ExecRequest) -> Result<Vec<u8>, Refusal> {
     use base64::Engine as _;
     let stdin = match (req.stdin.take(), req.stdin_base64.take()) {
         (Some(_), Some(_)) => {
-            return Err(reject(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                "give stdin or stdin_base64, not both",
-                None,
+            return Err(Refusal::BadRequest(
+                "give stdin or stdin_base64, not both".into(),
             ));
         }
         (Some(text), None) => text.into_bytes(),
         (None, Some(b64)) => {
             // Decoded size known before decoding: no buffer for an oversized stdin.
             if b64.len() / 4 * 3 > MAX_EXEC_STDIN + 2 {
-                return Err(Box::new(exec_too_large()));
+                return Err(exec_too_large());
             }
             base64::engine::general_purpose::STANDARD
                 .decode(b64.as_bytes())
                 .map_err(|e| {
-                    reject(
-                        StatusCode::BAD_REQUEST,
-                        "bad_request",
-                        format!("stdin_base64 is not standard base64: {e}"),
-                        None,
-                    )
+                    Refusal::BadRequest(format!("stdin_base64 is not standard base64: {e}"))
                 })?
         }
         (None, None) => Vec::new(),
     };
     if stdin.len() > MAX_EXEC_STDIN {
-        return Err(Box::new(exec_too_large()));
+        return Err(exec_too_large());
     }
     Ok(stdin)
 }
 
-/// [`crate::daemon::streams::exec_collect`] (stdin larger than a frame), with the same answer
-/// as [`with_conn`] when the execution is retired meanwhile.
+/// [`exec_collect`] (stdin larger than a frame), with the same answer as
+/// [`with_conn`] when the execution is retired meanwhile.
 async fn exec_with_stdin(
     slot: &Arc<Slot>,
     spec: ExecSpec,
     stdin: Vec<u8>,
-) -> Result<space_proto::client::ExecOutput, Rejection> {
+) -> Result<space_proto::client::ExecOutput, Refusal> {
     let lease = slot.lease();
-    match crate::daemon::streams::exec_collect(slot, spec, stdin).await {
-        Err(r) if r.status() == StatusCode::BAD_GATEWAY && *lease.borrow() => Err(reject(
-            StatusCode::MISDIRECTED_REQUEST,
-            "refresh_route",
-            "the execution was retired during the operation",
-            Some("retired"),
-        )),
+    match exec_collect(slot, spec, stdin).await {
+        Err(r) if r.status() == StatusCode::BAD_GATEWAY && *lease.borrow() => {
+            Err(Refusal::RefreshRoute(Stale::RetiredDuringOperation))
+        }
         other => other,
     }
 }
@@ -231,12 +220,7 @@ fn exec_json(answer: &ExecResponse) -> Response {
     let mut body = Vec::with_capacity(size);
     match serde_json::to_writer(&mut body, answer) {
         Ok(()) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-        Err(e) => error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            format!("exec answer: {e}"),
-            None,
-        ),
+        Err(e) => Refusal::Internal(format!("exec answer: {e}")).into_response(),
     }
 }
 

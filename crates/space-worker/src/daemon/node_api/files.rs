@@ -9,26 +9,29 @@
 //! temporary file beside the target and renames it into place only after the whole
 //! body arrived and was synced: a body cut part-way, or a write past the sandbox's
 //! disk limit (`507 no_space`), leaves nothing at the path. Memory per transfer is a
-//! few chunks whatever the file's size.
+//! few chunks whatever the file's size. Listing a directory and removing a path are
+//! single agent calls ([`file_op`]).
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use hyper::body::{Body as _, Frame, SizeHint};
 use space_identity::Access;
-use space_proto::client::{AgentConnection, ClientError, input_frame, write_async};
-use space_proto::guest::{AgentBody, ByteRange, Input, MAX_CHUNK, Operation, RequestId};
+use space_proto::api::FileEntry;
+use space_proto::client::{AgentConnection, Call, ClientError, input_frame, write_async};
+use space_proto::guest::{AgentBody, ByteRange, FileKind, Input, MAX_CHUNK, Operation, RequestId};
 
-use super::{
-    PathQuery, Rejection, admit, agent_error, bad_gateway, connect, error, not_running, observe,
-    once, reject, required_path, stale_or, unpaused, with_execution,
-};
+use super::admission::parse_and_admit;
+use super::agent::{connect, stale_or, with_conn, with_execution};
+use super::idempotency::{IdempotencyCache, once};
+use super::refusal::{Refusal, Stale};
 use crate::daemon::state::{AgentPool, AgentStream, Slot, Worker};
 
 /// Bytes gathered from the agent's chunks before they are handed to the HTTP body
@@ -47,49 +50,54 @@ pub(crate) async fn read_file(
     headers: HeaderMap,
 ) -> Response {
     let start = Instant::now();
-    let resp = read(&w, &headers, &id, &q).await.unwrap_or_else(|r| *r);
-    observe(&w, "read_file", start);
+    let resp = read(&w, &headers, &id, &q)
+        .await
+        .unwrap_or_else(IntoResponse::into_response);
+    w.metrics.observe("read_file", start.elapsed());
     resp
 }
 
 /// `PUT /v1/sandboxes/{id}/files?path=`: the body streamed into the file.
 pub(crate) async fn write_file(
     State(w): State<Arc<Worker>>,
+    State(idempotency): State<IdempotencyCache>,
     Path(id): Path<String>,
     Query(q): Query<PathQuery>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let start = Instant::now();
-    let resp = match admit(&w, &headers, &id, Access::FsWrite)
-        .and_then(|(sbx, slot)| Ok((sbx, slot, required_path(&q)?)))
+    let resp = match parse_and_admit(&w, &headers, &id, Access::FsWrite)
+        .and_then(|admitted| Ok((admitted, required_path(&q)?)))
     {
-        Err(r) => *r,
-        Ok((sandbox, slot, path)) => match unpaused(&w, slot).await {
-            Err(r) => *r,
-            Ok(slot) => {
+        Err(r) => r.into_response(),
+        Ok((admitted, path)) => match admitted.unpaused(&w).await {
+            Err(r) => r.into_response(),
+            Ok(admitted) => {
+                let sandbox = admitted.sandbox();
+                let slot = admitted.into_slot();
                 // The idempotency record keeps the outcome only: a body streamed to
                 // the agent is not replayed from memory, and a replay of the key is
                 // answered from the record without reading its body.
                 let run = move || async move {
                     match write(&slot, path, body).await {
                         Ok(resp) => with_execution(resp, &slot),
-                        Err(r) => *r,
+                        Err(r) => r.into_response(),
                     }
                 };
-                once(&w.idempotency, sandbox, &headers, run).await
+                once(&idempotency, sandbox, &headers, run).await
             }
         },
     };
-    observe(&w, "write_file", start);
+    w.metrics.observe("write_file", start.elapsed());
     resp
 }
 
 /// A verified agent connection of `pool`: an idle one, or a new one.
-async fn take(pool: &AgentPool) -> Result<AgentConnection<AgentStream>, Rejection> {
+async fn take(pool: &AgentPool) -> Result<AgentConnection<AgentStream>, Refusal> {
     match pool.idle() {
         Some(conn) => Ok(conn),
-        None => connect(pool).await.map_err(bad_gateway),
+        None => connect(pool).await.map_err(Refusal::Bridge),
     }
 }
 
@@ -99,8 +107,8 @@ async fn broken(
     e: &ClientError,
     lease: &tokio::sync::watch::Receiver<bool>,
     slot: &Slot,
-) -> Rejection {
-    stale_or(bad_gateway(e.to_string()), lease.clone(), slot).await
+) -> Refusal {
+    stale_or(Refusal::Bridge(e.to_string()), lease.clone(), slot).await
 }
 
 async fn read(
@@ -108,16 +116,19 @@ async fn read(
     headers: &HeaderMap,
     id: &str,
     q: &PathQuery,
-) -> Result<Response, Rejection> {
-    let (_, slot) = admit(w, headers, id, Access::FsRead)?;
+) -> Result<Response, Refusal> {
+    let admitted = parse_and_admit(w, headers, id, Access::FsRead)?;
     let path = required_path(q)?;
-    let slot = unpaused(w, slot).await?;
+    let slot = admitted.unpaused(w).await?.into_slot();
     // A header that is not one byte range is ignored: the whole file is the answer.
     let asked = headers
         .get(header::RANGE)
         .and_then(|v| v.to_str().ok())
         .and_then(ByteRange::parse_header);
-    let pool = slot.pool.clone().ok_or_else(not_running)?;
+    let pool = slot
+        .pool
+        .clone()
+        .ok_or(Refusal::RefreshRoute(Stale::NotRunning))?;
     let lease = slot.lease();
     let mut conn = match take(&pool).await {
         Ok(c) => c,
@@ -136,24 +147,16 @@ async fn read(
         Ok(AgentBody::FileOpened { size, range }) => (size, range),
         Err(ClientError::Agent(e)) => {
             pool.give_back(conn);
-            return Err(Box::new(agent_error(&e)));
+            return Err(Refusal::Agent(e));
         }
         Err(e) => return Err(broken(&e, &lease, &slot).await),
-        Ok(other) => return Err(bad_gateway(format!("unexpected answer {other:?}"))),
+        Ok(other) => return Err(Refusal::Bridge(format!("unexpected answer {other:?}"))),
     };
     let Some((start, len)) = span else {
         if let Ok(AgentBody::ReadEnd { .. }) = conn.next_answer_async(rid).await {
             pool.give_back(conn);
         }
-        let mut resp = error(
-            StatusCode::RANGE_NOT_SATISFIABLE,
-            "range_not_satisfiable",
-            format!("the range selects nothing of this {size}-byte file"),
-            None,
-        );
-        if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
-            resp.headers_mut().insert(header::CONTENT_RANGE, v);
-        }
+        let resp = Refusal::RangeNotSatisfiable { size }.into_response();
         return Ok(with_execution(resp, &slot));
     };
     let (tx, rx) = tokio::sync::mpsc::channel(QUEUE);
@@ -332,8 +335,11 @@ impl hyper::body::Body for Streamed {
 /// Streams `body` into `path` through one agent connection: the request, the body's
 /// chunks as they arrive (each data frame of the body in one socket write), the end,
 /// and the agent's answer once the new file is durable at `path`.
-async fn write(slot: &Arc<Slot>, path: String, mut body: Body) -> Result<Response, Rejection> {
-    let pool = slot.pool.clone().ok_or_else(not_running)?;
+async fn write(slot: &Arc<Slot>, path: String, mut body: Body) -> Result<Response, Refusal> {
+    let pool = slot
+        .pool
+        .clone()
+        .ok_or(Refusal::RefreshRoute(Stale::NotRunning))?;
     let lease = slot.lease();
     let mut conn = match take(&pool).await {
         Ok(c) => c,
@@ -355,15 +361,10 @@ async fn write(slot: &Arc<Slot>, path: String, mut body: Body) -> Result<Respons
         let Ok(next) = tokio::time::timeout(idle(), next).await else {
             // A client that stops sending holds an agent connection and a temporary
             // file: after the idle time, both go (nothing is written at `path`).
-            return Err(reject(
-                StatusCode::REQUEST_TIMEOUT,
-                "body_timeout",
-                format!(
-                    "no byte of the request body for {} s; nothing was written",
-                    idle().as_secs()
-                ),
-                None,
-            ));
+            return Err(Refusal::BodyTimeout(format!(
+                "no byte of the request body for {} s; nothing was written",
+                idle().as_secs()
+            )));
         };
         let data = match next {
             None => break,
@@ -374,19 +375,16 @@ async fn write(slot: &Arc<Slot>, path: String, mut body: Body) -> Result<Respons
             // The client went away or sent less than it announced: the connection is
             // dropped without an end, and the agent removes its temporary file.
             Some(Err(e)) => {
-                return Err(reject(
-                    StatusCode::BAD_REQUEST,
-                    "incomplete_body",
-                    format!("the request body ended early: {e}; nothing was written"),
-                    None,
-                ));
+                return Err(Refusal::IncompleteBody(format!(
+                    "the request body ended early: {e}; nothing was written"
+                )));
             }
         };
         frames.clear();
         for piece in data.chunks(MAX_CHUNK) {
             match input_frame(rid, Input::Data(piece.to_vec())) {
                 Ok(f) => frames.extend_from_slice(&f),
-                Err(e) => return Err(bad_gateway(e.to_string())),
+                Err(e) => return Err(Refusal::Bridge(e.to_string())),
             }
         }
         if let Err(e) = write_async(conn.stream_mut(), &frames).await {
@@ -403,9 +401,137 @@ async fn write(slot: &Arc<Slot>, path: String, mut body: Body) -> Result<Respons
         }
         Err(ClientError::Agent(e)) => {
             pool.give_back(conn);
-            Err(Box::new(agent_error(&e)))
+            Err(Refusal::Agent(e))
         }
         Err(e) => Err(broken(&e, &lease, slot).await),
-        Ok(other) => Err(bad_gateway(format!("unexpected answer {other:?}"))),
+        Ok(other) => Err(Refusal::Bridge(format!("unexpected answer {other:?}"))),
     }
+}
+
+/// The `path` query parameter of a file operation.
+#[derive(serde::Deserialize)]
+pub(crate) struct PathQuery {
+    path: Option<String>,
+}
+
+fn required_path(q: &PathQuery) -> Result<String, Refusal> {
+    match q.path.as_deref() {
+        Some(p) if !p.is_empty() && p.len() <= 4096 && !p.contains('\0') => Ok(p.to_owned()),
+        _ => Err(Refusal::BadRequest(
+            "query parameter `path` is required".into(),
+        )),
+    }
+}
+
+/// A file operation: admit, take the path, run `f` on a verified bridge connection,
+/// shape the answer. Writes and removals honour idempotency keys.
+#[allow(clippy::too_many_arguments)]
+async fn file_op<T, F, R>(
+    w: &Worker,
+    idempotency: &IdempotencyCache,
+    headers: &HeaderMap,
+    id: &str,
+    q: &PathQuery,
+    access: Access,
+    name: &'static str,
+    f: F,
+    respond: R,
+) -> Response
+where
+    T: Send + 'static,
+    F: FnOnce(&str) -> Call<T>,
+    R: FnOnce(T) -> Response + Send + 'static,
+{
+    let start = Instant::now();
+    let admitted = match parse_and_admit(w, headers, id, access)
+        .and_then(|admitted| Ok((admitted, required_path(q)?)))
+    {
+        Ok((admitted, path)) => admitted.unpaused(w).await.map(|a| (a, path)),
+        Err(r) => Err(r),
+    };
+    let resp = match admitted {
+        Err(r) => r.into_response(),
+        Ok((admitted, path)) => {
+            let sandbox = admitted.sandbox();
+            let slot = admitted.into_slot();
+            let call = f(&path);
+            let run = move || async move {
+                match with_conn(&slot, call).await {
+                    Ok(v) => with_execution(respond(v), &slot),
+                    Err(r) => r.into_response(),
+                }
+            };
+            if access == Access::FsWrite {
+                once(idempotency, sandbox, headers, run).await
+            } else {
+                run().await
+            }
+        }
+    };
+    w.metrics.observe(name, start.elapsed());
+    resp
+}
+
+/// `DELETE /v1/sandboxes/{id}/files?path=`.
+pub(crate) async fn remove_file(
+    State(w): State<Arc<Worker>>,
+    State(idempotency): State<IdempotencyCache>,
+    Path(id): Path<String>,
+    Query(q): Query<PathQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let remove = |path: &str| Call::remove(path, true);
+    let respond = |()| StatusCode::NO_CONTENT.into_response();
+    file_op(
+        &w,
+        &idempotency,
+        &headers,
+        &id,
+        &q,
+        Access::FsWrite,
+        "remove_file",
+        remove,
+        respond,
+    )
+    .await
+}
+
+/// `GET /v1/sandboxes/{id}/files/list?path=`.
+pub(crate) async fn list_files(
+    State(w): State<Arc<Worker>>,
+    State(idempotency): State<IdempotencyCache>,
+    Path(id): Path<String>,
+    Query(q): Query<PathQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let list = |path: &str| Call::list(path);
+    let respond = |entries: Vec<space_proto::guest::DirEntry>| {
+        let out: Vec<FileEntry> = entries
+            .into_iter()
+            .map(|e| FileEntry {
+                name: e.name,
+                kind: match e.kind {
+                    FileKind::File => "file",
+                    FileKind::Dir => "dir",
+                    FileKind::Symlink => "symlink",
+                    FileKind::Other => "other",
+                }
+                .to_owned(),
+                size: e.size,
+            })
+            .collect();
+        Json(out).into_response()
+    };
+    file_op(
+        &w,
+        &idempotency,
+        &headers,
+        &id,
+        &q,
+        Access::FsRead,
+        "list",
+        list,
+        respond,
+    )
+    .await
 }

@@ -11,7 +11,8 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use space_identity::SandboxId;
 
-use super::{detached, error};
+use super::refusal::Refusal;
+
 /// A response remembered under an idempotency key.
 #[derive(Debug)]
 struct Stored {
@@ -206,6 +207,15 @@ impl CacheInner {
         }
     }
 }
+/// Runs `fut` in its own task to its end, whatever becomes of the caller.
+async fn detached<T: Send + 'static>(
+    fut: impl std::future::Future<Output = T> + Send + 'static,
+) -> Result<T, Refusal> {
+    tokio::spawn(fut)
+        .await
+        .map_err(|e| Refusal::Internal(format!("operation task: {e}")))
+}
+
 /// Largest answer an operation may give (an exec's JSON is bounded by its output caps).
 const MAX_ANSWER: usize = 2 * space_proto::api::MAX_OUTPUT_BYTES as usize + (1 << 20);
 
@@ -214,7 +224,7 @@ const MAX_ANSWER: usize = 2 * space_proto::api::MAX_OUTPUT_BYTES as usize + (1 <
 /// cancels neither the operation nor the recording of its answer, and a retry with the
 /// same key gets that answer instead of a second run — or, when the answer was too
 /// large to keep or was dropped to make room, `409 replay_unavailable`.
-pub(super) async fn once<F, Fut>(
+pub(crate) async fn once<F, Fut>(
     cache: &IdempotencyCache,
     sandbox: SandboxId,
     headers: &HeaderMap,
@@ -225,15 +235,13 @@ where
     Fut: std::future::Future<Output = Response> + Send + 'static,
 {
     let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) else {
-        return detached(run()).await.unwrap_or_else(|r| *r);
+        return detached(run())
+            .await
+            .unwrap_or_else(IntoResponse::into_response);
     };
     if key.is_empty() || key.len() > 255 {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            "idempotency key must be 1 to 255 characters",
-            None,
-        );
+        return Refusal::BadRequest("idempotency key must be 1 to 255 characters".into())
+            .into_response();
     }
     let key: Key = (sandbox, key.to_owned());
     let cell = cache.cell(key.clone());
@@ -266,12 +274,10 @@ where
                     match axum::body::to_bytes(resp.into_body(), MAX_ANSWER).await {
                         Ok(body) => (status, content_type, body),
                         Err(e) => {
-                            let e = error(
-                                StatusCode::BAD_GATEWAY,
-                                "answer_failed",
-                                format!("the operation ran but its answer was lost: {e}"),
-                                None,
-                            );
+                            let e = Refusal::AnswerLost(format!(
+                                "the operation ran but its answer was lost: {e}"
+                            ))
+                            .into_response();
                             let body = axum::body::to_bytes(e.into_body(), 4096)
                                 .await
                                 .unwrap_or_default();
@@ -300,7 +306,7 @@ where
     .await;
     let (stored, fresh) = match answered {
         Ok(v) => v,
-        Err(r) => return *r,
+        Err(r) => return r.into_response(),
     };
     let mut resp = match fresh.or_else(|| stored.body()) {
         Some(body) => (
@@ -314,16 +320,12 @@ where
                 Some(Dropped::TooLarge) => "was too large to keep for a replay",
                 _ => "is no longer kept (newer answers needed the room)",
             };
-            error(
-                StatusCode::CONFLICT,
-                "replay_unavailable",
-                format!(
-                    "an operation with this idempotency key already ran (status {}); its \
-                     answer {why}, and it is not run a second time",
-                    stored.status.as_u16()
-                ),
-                None,
-            )
+            Refusal::ReplayUnavailable(format!(
+                "an operation with this idempotency key already ran (status {}); its \
+                 answer {why}, and it is not run a second time",
+                stored.status.as_u16()
+            ))
+            .into_response()
         }
     };
     // Only an answer that came from the agent names an execution (a refusal before it

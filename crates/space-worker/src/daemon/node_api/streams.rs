@@ -11,18 +11,21 @@ use std::sync::Arc;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
+use axum::response::IntoResponse;
 use axum::response::Response;
 use space_identity::Access;
-use space_proto::client::{self, AgentConnection, ExecOutput};
+use space_proto::client::AgentConnection;
 use space_proto::guest::{
-    AgentBody, ExecSpec, ExitOutcome, Input, MAX_CHUNK, Operation, OutputCap, PtySize, RequestId,
-    WatchEvent,
+    AgentBody, ExecSpec, ExitOutcome, Input, MAX_CHUNK, Operation, PtySize, RequestId, WatchEvent,
 };
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 
-use super::node_api::{Rejection, admit_stream};
-use super::state::{Slot, Worker};
+use super::admission::admit_stream;
+use super::agent::{Split, send_input, start_split};
+use super::exec::exec_stdin;
+use super::refusal::Refusal;
+use crate::daemon::state::{Slot, Worker};
 
 /// Close code sent when the execution a stream was bound to is replaced or retired.
 pub const CLOSE_REPLACED: u16 = 4001;
@@ -61,8 +64,8 @@ pub async fn terminal(
     ws: WebSocketUpgrade,
 ) -> Response {
     let slot = match admit_stream(&w, &headers, &id, Access::Terminal).await {
-        Ok(s) => s,
-        Err(r) => return *r,
+        Ok(admitted) => admitted.into_slot(),
+        Err(r) => return r.into_response(),
     };
     let size = PtySize {
         rows: q.rows.unwrap_or(24).clamp(1, 1000),
@@ -81,7 +84,7 @@ pub async fn terminal(
         Ok(opened) => {
             ws.on_upgrade(move |socket| relay(socket, slot, opened, false, PendingInput::default()))
         }
-        Err(r) => *r,
+        Err(r) => r.into_response(),
     }
 }
 
@@ -95,8 +98,8 @@ pub async fn watch(
     ws: WebSocketUpgrade,
 ) -> Response {
     let slot = match admit_stream(&w, &headers, &id, Access::Watch).await {
-        Ok(s) => s,
-        Err(r) => return *r,
+        Ok(admitted) => admitted.into_slot(),
+        Err(r) => return r.into_response(),
     };
     let path = q.path.unwrap_or_else(|| "/root".into());
     let op = Operation::Watch {
@@ -107,7 +110,7 @@ pub async fn watch(
         Ok(opened) => {
             ws.on_upgrade(move |socket| relay(socket, slot, opened, false, PendingInput::default()))
         }
-        Err(r) => *r,
+        Err(r) => r.into_response(),
     }
 }
 
@@ -122,8 +125,8 @@ pub async fn exec_stream(
     ws: WebSocketUpgrade,
 ) -> Response {
     let slot = match admit_stream(&w, &headers, &id, Access::Exec).await {
-        Ok(s) => s,
-        Err(r) => return *r,
+        Ok(admitted) => admitted.into_slot(),
+        Err(r) => return r.into_response(),
     };
     ws.on_upgrade(move |mut socket| async move {
         let first = tokio::time::timeout(std::time::Duration::from_secs(30), socket.recv()).await;
@@ -162,7 +165,7 @@ pub async fn exec_stream(
         // the client's binary messages, up to an empty one.
         let given = req.stdin.is_some() || req.stdin_base64.is_some();
         let mut initial = PendingInput::default();
-        match super::node_api::exec_stdin(&mut req) {
+        match exec_stdin(&mut req) {
             Ok(bytes) if given => {
                 initial.stdin(bytes.into());
                 initial.then(Input::CloseStdin);
@@ -235,19 +238,9 @@ impl Drop for Reader {
     }
 }
 
-/// An operation started on a dedicated connection: its id, the write half for its
-/// input, the read half for its answers, and the first answer (`Started` with the pid
-/// of an exec, `WatchStarted`).
-struct Split {
-    id: RequestId,
-    writer: OwnedWriteHalf,
-    conn: AgentConnection<OwnedReadHalf>,
-    first: AgentBody,
-}
-
 /// Opens a dedicated connection (its checks and handshake on the blocking pool),
 /// starts `op`, and spawns the task that reads its answers.
-async fn open(slot: &Arc<Slot>, op: Operation) -> Result<Opened, Rejection> {
+async fn open(slot: &Arc<Slot>, op: Operation) -> Result<Opened, Refusal> {
     let Split {
         id, writer, conn, ..
     } = start_split(slot, op).await?;
@@ -258,149 +251,6 @@ async fn open(slot: &Arc<Slot>, op: Operation) -> Result<Opened, Rejection> {
         writer,
         output,
         reader,
-    })
-}
-
-/// Opens a dedicated connection, starts `op` on it and splits it into its halves once
-/// the agent said the operation started.
-async fn start_split(slot: &Arc<Slot>, op: Operation) -> Result<Split, Rejection> {
-    let Some(pool) = slot.pool.clone() else {
-        return Err(super::node_api::not_running());
-    };
-    let watch = matches!(op, Operation::Watch { .. });
-    let bad = |e: String| super::node_api::bad_gateway(e);
-    let conn = tokio::task::spawn_blocking(move || pool.dedicated())
-        .await
-        .map_err(|e| bad(e.to_string()))?
-        .map_err(|e| bad(e.to_string()))?;
-    let mut conn = conn
-        .map_stream(|s| {
-            s.set_nonblocking(true)?;
-            tokio::net::UnixStream::from_std(s)
-        })
-        .map_err(|e| bad(e.to_string()))?;
-    let id = conn
-        .send_request_async(op)
-        .await
-        .map_err(|e| bad(e.to_string()))?;
-    // The first answer tells whether the operation started. The agent's refusal (a
-    // missing directory to watch, a bad cwd) comes as an error of the connection's
-    // reader: answered with its own status (404 `not_found`, …), not as a broken
-    // backend (502).
-    let first = match conn.next_answer_async(id).await {
-        Ok(body) => body,
-        Err(client::ClientError::Agent(e)) => {
-            return Err(Box::new(super::node_api::agent_error(&e)));
-        }
-        Err(e) => return Err(bad(e.to_string())),
-    };
-    match (&first, watch) {
-        (AgentBody::Started { .. }, false) | (AgentBody::WatchStarted, true) => {}
-        (AgentBody::Error(e), _) => return Err(Box::new(super::node_api::agent_error(e))),
-        (other, _) => return Err(bad(format!("unexpected {other:?}"))),
-    }
-    let mut writer = None;
-    let conn = conn
-        .map_stream(|s| {
-            let (read, write) = s.into_split();
-            writer = Some(write);
-            Ok::<_, std::convert::Infallible>(read)
-        })
-        .unwrap_or_else(|never| match never {});
-    let writer = writer.ok_or_else(|| bad("split".into()))?;
-    Ok(Split {
-        id,
-        writer,
-        conn,
-        first,
-    })
-}
-
-/// Runs a non-streaming exec whose stdin is too large for the request frame: the
-/// process starts with its stdin open, `stdin` follows in [`MAX_CHUNK`] input frames
-/// and is then closed, and the output is collected (capped at the spec's
-/// `max_output_bytes`, as [`space_proto::client::Call::exec`] does) *while* stdin is
-/// written — a process that echoes its input (`cat`) would otherwise block on its
-/// full stdout while the worker waits for it to read more.
-pub(crate) async fn exec_collect(
-    slot: &Arc<Slot>,
-    mut spec: ExecSpec,
-    stdin: Vec<u8>,
-) -> Result<ExecOutput, Rejection> {
-    spec.stdin = None;
-    let mut caps = spec
-        .max_output_bytes
-        .map(|n| [OutputCap::new(n), OutputCap::new(n)]);
-    let Split {
-        id,
-        mut writer,
-        mut conn,
-        first,
-    } = start_split(slot, Operation::Exec(spec)).await?;
-    let AgentBody::Started { pid } = first else {
-        return Err(super::node_api::bad_gateway(format!(
-            "unexpected {first:?}"
-        )));
-    };
-    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-    let feed = async {
-        for chunk in stdin.chunks(MAX_CHUNK) {
-            send_input(&mut writer, id, Input::Stdin(chunk.to_vec())).await?;
-        }
-        send_input(&mut writer, id, Input::CloseStdin).await
-    };
-    let collect = async {
-        loop {
-            match conn.next_answer_async(id).await? {
-                AgentBody::Stdout(c) => match &mut caps {
-                    Some([cap, _]) => cap.push(&c, &mut stdout),
-                    None => stdout.extend_from_slice(&c),
-                },
-                AgentBody::Stderr(c) => match &mut caps {
-                    Some([_, cap]) => cap.push(&c, &mut stderr),
-                    None => stderr.extend_from_slice(&c),
-                },
-                AgentBody::Exited(status) => return Ok(status),
-                other => {
-                    return Err(client::ClientError::Unexpected {
-                        request: id,
-                        what: format!("{other:?}").chars().take(120).collect(),
-                    });
-                }
-            }
-        }
-    };
-    let ended = {
-        let mut feed = std::pin::pin!(feed);
-        let mut collect = std::pin::pin!(collect);
-        let mut fed = false;
-        loop {
-            tokio::select! {
-                // A write that fails (the process exited and the agent went on) is not
-                // the outcome: the answers are.
-                _ = &mut feed, if !fed => fed = true,
-                r = &mut collect => break r,
-            }
-        }
-    };
-    let mut status = match ended {
-        Ok(status) => status,
-        Err(client::ClientError::Agent(e)) => {
-            return Err(Box::new(super::node_api::agent_error(&e)));
-        }
-        Err(e) => return Err(super::node_api::bad_gateway(e.to_string())),
-    };
-    if let Some([out, err]) = &mut caps {
-        out.finish(&mut stdout);
-        err.finish(&mut stderr);
-        status.stdout_truncated |= out.truncated();
-        status.stderr_truncated |= err.truncated();
-    }
-    Ok(ExecOutput {
-        pid,
-        stdout,
-        stderr,
-        status,
     })
 }
 
@@ -450,14 +300,6 @@ fn event_json(e: &WatchEvent) -> serde_json::Value {
         }
         WatchEvent::Overflow => serde_json::json!({"type": "overflow"}),
     }
-}
-
-async fn send_input(
-    writer: &mut OwnedWriteHalf,
-    id: RequestId,
-    input: Input,
-) -> Result<(), client::ClientError> {
-    client::write_async(writer, &client::input_frame(id, input)?).await
 }
 
 async fn close(socket: &mut WebSocket, code: u16, reason: String) {

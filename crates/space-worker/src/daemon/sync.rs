@@ -1,0 +1,213 @@
+//! Catching up with the control plane: the reconciliation at a worker's start
+//! (re-adopt what survived, report what was lost, retire what is no longer listed,
+//! sweep leftovers) and the periodic resync (retirements missed while unreachable).
+
+use std::sync::Arc;
+
+use space_http::HttpClient;
+use space_proto::api::{SignedUpdate, Update};
+
+use super::records::{ExecutionRecord, RecordState};
+use super::state::{AgentPool, Worker, activation_of, now_secs};
+use super::{agent_watch, launch, updates};
+
+/// Applies the control plane's sync: bundle first, then re-adopt each execution it
+/// lists if its processes survived and verify, report it lost otherwise, and retire
+/// every local execution it does not list.
+pub async fn reconcile(
+    worker: &Arc<Worker>,
+    list: Vec<SignedUpdate>,
+    http: &HttpClient,
+    control_url: &str,
+    credential: &str,
+) -> Result<(), String> {
+    let mut wanted = Vec::new();
+    // One durable claim of every sequence number in the list.
+    for (body, update) in updates::verify_all(worker, &list).map_err(|e| e.to_string())? {
+        match update {
+            Update::Bundle { .. } => {
+                updates::apply(worker, body, update)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            Update::Install(i) => wanted.push(i),
+            Update::Retire { .. }
+            | Update::Pause { .. }
+            | Update::Resume { .. }
+            | Update::Unfreeze { .. }
+            | Update::Snapshot { .. }
+            | Update::Layer { .. } => {
+                updates::apply(worker, body, update)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    let mut lost = Vec::new();
+    for i in &wanted {
+        if !readopt(worker, i).await {
+            lost.push((i.sandbox, i.generation));
+        }
+    }
+    // Everything live here that the control plane did not list is retired.
+    let live: Vec<ExecutionRecord> = worker
+        .records
+        .all()
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .filter(|r| {
+            matches!(
+                r.state,
+                RecordState::Starting | RecordState::Running | RecordState::Paused
+            )
+        })
+        .collect();
+    for r in live {
+        if !wanted
+            .iter()
+            .any(|i| i.sandbox == r.sandbox && i.generation == r.generation)
+        {
+            updates::retire_unlisted(worker, &r).await;
+        }
+    }
+    let live: Vec<_> = worker
+        .records
+        .all()
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .filter(|r| matches!(r.state, RecordState::Running | RecordState::Paused))
+        .collect();
+    let keep: Vec<_> = live
+        .iter()
+        .map(|r| launch::execution_key(&r.sandbox, &r.execution_id))
+        .collect();
+    let keep_runs: Vec<_> = live
+        .iter()
+        .filter_map(|r| {
+            r.handle
+                .as_ref()?
+                .socket_path
+                .parent()
+                .map(std::path::Path::to_path_buf)
+        })
+        .collect();
+    let jail = Arc::clone(&worker.substrate);
+    let data_dir = worker.data_dir.clone();
+    // No install may create directories while the sweep decides what is left over.
+    let _applying = worker.update_lock.write().await;
+    match tokio::task::spawn_blocking(move || jail.sweep_leftovers(&data_dir, &keep, &keep_runs))
+        .await
+    {
+        Ok(Ok(report)) => tracing::info!(?report, "startup sweep"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "startup sweep failed"),
+        Err(e) => tracing::warn!(error = %e, "startup sweep panicked"),
+    }
+    launch::kill_stray_bridges(&worker.data_dir, &worker.binaries.bridge, &live);
+    drop(_applying);
+    for (sandbox, generation) in lost {
+        let url = format!(
+            "{}/internal/v1/workers/{}/lost",
+            control_url.trim_end_matches('/'),
+            worker.id
+        );
+        let auth = format!("Bearer {credential}");
+        let body = serde_json::json!({"sandbox": sandbox, "generation": generation});
+        if let Err(e) = http
+            .post_json(&url, &[("authorization", &auth)], &body)
+            .await
+        {
+            tracing::warn!(sandbox = %sandbox, error = %e, "could not report a lost execution");
+        }
+    }
+    Ok(())
+}
+
+/// Re-adopts an execution after a restart if its record is running and its jail,
+/// agent and bridge are the recorded live processes. Otherwise marks it failed.
+async fn readopt(worker: &Arc<Worker>, i: &space_proto::api::InstallExecution) -> bool {
+    let Some(slot) = worker.slot(&i.sandbox) else {
+        return false;
+    };
+    let r = &slot.record;
+    let same = r.generation == i.generation && r.execution_id == i.execution_id;
+    let alive = same
+        && matches!(r.state, RecordState::Running | RecordState::Paused)
+        && r.bridge
+            .as_ref()
+            .is_some_and(|b| launch::still_alive(&b.process))
+        && r.handle.as_ref().is_some_and(|h| {
+            h.agent
+                .is_some_and(|a| launch::still_alive_pid(a.pid, a.start_time))
+        });
+    // Its user namespace range was free while no worker held it: re-adopted only
+    // if it is still this jail's alone.
+    let alive = alive
+        && r.handle
+            .as_ref()
+            .is_some_and(|h| worker.substrate.hold_userns(h).unwrap_or(false));
+    if alive {
+        if let Some(b) = &r.bridge {
+            let pool = Arc::new(AgentPool::new(
+                launch::bridge_target(b, &activation_of(r)),
+                32,
+            ));
+            worker.put_slot(r.clone(), Some(pool));
+        }
+        agent_watch::watch_agent(worker, r);
+        tracing::info!(sandbox = %r.sandbox, generation = r.generation, "re-adopted after restart");
+        return true;
+    }
+    if same {
+        let mut failed = r.clone();
+        failed.state = RecordState::Failed;
+        failed.updated_at = now_secs() as i64;
+        let _ = worker.records.put(&failed);
+        worker.teardown(r, launch::Layer::Keep).await;
+        worker.put_slot(failed, None);
+    }
+    false
+}
+
+/// Periodic catch-up: installs the newest bundle and retires every execution that
+/// runs here but that the control plane no longer lists (a retirement missed while
+/// this worker was unreachable). Executions are never started from here: an
+/// install that was not acknowledged already failed at the control plane.
+/// Records changed since shortly before `asked_at` are left alone: the list may
+/// predate them.
+pub async fn resync(worker: &Arc<Worker>, list: Vec<SignedUpdate>, asked_at: i64) {
+    let mut listed = Vec::new();
+    let verified = match updates::verify_all(worker, &list) {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::warn!(error = %e, "resync: update refused");
+            return;
+        }
+    };
+    for (body, update) in verified {
+        match update {
+            update @ Update::Bundle { .. } => {
+                if let Err(e) = updates::apply(worker, body, update).await {
+                    tracing::warn!(error = %e, "resync: bundle refused");
+                }
+            }
+            Update::Install(i) => listed.push((i.sandbox, i.generation)),
+            _ => {}
+        }
+    }
+    let Ok(records) = worker.records.all() else {
+        return;
+    };
+    for r in records {
+        let live = matches!(r.state, RecordState::Running | RecordState::Paused);
+        let settled = r.updated_at < asked_at - 2;
+        if live && settled && !listed.contains(&(r.sandbox, r.generation)) {
+            tracing::info!(sandbox = %r.sandbox, generation = r.generation, "retiring an execution the control plane no longer lists");
+            let retire = Update::Retire {
+                sandbox: r.sandbox,
+                generation: r.generation,
+                execution_id: r.execution_id,
+            };
+            let _ = updates::apply(worker, Vec::new(), retire).await;
+        }
+    }
+}
