@@ -512,22 +512,24 @@ async fn standalone_edge(p: &Plane) -> Router {
 }
 
 #[tokio::test]
-async fn a_standalone_edge_refuses_a_forged_key_with_401() {
+async fn a_standalone_edge_refuses_a_forged_key_with_401_before_the_body_is_read() {
     let p = Plane::start().await;
     let edge = standalone_edge(&p).await;
     let id = p.sandbox(&p.tenant, SandboxState::Running).await;
+    let pulled = Arc::new(AtomicUsize::new(0));
     let a = call(
         edge,
         request(
             "POST",
             &format!("/v1/sandboxes/{id}/exec"),
             Some("space_not_a_key"),
-            Body::from(EXEC),
+            counted_body(8, Arc::clone(&pulled)),
         ),
     )
     .await;
     assert_eq!(a.status, StatusCode::UNAUTHORIZED);
     assert_eq!(a.error(), ("unauthorized", "a valid API key is required"));
+    assert_eq!(pulled.load(Ordering::SeqCst), 0, "the body was read");
 }
 
 #[tokio::test]
