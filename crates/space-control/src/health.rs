@@ -9,14 +9,14 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use axum::Json;
-use axum::extract::State;
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use space_proto::api::ErrorBody;
 
-use crate::api::AppState;
-use crate::edge::Authority;
+use crate::edge::{Authority, Edge};
 
 /// How long `/readyz` waits for the store or the control plane before it says no.
 pub const READY_WITHIN: Duration = Duration::from_secs(2);
@@ -26,17 +26,17 @@ pub async fn healthz() -> Response {
     Json(serde_json::json!({"status": "ok"})).into_response()
 }
 
-/// `GET /readyz`.
-pub async fn readyz(State(st): State<AppState>) -> Response {
-    match readiness(&st).await {
+/// `GET /readyz` of the process `edge` serves in (its authority says which).
+pub async fn readyz(edge: Arc<Edge>) -> Response {
+    match readiness(&edge).await {
         Ok(()) => Json(serde_json::json!({"status": "ready"})).into_response(),
         Err(message) => not_ready(message),
     }
 }
 
 /// Why this process cannot do its job now, if it cannot.
-async fn readiness(st: &AppState) -> Result<(), &'static str> {
-    match st.edge.authority() {
+async fn readiness(edge: &Edge) -> Result<(), &'static str> {
+    match edge.authority() {
         Authority::Local(cp) => {
             match tokio::time::timeout(READY_WITHIN, cp.store.schema_versions()).await {
                 Ok(Ok(_)) => Ok(()),

@@ -9,8 +9,6 @@ use hyper::client::conn::http1::Connection;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use super::Failure;
-use crate::Answer;
 use crate::body::ReqBody;
 
 /// Polls a request's future and its connection in one task until the request is
@@ -60,9 +58,9 @@ impl std::task::Wake for WakeFlag {
     }
 }
 
-impl<W: Future<Output = Result<Answer, Failure>>> Future for Together<'_, W> {
-    /// The answer, and whether the connection ended meanwhile.
-    type Output = (Result<Answer, Failure>, bool);
+impl<T, W: Future<Output = T>> Future for Together<'_, W> {
+    /// The request's outcome, and whether the connection ended meanwhile.
+    type Output = (T, bool);
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         use std::sync::atomic::Ordering::SeqCst;
