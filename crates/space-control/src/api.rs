@@ -153,7 +153,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/whoami", get(whoami))
         .route("/metrics", get(metrics))
         .route("/healthz", get(crate::health::healthz))
-        .route("/readyz", get(|State(st): State<AppState>| crate::health::readyz(st.edge)))
+        .route(
+            "/readyz",
+            get(|State(st): State<AppState>| crate::health::readyz(st.edge)),
+        )
         .fallback(|| async { ControlError::NotFound("route") })
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn_with_state(
@@ -623,7 +626,10 @@ pub fn edge_router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/watch", get(forward_stream))
         .route("/v1/sandboxes/{id}/exec/stream", get(forward_stream))
         .route("/healthz", get(crate::health::healthz))
-        .route("/readyz", get(|State(st): State<AppState>| crate::health::readyz(st.edge)))
+        .route(
+            "/readyz",
+            get(|State(st): State<AppState>| crate::health::readyz(st.edge)),
+        )
         .fallback(relay_to_control)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn_with_state(
