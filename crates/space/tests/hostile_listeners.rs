@@ -118,7 +118,7 @@ fn slow_header_clients_are_cut_off_by_the_header_timeout() {
     }
     // Normal requests are still served, on both listeners.
     let (status, body) = http("GET", &format!("http://{w1}/healthz"), None, b"");
-    assert_eq!((status, &body[..]), (200, &b"ok"[..]));
+    assert_eq!((status, &body[..]), (200, &br#"{"status":"ok"}"#[..]));
     let out = c.cli(&["--json", "workers"]);
     assert!(out.status.success());
 }
@@ -172,7 +172,7 @@ fn connections_past_the_limit_are_refused_and_rss_stays_bounded() {
     // Once they are gone, both answer again.
     std::thread::sleep(Duration::from_millis(300));
     let (status, body) = http("GET", &format!("http://{w1}/healthz"), None, b"");
-    assert_eq!((status, &body[..]), (200, &b"ok"[..]));
+    assert_eq!((status, &body[..]), (200, &br#"{"status":"ok"}"#[..]));
     let out = c.cli(&["--json", "workers"]);
     assert!(
         out.status.success(),

@@ -29,11 +29,13 @@
 pub mod agent_socket;
 pub mod agent_watch;
 pub mod config;
+pub mod health;
 pub mod launch;
 pub mod limits;
 pub mod lock;
 pub mod metrics;
 pub mod node_api;
+pub mod readiness;
 pub mod records;
 pub mod snapshot;
 pub mod start;

@@ -103,7 +103,8 @@ pub fn router(worker: Arc<Worker>) -> Router {
                 .route_layer(axum::middleware::from_fn(space_http::run_to_end)),
         )
         .route("/metrics", get(metrics::metrics))
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(super::health::healthz))
+        .route("/readyz", get(super::health::readyz))
         .fallback(|| async { refusal::Refusal::NoRoute.into_response() })
         .layer(DefaultBodyLimit::max(MAX_BUFFERED_BODY))
         .with_state(NodeApi {

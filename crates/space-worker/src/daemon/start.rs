@@ -112,6 +112,7 @@ pub async fn run(config: WorkerConfig) -> Result<WorkerHandle, String> {
         &enrolled.credential,
     )
     .await?;
+    worker.readiness.synced();
     tracing::info!(worker = %config.id, url = %url, "worker ready");
     // After the reconciliation's sweep, which would take warm jails for leftovers.
     worker.warm.start(
@@ -133,8 +134,14 @@ pub async fn run(config: WorkerConfig) -> Result<WorkerHandle, String> {
             }
             let asked_at = state::now_secs() as i64;
             match sync_list(&http, &resync_config, &enrolled.credential).await {
-                Ok(list) => sync::resync(&resync_worker, list, asked_at).await,
-                Err(e) => tracing::warn!(error = %e, "periodic sync failed"),
+                Ok(list) => {
+                    sync::resync(&resync_worker, list, asked_at).await;
+                    resync_worker.readiness.synced();
+                }
+                Err(e) => {
+                    resync_worker.readiness.sync_failed();
+                    tracing::warn!(error = %e, "periodic sync failed");
+                }
             }
             // Tombstones past their retention go (a capability for them is expired by
             // then); the sandbox's highest generation stays, so nothing old installs.

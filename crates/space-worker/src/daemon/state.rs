@@ -106,6 +106,8 @@ pub struct Worker {
     sandbox_locks: Mutex<HashMap<SandboxId, Arc<tokio::sync::Mutex<()>>>>,
     /// Metrics.
     pub metrics: WorkerMetrics,
+    /// Whether it is enrolled and synced with its control plane (`/readyz`).
+    pub readiness: super::readiness::Readiness,
     /// Jails launched ahead of demand.
     pub warm: Arc<WarmPool>,
     /// The control plane's base URL (lost executions are reported there).
@@ -238,6 +240,7 @@ impl Worker {
             update_lock: tokio::sync::RwLock::new(()),
             sandbox_locks: Mutex::new(HashMap::new()),
             metrics: WorkerMetrics::default(),
+            readiness: super::readiness::Readiness::default(),
             control_url: config.control_url.clone(),
             stopping: std::sync::atomic::AtomicBool::new(false),
             warm: WarmPool::new(
