@@ -270,6 +270,12 @@ impl SubstrateError {
     }
 }
 
+/// A `map_err` that makes an I/O error a [`SubstrateError::Io`] saying what was done.
+pub(crate) fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> SubstrateError {
+    let context = context.into();
+    move |e| SubstrateError::io(context, e)
+}
+
 /// A way to run executions. Implementations are blocking and thread-safe.
 pub trait Substrate: Send + Sync {
     /// Which substrate this is.

@@ -75,6 +75,16 @@ pub fn children(pid: i32) -> io::Result<Vec<i32>> {
         .collect())
 }
 
+/// Reaps those of `pids` whose parent is this process.
+pub(crate) fn reap_children_of_this_process(pids: &[i32]) {
+    let me = std::process::id() as i32;
+    for &pid in pids {
+        if matches!(read_stat(pid), Ok(s) if s.ppid == me) {
+            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,6 +13,7 @@ use std::fs;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
@@ -86,6 +87,31 @@ pub fn remove_tree(path: &Path) -> io::Result<()> {
     match fs::remove_dir(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         other => other,
+    }
+}
+
+/// Rootless jails leave directories that only root inside could enter (overlayfs's
+/// `work/work` is mode 000); they belong to this user, so it can open them up.
+pub(crate) fn make_removable(dir: &Path) {
+    // Iterative: the tree is the sandbox's and may nest deeper than a stack allows
+    // (a path past PATH_MAX just stops the walk there).
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        let Ok(meta) = fs::symlink_metadata(&dir) else {
+            continue;
+        };
+        if !meta.is_dir() {
+            continue;
+        }
+        if meta.permissions().mode() & 0o700 != 0o700 {
+            let _ = fs::set_permissions(
+                &dir,
+                fs::Permissions::from_mode(meta.permissions().mode() | 0o700),
+            );
+        }
+        if let Ok(entries) = fs::read_dir(&dir) {
+            todo.extend(entries.flatten().map(|e| e.path()));
+        }
     }
 }
 

@@ -32,8 +32,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
-use super::io_err;
 use crate::substrate::SubstrateError;
+use crate::substrate::io_err;
 
 /// The image file, in the worker's data dir.
 pub const IMAGE_FILE: &str = "disk.img";
@@ -485,7 +485,7 @@ pub fn create_sandbox_dir(
 fn remove_scratch(path: &Path) {
     match fs::symlink_metadata(path) {
         Ok(m) if m.is_dir() => {
-            super::make_removable(path);
+            crate::substrate::tree::make_removable(path);
             let _ = crate::substrate::tree::remove_tree(path);
         }
         Ok(_) => {
@@ -513,7 +513,7 @@ pub fn keep_layer(sandbox_dir: &Path, dest: &Path) -> Result<(), SubstrateError>
     }
     match fs::symlink_metadata(dest) {
         Ok(m) if m.is_dir() => {
-            super::make_removable(dest);
+            crate::substrate::tree::make_removable(dest);
             crate::substrate::tree::remove_tree(dest)
                 .map_err(io_err(format!("remove {}", dest.display())))?;
         }

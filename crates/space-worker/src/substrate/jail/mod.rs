@@ -51,10 +51,10 @@ use self::spawn::{JailFds, spawn_jail};
 pub use self::sweep::SweepReport;
 use self::template::Template;
 use self::uid_ranges::{UidRangeConfig, UidRanges};
-use super::process::{self, ProcessIdentity};
+use super::process::{self, ProcessIdentity, reap_children_of_this_process};
 use super::{
     ExecutionKey, LaunchSpec, SandboxHandle, SandboxStats, Substrate, SubstrateError,
-    SubstrateKind, TemplateSpec,
+    SubstrateKind, TemplateSpec, io_err,
 };
 
 /// Environment variable naming the `space-jail` binary, for
@@ -142,11 +142,6 @@ impl Layout {
             sandbox_dir,
         }
     }
-}
-
-fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> SubstrateError {
-    let context = context.into();
-    move |e| SubstrateError::io(context, e)
 }
 
 /// Creates `dir` (and missing parents) with `mode`, and enforces the mode even if
@@ -499,7 +494,7 @@ impl JailDriver {
             disk::keep_layer(&handle.sandbox_dir, dest)?;
         }
         if matches!(handle.cgroups, CgroupSet::None) {
-            make_removable(&handle.sandbox_dir);
+            super::tree::make_removable(&handle.sandbox_dir);
         }
         match crate::substrate::tree::remove_tree(&handle.sandbox_dir) {
             Ok(()) => {}
@@ -645,31 +640,6 @@ impl Drop for LaunchCleanup {
     }
 }
 
-/// Rootless jails leave directories that only root inside could enter (overlayfs's
-/// `work/work` is mode 000); they belong to this user, so it can open them up.
-fn make_removable(dir: &Path) {
-    // Iterative: the tree is the sandbox's and may nest deeper than a stack allows
-    // (a path past PATH_MAX just stops the walk there).
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(dir) = todo.pop() {
-        let Ok(meta) = fs::symlink_metadata(&dir) else {
-            continue;
-        };
-        if !meta.is_dir() {
-            continue;
-        }
-        if meta.permissions().mode() & 0o700 != 0o700 {
-            let _ = fs::set_permissions(
-                &dir,
-                fs::Permissions::from_mode(meta.permissions().mode() | 0o700),
-            );
-        }
-        if let Ok(entries) = fs::read_dir(&dir) {
-            todo.extend(entries.flatten().map(|e| e.path()));
-        }
-    }
-}
-
 /// SIGKILL through a pidfd, only if `p` is still the recorded process.
 fn kill_process(p: &ProcessIdentity) {
     let Some(pid) = rustix::process::Pid::from_raw(p.pid) else {
@@ -678,16 +648,6 @@ fn kill_process(p: &ProcessIdentity) {
     if let Ok(fd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) {
         if p.is_alive() {
             let _ = rustix::process::pidfd_send_signal(&fd, rustix::process::Signal::KILL);
-        }
-    }
-}
-
-/// Reaps those of `pids` whose parent is this process.
-pub(crate) fn reap_children_of_this_process(pids: &[i32]) {
-    let me = std::process::id() as i32;
-    for &pid in pids {
-        if matches!(process::read_stat(pid), Ok(s) if s.ppid == me) {
-            let _ = waitpid(Pid::from_raw(pid), None);
         }
     }
 }

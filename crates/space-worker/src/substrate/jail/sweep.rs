@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use nix::mount::{MntFlags, umount2};
 
 use super::cgroup::CgroupHierarchy;
-use super::reap_children_of_this_process;
+use crate::substrate::process::reap_children_of_this_process;
 use crate::substrate::{ExecutionKey, SubstrateError};
 
 /// What a sweep removed.
