@@ -92,10 +92,7 @@ pub fn verify_all(
 ) -> Result<Vec<(Vec<u8>, Update)>, UpdateError> {
     let anchor = {
         let keys = worker.keys.read().map_err(|_| internal("poisoned"))?;
-        *keys
-            .as_ref()
-            .ok_or_else(|| UpdateError::NotEnrolled)?
-            .anchor()
+        *keys.as_ref().ok_or(UpdateError::NotEnrolled)?.anchor()
     };
     let now = now_secs();
     let mut out = Vec::with_capacity(signed.len());
@@ -169,10 +166,7 @@ pub fn check_delivery(
         .map_err(|_| unauthenticated("delivery signature is not 64 bytes"))?;
     let anchor = {
         let keys = worker.keys.read().map_err(|_| internal("poisoned"))?;
-        *keys
-            .as_ref()
-            .ok_or_else(|| UpdateError::NotEnrolled)?
-            .anchor()
+        *keys.as_ref().ok_or(UpdateError::NotEnrolled)?.anchor()
     };
     if !space_identity::verify_delivery(&anchor, &descriptor, &signature) {
         return Err(refused("delivery not signed by the trust anchor"));
@@ -276,7 +270,7 @@ pub async fn apply(
                 .read()
                 .map_err(|_| internal("poisoned"))?
                 .clone()
-                .ok_or_else(|| UpdateError::NotEnrolled)?;
+                .ok_or(UpdateError::NotEnrolled)?;
             let changed = staged
                 .install(&signed)
                 .map_err(|e| conflict(e.to_string()))?;
@@ -534,7 +528,7 @@ async fn install_execution(
         env: i.env.clone(),
         updated_at: now_secs() as i64,
     };
-    put_record(worker, &record).await.map_err(|e| internal(e))?;
+    put_record(worker, &record).await.map_err(internal)?;
     worker.put_slot(record.clone(), None);
     space_http::crash::crash_point("worker.install.recorded");
 
