@@ -175,7 +175,6 @@ fn oversized(root: &Path) -> Vec<(String, usize)> {
 }
 
 #[test]
-#[ignore = "crates/space-worker/src/daemon/snapshot.rs (910 lines) is being split (issue 13, worker brief)"]
 fn no_source_file_is_over_800_lines_before_its_test_module() {
     let offenders = oversized(&workspace_root());
     assert!(
