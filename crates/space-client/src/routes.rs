@@ -37,9 +37,9 @@ impl Client {
                 // Nothing reached the worker: it is not listening (restarting, say).
                 // Waiting for it is not a retry of the operation: bounded, resolving
                 // afresh each time (it may come back under another address).
-                Attempt::Failed(Error::Transport(CallError::Connect(_)), _)
-                    if unreachable.patient() =>
-                {
+                // (A stream's refused upgrade connection counts: `NotStarted` is only
+                // ever a connection that was not made.)
+                Attempt::Failed(_, Progress::NotStarted) if unreachable.patient() => {
                     unreachable.wait().await;
                     self.forget(&route.identity());
                     (route, grant) = self.fresh(sandbox).await?;

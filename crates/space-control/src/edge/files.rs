@@ -23,6 +23,7 @@ use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use space_http::CallError;
+use space_http::patience::Patience;
 use space_http::stream::{self, StreamBody, StreamedAnswer};
 use space_identity::{OperationClass, Progress, Recovery, RecoveryStep, Route, SandboxId};
 use space_proto::api::ErrorBody;
@@ -63,6 +64,7 @@ pub(crate) async fn read(
 ) -> Result<Response, ControlError> {
     let (mut route, mut grant) = edge.route_for(who, sandbox).await?;
     let mut recovery = Recovery::new(OperationClass::Read);
+    let mut unreachable = Patience::new(edge.transition_wait());
     loop {
         let mut h: Vec<(&str, &str)> = vec![("authorization", &grant.authorization)];
         if let Some(v) = headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
@@ -78,7 +80,17 @@ pub(crate) async fn read(
             READ_HEAD_TIMEOUT,
         )
         .await;
-        match step(edge, who, sandbox, &mut recovery, &route, sent).await? {
+        match step(
+            edge,
+            who,
+            sandbox,
+            &mut recovery,
+            &mut unreachable,
+            &route,
+            sent,
+        )
+        .await?
+        {
             Step::Answer(a) => return relay(edge, &route, a),
             Step::Done(resp) => return Ok(resp),
             Step::Next(r, g) => (route, grant) = (r, g),
@@ -98,6 +110,7 @@ pub(crate) async fn write(
 ) -> Result<Response, ControlError> {
     let (mut route, mut grant) = edge.route_for(who, sandbox).await?;
     let mut recovery = Recovery::new(class);
+    let mut unreachable = Patience::new(edge.transition_wait());
     // A small body is kept whole here: the one rebuilt attempt can send it again even
     // when the worker had read it before the route went stale (an execution frozen for
     // a migration after admission). A large one streams, and only a refusal before its
@@ -154,7 +167,17 @@ pub(crate) async fn write(
             }
             other => other,
         };
-        match step(edge, who, sandbox, &mut recovery, &route, sent).await? {
+        match step(
+            edge,
+            who,
+            sandbox,
+            &mut recovery,
+            &mut unreachable,
+            &route,
+            sent,
+        )
+        .await?
+        {
             Step::Answer(a) => return relay(edge, &route, a),
             Step::Done(resp) => return Ok(resp),
             Step::Next(r, g) => (route, grant) = (r, g),
@@ -178,11 +201,21 @@ async fn step(
     who: &Authenticated,
     sandbox: &SandboxId,
     recovery: &mut Recovery,
+    unreachable: &mut Patience,
     route: &Route,
     sent: Result<StreamedAnswer, CallError>,
 ) -> Result<Step, ControlError> {
     let answer = match sent {
         Ok(a) => a,
+        // Nothing reached the worker: it is not listening (restarting, say). Waited
+        // for, bounded like a transition (not a retry of the operation), resolving
+        // afresh each time: it may come back under another address.
+        Err(CallError::Connect(_)) if unreachable.patient() => {
+            unreachable.wait().await;
+            edge.forget(&route.identity());
+            let (r, g) = edge.fresh(who, sandbox).await?;
+            return Ok(Step::Next(r, g));
+        }
         Err(e) => {
             let progress = match e {
                 CallError::Connect(_) => Progress::NotStarted,

@@ -28,6 +28,7 @@ impl Edge {
     ) -> Result<Backend, ControlError> {
         let (mut route, mut grant) = self.route_for(who, sandbox).await?;
         let mut recovery = Recovery::new(OperationClass::StreamOpen);
+        let mut unreachable = space_http::patience::Patience::new(self.transition_wait());
         loop {
             let url = format!(
                 "{}{}",
@@ -77,6 +78,16 @@ impl Edge {
                         message,
                         reason,
                     }));
+                }
+                // Nothing reached the worker (it is restarting, say): waited for,
+                // bounded, resolving afresh each time, as for any operation.
+                Err(tungstenite::Error::Io(e))
+                    if e.kind() == std::io::ErrorKind::ConnectionRefused
+                        && unreachable.patient() =>
+                {
+                    unreachable.wait().await;
+                    self.forget(&route.identity());
+                    (route, grant) = self.fresh(who, sandbox).await?;
                 }
                 Err(e) => return Err(ControlError::BadGateway(format!("worker stream: {e}"))),
             }

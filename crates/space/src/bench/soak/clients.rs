@@ -155,12 +155,14 @@ impl Rng {
     }
 }
 
-/// One client's writes per sandbox: the last acknowledged and one that failed after
-/// (it may or may not have landed).
+/// One client's writes per sandbox: the last acknowledged, and the range of those that
+/// failed after it (each may or may not have landed: a failed write is not a lost
+/// one, and a later one that landed legitimately replaces an acknowledged one).
 #[derive(Debug, Default, Clone, Copy)]
 struct Written {
     acked: Option<u64>,
-    maybe: Option<u64>,
+    /// The first and the last write that failed since `acked`.
+    maybe: Option<(u64, u64)>,
 }
 
 /// Everything a client needs.
@@ -325,7 +327,7 @@ async fn write(c: &Ctx, sbx: &SandboxId, seq: u64, w: &mut Written) -> Outcome {
             judged(c, sbx, &a, sent).unwrap_or(Outcome::Ok)
         }
         Err(e) => {
-            w.maybe = Some(seq);
+            w.maybe = Some(w.maybe.map_or((seq, seq), |(first, _)| (first, seq)));
             failed(e)
         }
     }
@@ -340,8 +342,14 @@ async fn read_back(c: &Ctx, sbx: &SandboxId, w: Written) -> Outcome {
         return o;
     }
     let body = String::from_utf8_lossy(&a.body).into_owned();
-    let is = |seq: Option<u64>| seq.is_some_and(|s| body == format!("{}:{s}", c.n));
-    if is(w.acked) || is(w.maybe) {
+    let held = body
+        .strip_prefix(&format!("{}:", c.n))
+        .and_then(|s| s.parse::<u64>().ok());
+    let failed_since = |s: u64| {
+        w.maybe
+            .is_some_and(|(first, last)| (first..=last).contains(&s))
+    };
+    if held.is_some_and(|s| Some(s) == w.acked || failed_since(s)) {
         Outcome::Ok
     } else {
         Outcome::LostWrite(format!(
