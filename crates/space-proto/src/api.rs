@@ -475,6 +475,12 @@ pub struct InstallExecution {
     pub env: BTreeMap<String, String>,
     /// Limits.
     pub limits: Limits,
+    /// The execution continues a sandbox that has files (every execution after its
+    /// first: a restart, a replacement, a migration's or a snapshot's target): the
+    /// worker must hold the sandbox's writable layer and refuses the install
+    /// otherwise, rather than start the sandbox empty.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub needs_layer: bool,
 }
 
 /// One identity update for one worker.

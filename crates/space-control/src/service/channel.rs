@@ -221,5 +221,8 @@ pub(super) fn install_of(s: &SandboxRecord, exe: &ExecutionRecord) -> InstallExe
         template: s.template.clone(),
         env: s.env.clone(),
         limits: crate::limits::of_store(s.limits.as_ref()),
+        // A sandbox's first execution starts empty; every later one continues its
+        // files, which must be on the worker (kept there, or sent before the install).
+        needs_layer: exe.generation > 1,
     }
 }

@@ -515,6 +515,16 @@ async fn install_execution(
             .await;
         }
     }
+    // An execution that continues a sandbox starts from its files, never from an empty
+    // layer: an install sent where they are not (a worker restarted meanwhile, a
+    // migration's layer that never arrived) is refused, and nothing is recorded. An
+    // empty start lost every acknowledged file of the sandbox silently.
+    if i.needs_layer && !launch::kept_layer(&worker.data_dir, &i.sandbox).exists() {
+        return Err(conflict(format!(
+            "layer_missing: the files of {} are not on this worker; it will not start it empty",
+            i.sandbox
+        )));
+    }
     let mut record = ExecutionRecord {
         sandbox: i.sandbox,
         generation: i.generation,

@@ -510,3 +510,37 @@ async fn a_capability_for_a_retired_execution_is_refused_with_421_retired() {
     assert_eq!(status, StatusCode::MISDIRECTED_REQUEST);
     assert_eq!(e.reason.as_deref(), Some("retired"));
 }
+
+/// An install that continues a sandbox (`needs_layer`) on a worker that does not hold
+/// the sandbox's files is refused and records nothing: it used to start the sandbox
+/// from an empty layer, silently losing every acknowledged file (seen in a soak with
+/// workers killed: a restarted worker given a sandbox whose files were elsewhere).
+#[tokio::test]
+async fn an_install_that_needs_the_sandboxs_files_where_they_are_not_is_refused_with_409() {
+    let f = Fixture::new();
+    let route = space_testkit::route(9, 2, ME);
+    let install = space_proto::api::InstallExecution {
+        sandbox: route.sandbox,
+        generation: 2,
+        execution_id: route.execution.id,
+        substrate: space_identity::Substrate::Jail,
+        activation: 1,
+        template: "default".into(),
+        env: Default::default(),
+        limits: space_proto::api::Limits::default(),
+        needs_layer: true,
+    };
+    let body = f.update(1, Update::Install(install));
+    let req = Request::post("/internal/v1/updates")
+        .header(DELIVERY_HEADER, f.delivery(&body, body.len() as u64))
+        .body(Body::from(body))
+        .unwrap();
+    let (status, e) = refusal(f.send(req).await).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{e:?}");
+    assert!(e.message.starts_with("layer_missing:"), "{}", e.message);
+    assert_eq!(
+        f.worker.records.max_generation(&route.sandbox).unwrap(),
+        0,
+        "a refused install left a record"
+    );
+}
