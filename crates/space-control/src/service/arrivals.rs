@@ -75,7 +75,11 @@ impl Arrivals {
             let grace = self.grace;
             last.retain(|_, (_, at)| now.saturating_duration_since(*at) < grace);
         }
-        last.insert(sandbox, (generation, now));
+        // Still full of entries within their grace: a new sandbox is not remembered
+        // (its freeze then does not wait) rather than the map growing without bound.
+        if last.len() < REMEMBERED || last.contains_key(&sandbox) {
+            last.insert(sandbox, (generation, now));
+        }
     }
 
     fn get(&self, sandbox: &SandboxId) -> Option<(u64, Instant)> {
@@ -152,6 +156,9 @@ mod tests {
             id[..8].copy_from_slice(&n.to_le_bytes());
             a.note(SandboxId::from_bytes(id), 1, t);
         }
+        // Full of entries within their grace: a new one is not kept.
+        a.note(SandboxId::from_bytes([0xfe; 16]), 1, t);
+        assert_eq!(a.last.lock().unwrap().len(), REMEMBERED);
         let later = t + ARRIVAL_GRACE;
         a.note(SandboxId::from_bytes([0xff; 16]), 1, later);
         assert_eq!(a.last.lock().unwrap().len(), 1);
