@@ -17,10 +17,11 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, chdir, pipe2, pivot_root, sethostname, setsid};
 use seccompiler::BpfProgram;
 
-use crate::launcher::send_status;
+use crate::error::JailError;
+use crate::fds::{ACTIVATION_FD, LISTEN_FD, send_status};
 use crate::spec::{JailSpec, StatusEvent};
 use crate::sys::{self, Forked};
-use crate::{ACTIVATION_FD, JailError, LISTEN_FD, rootfs, seccomp_profile, userns};
+use crate::{rootfs, seccomp_profile, userns};
 
 /// Signals the init passes on to the agent (it is the agent's job to stop its
 /// own children gracefully).

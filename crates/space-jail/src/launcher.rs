@@ -3,21 +3,15 @@
 //! resolve, forks the init and reports the init's host PID.
 
 use std::fs::OpenOptions;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 
+use crate::error::JailError;
+use crate::fds::{ACTIVATION_FD, LISTEN_FD, send_status};
 use crate::spec::{DEFAULT_NOFILE, JailSpec, MAX_SPEC_BYTES, Rootless, StatusEvent};
 use crate::sys::{self, Forked};
-use crate::{ACTIVATION_FD, JailError, LISTEN_FD, init, rootfs, seccomp_profile, userns};
-
-/// Writes one status event on fd 1. A failed write means the worker is gone; the
-/// jail then carries on and the worker's sweep removes it, so errors are ignored.
-pub(crate) fn send_status(event: &StatusEvent) {
-    let mut out = std::io::stdout().lock();
-    let _ = out.write_all(event.to_line().as_bytes());
-    let _ = out.flush();
-}
+use crate::{init, rootfs, seccomp_profile, userns};
 
 /// Runs the launcher; returns the exit code of the first `space-jail` process.
 pub fn run() -> i32 {

@@ -21,6 +21,8 @@
 //! The same binary carries [`probe_agent`], a minimal stand-in agent for tests and
 //! benchmarks (`space-jail probe-agent`).
 
+mod error;
+mod fds;
 pub mod init;
 pub mod launcher;
 pub mod mounts;
@@ -31,54 +33,8 @@ pub mod spec;
 mod sys;
 pub mod userns;
 
-use std::fmt;
-use std::path::Path;
-
-/// The agent's listening socket, by calling convention.
-pub const LISTEN_FD: i32 = 3;
-/// The read end of the activation pipe, by calling convention.
-pub const ACTIVATION_FD: i32 = 4;
-
-/// A step of building the jail failed; reported to the worker as
-/// [`spec::StatusEvent::Error`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JailError {
-    /// Which step, e.g. `mount overlay`.
-    pub stage: String,
-    /// The OS error or reason.
-    pub message: String,
-}
-
-impl JailError {
-    /// An error at `stage`.
-    pub fn new(stage: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            stage: stage.into(),
-            message: message.into(),
-        }
-    }
-
-    /// An I/O error on `path` at `stage`.
-    pub fn io(stage: impl Into<String>, path: &Path, err: std::io::Error) -> Self {
-        Self::new(stage, format!("{}: {err}", path.display()))
-    }
-
-    /// The status event carrying this error.
-    pub fn to_event(&self) -> spec::StatusEvent {
-        spec::StatusEvent::Error {
-            stage: self.stage.clone(),
-            message: self.message.clone(),
-        }
-    }
-}
-
-impl fmt::Display for JailError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.stage, self.message)
-    }
-}
-
-impl std::error::Error for JailError {}
+pub use error::JailError;
+pub use fds::{ACTIVATION_FD, LISTEN_FD};
 
 /// Entry point of the `space-jail` binary; returns the process exit code.
 pub fn main_entry() -> i32 {

@@ -15,7 +15,8 @@ use std::process::{Command, Stdio};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ACTIVATION_FD, LISTEN_FD, sys};
+use crate::fds::{ACTIVATION_FD, LISTEN_FD};
+use crate::sys;
 
 /// The request line that returns the activation bytes instead of running a command.
 pub const ACTIVATION_REQUEST: &str = "@activation";

@@ -13,9 +13,10 @@ use std::path::{Path, PathBuf};
 use nix::mount::{MsFlags, mount};
 use nix::sys::stat::{Mode, SFlag, makedev, mknod};
 
+use crate::error::JailError;
 use crate::mounts::{self, BindAttrs};
 use crate::spec::JailSpec;
-use crate::{JailError, userns};
+use crate::userns;
 
 /// uid/gid of the unprivileged account in the synthesized `/etc/passwd`.
 pub const USER_ID: u32 = 1000;
