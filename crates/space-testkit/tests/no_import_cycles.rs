@@ -582,7 +582,6 @@ const STILL_CYCLIC: &[&str] = &[
     "space-client (lib)",
     "space-control (lib)",
     "space-store (lib)",
-    "spaced-guest (lib)",
 ];
 
 #[test]

@@ -1,22 +1,17 @@
-//! One client connection: handshake, then one request at a time.
+//! A client connection and what request handlers use of it: framed answers, input,
+//! refusals, and the typed I/O error.
 
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
 
 use space_proto::codec;
 use space_proto::frame::{self, FrameError};
 use space_proto::guest::{
-    self, AgentBody, AgentFrame, CONNECTION, ClientFrame, ErrorKind, HelloAck, Input, InputFrame,
-    MAX_CHUNK, Operation, PROTOCOL_VERSION, Request, RequestId, WireError,
+    self, AgentBody, AgentFrame, CONNECTION, ClientFrame, ErrorKind, Input, InputFrame, MAX_CHUNK,
+    Request, RequestId, WireError,
 };
 
-use crate::server::Agent;
-use crate::{exec, files, watch};
-
-/// How long a new connection may take to say hello: a peer that connects and stays
-/// silent must not hold a connection slot forever.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+use crate::agent::Agent;
 
 /// Why a connection ends early. Either way the connection is dropped; the difference
 /// is only what gets logged.
@@ -42,6 +37,21 @@ pub(crate) struct Conn<'a> {
 }
 
 impl<'a> Conn<'a> {
+    /// A connection on `stream`, before its handshake.
+    pub(crate) fn new(stream: UnixStream, agent: &'a Agent) -> Self {
+        Self {
+            stream,
+            agent,
+            last_finished: None,
+            pending: Vec::new(),
+        }
+    }
+
+    /// Records that request `id` finished: input that raced with its end is dropped.
+    pub(crate) fn finished(&mut self, id: RequestId) {
+        self.last_finished = Some(id);
+    }
+
     /// Encodes an answer as a whole frame (header and body).
     pub(crate) fn frame(&self, id: RequestId, body: AgentBody) -> Vec<u8> {
         let msg = AgentFrame {
@@ -144,99 +154,6 @@ impl<'a> Conn<'a> {
             if let Some(input) = self.input_for(Some(current), frame)? {
                 return Ok(input);
             }
-        }
-    }
-}
-
-/// Serves one connection until the peer closes it or breaks the protocol.
-pub(crate) fn serve(stream: UnixStream, agent: &Agent) -> End {
-    let mut conn = Conn {
-        stream,
-        agent,
-        last_finished: None,
-        pending: Vec::new(),
-    };
-    if let Err(end) = handshake(&mut conn) {
-        return end;
-    }
-    loop {
-        let body = match frame::read_frame(&mut conn.stream) {
-            Ok(b) => b,
-            Err(e) => return conn.frame_failed(e),
-        };
-        let result = match conn.decode(&body) {
-            Ok(ClientFrame::Request(Request { id, op })) if id != CONNECTION => {
-                let r = dispatch(&mut conn, id, op);
-                conn.last_finished = Some(id);
-                r
-            }
-            Ok(ClientFrame::Request(_)) => {
-                Err(conn.refuse(ErrorKind::Protocol, "request id 0 is reserved"))
-            }
-            Ok(other) => {
-                // Input while idle: only late input of the last request is tolerated.
-                conn.input_for(None, other).map(|_| ())
-            }
-            Err(end) => Err(end),
-        };
-        if let Err(end) = result {
-            return end;
-        }
-    }
-}
-
-fn handshake(conn: &mut Conn<'_>) -> Flow {
-    conn.stream
-        .set_read_timeout(Some(HELLO_TIMEOUT))
-        .map_err(|_| End::Gone)?;
-    let body = frame::read_frame(&mut conn.stream).map_err(|e| conn.frame_failed(e))?;
-    match guest::peek_hello_version(&body) {
-        None => return Err(conn.refuse(ErrorKind::Protocol, "expected hello")),
-        Some(v) if v != PROTOCOL_VERSION => {
-            return Err(conn.refuse(
-                ErrorKind::UnsupportedVersion,
-                format!(
-                    "protocol version {v} is not supported; this agent speaks {PROTOCOL_VERSION}"
-                ),
-            ));
-        }
-        Some(_) => {}
-    }
-    let ClientFrame::Hello(hello) = conn.decode(&body)? else {
-        return Err(conn.refuse(ErrorKind::Protocol, "expected hello"));
-    };
-    conn.stream.set_read_timeout(None).map_err(|_| End::Gone)?;
-    let id = conn.agent.identity;
-    let ack = HelloAck {
-        protocol_version: PROTOCOL_VERSION,
-        sandbox: id.sandbox,
-        generation: id.generation,
-        execution_id: id.execution_id,
-        activation: id.activation,
-        proof: conn.agent.proof(&hello.nonce),
-    };
-    conn.send(CONNECTION, AgentBody::HelloAck(ack))
-}
-
-fn dispatch(conn: &mut Conn<'_>, id: RequestId, op: Operation) -> Flow {
-    match op {
-        Operation::Exec(spec) => exec::run(conn, id, spec),
-        Operation::Watch { path, recursive } => watch::run(conn, id, &path, recursive),
-        Operation::WriteFile {
-            path,
-            mode,
-            parents,
-        } => files::write(conn, id, &path, mode, parents),
-        Operation::ReadFile {
-            path,
-            offset,
-            max_bytes,
-        } => files::read(conn, id, &path, offset, max_bytes),
-        Operation::List { path } => files::list(conn, id, &path),
-        Operation::ReadRange { path, range } => files::read_range(conn, id, &path, range),
-        op => {
-            let body = files::simple(conn.agent, op).unwrap_or_else(AgentBody::Error);
-            conn.send(id, body)
         }
     }
 }

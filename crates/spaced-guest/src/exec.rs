@@ -30,9 +30,9 @@ use space_proto::guest::{
     RequestId, WireError,
 };
 
+use crate::agent::Agent;
 use crate::conn::{Conn, DontWait, End, Flow, io_error};
 use crate::files::resolve;
-use crate::server::Agent;
 use crate::sys;
 
 /// `PATH` of the default environment.

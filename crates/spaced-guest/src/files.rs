@@ -12,8 +12,8 @@ use space_proto::guest::{
     RequestId, WireError,
 };
 
+use crate::agent::Agent;
 use crate::conn::{Conn, Flow, io_error};
-use crate::server::Agent;
 
 /// Entries per `Entries` frame: a few hundred names stay far under the frame cap.
 const LIST_BATCH: usize = 256;

@@ -8,14 +8,17 @@
 //! request has to move bytes in several directions at once. Every buffer is bounded,
 //! and a slow reader slows the producer (backpressure) instead of growing memory.
 
+mod agent;
 pub mod config;
 mod conn;
 mod exec;
 mod files;
 pub mod server;
+mod session;
 mod sys;
 mod watch;
 
+pub use agent::Agent;
 pub use config::{Config, ConfigError};
 pub use exec::DEFAULT_PATH;
-pub use server::{Agent, StartError, serve, start};
+pub use server::{StartError, serve, start};

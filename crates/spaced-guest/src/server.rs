@@ -3,57 +3,18 @@
 use std::io::{self, Read};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use space_proto::guest::{
-    Activation, AgentBody, CONNECTION, ErrorKind, MAX_ACTIVATION_LEN, ServedIdentity, WireError,
-    compute_proof,
+    Activation, AgentBody, CONNECTION, ErrorKind, MAX_ACTIVATION_LEN, WireError,
 };
 
+pub use crate::agent::Agent;
 use crate::config::{ActivationSource, Config, ListenSource};
-use crate::{conn, sys};
-
-/// What every connection of this agent shares.
-pub struct Agent {
-    /// The execution this agent serves.
-    pub identity: ServedIdentity,
-    secret: [u8; 32],
-    /// Default working directory and base of relative paths.
-    pub home: PathBuf,
-    max_connections: usize,
-    active: AtomicUsize,
-}
-
-// The secret must never reach a log through `{:?}`.
-impl std::fmt::Debug for Agent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Agent")
-            .field("identity", &self.identity)
-            .field("home", &self.home)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Agent {
-    /// An agent for `activation`.
-    pub fn new(activation: &Activation, home: PathBuf, max_connections: usize) -> Self {
-        Self {
-            identity: activation.identity(),
-            secret: activation.secret,
-            home,
-            max_connections,
-            active: AtomicUsize::new(0),
-        }
-    }
-
-    /// The handshake proof for a client's nonce.
-    pub(crate) fn proof(&self, nonce: &[u8; 32]) -> [u8; 32] {
-        compute_proof(&self.secret, nonce, &self.identity)
-    }
-}
+use crate::conn::DontWait;
+use crate::{session, sys};
 
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
@@ -164,7 +125,7 @@ pub fn serve(agent: Arc<Agent>, listener: OwnedFd) -> io::Result<()> {
             // per-component recursion in `create_dir_all` on the longest paths.
             .stack_size(2 << 20)
             .spawn(move || {
-                let _ = conn::serve(stream, &slot.0);
+                let _ = session::serve(stream, &slot.0);
             });
         if spawned.is_err() {
             // The closure (and with it the slot and stream) was dropped: the client
@@ -182,6 +143,6 @@ fn refuse_busy(agent: &Agent, stream: UnixStream) {
     };
     if let Ok(bytes) = space_proto::frame::frame_bytes(&space_proto::codec::encode(&msg)) {
         // Never block the accept loop on a peer that does not read.
-        let _ = std::io::Write::write(&mut conn::DontWait(&stream), &bytes);
+        let _ = std::io::Write::write(&mut DontWait(&stream), &bytes);
     }
 }
