@@ -41,7 +41,6 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 #[test]
-#[ignore = "flaky until a restarted worker holds sandbox requests until its start-up reconciliation re-adopted their executions: it answers 421 before, and the control plane resolves the same route again (issue 12 note, stop 12); run with --ignored"]
 fn operations_sent_while_a_worker_restarts_wait_for_it_on_every_path() {
     if !can_run_jails() {
         return;

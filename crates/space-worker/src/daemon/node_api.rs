@@ -70,7 +70,9 @@ impl FromRef<NodeApi> for IdempotencyCache {
 pub fn router(worker: Arc<Worker>) -> Router {
     let admitted_first =
         || axum::middleware::from_fn_with_state(Arc::clone(&worker), admission::admitted_first);
-    Router::new()
+    let held_while_adopting =
+        axum::middleware::from_fn_with_state(Arc::clone(&worker), admission::held_while_adopting);
+    let sandboxes = Router::new()
         .route(
             "/v1/sandboxes/{id}/exec",
             post(exec::exec)
@@ -88,6 +90,9 @@ pub fn router(worker: Arc<Worker>) -> Router {
         .route("/v1/sandboxes/{id}/terminal", get(streams::terminal))
         .route("/v1/sandboxes/{id}/watch", get(streams::watch))
         .route("/v1/sandboxes/{id}/exec/stream", get(streams::exec_stream))
+        .route_layer(held_while_adopting);
+    Router::new()
+        .merge(sandboxes)
         .merge(
             // Updates, snapshots and layers run to their end whatever becomes of the
             // caller (see `space_http::run_to_end`).

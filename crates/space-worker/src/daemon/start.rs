@@ -79,6 +79,10 @@ pub async fn run(config: WorkerConfig) -> Result<WorkerHandle, String> {
         .unwrap_or_else(|| format!("http://{addr}"));
     lock.record(Some(&url))?;
     let worker = Worker::open(&config, url.clone())?;
+    // Until the reconciliation below re-adopted what ran before a restart, sandbox
+    // requests wait (node-api serves from now on: the control plane pushes installs).
+    worker.readiness.adopting();
+    let adoption = AdoptionOver(Arc::clone(&worker));
 
     // Serve first: the control plane pushes installs while this worker syncs.
     let app = node_api::router(Arc::clone(&worker));
@@ -113,6 +117,7 @@ pub async fn run(config: WorkerConfig) -> Result<WorkerHandle, String> {
     )
     .await?;
     worker.readiness.synced();
+    drop(adoption);
     tracing::info!(worker = %config.id, url = %url, "worker ready");
     // After the reconciliation's sweep, which would take warm jails for leftovers.
     worker.warm.start(
@@ -163,6 +168,15 @@ pub async fn run(config: WorkerConfig) -> Result<WorkerHandle, String> {
         task,
         _lock: lock,
     })
+}
+
+/// Ends the start-up adoption however [`run`] leaves it (done, or an error on the way).
+struct AdoptionOver(Arc<Worker>);
+
+impl Drop for AdoptionOver {
+    fn drop(&mut self) {
+        self.0.readiness.adoption_over();
+    }
 }
 
 /// Binds node-api. With port 0, the port of the previous run is tried first, so a

@@ -171,6 +171,27 @@ async fn wait_unpaused(w: &Worker, mut slot: Arc<Slot>) -> Result<Arc<Slot>, Ref
     Ok(slot)
 }
 
+/// How long a sandbox request waits for a restarted worker to re-adopt the executions
+/// it ran before (its start-up reconciliation): as long as the edge waits for a
+/// transition. Past it, the request is admitted as things stand.
+const ADOPTION_WAIT: Duration = Duration::from_secs(10);
+
+/// Holds every sandbox request while a restarted worker re-adopts what it ran (see
+/// [`crate::daemon::readiness::Readiness::adopted`]): before that, the execution a
+/// capability names is in the records but has no bridge, and a 421 would send the
+/// caller's one rebuilt attempt to the very same route — which the control plane
+/// still names, rightly, since the execution lives on.
+pub(crate) async fn held_while_adopting(
+    State(w): State<Arc<Worker>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if !w.readiness.adopted(ADOPTION_WAIT).await {
+        tracing::warn!("a sandbox request waited 10 s for the start-up reconciliation");
+    }
+    next.run(req).await
+}
+
 /// Admits the capability of an exec or file request before its body is read (the
 /// handler then admits it again, from the verified-token cache, and counts it): a
 /// request without a valid capability for a running execution here is answered — and
