@@ -13,6 +13,8 @@
 //! Times are Unix seconds passed in by the caller; the store reads no clock.
 
 pub mod changes;
+mod error;
+mod outcomes;
 mod postgres;
 mod records;
 mod rows;
@@ -25,39 +27,13 @@ use std::collections::BTreeMap;
 
 use space_identity::{ExecutionId, PodUid, SandboxId, Substrate, WorkerId};
 
+pub use error::StoreError;
 pub use postgres::PgStore;
 pub use records::{
-    ApiKeyRecord, ExecutionRecord, ExecutionState, KeyState, ParseStateError, SandboxLimits,
+    ApiKeyRecord, Claim, ExecutionRecord, ExecutionState, KeyState, ParseStateError, SandboxLimits,
     SandboxRecord, SandboxState, SigningKeyRecord, Tenant, WorkerRecord, WorkerState,
 };
 pub use sqlite::SqliteStore;
-
-/// Why a store call failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum StoreError {
-    /// The named row does not exist (or a row it refers to does not).
-    #[error("{0} not found")]
-    NotFound(String),
-    /// A unique key is taken, or a compare-and-set found another value.
-    #[error("conflict: {0}")]
-    Conflict(String),
-    /// The database failed or holds something this build cannot read.
-    #[error("database: {0}")]
-    Backend(String),
-}
-
-/// What a tenant's create stamps on a standby sandbox it claims.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Claim {
-    /// The new owner.
-    pub tenant: String,
-    /// Unix seconds: the claim is the sandbox's creation as far as its owner sees.
-    pub created_at: i64,
-    /// Unix seconds, when it has a TTL.
-    pub expires_at: Option<i64>,
-    /// The owner's metadata.
-    pub metadata: serde_json::Value,
-}
 
 /// A store on one of the two backends.
 #[derive(Clone, Debug)]
@@ -386,131 +362,4 @@ impl Store {
     pub async fn kv_insert_if_absent(&self, name: &str, value: &str) -> Result<bool, StoreError> {
         dispatch!(self.kv_insert_if_absent(name, value))
     }
-}
-
-// Outcome rules shared by both backends, so they answer alike.
-
-/// Refuses a database migrated by a newer build: its schema may mean something this
-/// build does not know.
-fn check_not_newer(applied: &[i64]) -> Result<(), StoreError> {
-    let latest = sql::latest_version();
-    match applied.iter().max() {
-        Some(&v) if v > latest => Err(StoreError::Backend(format!(
-            "database schema version {v} is newer than this build's {latest}"
-        ))),
-        _ => Ok(()),
-    }
-}
-
-/// After an update of a row that may be guarded by an expected state: changed → done;
-/// unchanged but present → the guard failed; absent → not found.
-fn cas_outcome(changed: u64, found: bool, what: impl FnOnce() -> String) -> Result<(), StoreError> {
-    match (changed, found) {
-        (1.., _) => Ok(()),
-        (0, true) => Err(StoreError::Conflict(format!(
-            "{} is not in the expected state",
-            what()
-        ))),
-        (0, false) => Err(StoreError::NotFound(what())),
-    }
-}
-
-/// Why the generation counter did not move.
-fn no_generation(sandbox_exists: bool, sandbox: &str) -> StoreError {
-    if sandbox_exists {
-        StoreError::Conflict(format!("sandbox {sandbox} is stopped"))
-    } else {
-        StoreError::NotFound(format!("sandbox {sandbox}"))
-    }
-}
-
-fn new_execution(
-    sandbox: SandboxId,
-    generation: i64,
-    execution_id: ExecutionId,
-    worker: WorkerId,
-    substrate: Substrate,
-    now: i64,
-) -> Result<ExecutionRecord, StoreError> {
-    let generation = u64::try_from(generation)
-        .map_err(|_| StoreError::Backend(format!("generation {generation} is negative")))?;
-    Ok(ExecutionRecord {
-        sandbox,
-        generation,
-        execution_id,
-        worker,
-        substrate,
-        activation: 1,
-        pod_uid: None,
-        state: ExecutionState::Pending,
-        created_at: now,
-        updated_at: now,
-    })
-}
-
-fn worker_counts(pairs: Vec<(String, i64)>) -> Result<BTreeMap<WorkerId, u64>, StoreError> {
-    pairs
-        .into_iter()
-        .map(|(worker, n)| {
-            let id = worker
-                .parse()
-                .map_err(|e| StoreError::Backend(format!("stored worker id is invalid: {e}")))?;
-            let n =
-                u64::try_from(n).map_err(|_| StoreError::Backend(format!("negative count {n}")))?;
-            Ok((id, n))
-        })
-        .collect()
-}
-
-fn enroll_outcome(changed: u64, proven: bool, id: &str) -> Result<(), StoreError> {
-    match (changed, proven) {
-        (1.., _) => Ok(()),
-        (0, false) => Err(StoreError::Conflict(format!(
-            "worker {id} is enrolled already"
-        ))),
-        (0, true) => Err(StoreError::Conflict(format!(
-            "worker {id} holds another credential"
-        ))),
-    }
-}
-
-fn reserved_seq(last: i64, n: u64) -> Result<u64, StoreError> {
-    u64::try_from(last)
-        .ok()
-        .filter(|l| *l >= n)
-        .ok_or_else(|| StoreError::Backend(format!("stored update sequence {last}")))
-}
-
-fn seq_count(n: u64) -> Result<i64, StoreError> {
-    i64::try_from(n)
-        .ok()
-        .filter(|n| *n >= 1)
-        .ok_or_else(|| StoreError::Conflict(format!("cannot reserve {n} update sequence numbers")))
-}
-
-fn bundle_outcome(changed: u64, version: u64) -> Result<(), StoreError> {
-    if changed == 0 {
-        Err(StoreError::Conflict(format!(
-            "key bundle {version} is not newer than the stored one"
-        )))
-    } else {
-        Ok(())
-    }
-}
-
-fn bundle_version(v: i64) -> Result<u64, StoreError> {
-    u64::try_from(v).map_err(|_| StoreError::Backend(format!("stored bundle version {v}")))
-}
-
-fn executions_on_worker_sql(n_states: usize) -> String {
-    let filter = if n_states == 0 {
-        String::new()
-    } else {
-        format!(" AND {}", sql::state_in(2, n_states))
-    };
-    sql::select(
-        rows::EXECUTION_COLUMNS,
-        "executions",
-        &format!("WHERE worker = $1{filter} ORDER BY sandbox, generation"),
-    )
 }

@@ -11,20 +11,22 @@ use std::time::Duration;
 
 use space_identity::{ExecutionId, PodUid, SandboxId, Substrate, WorkerId};
 use tokio::sync::Semaphore;
-use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Config, GenericClient, Row};
 
-use crate::StoreError;
+use crate::error::StoreError;
+use crate::outcomes;
 
+mod error;
 mod listen;
 mod pool;
 use crate::records::{
-    ApiKeyRecord, ExecutionRecord, ExecutionState, KeyState, SandboxRecord, SandboxState,
+    ApiKeyRecord, Claim, ExecutionRecord, ExecutionState, KeyState, SandboxRecord, SandboxState,
     SigningKeyRecord, Tenant, WorkerRecord, WorkerState,
 };
 use crate::rows::{self, Cols, to_sql_int};
 use crate::sql::{self, MIGRATIONS};
+use error::pg_err;
 use listen::{LIFECYCLE_CHANNEL, listen};
 use pool::Pool;
 
@@ -87,7 +89,7 @@ impl PgStore {
             .await
             .map_err(pg_err)?;
         let applied: Vec<i64> = query_all(&tx, sql::APPLIED_VERSIONS, &[], |r| r.int(0)).await?;
-        crate::check_not_newer(&applied)?;
+        outcomes::check_not_newer(&applied)?;
         for m in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
             tx.batch_execute(m.postgres).await.map_err(|e| {
                 StoreError::Backend(format!(
@@ -272,14 +274,14 @@ impl PgStore {
                 n
             }
         };
-        crate::enroll_outcome(changed, proven.is_some(), &id)?;
+        outcomes::enroll_outcome(changed, proven.is_some(), &id)?;
         self.get_worker(&w.id).await
     }
 
     /// See [`crate::Store::reserve_update_seqs`].
     pub async fn reserve_update_seqs(&self, worker: &WorkerId, n: u64) -> Result<u64, StoreError> {
         let id = worker.to_string();
-        let count = crate::seq_count(n)?;
+        let count = outcomes::seq_count(n)?;
         let last = self
             .one(sql::RESERVE_UPDATE_SEQ, &[&id, &count], |r| {
                 r.try_get::<_, i64>(0).map_err(pg_err)
@@ -288,7 +290,7 @@ impl PgStore {
             .ok_or_else(|| {
                 StoreError::Backend("reserving update sequence numbers returned no row".into())
             })?;
-        crate::reserved_seq(last, n)
+        outcomes::reserved_seq(last, n)
     }
 
     /// One worker.
@@ -360,7 +362,7 @@ impl PgStore {
     pub async fn claim_standby(
         &self,
         standby: &str,
-        claim: &crate::Claim,
+        claim: &Claim,
     ) -> Result<Option<SandboxRecord>, StoreError> {
         let metadata = rows::to_json("metadata", &claim.metadata)?;
         let q = sql::claim_standby(rows::SANDBOX_COLUMNS, "FOR UPDATE SKIP LOCKED");
@@ -409,7 +411,7 @@ impl PgStore {
             self.announce(&id).await;
         }
         let found = changed > 0 || self.exists(sql::SANDBOX_EXISTS, &[&id]).await?;
-        crate::cas_outcome(changed, found, || format!("sandbox {id}"))
+        outcomes::cas_outcome(changed, found, || format!("sandbox {id}"))
     }
 
     /// See [`crate::Store::count_live_sandboxes`].
@@ -427,7 +429,7 @@ impl PgStore {
                 Ok((r.text(0)?, r.int(1)?))
             })
             .await?;
-        crate::worker_counts(pairs)
+        outcomes::worker_counts(pairs)
     }
 
     /// Takes the sandbox's next generation and records a pending execution for it.
@@ -454,10 +456,10 @@ impl PgStore {
                 .await
                 .map_err(pg_err)?
                 .is_some();
-            return Err(crate::no_generation(found, &sbx));
+            return Err(outcomes::no_generation(found, &sbx));
         };
         let generation = row.int(0)?;
-        let rec = crate::new_execution(
+        let rec = outcomes::new_execution(
             *sandbox,
             generation,
             execution_id,
@@ -512,7 +514,7 @@ impl PgStore {
             || self
                 .exists(sql::EXECUTION_EXISTS, &[&sbx, &generation])
                 .await?;
-        crate::cas_outcome(changed, found, || format!("execution {sbx}@{generation}"))
+        outcomes::cas_outcome(changed, found, || format!("execution {sbx}@{generation}"))
     }
 
     /// Records a new activation attempt (and the pod UID on Kubernetes).
@@ -590,7 +592,7 @@ impl PgStore {
         let names: Vec<&'static str> = states.iter().map(|s| s.as_str()).collect();
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&worker];
         params.extend(names.iter().map(|s| s as &(dyn ToSql + Sync)));
-        let q = crate::executions_on_worker_sql(names.len());
+        let q = sql::executions_on_worker_sql(names.len());
         self.all(&q, &params, rows::execution).await
     }
 
@@ -633,13 +635,13 @@ impl PgStore {
     pub async fn store_bundle(&self, version: u64, bytes: Vec<u8>) -> Result<(), StoreError> {
         let v = to_sql_int("bundle version", version)?;
         let n = self.exec(sql::STORE_BUNDLE, &[&v, &bytes]).await?;
-        crate::bundle_outcome(n, version)
+        outcomes::bundle_outcome(n, version)
     }
 
     /// The newest bundle.
     pub async fn latest_bundle(&self) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
         self.one(sql::LATEST_BUNDLE, &[], |r| {
-            Ok((crate::bundle_version(r.int(0)?)?, r.blob(1)?))
+            Ok((outcomes::bundle_version(r.int(0)?)?, r.blob(1)?))
         })
         .await
     }
@@ -678,22 +680,6 @@ fn one_row(changed: u64, what: impl FnOnce() -> String) -> Result<(), StoreError
         Err(StoreError::NotFound(what()))
     } else {
         Ok(())
-    }
-}
-
-/// Unique violations are `Conflict`; a missing referenced row (foreign key) is
-/// `NotFound`; everything else is the backend's business.
-fn pg_err(e: tokio_postgres::Error) -> StoreError {
-    let Some(db) = e.as_db_error() else {
-        return StoreError::Backend(e.to_string());
-    };
-    let detail = db.message().to_owned();
-    match *db.code() {
-        SqlState::UNIQUE_VIOLATION => StoreError::Conflict(detail),
-        SqlState::FOREIGN_KEY_VIOLATION => {
-            StoreError::NotFound(format!("referenced row ({detail})"))
-        }
-        _ => StoreError::Backend(format!("{detail} (SQLSTATE {})", db.code().code())),
     }
 }
 

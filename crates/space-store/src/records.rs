@@ -260,6 +260,19 @@ impl fmt::Debug for SigningKeyRecord {
     }
 }
 
+/// What a tenant's create stamps on a standby sandbox it claims.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    /// The new owner.
+    pub tenant: String,
+    /// Unix seconds: the claim is the sandbox's creation as far as its owner sees.
+    pub created_at: i64,
+    /// Unix seconds, when it has a TTL.
+    pub expires_at: Option<i64>,
+    /// The owner's metadata.
+    pub metadata: serde_json::Value,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
-use crate::StoreError;
+use crate::error::StoreError;
 use crate::records::{
     ApiKeyRecord, ExecutionRecord, SandboxRecord, SigningKeyRecord, Tenant, WorkerRecord,
 };

@@ -279,8 +279,6 @@ pub(crate) const KV_SET: &str = "INSERT INTO kv (name, value) VALUES ($1, $2) ON
 pub(crate) const KV_INSERT_IF_ABSENT: &str =
     "INSERT INTO kv (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING";
 
-/// `SELECT <columns> FROM <table> <tail>`, for the reads whose column list lives in
-/// [`crate::rows`].
 /// Hands the oldest running sandbox of the standby tenant `$1` to tenant `$2`, with
 /// its creation time, expiry and metadata (`$3`–`$5`); returns its row. `lock` is
 /// PostgreSQL's `FOR UPDATE SKIP LOCKED` (concurrent claims take different rows), or
@@ -293,6 +291,8 @@ pub(crate) fn claim_standby(columns: &str, lock: &str) -> String {
     )
 }
 
+/// `SELECT <columns> FROM <table> <tail>`, for the reads whose column list lives in
+/// [`crate::rows`].
 pub(crate) fn select(columns: &str, table: &str, tail: &str) -> String {
     format!("SELECT {columns} FROM {table} {tail}")
 }
@@ -301,4 +301,19 @@ pub(crate) fn select(columns: &str, table: &str, tail: &str) -> String {
 pub(crate) fn state_in(first: usize, n: usize) -> String {
     let list: Vec<String> = (first..first + n).map(|i| format!("${i}")).collect();
     format!("state IN ({})", list.join(", "))
+}
+
+/// The executions on worker `$1`, in the `n_states` states `$2…` (any state when
+/// none is given).
+pub(crate) fn executions_on_worker_sql(n_states: usize) -> String {
+    let filter = if n_states == 0 {
+        String::new()
+    } else {
+        format!(" AND {}", state_in(2, n_states))
+    };
+    select(
+        crate::rows::EXECUTION_COLUMNS,
+        "executions",
+        &format!("WHERE worker = $1{filter} ORDER BY sandbox, generation"),
+    )
 }

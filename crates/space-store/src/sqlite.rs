@@ -12,22 +12,19 @@
 //! SQLite's write lock up front and waits on the busy timeout instead of failing on a
 //! stale snapshot.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
-use std::time::Duration;
 
-use rusqlite::{
-    Connection, ErrorCode, OpenFlags, OptionalExtension, Row, ToSql, TransactionBehavior,
-};
+use rusqlite::{Connection, OptionalExtension, ToSql, TransactionBehavior};
 use space_identity::{ExecutionId, PodUid, SandboxId, Substrate, WorkerId};
 use tokio::sync::oneshot;
 
-use crate::StoreError;
+use crate::error::StoreError;
+use crate::outcomes;
 use crate::records::{
-    ApiKeyRecord, ExecutionRecord, ExecutionState, KeyState, SandboxRecord, SandboxState,
+    ApiKeyRecord, Claim, ExecutionRecord, ExecutionState, KeyState, SandboxRecord, SandboxState,
     SigningKeyRecord, Tenant, WorkerRecord, WorkerState,
 };
 use crate::rows::{self, Cols, to_sql_int};
@@ -39,12 +36,6 @@ mod writer;
 
 use helpers::*;
 use writer::*;
-
-/// How long a statement waits for another connection's write lock before failing.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Most writes committed together.
-const MAX_GROUP: usize = 128;
 
 /// Read-only connections.
 const READERS: usize = 2;
@@ -71,8 +62,6 @@ struct Readers {
     conns: Vec<Mutex<Connection>>,
     next: AtomicUsize,
 }
-
-type Params<'a> = &'a [&'a dyn ToSql];
 
 impl SqliteStore {
     /// Opens (creating it and its directory if needed) the database at `path` with WAL, `synchronous=FULL`
@@ -193,7 +182,7 @@ impl SqliteStore {
             tx.execute(sql::CREATE_MIGRATIONS_TABLE, [])
                 .map_err(sqlite_err)?;
             let applied: Vec<i64> = query_all(&tx, sql::APPLIED_VERSIONS, &[], |r| r.int(0))?;
-            crate::check_not_newer(&applied)?;
+            outcomes::check_not_newer(&applied)?;
             for m in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
                 tx.execute_batch(m.sqlite).map_err(|e| {
                     StoreError::Backend(format!("migration {} ({}): {e}", m.version, m.name))
@@ -363,7 +352,7 @@ impl SqliteStore {
                 )?,
             };
             let found = changed > 0 || exists(c, sql::SANDBOX_EXISTS, &[&id])?;
-            crate::cas_outcome(changed, found, || format!("sandbox {id}"))
+            outcomes::cas_outcome(changed, found, || format!("sandbox {id}"))
         })
         .await
     }
@@ -372,7 +361,7 @@ impl SqliteStore {
     pub async fn claim_standby(
         &self,
         standby: &str,
-        claim: &crate::Claim,
+        claim: &Claim,
     ) -> Result<Option<SandboxRecord>, StoreError> {
         let metadata = rows::to_json("metadata", &claim.metadata)?;
         let (standby, c2) = (standby.to_owned(), claim.clone());
@@ -410,7 +399,7 @@ impl SqliteStore {
             let pairs = query_all(c, sql::COUNT_ACTIVE_BY_WORKER, &[], |r| {
                 Ok((r.text(0)?, r.int(1)?))
             })?;
-            crate::worker_counts(pairs)
+            outcomes::worker_counts(pairs)
         })
         .await
     }
@@ -437,10 +426,10 @@ impl SqliteStore {
                 .map_err(sqlite_err)?;
             let Some(generation) = next else {
                 let found = exists(tx, sql::SANDBOX_EXISTS, &[&sbx])?;
-                return Err(crate::no_generation(found, &sbx));
+                return Err(outcomes::no_generation(found, &sbx));
             };
             let rec =
-                crate::new_execution(sandbox, generation, execution_id, worker, substrate, now)?;
+                outcomes::new_execution(sandbox, generation, execution_id, worker, substrate, now)?;
             let params: Params = &[
                 &sbx,
                 &generation,
@@ -484,7 +473,7 @@ impl SqliteStore {
                 )?,
             };
             let found = changed > 0 || exists(c, sql::EXECUTION_EXISTS, &[&sbx, &generation])?;
-            crate::cas_outcome(changed, found, || format!("execution {sbx}@{generation}"))
+            outcomes::cas_outcome(changed, found, || format!("execution {sbx}@{generation}"))
         })
         .await
     }
@@ -574,7 +563,7 @@ impl SqliteStore {
         let worker = worker.to_string();
         let states: Vec<&'static str> = states.iter().map(|s| s.as_str()).collect();
         self.read(move |c| {
-            let q = crate::executions_on_worker_sql(states.len());
+            let q = sql::executions_on_worker_sql(states.len());
             let mut params: Vec<&dyn ToSql> = vec![&worker];
             params.extend(states.iter().map(|s| s as &dyn ToSql));
             query_all(c, &q, &params, |r| rows::execution(r))
@@ -632,7 +621,7 @@ impl SqliteStore {
     pub async fn store_bundle(&self, version: u64, bytes: Vec<u8>) -> Result<(), StoreError> {
         let v = to_sql_int("bundle version", version)?;
         self.call(move |c| {
-            crate::bundle_outcome(exec(c, sql::STORE_BUNDLE, &[&v, &bytes])?, version)
+            outcomes::bundle_outcome(exec(c, sql::STORE_BUNDLE, &[&v, &bytes])?, version)
         })
         .await
     }
@@ -641,7 +630,7 @@ impl SqliteStore {
     pub async fn latest_bundle(&self) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
         self.read(|c| {
             query_one(c, sql::LATEST_BUNDLE, &[], |r| {
-                Ok((crate::bundle_version(r.int(0)?)?, r.blob(1)?))
+                Ok((outcomes::bundle_version(r.int(0)?)?, r.blob(1)?))
             })
         })
         .await

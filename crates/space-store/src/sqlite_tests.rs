@@ -1,5 +1,7 @@
 //! SQLite-only behaviour: connection settings, and refusing what this build cannot read.
 
+use std::borrow::Cow;
+
 use super::*;
 
 async fn store() -> (tempfile::TempDir, SqliteStore) {

@@ -581,7 +581,6 @@ const STILL_CYCLIC: &[&str] = &[
     "space (main)",
     "space-client (lib)",
     "space-control (lib)",
-    "space-store (lib)",
 ];
 
 #[test]

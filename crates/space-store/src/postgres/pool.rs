@@ -5,8 +5,8 @@ use std::sync::{Mutex, PoisonError};
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio_postgres::{Client, Config, NoTls};
 
-use super::pg_err;
-use crate::StoreError;
+use super::error::pg_err;
+use crate::error::StoreError;
 
 /// A few clients behind a semaphore: at most `size` connections, idle ones reused,
 /// broken ones dropped and replaced on the next checkout.

@@ -1,7 +1,20 @@
 //! Connections (created private, refused when open to others) and the small SQL
 //! helpers every query uses.
 
-use super::*;
+use std::borrow::Cow;
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, ErrorCode, OpenFlags, Row, ToSql};
+
+use crate::error::StoreError;
+use crate::rows::Cols;
+
+/// How long a statement waits for another connection's write lock before failing.
+pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The parameters of one statement.
+pub(super) type Params<'a> = &'a [&'a dyn ToSql];
 
 pub(super) fn open_connection(path: &Path) -> Result<Connection, StoreError> {
     // A fresh data directory is the normal first start of `space up`.

@@ -67,7 +67,7 @@ impl SqliteStore {
                     n
                 }
             };
-            crate::enroll_outcome(changed, proven.is_some(), &id)?;
+            outcomes::enroll_outcome(changed, proven.is_some(), &id)?;
             get_worker(c, &id)
         })
         .await
@@ -76,13 +76,13 @@ impl SqliteStore {
     /// See [`crate::Store::reserve_update_seqs`].
     pub async fn reserve_update_seqs(&self, worker: &WorkerId, n: u64) -> Result<u64, StoreError> {
         let id = worker.to_string();
-        let count = crate::seq_count(n)?;
+        let count = outcomes::seq_count(n)?;
         self.call(move |c| {
             let last: i64 = c
                 .prepare_cached(&dollar_to_question(sql::RESERVE_UPDATE_SEQ))
                 .and_then(|mut s| s.query_row(rusqlite::params![id, count], |r| r.get(0)))
                 .map_err(sqlite_err)?;
-            crate::reserved_seq(last, n)
+            outcomes::reserved_seq(last, n)
         })
         .await
     }

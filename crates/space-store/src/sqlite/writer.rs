@@ -1,7 +1,16 @@
 //! The one writer thread: writes waiting together commit in one transaction (each in
 //! its own savepoint, so a failing one rolls back alone) and one fsync.
 
-use super::*;
+use std::sync::{Mutex, PoisonError, mpsc};
+
+use rusqlite::Connection;
+use tokio::sync::oneshot;
+
+use super::helpers::sqlite_err;
+use crate::error::StoreError;
+
+/// Most writes committed together.
+pub(super) const MAX_GROUP: usize = 128;
 
 /// One write waiting for the writer thread.
 pub(super) trait WriteJob: Send {

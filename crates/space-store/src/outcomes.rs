@@ -1,0 +1,128 @@
+//! Outcome rules shared by both backends, so they answer alike: how a write's row
+//! counts become an answer or a typed error, and how stored numbers are checked.
+
+use std::collections::BTreeMap;
+
+use space_identity::{ExecutionId, SandboxId, Substrate, WorkerId};
+
+use crate::error::StoreError;
+use crate::records::{ExecutionRecord, ExecutionState};
+use crate::sql;
+
+/// Refuses a database migrated by a newer build: its schema may mean something this
+/// build does not know.
+pub(crate) fn check_not_newer(applied: &[i64]) -> Result<(), StoreError> {
+    let latest = sql::latest_version();
+    match applied.iter().max() {
+        Some(&v) if v > latest => Err(StoreError::Backend(format!(
+            "database schema version {v} is newer than this build's {latest}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// After an update of a row that may be guarded by an expected state: changed → done;
+/// unchanged but present → the guard failed; absent → not found.
+pub(crate) fn cas_outcome(
+    changed: u64,
+    found: bool,
+    what: impl FnOnce() -> String,
+) -> Result<(), StoreError> {
+    match (changed, found) {
+        (1.., _) => Ok(()),
+        (0, true) => Err(StoreError::Conflict(format!(
+            "{} is not in the expected state",
+            what()
+        ))),
+        (0, false) => Err(StoreError::NotFound(what())),
+    }
+}
+
+/// Why the generation counter did not move.
+pub(crate) fn no_generation(sandbox_exists: bool, sandbox: &str) -> StoreError {
+    if sandbox_exists {
+        StoreError::Conflict(format!("sandbox {sandbox} is stopped"))
+    } else {
+        StoreError::NotFound(format!("sandbox {sandbox}"))
+    }
+}
+
+pub(crate) fn new_execution(
+    sandbox: SandboxId,
+    generation: i64,
+    execution_id: ExecutionId,
+    worker: WorkerId,
+    substrate: Substrate,
+    now: i64,
+) -> Result<ExecutionRecord, StoreError> {
+    let generation = u64::try_from(generation)
+        .map_err(|_| StoreError::Backend(format!("generation {generation} is negative")))?;
+    Ok(ExecutionRecord {
+        sandbox,
+        generation,
+        execution_id,
+        worker,
+        substrate,
+        activation: 1,
+        pod_uid: None,
+        state: ExecutionState::Pending,
+        created_at: now,
+        updated_at: now,
+    })
+}
+
+pub(crate) fn worker_counts(
+    pairs: Vec<(String, i64)>,
+) -> Result<BTreeMap<WorkerId, u64>, StoreError> {
+    pairs
+        .into_iter()
+        .map(|(worker, n)| {
+            let id = worker
+                .parse()
+                .map_err(|e| StoreError::Backend(format!("stored worker id is invalid: {e}")))?;
+            let n =
+                u64::try_from(n).map_err(|_| StoreError::Backend(format!("negative count {n}")))?;
+            Ok((id, n))
+        })
+        .collect()
+}
+
+pub(crate) fn enroll_outcome(changed: u64, proven: bool, id: &str) -> Result<(), StoreError> {
+    match (changed, proven) {
+        (1.., _) => Ok(()),
+        (0, false) => Err(StoreError::Conflict(format!(
+            "worker {id} is enrolled already"
+        ))),
+        (0, true) => Err(StoreError::Conflict(format!(
+            "worker {id} holds another credential"
+        ))),
+    }
+}
+
+pub(crate) fn reserved_seq(last: i64, n: u64) -> Result<u64, StoreError> {
+    u64::try_from(last)
+        .ok()
+        .filter(|l| *l >= n)
+        .ok_or_else(|| StoreError::Backend(format!("stored update sequence {last}")))
+}
+
+pub(crate) fn seq_count(n: u64) -> Result<i64, StoreError> {
+    i64::try_from(n)
+        .ok()
+        .filter(|n| *n >= 1)
+        .ok_or_else(|| StoreError::Conflict(format!("cannot reserve {n} update sequence numbers")))
+}
+
+pub(crate) fn bundle_outcome(changed: u64, version: u64) -> Result<(), StoreError> {
+    if changed == 0 {
+        Err(StoreError::Conflict(format!(
+            "key bundle {version} is not newer than the stored one"
+        )))
+    } else {
+        Ok(())
+    }
+}
+
+pub(crate) fn bundle_version(v: i64) -> Result<u64, StoreError> {
+    u64::try_from(v).map_err(|_| StoreError::Backend(format!("stored bundle version {v}")))
+}
