@@ -9,10 +9,11 @@
 //! made during the wait name the next execution, never this one.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
+use space_identity::SandboxId;
+use space_proto::api::CapabilityResponse;
 use tokio::time::Instant;
-
-use super::*;
 
 /// How long after its capability was issued a rebuilt attempt is given to arrive at
 /// its worker before that execution is frozen (`SPACE_REBUILT_ARRIVAL_MS` sets it).
@@ -85,28 +86,25 @@ impl Arrivals {
     fn get(&self, sandbox: &SandboxId) -> Option<(u64, Instant)> {
         self.last.lock().ok()?.get(sandbox).copied()
     }
-}
 
-impl ControlPlane {
     /// Records that `cap` was issued for a rebuilt attempt (see the module).
-    pub fn note_rebuilt(&self, cap: &CapabilityResponse) {
-        self.arrivals
-            .note(cap.route.sandbox, cap.route.generation, Instant::now());
+    pub(crate) fn note_rebuilt(&self, cap: &CapabilityResponse) {
+        self.note(cap.route.sandbox, cap.route.generation, Instant::now());
     }
 
     /// Waits, before `generation` of `sandbox` is frozen, for the rebuilt attempts
     /// resolved to it to arrive (see the module). Returns how long it waited.
-    pub(super) async fn let_rebuilt_attempts_arrive(
+    pub(crate) async fn let_rebuilt_attempts_arrive(
         &self,
         sandbox: &SandboxId,
         generation: u64,
     ) -> Duration {
         let start = Instant::now();
-        let grace = self.arrivals.grace;
+        let grace = self.grace;
         loop {
             let now = Instant::now();
             let left = (grace * MAX_ARRIVAL_WAIT_GRACES).saturating_sub(now - start);
-            let wait = arrival_wait(self.arrivals.get(sandbox), generation, now, grace).min(left);
+            let wait = arrival_wait(self.get(sandbox), generation, now, grace).min(left);
             if wait.is_zero() {
                 return now - start;
             }

@@ -1,14 +1,19 @@
 //! Capability issuance: only for a running execution the worker acknowledged, naming
 //! its route, the access asked, and for service ports the port and protocol.
 
-use super::*;
+use std::time::Duration;
 
-/// How long a resolve waits for a sandbox in a transition (a migration, a start, a
-/// restart after its worker was lost) to have an acknowledged execution again.
-pub const DEFAULT_TRANSITION_WAIT: Duration = Duration::from_secs(10);
+use space_identity::{
+    Access, AccessSet, Claims, Execution, Generation, Placement, Protocol, Purpose, Route,
+    SandboxId, ServicePort, Timestamp, TokenId,
+};
+use space_proto::api::{CapabilityResponse, RouteView};
+use space_store::{ExecutionRecord, ExecutionState, SandboxRecord, SandboxState};
 
-/// The longest wait a caller may ask for.
-pub const MAX_TRANSITION_WAIT: Duration = Duration::from_secs(30);
+use super::plane::{CAPABILITY_LIFETIME_SECS, ControlPlane, MAX_TRANSITION_WAIT};
+use crate::auth::Caller;
+use crate::error::ControlError;
+use crate::{now_secs, random_bytes};
 
 /// Whether a capability can name the sandbox's execution now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +44,12 @@ pub(crate) fn settle(s: &SandboxRecord, exe: Option<&ExecutionRecord>) -> Settle
 }
 
 impl ControlPlane {
+    /// Records that `cap` was issued for a rebuilt attempt: a freeze of its execution
+    /// lets it arrive first (see `arrivals`).
+    pub fn note_rebuilt(&self, cap: &CapabilityResponse) {
+        self.arrivals.note_rebuilt(cap);
+    }
+
     /// The default of [`Self::settled`]'s wait.
     pub fn transition_wait(&self) -> Duration {
         self.transition_wait
@@ -185,8 +196,11 @@ impl ControlPlane {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::collections::BTreeMap;
+
     use space_identity::{ExecutionId, Substrate};
+
+    use super::*;
 
     fn sandbox(state: SandboxState) -> SandboxRecord {
         SandboxRecord {

@@ -4,7 +4,23 @@
 //! acknowledged once durable; the install a worker gets for an execution; key
 //! bundles pushed to every active worker; snapshot archives fetched and layers sent.
 
-use super::*;
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use space_identity::WorkerId;
+use space_proto::api::{InstallExecution, SignedUpdate, Update, UpdateAck, UpdateBody};
+use space_store::{ExecutionRecord, SandboxRecord, WorkerRecord, WorkerState};
+
+use super::plane::ControlPlane;
+use crate::error::ControlError;
+use crate::{now_secs, random_bytes};
+
+/// Largest archive of a writable layer taken or sent (the workers' limit).
+const MAX_ARCHIVE: u64 = 1 << 30;
+
+/// URL-safe base64 without padding, the encoding of every binary field sent to workers.
+pub(super) fn b64(bytes: &[u8]) -> String {
+    B64.encode(bytes)
+}
 
 impl ControlPlane {
     /// Signs an update for `worker` under the next number of its update sequence

@@ -1,7 +1,14 @@
 //! Executions: starting one (allocated, installed, acknowledged running), pausing and
 //! resuming it in place, stopping a sandbox, retiring an execution.
 
-use super::*;
+use space_identity::ExecutionId;
+use space_proto::api::Update;
+use space_store::{ExecutionRecord, ExecutionState, SandboxRecord, SandboxState, WorkerRecord};
+
+use super::channel::install_of;
+use super::plane::ControlPlane;
+use crate::error::ControlError;
+use crate::{now_secs, random_bytes};
 
 impl ControlPlane {
     /// Allocates the next generation on `worker`, installs it there and waits for the

@@ -1,7 +1,12 @@
 //! The signing keys: the keyring in use, reloaded from the store (other replicas
 //! rotate too), rotation (publish, then sign), and retirement of old keys.
 
-use super::*;
+use std::sync::Arc;
+
+use super::plane::ControlPlane;
+use crate::error::ControlError;
+use crate::keyring::{self, Keyring};
+use crate::now_secs;
 
 impl ControlPlane {
     /// The current keys.

@@ -1,7 +1,8 @@
 //! The per-tenant quota of live sandboxes, counted with this process's creates
 //! under way.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// One create counted against its tenant's quota until its sandbox's row exists (or
 /// the create failed): dropped then.

@@ -1,7 +1,17 @@
 //! Work the control plane does on its own: finishing transitions a dead replica left,
 //! TTL expiry, gauges.
 
-use super::*;
+use std::collections::BTreeMap;
+
+use space_identity::{SandboxId, WorkerId};
+use space_proto::api::Update;
+use space_store::{ExecutionRecord, ExecutionState, SandboxRecord, SandboxState, WorkerState};
+
+use super::plane::ControlPlane;
+use super::sandboxes::ttl_pause_key;
+use super::transitions::lease_key;
+use crate::error::ControlError;
+use crate::now_secs;
 
 impl ControlPlane {
     /// Finishes transitions that a crash interrupted (a control plane killed during a
@@ -217,6 +227,8 @@ pub(crate) fn after_failed_start(
 
 #[cfg(test)]
 mod tests {
+    use space_identity::ExecutionId;
+
     use super::*;
 
     fn exe(generation: u64, worker: &str, state: ExecutionState) -> ExecutionRecord {

@@ -2,7 +2,18 @@
 //! tenant's quota, claimed from the standby sandboxes or placed and started), and the
 //! limits policy creates resolve against.
 
-use super::*;
+use std::collections::BTreeMap;
+
+use space_identity::SandboxId;
+use space_proto::api::{self, CreateSandbox, ExecutionView};
+use space_store::{ExecutionRecord, ExecutionState, SandboxRecord, SandboxState};
+
+use super::plane::{ControlPlane, MAX_TTL_SECS, STANDBY_TENANT};
+use super::quota::QuotaHold;
+use super::transitions::step_key;
+use crate::auth::Caller;
+use crate::error::ControlError;
+use crate::{now_secs, random_bytes};
 
 impl ControlPlane {
     /// The sandbox `id` if `caller` may see it (404 otherwise, revealing nothing).

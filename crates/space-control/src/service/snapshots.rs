@@ -2,7 +2,12 @@
 //! archive streams through a file here (hashed as it arrives), the target checks the
 //! signed digest and size and unpacks it, and the next execution starts there.
 
-use super::*;
+use space_identity::{SandboxId, WorkerId};
+use space_proto::api::Update;
+use space_store::{ExecutionRecord, SandboxRecord, SandboxState};
+
+use super::plane::ControlPlane;
+use crate::error::ControlError;
 
 impl ControlPlane {
     /// Moves a sandbox to `target` as a new execution (next generation, new execution
@@ -94,7 +99,8 @@ impl ControlPlane {
         let sw = self.store.get_worker(&src.worker).await?;
         // The sandbox is `migrating` already: no resolve names `src` any more, and the
         // rebuilt attempts that were resolved to it arrive before it is frozen.
-        self.let_rebuilt_attempts_arrive(&s.id, src.generation)
+        self.arrivals
+            .let_rebuilt_attempts_arrive(&s.id, src.generation)
             .await;
         self.step(&s.id, format!("freezing and archiving on {}", sw.id))
             .await;

@@ -1,7 +1,17 @@
 //! Standby sandboxes: default sandboxes started ahead of demand, owned by
 //! [`STANDBY_TENANT`] until a create claims one.
 
-use super::*;
+use std::time::Duration;
+
+use space_proto::api::CreateSandbox;
+use space_store::SandboxState;
+
+use super::plane::{ControlPlane, STANDBY_TENANT};
+use crate::auth::Caller;
+use crate::error::ControlError;
+
+/// How long after the last create the standby keeper waits before refilling.
+const STANDBY_QUIET: Duration = Duration::from_millis(300);
 
 impl ControlPlane {
     /// How many standby sandboxes this control plane keeps ready.

@@ -1,7 +1,13 @@
 //! Tenants and their API keys: authenticating a key, creating tenants and keys,
 //! revoking them.
 
-use super::*;
+use space_identity::SandboxId;
+use space_store::{ApiKeyRecord, Tenant};
+
+use super::plane::ControlPlane;
+use crate::auth::{self, Caller, IssuedKey};
+use crate::error::ControlError;
+use crate::{now_secs, random_bytes};
 
 impl ControlPlane {
     /// Resolves an `Authorization: Bearer` API key to its caller.

@@ -2,7 +2,11 @@
 //! process, a lease in the store renewed while a transition runs (so another
 //! replica's reconciler leaves it alone), and the step it is at, for progress.
 
-use super::*;
+use space_identity::SandboxId;
+
+use super::plane::ControlPlane;
+use crate::error::ControlError;
+use crate::now_secs;
 
 /// Marks a sandbox busy for as long as it lives; with a lease, also renews the
 /// sandbox's lease in the store so that other replicas' reconcilers leave it alone.

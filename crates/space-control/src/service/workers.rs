@@ -1,7 +1,15 @@
 //! Workers: enrollment (a taken ID needs its credential), their credentials, the sync
 //! a (re)starting worker gets, the executions they report lost, and their listing.
 
-use super::*;
+use space_identity::{SandboxId, WorkerId};
+use space_proto::api::{self, SignedUpdate, Update, WorkerView};
+use space_store::{ExecutionState, SandboxState, WorkerRecord, WorkerState};
+
+use super::channel::{b64, install_of};
+use super::plane::ControlPlane;
+use crate::auth;
+use crate::error::ControlError;
+use crate::{now_secs, random_bytes};
 
 impl ControlPlane {
     /// Registers a worker presenting the enrollment secret. A worker ID that is

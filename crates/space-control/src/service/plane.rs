@@ -1,0 +1,124 @@
+//! The [`ControlPlane`]: the state every operation shares, and its constructor. Each
+//! operation lives in a sibling module (`impl ControlPlane` there); this module
+//! names none of them but the two leaves its fields are made of ([`Arrivals`],
+//! [`LoadView`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use space_identity::SandboxId;
+use space_store::{Store, Tenant};
+use tokio::sync::RwLock;
+
+use super::arrivals::Arrivals;
+use super::load::LoadView;
+use crate::auth::KeyCache;
+use crate::error::ControlError;
+use crate::http::HttpClient;
+use crate::keyring::Keyring;
+use crate::metrics::Metrics;
+use crate::now_secs;
+
+/// How long issued capabilities live (the verifier caps it at 120 s).
+pub const CAPABILITY_LIFETIME_SECS: u64 = 60;
+/// Longest TTL a sandbox may ask for.
+pub const MAX_TTL_SECS: u64 = 30 * 86_400;
+
+/// How long a resolve waits for a sandbox in a transition (a migration, a start, a
+/// restart after its worker was lost) to have an acknowledged execution again.
+pub const DEFAULT_TRANSITION_WAIT: Duration = Duration::from_secs(10);
+
+/// The longest wait a caller may ask for.
+pub const MAX_TRANSITION_WAIT: Duration = Duration::from_secs(30);
+
+/// The control plane: shared by every request handler.
+#[derive(Debug)]
+pub struct ControlPlane {
+    /// Durable state.
+    pub store: Store,
+    pub(super) keys: RwLock<Arc<Keyring>>,
+    pub(super) http: HttpClient,
+    pub(super) key_cache: KeyCache,
+    pub(super) enroll_secret: String,
+    /// Prometheus metrics.
+    pub metrics: Metrics,
+    /// Sandboxes whose lifecycle operation runs in this process right now: the
+    /// reconciler leaves them alone.
+    pub(super) busy: std::sync::Mutex<std::collections::HashSet<SandboxId>>,
+    /// How long a transition may sit unfinished before the reconciler takes it over.
+    pub(super) reconcile_after_secs: i64,
+    /// Where snapshots are kept (one replica's disk; shared storage for several).
+    pub(super) snapshot_dir: std::path::PathBuf,
+    /// Sandboxes per worker as placement sees them.
+    pub(super) load: std::sync::Mutex<LoadView>,
+    /// Standby sandboxes to keep ready (0: none).
+    pub(super) standby_target: std::sync::atomic::AtomicUsize,
+    /// When a create last ran in this process: the standby keeper waits for a quiet
+    /// moment before refilling, so refills never compete with a burst.
+    pub(super) last_create: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Default and largest sandbox limits, and the per-tenant sandbox quota.
+    pub(super) limits_policy: std::sync::RwLock<crate::limits::LimitsPolicy>,
+    /// Per tenant, this process's creates between their quota check and their
+    /// sandbox's row: counted with the store's live sandboxes, so a burst cannot pass
+    /// the quota together (see [`QuotaHold`](super::quota::QuotaHold)).
+    pub(super) quota_pending: Arc<std::sync::Mutex<BTreeMap<String, u64>>>,
+    /// How long a resolve waits for a sandbox in a transition to settle by default
+    /// (`SPACE_TRANSITION_WAIT_MS`, 10 s unless set).
+    pub(super) transition_wait: Duration,
+    /// Rebuilt attempts' capabilities: a freeze lets them arrive first.
+    pub(super) arrivals: Arrivals,
+}
+
+/// The tenant that owns standby sandboxes until a create claims one. Tenant IDs that
+/// callers get are `ten_…`: no API key can ever act for it.
+pub const STANDBY_TENANT: &str = "_standby";
+
+/// Standby sandboxes `space up` keeps per worker unless told otherwise (`space
+/// control` keeps none by default: its operator sizes them).
+pub const STANDBY_PER_WORKER: usize = 16;
+
+impl ControlPlane {
+    /// Opens the control plane on `store`, creating keys on first start.
+    pub async fn new(
+        store: Store,
+        enroll_secret: String,
+        snapshot_dir: std::path::PathBuf,
+    ) -> Result<Arc<Self>, ControlError> {
+        let keys = Keyring::load(&store, now_secs() as i64).await?;
+        let standby = Tenant {
+            id: STANDBY_TENANT.into(),
+            name: "standby sandboxes".into(),
+            created_at: now_secs() as i64,
+        };
+        match store.create_tenant(&standby).await {
+            Ok(()) | Err(space_store::StoreError::Conflict(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(Arc::new(Self {
+            store,
+            keys: RwLock::new(Arc::new(keys)),
+            http: HttpClient::new(Duration::from_secs(30)),
+            key_cache: KeyCache::new(Duration::from_secs(5)),
+            enroll_secret,
+            metrics: Metrics::default(),
+            busy: std::sync::Mutex::new(Default::default()),
+            load: std::sync::Mutex::new(LoadView::default()),
+            standby_target: std::sync::atomic::AtomicUsize::new(0),
+            last_create: std::sync::Mutex::new(None),
+            quota_pending: Arc::default(),
+            limits_policy: std::sync::RwLock::new(crate::limits::LimitsPolicy::from_env()),
+            reconcile_after_secs: std::env::var("SPACE_RECONCILE_AFTER_SECS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(30),
+            snapshot_dir,
+            transition_wait: std::env::var("SPACE_TRANSITION_WAIT_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map_or(DEFAULT_TRANSITION_WAIT, Duration::from_millis)
+                .min(MAX_TRANSITION_WAIT),
+            arrivals: Arrivals::from_env(),
+        }))
+    }
+}
