@@ -6,7 +6,7 @@ use space_control::{ControlConfig, serve};
 use space_worker::daemon::lock::DirLock;
 use space_worker::daemon::{Binaries, WorkerConfig};
 
-use crate::{ControlArgs, EdgeArgs, WorkerArgs};
+use crate::args::{ControlArgs, EdgeArgs, WorkerArgs};
 
 /// The lock file of a control plane's data directory (`space up`, `space control`).
 pub const LOCK_FILE: &str = "space.lock";

@@ -11,7 +11,7 @@ use space_control::{ControlConfig, serve};
 use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
 
-use crate::UpArgs;
+use crate::args::UpArgs;
 use crate::daemons::{LOCK_FILE, complain, own_dir, say, shutdown_signal};
 use space_worker::daemon::lock::DirLock;
 

@@ -7,29 +7,10 @@
 //! so that nothing but the idle sandboxes is counted. `all` then runs the soak's short
 //! form.
 
-use clap::Args;
-
+use super::cmd::BenchCmd;
 use super::platform::{Platform, PlatformOptions};
-use super::{BenchCmd, Row, p1_p2, p3, p4, p5_p6, p7, p8, print_table, soak};
-
-/// `--strict` of a figure.
-#[derive(Debug, Clone, Args)]
-pub struct Strict {
-    /// Exit non-zero when a measured value misses its target.
-    #[arg(long)]
-    pub strict: bool,
-}
-
-/// `space bench p7` and `space bench all`.
-#[derive(Debug, Clone, Args)]
-pub struct P7Args {
-    /// Exit non-zero when a measured value misses its target.
-    #[arg(long)]
-    pub strict: bool,
-    /// Idle sandboxes for P7.
-    #[arg(long, default_value_t = 100)]
-    pub sandboxes: usize,
-}
+use super::row::{Row, print_table};
+use super::{p1_p2, p3, p4, p5_p6, p7, p8, soak};
 
 /// The pools of the platform P3–P8 run on: the defaults of `space up`.
 fn pools() -> (usize, usize) {

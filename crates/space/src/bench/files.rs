@@ -9,7 +9,7 @@ use std::time::Instant;
 use space_proto::api::{CreateSandbox, LimitsRequest};
 
 use super::platform::Platform;
-use super::{Row, quantile};
+use super::row::{Row, quantile};
 
 /// The file's size.
 const SIZE: u64 = 50 << 20;

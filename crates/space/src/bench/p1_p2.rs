@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use space_identity::Timestamp;
 use space_identity::bench::CapabilityBench;
 
-use super::{Row, quantile};
+use super::row::{Row, quantile};
 
 /// Batches per figure.
 const BATCHES: usize = 41;

@@ -19,7 +19,7 @@ use space_proto::client::AgentConnection;
 use space_proto::guest::Activation;
 
 use super::platform::Platform;
-use super::{Row, quantile};
+use super::row::{Row, quantile};
 
 /// Sequential reads timed on each path (after 200 not timed).
 const READS: usize = 2000;

@@ -10,7 +10,7 @@ use space_client::{Client, SandboxState};
 use space_identity::SandboxId;
 
 use super::platform::Platform;
-use super::{Row, quantile};
+use super::row::{Row, quantile};
 
 /// Creates at once.
 const BURST: usize = 50;

@@ -13,7 +13,7 @@ use space_client::Client;
 use space_identity::{SandboxId, WorkerId};
 
 use super::platform::Platform;
-use super::{Row, quantile};
+use super::row::{Row, quantile};
 
 /// Pause/resume pairs timed.
 const PAUSES: usize = 20;

@@ -13,8 +13,8 @@ use std::time::Duration;
 use space_client::Client;
 use space_identity::SandboxId;
 
-use super::Row;
 use super::platform::{Platform, PlatformOptions};
+use super::row::Row;
 
 /// The memory the projection is made for.
 const HOST_BYTES: f64 = 24.0 * 1024.0 * 1024.0 * 1024.0;

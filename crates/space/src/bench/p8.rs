@@ -17,7 +17,7 @@ use space_client::Client;
 use space_identity::{SandboxId, WorkerId};
 
 use super::platform::{self, Platform};
-use super::{Row, quantile};
+use super::row::{Row, quantile};
 
 /// Streams per kind.
 const STREAMS: usize = 10;

@@ -16,7 +16,7 @@ use hyper::Method;
 use space_client::{Client, CreateSandbox, Options};
 
 use super::platform::{Platform, PlatformOptions};
-use super::{Row, quantile};
+use super::row::{Row, quantile};
 use clients::{Ctx, Tally, WHOAMI};
 
 /// `space bench soak`.
