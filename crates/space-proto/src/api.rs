@@ -15,6 +15,7 @@ use space_identity::{
 /// Error body of every hop: `{"error": code, "message": text}`, plus the comparator's
 /// reason code for `refresh_route` and `deny`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     /// Stable machine-readable code (`not_found`, `refresh_route`, `deny` …).
     pub error: String,
@@ -36,6 +37,7 @@ pub fn refresh_reason(body: Option<&ErrorBody>) -> RefreshReason {
 
 /// Lifecycle state of a sandbox.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum SandboxState {
     /// Its first execution is being launched.
@@ -65,6 +67,7 @@ impl SandboxState {
 
 /// `POST /v1/sandboxes`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateSandbox {
     /// Template name (`default`).
@@ -84,6 +87,7 @@ pub struct CreateSandbox {
     pub metadata: Option<serde_json::Value>,
     /// Place on this worker.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::WorkerIdSchema>))]
     pub worker: Option<WorkerId>,
     /// Resource limits; what is left out takes the platform's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -93,6 +97,7 @@ pub struct CreateSandbox {
 /// `limits` of `POST /v1/sandboxes`: each one positive and at most the platform's
 /// maximum (400 `invalid_limits` otherwise).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct LimitsRequest {
     /// Memory (RAM and swap together) in MiB; past it the kernel kills inside.
@@ -112,6 +117,7 @@ pub struct LimitsRequest {
 
 /// A sandbox's limits as shown (`"limits"` of a sandbox).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LimitsView {
     /// Memory in MiB.
     pub memory_mib: u64,
@@ -136,14 +142,18 @@ impl From<&Limits> for LimitsView {
 
 /// The execution serving a sandbox, as shown to users.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ExecutionView {
     /// Generation.
     pub generation: u64,
     /// Execution ID.
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::ExecutionIdSchema))]
     pub execution_id: ExecutionId,
     /// Worker.
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::WorkerIdSchema))]
     pub worker: WorkerId,
     /// Substrate.
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::SubstrateSchema))]
     pub substrate: Substrate,
     /// Activation attempt.
     pub activation: u32,
@@ -151,8 +161,10 @@ pub struct ExecutionView {
 
 /// A sandbox.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Sandbox {
     /// ID.
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::SandboxIdSchema))]
     pub id: SandboxId,
     /// State.
     pub state: SandboxState,
@@ -178,6 +190,7 @@ pub struct Sandbox {
 
 /// `POST /v1/sandboxes/{id}/exec`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ExecRequest {
     /// argv.
@@ -228,6 +241,7 @@ pub const DEFAULT_EXEC_TIMEOUT_SECS: u64 = 300;
 
 /// Answer to an exec.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ExecResponse {
     /// Exit code; `128 + signal` when killed by a signal (as a shell reports it).
     pub exit_code: i32,
@@ -257,11 +271,13 @@ pub struct ExecResponse {
     /// stderr (lossy UTF-8).
     pub stderr: String,
     /// The execution that ran it.
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::ExecutionIdSchema))]
     pub execution_id: ExecutionId,
 }
 
 /// One directory entry.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FileEntry {
     /// Name within the directory.
     pub name: String,
@@ -273,17 +289,21 @@ pub struct FileEntry {
 
 /// `POST /v1/sandboxes/{id}/capabilities`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CapabilityRequest {
     /// Access wanted.
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<crate::openapi::AccessSchema>))]
     pub access: Vec<Access>,
     /// `control` or `service_port`.
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::PurposeSchema))]
     pub purpose: Purpose,
     /// For `service_port`.
     #[serde(default)]
     pub port: Option<u16>,
     /// For `service_port`.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::ProtocolSchema>))]
     pub protocol: Option<Protocol>,
     /// How long to wait, in milliseconds, for a sandbox in a transition (migrating,
     /// starting, restarting) to have an acknowledged execution before answering
@@ -300,21 +320,27 @@ pub struct CapabilityRequest {
 
 /// The route a capability selects, with where to send it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RouteView {
     /// Sandbox.
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::SandboxIdSchema))]
     pub sandbox: SandboxId,
     /// Generation.
     pub generation: u64,
     /// Execution ID.
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::ExecutionIdSchema))]
     pub execution_id: ExecutionId,
     /// Worker.
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::WorkerIdSchema))]
     pub worker: WorkerId,
     /// Substrate.
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::SubstrateSchema))]
     pub substrate: Substrate,
     /// Activation attempt.
     pub activation: u32,
     /// Kubernetes only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::PodUidSchema>))]
     pub pod_uid: Option<PodUid>,
     /// The worker's node-api base URL (direct mode).
     pub worker_url: String,
@@ -341,6 +367,7 @@ impl RouteView {
 
 /// A capability as handed to a client.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CapabilityResponse {
     /// base64url token for `Authorization: SpaceCap …`.
     pub token: String,
@@ -352,8 +379,10 @@ pub struct CapabilityResponse {
 
 /// A registered worker, as listed by `GET /v1/workers`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WorkerView {
     /// ID.
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::WorkerIdSchema))]
     pub id: WorkerId,
     /// node-api base URL.
     pub address: String,
@@ -364,18 +393,22 @@ pub struct WorkerView {
     /// Capacity.
     pub capacity: u32,
     /// Substrate.
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::SubstrateSchema))]
     pub substrate: Substrate,
 }
 
 /// Control plane → worker: enrollment.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct EnrollRequest {
     /// The worker's ID.
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::WorkerIdSchema))]
     pub worker: WorkerId,
     /// Its node-api base URL.
     pub url: String,
     /// Its substrate.
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::SubstrateSchema))]
     pub substrate: Substrate,
     /// How many sandboxes it takes.
     pub capacity: u32,
@@ -389,6 +422,7 @@ pub struct EnrollRequest {
 
 /// Enrollment answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EnrollResponse {
     /// The worker's credential for later calls (`Authorization: Bearer …`).
     pub credential: String,
@@ -399,6 +433,7 @@ pub struct EnrollResponse {
 
 /// Resource limits of one sandbox.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Limits {
     /// Memory in bytes.
     pub memory_bytes: u64,
@@ -457,15 +492,19 @@ impl Limits {
 
 /// What a worker must run for one execution.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct InstallExecution {
     /// Sandbox.
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::SandboxIdSchema))]
     pub sandbox: SandboxId,
     /// Generation.
     pub generation: u64,
     /// Execution ID.
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::ExecutionIdSchema))]
     pub execution_id: ExecutionId,
     /// Substrate.
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::SubstrateSchema))]
     pub substrate: Substrate,
     /// Activation attempt.
     pub activation: u32,
@@ -485,6 +524,7 @@ pub struct InstallExecution {
 
 /// One identity update for one worker.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Update {
     /// Install and launch an execution.
@@ -492,54 +532,65 @@ pub enum Update {
     /// Retire an execution (keep a tombstone).
     Retire {
         /// Sandbox.
+        #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::SandboxIdSchema))]
         sandbox: SandboxId,
         /// Generation.
         generation: u64,
         /// Execution ID.
+        #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::ExecutionIdSchema))]
         execution_id: ExecutionId,
     },
     /// Freeze an execution in place (same execution; memory kept).
     Pause {
         /// Sandbox.
+        #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::SandboxIdSchema))]
         sandbox: SandboxId,
         /// Generation.
         generation: u64,
         /// Execution ID.
+        #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::ExecutionIdSchema))]
         execution_id: ExecutionId,
     },
     /// Thaw a paused execution.
     Resume {
         /// Sandbox.
+        #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::SandboxIdSchema))]
         sandbox: SandboxId,
         /// Generation.
         generation: u64,
         /// Execution ID.
+        #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::ExecutionIdSchema))]
         execution_id: ExecutionId,
     },
     /// Freeze an execution and hand over its writable layer (answered with the
     /// archive, not an ack).
     Snapshot {
         /// Sandbox.
+        #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::SandboxIdSchema))]
         sandbox: SandboxId,
         /// Generation.
         generation: u64,
         /// Execution ID.
+        #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::ExecutionIdSchema))]
         execution_id: ExecutionId,
     },
     /// Thaw an execution frozen for a snapshot that will not be used (a migration
     /// that failed).
     Unfreeze {
         /// Sandbox.
+        #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::SandboxIdSchema))]
         sandbox: SandboxId,
         /// Generation.
         generation: u64,
         /// Execution ID.
+        #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::ExecutionIdSchema))]
         execution_id: ExecutionId,
     },
     /// The archive in the request body is the sandbox's writable layer for its next
     /// execution here; its BLAKE3 digest must be `digest` (hex).
     Layer {
         /// Sandbox.
+        #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::SandboxIdSchema))]
         sandbox: SandboxId,
         /// BLAKE3 of the archive, lowercase hex.
         digest: String,
@@ -555,6 +606,7 @@ pub enum Update {
 
 /// The signed envelope: `body` is the JSON of an [`UpdateBody`], as signed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SignedUpdate {
     /// base64url of the body's bytes.
@@ -581,6 +633,7 @@ pub const MAX_UPDATE_BODY: u64 = 16 << 20;
 
 /// What the control plane signs about the request that carries an update.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Delivery {
     /// The worker it is for.
@@ -602,9 +655,11 @@ pub const UPDATE_CLOCK_SKEW_SECS: u64 = 15;
 
 /// What the control plane signs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct UpdateBody {
     /// The worker it is for; any other refuses it.
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::WorkerIdSchema))]
     pub worker: WorkerId,
     /// Unix seconds; the worker refuses an update issued more than
     /// [`UPDATE_MAX_AGE_SECS`] (plus [`UPDATE_CLOCK_SKEW_SECS`]) ago or more than the
@@ -619,6 +674,7 @@ pub struct UpdateBody {
 
 /// The worker's acknowledgement, sent only after the update is durable.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct UpdateAck {
     /// `running`, `paused`, `retired`, `installed` (bundle) or `failed`.
     pub state: String,

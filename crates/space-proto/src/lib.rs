@@ -13,3 +13,5 @@ pub mod client;
 pub mod codec;
 pub mod frame;
 pub mod guest;
+#[cfg(feature = "openapi")]
+pub mod openapi;
