@@ -580,7 +580,6 @@ fn workspace_roots() -> Vec<(String, PathBuf)> {
 const STILL_CYCLIC: &[&str] = &[
     "space (main)",
     "space-client (lib)",
-    "space-control (lib)",
 ];
 
 #[test]
