@@ -16,6 +16,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use space_proto::api::ErrorBody;
 use space_proto::error_responses;
+use space_proto::openapi::SandboxIdSchema;
 use utoipa::openapi::OpenApi;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{IntoParams, Modify};
@@ -28,7 +29,8 @@ use utoipa::{IntoParams, Modify};
         description = "The control plane's and the edge's HTTP API: sandboxes, their operations (forwarded to the worker that runs the sandbox, with route recovery), tenants and keys, and the internal routes workers call. Errors are `{\"error\": code, \"message\": text}` (plus `reason` for identity rejections).",
         license(name = "Apache-2.0", identifier = "Apache-2.0")
     ),
-    components(schemas(ErrorBody)),
+    // The sandbox ID of every sandbox path (parameters add no components).
+    components(schemas(ErrorBody, SandboxIdSchema)),
     modifiers(&SecuritySchemes),
     tags(
         (name = "sandboxes", description = "Sandbox lifecycle and capabilities, answered by the control plane."),

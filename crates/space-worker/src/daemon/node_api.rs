@@ -7,16 +7,19 @@
 //! This module is the router alone; each child does one job:
 //! [`admission`] (parse, admit, wait out a pause), [`refusal`] (the answers that are
 //! not an operation's), [`agent`] (calls through the bridge), the handlers
-//! ([`exec`], [`files`], [`streams`], [`updates`], [`snapshots`], [`metrics`]), and
-//! [`idempotency`] (non-idempotent operations run once per key).
+//! ([`exec`], [`files`], [`streams`], [`updates`], [`snapshots`], [`metrics`],
+//! [`probes`]), [`idempotency`] (non-idempotent operations run once per key), and
+//! [`openapi`] (the frame of the document the route table describes: [`document`]).
 
 use std::sync::Arc;
 
-use axum::Router;
 use axum::extract::{DefaultBodyLimit, FromRef};
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
+use axum::routing::MethodRouter;
+use axum::{Extension, Router};
 use space_proto::api::MAX_EXEC_BODY;
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt as _};
+use utoipa_axum::routes;
 
 use super::state::Worker;
 
@@ -26,6 +29,8 @@ pub(crate) mod exec;
 pub(crate) mod files;
 pub(crate) mod idempotency;
 pub(crate) mod metrics;
+pub(crate) mod openapi;
+pub(crate) mod probes;
 pub(crate) mod refusal;
 pub(crate) mod snapshots;
 pub mod streams;
@@ -66,51 +71,78 @@ impl FromRef<NodeApi> for IdempotencyCache {
     }
 }
 
-/// The router.
-pub fn router(worker: Arc<Worker>) -> Router {
-    let admitted_first =
-        || axum::middleware::from_fn_with_state(Arc::clone(&worker), admission::admitted_first);
-    let held_while_adopting =
-        axum::middleware::from_fn_with_state(Arc::clone(&worker), admission::held_while_adopting);
-    let sandboxes = Router::new()
-        .route(
-            "/v1/sandboxes/{id}/exec",
-            post(exec::exec)
-                .layer(DefaultBodyLimit::max(MAX_EXEC_BODY))
-                .route_layer(admitted_first()),
+/// Every route of node-api, each with its description: the router and the OpenAPI
+/// document are built from the same declarations (each handler's `#[utoipa::path]`,
+/// gathered by `routes!`), so no route is served undescribed. The admission layers
+/// need the worker; the document does not (`None`: the same routes, unlayered).
+fn routes(worker: Option<&Arc<Worker>>) -> OpenApiRouter<NodeApi> {
+    let admitted_first = |r: MethodRouter<NodeApi>| match worker {
+        Some(w) => r.route_layer(axum::middleware::from_fn_with_state(
+            Arc::clone(w),
+            admission::admitted_first,
+        )),
+        None => r,
+    };
+    let sandboxes = OpenApiRouter::default()
+        .routes(
+            routes!(exec::exec)
+                .map(|r| admitted_first(r.layer(DefaultBodyLimit::max(MAX_EXEC_BODY)))),
         )
-        .route(
-            "/v1/sandboxes/{id}/files",
-            get(files::read_file)
-                .put(files::write_file)
-                .delete(files::remove_file)
-                .route_layer(admitted_first()),
+        .routes(
+            routes!(files::read_file, files::write_file, files::remove_file).map(admitted_first),
         )
-        .route("/v1/sandboxes/{id}/files/list", get(files::list_files))
-        .route("/v1/sandboxes/{id}/terminal", get(streams::terminal))
-        .route("/v1/sandboxes/{id}/watch", get(streams::watch))
-        .route("/v1/sandboxes/{id}/exec/stream", get(streams::exec_stream))
-        .route_layer(held_while_adopting);
-    Router::new()
+        .routes(routes!(files::list_files))
+        .routes(routes!(streams::terminal))
+        .routes(routes!(streams::watch))
+        .routes(routes!(streams::exec_stream));
+    let sandboxes = match worker {
+        Some(w) => sandboxes.route_layer(axum::middleware::from_fn_with_state(
+            Arc::clone(w),
+            admission::held_while_adopting,
+        )),
+        None => sandboxes,
+    };
+    OpenApiRouter::with_openapi(openapi::frame())
         .merge(sandboxes)
         .merge(
             // Updates, snapshots and layers run to their end whatever becomes of the
             // caller (see `space_http::run_to_end`).
-            Router::new()
-                .route("/internal/v1/updates", post(updates::apply_update))
-                .route(
-                    "/internal/v1/snapshot",
-                    post(snapshots::snapshot).layer(DefaultBodyLimit::max(MAX_SIGNED_REQUEST)),
+            OpenApiRouter::default()
+                .routes(routes!(updates::apply_update))
+                .routes(
+                    routes!(snapshots::snapshot).layer(DefaultBodyLimit::max(MAX_SIGNED_REQUEST)),
                 )
                 // The body is streamed to disk once the signed update in its header
                 // is verified (no body limit here: the signed size is the limit).
-                .route("/internal/v1/layers", post(snapshots::layer))
+                .routes(routes!(snapshots::layer))
                 .route_layer(axum::middleware::from_fn(space_http::run_to_end)),
         )
-        .route("/metrics", get(metrics::metrics))
-        .route("/healthz", get(super::health::healthz))
-        .route("/readyz", get(super::health::readyz))
+        .routes(routes!(metrics::metrics))
+        .routes(routes!(probes::healthz))
+        .routes(routes!(probes::readyz))
+        .routes(routes!(openapi::openapi_json))
+}
+
+/// The worker API's OpenAPI 3.1 document.
+pub fn document() -> utoipa::openapi::OpenApi {
+    routes(None).into_openapi()
+}
+
+/// The document as served and checked in: pretty JSON, keys sorted, a final newline.
+pub fn document_json() -> String {
+    let value = serde_json::to_value(document()).unwrap_or_default();
+    let mut text = serde_json::to_string_pretty(&value).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
+/// The router.
+pub fn router(worker: Arc<Worker>) -> Router {
+    let served = openapi::Served(Arc::from(document_json()));
+    let (routes, _) = routes(Some(&worker)).split_for_parts();
+    routes
         .fallback(|| async { refusal::Refusal::NoRoute.into_response() })
+        .layer(Extension(served))
         .layer(DefaultBodyLimit::max(MAX_BUFFERED_BODY))
         .with_state(NodeApi {
             worker,

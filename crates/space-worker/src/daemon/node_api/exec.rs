@@ -25,6 +25,7 @@ use crate::daemon::state::{Slot, Worker};
 /// Default exec timeout when the request names none.
 const DEFAULT_EXEC_TIMEOUT_SECS: u64 = space_proto::api::DEFAULT_EXEC_TIMEOUT_SECS;
 
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "sandbox", summary = "Run a command and collect its output (200 whatever its exit code); accepts `Idempotency-Key`.", params(space_proto::openapi::SandboxPath), request_body = space_proto::api::ExecRequest, responses((status = 200, description = "the command ran", body = space_proto::api::ExecResponse, headers(("space-execution" = String, description = "the execution that answered"))), super::openapi::Exec), security(("capability" = [])))]
 pub(crate) async fn exec(
     State(w): State<Arc<Worker>>,
     State(idempotency): State<IdempotencyCache>,

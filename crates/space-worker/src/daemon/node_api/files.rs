@@ -43,6 +43,7 @@ const QUEUE: usize = 4;
 
 /// `GET /v1/sandboxes/{id}/files?path=`: the file, or the span of a `Range` header
 /// (`206`, `416` when it selects nothing), streamed.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "sandbox", params(space_proto::openapi::SandboxPath, PathQuery), responses((status = 200, description = "the whole file", body = space_proto::openapi::RawBytes, content_type = "application/octet-stream", headers(("space-execution" = String, description = "the execution that answered"))), (status = 206, description = "the range asked for (`Content-Range`)", body = space_proto::openapi::RawBytes, content_type = "application/octet-stream"), super::openapi::FileRead), security(("capability" = [])))]
 pub(crate) async fn read_file(
     State(w): State<Arc<Worker>>,
     Path(id): Path<String>,
@@ -58,6 +59,7 @@ pub(crate) async fn read_file(
 }
 
 /// `PUT /v1/sandboxes/{id}/files?path=`: the body streamed into the file.
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/files", tag = "sandbox", params(space_proto::openapi::SandboxPath, PathQuery), request_body(content = space_proto::openapi::RawBytes, content_type = "application/octet-stream"), responses((status = 204, description = "written, atomically and durably", headers(("space-execution" = String, description = "the execution that answered"))), super::openapi::FileWrite), security(("capability" = [])))]
 pub(crate) async fn write_file(
     State(w): State<Arc<Worker>>,
     State(idempotency): State<IdempotencyCache>,
@@ -409,8 +411,11 @@ async fn write(slot: &Arc<Slot>, path: String, mut body: Body) -> Result<Respons
 }
 
 /// The `path` query parameter of a file operation.
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct PathQuery {
+    /// The file or directory: 1 to 4096 bytes, no NUL (400 `bad_request` otherwise).
+    #[param(required = true)]
     path: Option<String>,
 }
 
@@ -473,6 +478,7 @@ where
 }
 
 /// `DELETE /v1/sandboxes/{id}/files?path=`.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/files", tag = "sandbox", params(space_proto::openapi::SandboxPath, PathQuery), responses((status = 204, description = "removed", headers(("space-execution" = String, description = "the execution that answered"))), super::openapi::Operation), security(("capability" = [])))]
 pub(crate) async fn remove_file(
     State(w): State<Arc<Worker>>,
     State(idempotency): State<IdempotencyCache>,
@@ -497,6 +503,7 @@ pub(crate) async fn remove_file(
 }
 
 /// `GET /v1/sandboxes/{id}/files/list?path=`.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/list", tag = "sandbox", params(space_proto::openapi::SandboxPath, PathQuery), responses((status = 200, description = "the directory's entries", body = Vec<space_proto::api::FileEntry>, headers(("space-execution" = String, description = "the execution that answered"))), super::openapi::Operation), security(("capability" = [])))]
 pub(crate) async fn list_files(
     State(w): State<Arc<Worker>>,
     State(idempotency): State<IdempotencyCache>,

@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 
 use crate::daemon::state::Worker;
 
+#[utoipa::path(get, path = "/metrics", tag = "process", summary = "Prometheus metrics of this worker.", responses((status = 200, description = "Prometheus text", body = String, content_type = "text/plain; version=0.0.4")), security(()))]
 pub(crate) async fn metrics(State(w): State<Arc<Worker>>) -> Response {
     let states: Vec<_> = w
         .slots

@@ -25,6 +25,7 @@ fn refused(why: UpdateError) -> Response {
 /// layer; header `space-snapshot-digest` holds the BLAKE3 digest. The archive is
 /// written to a file first (the limit enforced while it is written, a file too
 /// large for it refused before it is read) and sent from there.
+#[utoipa::path(post, path = "/internal/v1/snapshot", tag = "internal", request_body(content = space_proto::api::SignedUpdate, description = "the signed snapshot order (at most 64 KiB)"), responses((status = 200, description = "the frozen writable layer", body = space_proto::openapi::RawBytes, content_type = "application/x-tar", headers(("space-snapshot-digest" = String, description = "BLAKE3 of the archive, lowercase hex"))), super::openapi::UpdateRefused), security(()), extensions(("x-internal" = json!(true))))]
 pub(crate) async fn snapshot(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
     let Ok(signed) = serde_json::from_slice::<SignedUpdate>(&body) else {
         return refused(UpdateError::Invalid("invalid signed update".into()));
@@ -50,6 +51,7 @@ pub(crate) async fn snapshot(State(w): State<Arc<Worker>>, body: Bytes) -> Respo
 /// verified before a byte of the body is read; the body is then streamed to a file
 /// (refused past the signed size), its digest checked over the bytes received, and
 /// only then unpacked.
+#[utoipa::path(post, path = "/internal/v1/layers", tag = "internal", request_body(content = space_proto::openapi::RawBytes, content_type = "application/x-tar", description = "the archive the signed layer update names (at most 1 GiB)"), responses((status = 200, description = "kept for the sandbox's next execution here", body = space_proto::api::UpdateAck), super::openapi::UpdateRefused), security(("signed_layer" = [])), extensions(("x-internal" = json!(true))))]
 pub(crate) async fn layer(
     State(w): State<Arc<Worker>>,
     headers: HeaderMap,

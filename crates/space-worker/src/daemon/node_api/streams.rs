@@ -33,16 +33,22 @@ pub const CLOSE_REPLACED: u16 = 4001;
 pub const CLOSE_BACKEND_GONE: u16 = 4002;
 
 /// Query of a terminal.
-#[derive(Debug, serde::Deserialize)]
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct TerminalQuery {
+    /// Rows, 1 to 1000 (24).
     rows: Option<u16>,
+    /// Columns, 1 to 1000 (80).
     cols: Option<u16>,
 }
 
 /// Query of a watch.
-#[derive(Debug, serde::Deserialize)]
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct WatchQuery {
+    /// The directory watched (`/root`).
     path: Option<String>,
+    /// Whether its subdirectories are watched too (`false`).
     recursive: Option<bool>,
 }
 
@@ -56,6 +62,7 @@ enum Out {
 
 /// `GET /v1/sandboxes/{id}/terminal` (WebSocket): binary messages are terminal bytes
 /// both ways; a text message `{"rows": R, "cols": C}` resizes.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/terminal", tag = "sandbox", params(space_proto::openapi::SandboxPath, TerminalQuery), responses((status = 101, description = "WebSocket upgrade: the stream (a refusal before it is a plain HTTP answer)"), super::openapi::Operation), security(("capability" = [])))]
 pub async fn terminal(
     State(w): State<Arc<Worker>>,
     Path(id): Path<String>,
@@ -90,6 +97,7 @@ pub async fn terminal(
 
 /// `GET /v1/sandboxes/{id}/watch?path=&recursive=` (WebSocket): one JSON text message
 /// per change.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/watch", tag = "sandbox", params(space_proto::openapi::SandboxPath, WatchQuery), responses((status = 101, description = "WebSocket upgrade: the stream (a refusal before it is a plain HTTP answer)"), super::openapi::Operation), security(("capability" = [])))]
 pub async fn watch(
     State(w): State<Arc<Worker>>,
     Path(id): Path<String>,
@@ -118,6 +126,7 @@ pub async fn watch(
 /// the exec request (the JSON of `POST …/exec`); output follows as it is produced,
 /// each binary message tagged 1 (stdout) or 2 (stderr); the close reason is
 /// `exited N` or `killed by signal N`. Later client messages are stdin.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/exec/stream", tag = "sandbox", params(space_proto::openapi::SandboxPath), responses((status = 101, description = "WebSocket upgrade: the stream (a refusal before it is a plain HTTP answer)"), super::openapi::Operation), security(("capability" = [])))]
 pub async fn exec_stream(
     State(w): State<Arc<Worker>>,
     Path(id): Path<String>,

@@ -14,6 +14,7 @@ use super::refusal::Refusal;
 use crate::daemon::state::Worker;
 use crate::daemon::updates::{self, UpdateError};
 
+#[utoipa::path(post, path = "/internal/v1/updates", tag = "internal", summary = "Apply a signed identity update; acknowledged once durable.", request_body = space_proto::api::SignedUpdate, responses((status = 200, description = "applied and durable", body = space_proto::api::UpdateAck), super::openapi::UpdateRefused), security(("delivery" = [])), extensions(("x-internal" = json!(true))))]
 pub(crate) async fn apply_update(
     State(w): State<Arc<Worker>>,
     headers: HeaderMap,
