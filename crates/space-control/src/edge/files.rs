@@ -1,5 +1,6 @@
 //! File reads and writes through the edge, streamed between the client and the worker
-//! (neither body is held whole here), with the recovery rules of [`Edge::forward`].
+//! (neither body is held whole here), with the route driver's recovery rules (as
+//! [`Edge::forward`]).
 //!
 //! **Reads** (`GET …/files`, `Range` passed on): the worker's answer head decides. A
 //! RefreshRoute (421) or a transport failure arrives before any byte of the answer
@@ -17,17 +18,19 @@
 //! anywhere: an error then is the answer, and the agent's write (a temporary file
 //! renamed into place at the end) left nothing half-written at the path.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use space_http::CallError;
-use space_http::patience::Patience;
 use space_http::stream::{self, StreamBody, StreamedAnswer};
-use space_identity::{OperationClass, Progress, Recovery, RecoveryStep, Route, SandboxId};
+use space_identity::{OperationClass, Progress, Route, SandboxId};
 use space_proto::api::ErrorBody;
+use space_route::Attempt;
 
+use super::routes::{deny_reason, relayed};
 use super::{Authenticated, Edge};
 use crate::error::{ControlError, RouteLost};
 
@@ -62,40 +65,29 @@ pub(crate) async fn read(
     path_and_query: &str,
     headers: &HeaderMap,
 ) -> Result<Response, ControlError> {
-    let (mut route, mut grant) = edge.route_for(who, sandbox).await?;
-    let mut recovery = Recovery::new(OperationClass::Read);
-    let mut unreachable = Patience::new(edge.transition_wait());
-    loop {
-        let mut h: Vec<(&str, &str)> = vec![("authorization", &grant.authorization)];
-        if let Some(v) = headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
-            h.push(("range", v));
-        }
-        let url = format!("{}{path_and_query}", grant.worker_url);
-        let sent = stream::send(
-            Method::GET,
-            &url,
-            &h,
-            stream::empty(),
-            None,
-            READ_HEAD_TIMEOUT,
-        )
-        .await;
-        match step(
-            edge,
-            who,
-            sandbox,
-            &mut recovery,
-            &mut unreachable,
-            &route,
-            sent,
-        )
-        .await?
-        {
-            Step::Answer(a) => return relay(edge, &route, a),
-            Step::Done(resp) => return Ok(resp),
-            Step::Next(r, g) => (route, grant) = (r, g),
-        }
-    }
+    edge.drive(
+        who,
+        sandbox,
+        OperationClass::Read,
+        |route, grant| async move {
+            let mut h: Vec<(&str, &str)> = vec![("authorization", &grant.authorization)];
+            if let Some(v) = headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
+                h.push(("range", v));
+            }
+            let url = format!("{}{path_and_query}", grant.worker_url);
+            let sent = stream::send(
+                Method::GET,
+                &url,
+                &h,
+                stream::empty(),
+                None,
+                READ_HEAD_TIMEOUT,
+            )
+            .await;
+            classify(edge, &route, sent).await
+        },
+    )
+    .await
 }
 
 /// `PUT …/files?path=`: the client's `body` streamed to the worker.
@@ -108,9 +100,6 @@ pub(crate) async fn write(
     body: Body,
     class: OperationClass,
 ) -> Result<Response, ControlError> {
-    let (mut route, mut grant) = edge.route_for(who, sandbox).await?;
-    let mut recovery = Recovery::new(class);
-    let mut unreachable = Patience::new(edge.transition_wait());
     // A small body is kept whole here: the one rebuilt attempt can send it again even
     // when the worker had read it before the route went stale (an execution frozen for
     // a migration after admission). A large one streams, and only a refusal before its
@@ -120,7 +109,7 @@ pub(crate) async fn write(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok())
         .filter(|n| *n <= RESEND_LIMIT);
-    let (mut body, kept): (Option<StreamBody>, Option<bytes::Bytes>) = match small {
+    let (body, kept): (Option<StreamBody>, Option<bytes::Bytes>) = match small {
         Some(_) => {
             let whole = axum::body::to_bytes(body, RESEND_LIMIT)
                 .await
@@ -129,14 +118,16 @@ pub(crate) async fn write(
         }
         None => (Some(stream::boxed(body)), None),
     };
-    loop {
-        let Some(unread) = body
-            .take()
-            .or_else(|| kept.clone().map(|b| stream::boxed(Body::from(b))))
+    // The body not yet sent: an attempt takes it and gives it back if no byte left.
+    let unsent = Mutex::new(body);
+    let (unsent, kept) = (&unsent, &kept);
+    edge.drive(who, sandbox, class, |route, grant| async move {
+        let taken = unsent.lock().ok().and_then(|mut b| b.take());
+        let Some(unread) = taken.or_else(|| kept.clone().map(|b| stream::boxed(Body::from(b))))
         else {
-            return Err(ControlError::RefreshRoute {
+            return Attempt::Done(Err(ControlError::RefreshRoute {
                 reason: RouteLost::UploadStarted,
-            });
+            }));
         };
         let (gated, gate) = stream::gated(unread);
         let mut h: Vec<(&str, &str)> = vec![("authorization", &grant.authorization)];
@@ -156,123 +147,69 @@ pub(crate) async fn write(
         )
         .await;
         // The body back, if no byte of it left: only then may another attempt run.
-        body = gate.take_back();
-        let sent = match sent {
+        let back = gate.take_back();
+        let untouched = back.is_some();
+        if let Ok(mut b) = unsent.lock() {
+            *b = back;
+        }
+        match sent {
             // A transport failure after bytes of the body left is never retried: the
             // worker may have the file already.
-            Err(e) if body.is_none() => {
-                return Err(ControlError::BadGateway(format!(
-                    "worker unreachable during the upload: {e}"
-                )));
-            }
-            other => other,
-        };
-        match step(
-            edge,
-            who,
-            sandbox,
-            &mut recovery,
-            &mut unreachable,
-            &route,
-            sent,
-        )
-        .await?
-        {
-            Step::Answer(a) => return relay(edge, &route, a),
-            Step::Done(resp) => return Ok(resp),
-            Step::Next(r, g) => (route, grant) = (r, g),
+            Err(e) if !untouched => Attempt::Done(Err(ControlError::BadGateway(format!(
+                "worker unreachable during the upload: {e}"
+            )))),
+            sent => classify(edge, &route, sent).await,
         }
-    }
+    })
+    .await
 }
 
-/// What one attempt gave.
-enum Step {
-    /// The answer, complete.
-    Done(Response),
-    /// An answer to pass on.
-    Answer(StreamedAnswer),
-    /// Try again on this route.
-    Next(Route, std::sync::Arc<super::Grant>),
-}
-
-/// The recovery rules after one attempt on `route` (as in [`Edge::forward`]).
-async fn step(
+/// One attempt's outcome on `route`: a RefreshRoute or a Deny read from the worker's
+/// (small) error answer; any other answer passed on as it comes.
+async fn classify(
     edge: &Edge,
-    who: &Authenticated,
-    sandbox: &SandboxId,
-    recovery: &mut Recovery,
-    unreachable: &mut Patience,
     route: &Route,
     sent: Result<StreamedAnswer, CallError>,
-) -> Result<Step, ControlError> {
+) -> Attempt<Response, ControlError> {
     let answer = match sent {
         Ok(a) => a,
-        // Nothing reached the worker: it is not listening (restarting, say). Waited
-        // for, bounded like a transition (not a retry of the operation), resolving
-        // afresh each time: it may come back under another address.
-        Err(CallError::Connect(_)) if unreachable.patient() => {
-            unreachable.wait().await;
-            edge.forget(&route.identity());
-            let (r, g) = edge.fresh(who, sandbox).await?;
-            return Ok(Step::Next(r, g));
-        }
         Err(e) => {
-            let progress = match e {
-                CallError::Connect(_) => Progress::NotStarted,
-                _ => Progress::Started,
-            };
-            return match recovery.on_transport_failure(progress) {
-                Ok(RecoveryStep::RetrySameRoute) if progress == Progress::NotStarted => {
-                    // Nothing reached the worker: it may have restarted under a new
-                    // address; resolve afresh.
-                    edge.forget(&route.identity());
-                    let (r, g) = edge.fresh(who, sandbox).await?;
-                    Ok(Step::Next(r, g))
-                }
-                Ok(RecoveryStep::RetrySameRoute) => {
-                    let (r, g) = edge.route_for(who, sandbox).await?;
-                    Ok(Step::Next(r, g))
-                }
-                _ => Err(ControlError::BadGateway(format!("worker unreachable: {e}"))),
+            return Attempt::Failed {
+                progress: match e {
+                    // Nothing reached the worker: it is not listening.
+                    CallError::Connect(_) => Progress::NotStarted,
+                    _ => Progress::Started,
+                },
+                error: ControlError::BadGateway(format!("worker unreachable: {e}")),
             };
         }
     };
     match answer.status {
         StatusCode::MISDIRECTED_REQUEST => {
+            let status = answer.status.as_u16();
             let body = answer.small_body(MAX_ERROR).await;
             let body = serde_json::from_slice::<ErrorBody>(&body).ok();
-            let reason = space_proto::api::refresh_reason(body.as_ref());
-            let used = route.identity();
-            if let Err(e) = recovery.on_refresh(used.clone(), reason, Progress::NotStarted) {
-                edge.count(reason.as_str(), "failed");
-                return Err(e.into());
+            Attempt::RefreshRoute {
+                reason: space_proto::api::refresh_reason(body.as_ref()),
+                answer: relayed(status, body),
             }
-            let (r, g) = edge.repair(who, &used).await?;
-            if let Err(e) = recovery.on_resolved(&r.identity()) {
-                edge.count(reason.as_str(), "failed");
-                return Err(e.into());
-            }
-            edge.count(reason.as_str(), "rebuilt");
-            Ok(Step::Next(r, g))
         }
         StatusCode::FORBIDDEN => {
-            // Surfaced as the worker said it, and the route dropped.
+            // Surfaced as the worker said it (the driver drops the route).
             let status = answer.status;
             let content_type = answer.headers.get(header::CONTENT_TYPE).cloned();
             let body = answer.small_body(MAX_ERROR).await;
-            let why = serde_json::from_slice::<ErrorBody>(&body)
-                .ok()
-                .and_then(|e| e.reason)
-                .unwrap_or_default();
-            edge.count(&why, "denied");
-            edge.forget(&route.identity());
+            let reason = deny_reason(serde_json::from_slice(&body).ok().as_ref());
             let mut resp = (status, body).into_response();
             if let Some(ct) = content_type {
                 resp.headers_mut().insert(header::CONTENT_TYPE, ct);
             }
-            Ok(Step::Done(resp))
+            Attempt::Denied {
+                reason,
+                answer: Ok(resp),
+            }
         }
-        _ => Ok(Step::Answer(answer)),
+        _ => Attempt::Done(relay(edge, route, answer)),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The edge's WebSocket streams: the client's socket is relayed to a backend socket
-//! opened on the worker the route names, with the same recovery as requests for the
-//! open (RefreshRoute → one coalesced resolve → one rebuilt attempt; Deny surfaced).
+//! opened on the worker the route names, with the route driver's recovery for the open
+//! as for any request (RefreshRoute → one coalesced resolve → one rebuilt attempt;
+//! Deny surfaced; a worker refusing connections waited for).
 //! A backend that ends the stream (4001 "execution replaced" when the worker installed
 //! another execution) ends the client's too: a terminal never reattaches to a new
 //! shell behind the client's back.
@@ -8,90 +9,88 @@
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use axum::http::StatusCode;
 use futures_util::{SinkExt, StreamExt};
-use space_identity::{OperationClass, Progress, Recovery, SandboxId};
+use space_identity::{OperationClass, Progress, SandboxId};
 use space_proto::api::ErrorBody;
+use space_route::Attempt;
 use tokio_tungstenite::tungstenite::{self, client::IntoClientRequest};
 
+use super::routes::{deny_reason, relayed};
 use super::{Authenticated, Edge};
-use crate::error::{ControlError, ErrorCode, Relayed};
+use crate::error::ControlError;
 
 type Backend =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 impl Edge {
-    /// Opens the backend socket of a stream for `sandbox` at `path_and_query`.
+    /// Opens the backend socket of a stream for `sandbox` at `path_and_query`, with
+    /// the route driver's recovery (a refused upgrade is an answer like any other).
     pub async fn open_stream(
         &self,
         who: &Authenticated,
         sandbox: &SandboxId,
         path_and_query: &str,
     ) -> Result<Backend, ControlError> {
-        let (mut route, mut grant) = self.route_for(who, sandbox).await?;
-        let mut recovery = Recovery::new(OperationClass::StreamOpen);
-        let mut unreachable = space_http::patience::Patience::new(self.transition_wait());
-        loop {
-            let url = format!(
-                "{}{}",
-                grant.worker_url.replacen("http", "ws", 1),
-                path_and_query
-            );
-            let mut req = url
-                .into_client_request()
-                .map_err(|e| ControlError::BadGateway(format!("worker url: {e}")))?;
-            let auth = grant
-                .authorization
-                .parse()
-                .map_err(|_| ControlError::Internal("capability is not a header value".into()))?;
-            req.headers_mut().insert("authorization", auth);
-            match tokio_tungstenite::connect_async(req).await {
-                Ok((socket, _)) => return Ok(socket),
-                Err(tungstenite::Error::Http(resp)) => {
-                    let status = resp.status();
-                    let body: Option<ErrorBody> = resp
-                        .body()
-                        .as_ref()
-                        .and_then(|b| serde_json::from_slice(b).ok());
-                    if status == StatusCode::MISDIRECTED_REQUEST {
-                        let reason = space_proto::api::refresh_reason(body.as_ref());
-                        let used = route.identity();
-                        recovery
-                            .on_refresh(used.clone(), reason, Progress::NotStarted)
-                            .map_err(ControlError::from)?;
-                        let (r, g) = self.repair(who, &used).await?;
-                        recovery
-                            .on_resolved(&r.identity())
-                            .map_err(ControlError::from)?;
-                        (route, grant) = (r, g);
-                        continue;
+        self.drive(
+            who,
+            sandbox,
+            OperationClass::StreamOpen,
+            |_, grant| async move {
+                let url = format!(
+                    "{}{}",
+                    grant.worker_url.replacen("http", "ws", 1),
+                    path_and_query
+                );
+                let mut req = match url.into_client_request() {
+                    Ok(r) => r,
+                    Err(e) => {
+                        return Attempt::Done(Err(ControlError::BadGateway(format!(
+                            "worker url: {e}"
+                        ))));
                     }
-                    let (code, message, reason) = match body {
-                        Some(b) => (b.error, b.message, b.reason),
-                        None => (
-                            "bad_gateway".into(),
-                            format!("worker answered {status}"),
-                            None,
-                        ),
-                    };
-                    return Err(ControlError::Relayed(Relayed {
-                        status: status.as_u16(),
-                        code: ErrorCode::relayed(&code),
-                        message,
-                        reason,
-                    }));
+                };
+                let Ok(auth) = grant.authorization.parse() else {
+                    return Attempt::Done(Err(ControlError::Internal(
+                        "capability is not a header value".into(),
+                    )));
+                };
+                req.headers_mut().insert("authorization", auth);
+                match tokio_tungstenite::connect_async(req).await {
+                    Ok((socket, _)) => Attempt::Done(Ok(socket)),
+                    Err(tungstenite::Error::Http(resp)) => {
+                        let status = resp.status();
+                        let body: Option<ErrorBody> = resp
+                            .body()
+                            .as_ref()
+                            .and_then(|b| serde_json::from_slice(b).ok());
+                        match status {
+                            StatusCode::MISDIRECTED_REQUEST => Attempt::RefreshRoute {
+                                reason: space_proto::api::refresh_reason(body.as_ref()),
+                                answer: relayed(status.as_u16(), body),
+                            },
+                            StatusCode::FORBIDDEN => Attempt::Denied {
+                                reason: deny_reason(body.as_ref()),
+                                answer: Err(relayed(status.as_u16(), body)),
+                            },
+                            _ => Attempt::Done(Err(relayed(status.as_u16(), body))),
+                        }
+                    }
+                    Err(e) => Attempt::Failed {
+                        // A refused connection: nothing reached the worker (it is
+                        // restarting, say).
+                        progress: match &e {
+                            tungstenite::Error::Io(io)
+                                if io.kind() == std::io::ErrorKind::ConnectionRefused =>
+                            {
+                                Progress::NotStarted
+                            }
+                            _ => Progress::Started,
+                        },
+                        error: ControlError::BadGateway(format!("worker stream: {e}")),
+                    },
                 }
-                // Nothing reached the worker (it is restarting, say): waited for,
-                // bounded, resolving afresh each time, as for any operation.
-                Err(tungstenite::Error::Io(e))
-                    if e.kind() == std::io::ErrorKind::ConnectionRefused
-                        && unreachable.patient() =>
-                {
-                    unreachable.wait().await;
-                    self.forget(&route.identity());
-                    (route, grant) = self.fresh(who, sandbox).await?;
-                }
-                Err(e) => return Err(ControlError::BadGateway(format!("worker stream: {e}"))),
-            }
-        }
+            },
+        )
+        .await
     }
 }
 
