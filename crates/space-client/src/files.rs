@@ -22,7 +22,7 @@ pub use space_proto::guest::ByteRange;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::{
-    Answer, Attempt, Client, Error, Grant, api_error, error_body, files, idempotency_key,
+    Answer, Attempt, Client, Error, Grant, api_error, files, idempotency_key, refused,
     wrong_execution,
 };
 
@@ -255,20 +255,10 @@ impl Client {
             )
             .await?
         } else {
-            match attempt_on(self.inner.bearer.clone(), self.inner.url.clone(), None).await {
-                Attempt::Done(r) => r?,
-                Attempt::Denied(e) | Attempt::Failed(e, _) => return Err(e),
-                Attempt::Refresh(body) => {
-                    return Err(Error::Api {
-                        status: StatusCode::MISDIRECTED_REQUEST,
-                        code: "refresh_route".into(),
-                        message: body
-                            .as_ref()
-                            .map_or_else(String::new, |b| b.message.clone()),
-                        reason: body.and_then(|b| b.reason),
-                    });
-                }
-            }
+            // The edge recovers on its side; whatever it answers is final here.
+            attempt_on(self.inner.bearer.clone(), self.inner.url.clone(), None)
+                .await
+                .settle()?
         };
         // The answer (204) has no body to speak of.
         drop(a);
@@ -296,8 +286,10 @@ async fn attempt(
                 body: Bytes::new(),
             };
             match a.status {
-                StatusCode::MISDIRECTED_REQUEST => Attempt::Refresh(error_body(&small(a).await)),
-                StatusCode::FORBIDDEN => Attempt::Denied(api_error(&small(a).await)),
+                StatusCode::MISDIRECTED_REQUEST | StatusCode::FORBIDDEN => {
+                    let answer = small(a).await;
+                    refused(&answer).unwrap_or_else(|| Attempt::Done(Err(api_error(&answer))))
+                }
                 _ if grant.and_then(|g| wrong_execution(&head, g)).is_some() => {
                     let g = grant.expect("checked");
                     Attempt::Done(Err(Error::WrongExecution {
@@ -314,7 +306,10 @@ async fn attempt(
                 CallError::Connect(_) => Progress::NotStarted,
                 _ => Progress::Started,
             };
-            Attempt::Failed(Error::Transport(e), progress)
+            Attempt::Failed {
+                error: Error::Transport(e),
+                progress,
+            }
         }
     }
 }

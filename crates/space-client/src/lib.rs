@@ -31,32 +31,22 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::HashMap;
 use std::fmt;
-use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::{SinkExt, StreamExt};
 use hyper::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 pub use space_http::Answer;
 use space_http::{CallError, HttpClient};
 pub use space_identity::OperationClass;
-use space_identity::{
-    AfterRefresh, Progress, Recovery, RecoveryError, Route, RouteCache, RouteIdentity, SandboxId,
-    Timestamp, WorkerId,
-};
+use space_identity::{Progress, RecoveryError, Route, SandboxId, WorkerId};
 use space_proto::api::{CapabilityResponse, ErrorBody};
 pub use space_proto::api::{
-    CreateSandbox, ExecRequest, ExecResponse, FileEntry, Sandbox, SandboxState,
+    CreateSandbox, ExecRequest, ExecResponse, FileEntry, Sandbox, SandboxState, WorkerView,
 };
-use tokio_tungstenite::MaybeTlsStream;
-use tokio_tungstenite::tungstenite::Error as WsError;
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use space_route::RouteDriver;
 
 /// Why a call failed.
 #[derive(Debug)]
@@ -80,8 +70,16 @@ pub enum Error {
     Route(RecoveryError),
     /// An answer that is not what the API promises.
     Decode(String),
-    /// A stream could not be opened, or ended abnormally.
+    /// A stream could not be opened, or failed.
     Stream(String),
+    /// A stream was closed with another code than 1000 (normal end): 4001 when the
+    /// execution it ran in was replaced, which is never silently reattached.
+    Closed {
+        /// The WebSocket close code.
+        code: u16,
+        /// Its reason text.
+        reason: String,
+    },
     /// The worker answered from another execution than the route the request was
     /// sent on named: the answer was dropped (this never happens unless something
     /// is badly wrong; it is checked on every answer in direct mode).
@@ -130,6 +128,7 @@ impl fmt::Display for Error {
             Self::Route(e) => write!(f, "{e}"),
             Self::Decode(e) => write!(f, "unexpected answer: {e}"),
             Self::Stream(e) => write!(f, "stream: {e}"),
+            Self::Closed { code, reason } => write!(f, "stream: closed: {reason} ({code})"),
             Self::WrongExecution { expected, got } => write!(
                 f,
                 "the answer came from execution {got}, not {expected} the route named; dropped"
@@ -143,6 +142,12 @@ impl std::error::Error for Error {}
 impl From<CallError> for Error {
     fn from(e: CallError) -> Self {
         Self::Transport(e)
+    }
+}
+
+impl From<RecoveryError> for Error {
+    fn from(e: RecoveryError) -> Self {
+        Self::Route(e)
     }
 }
 
@@ -180,9 +185,8 @@ struct Inner {
     bearer: String,
     http: HttpClient,
     direct: bool,
-    routes: Mutex<RouteCache<Arc<Grant>>>,
-    /// One async lock per sandbox, so concurrent refreshes share one resolve.
-    resolving: Mutex<HashMap<SandboxId, Arc<tokio::sync::Mutex<()>>>>,
+    /// The route cache and recovery of direct mode.
+    routes: RouteDriver<Grant>,
     /// What route recovery cost so far.
     recoveries: Mutex<Recoveries>,
 }
@@ -202,16 +206,22 @@ impl Recoveries {
     pub const KEPT: usize = 1 << 20;
 }
 
-/// What one attempt on a route gave.
-enum Attempt<T> {
-    /// The operation's outcome (an error here is not about the route).
-    Done(Result<T, Error>),
-    /// 421: the route is stale (the worker's error body).
-    Refresh(Option<ErrorBody>),
-    /// 403: refused for good.
-    Denied(Error),
-    /// No complete answer, at this progress.
-    Failed(Error, Progress),
+/// What one attempt on a route gave (see [`space_route::Attempt`]).
+type Attempt<T> = space_route::Attempt<T, Error>;
+
+/// A worker's (or the edge's) refusal of an attempt: RefreshRoute (421) or Deny (403).
+fn refused<T>(a: &Answer) -> Option<Attempt<T>> {
+    match a.status {
+        StatusCode::MISDIRECTED_REQUEST => Some(Attempt::RefreshRoute {
+            reason: space_proto::api::refresh_reason(error_body(a).as_ref()),
+            answer: api_error(a),
+        }),
+        StatusCode::FORBIDDEN => Some(Attempt::Denied {
+            reason: error_body(a).and_then(|b| b.reason).unwrap_or_default(),
+            answer: Err(api_error(a)),
+        }),
+        _ => None,
+    }
 }
 
 /// What a cached route is used with.
@@ -224,19 +234,6 @@ struct Grant {
     /// The route's execution, as the worker names it in `space-execution`.
     execution: String,
 }
-
-/// Access a direct-mode capability asks for: what this client sends to workers.
-const ACCESS: &str =
-    r#"{"access":["exec","fs_read","fs_write","watch","terminal"],"purpose":"control"}"#;
-
-/// [`ACCESS`] for a rebuilt attempt (see `CapabilityRequest::rebuilt`).
-const ACCESS_REBUILT: &str = r#"{"access":["exec","fs_read","fs_write","watch","terminal"],"purpose":"control","rebuilt":true}"#;
-
-/// Ask for a new capability this long before the cached one expires.
-const RENEW_MARGIN_SECS: u64 = 10;
-
-/// How long a worker that refuses connections is waited for (nothing was sent to it).
-const UNREACHABLE_WAIT: Duration = Duration::from_secs(10);
 
 /// Routes cached at most (one per sandbox used).
 const ROUTES: usize = 10_000;
@@ -303,8 +300,7 @@ impl Client {
                 bearer: format!("Bearer {api_key}"),
                 http: HttpClient::new(options.timeout),
                 direct: options.direct,
-                routes: Mutex::new(RouteCache::new(ROUTES)),
-                resolving: Mutex::new(HashMap::new()),
+                routes: RouteDriver::new(ROUTES),
                 recoveries: Mutex::default(),
             }),
         }
@@ -348,12 +344,7 @@ impl Client {
             Bytes::new(),
         )
         .await?;
-        if let Ok(mut routes) = self.inner.routes.lock() {
-            if let Some(e) = routes.get(id, now()) {
-                let identity = e.route.identity();
-                routes.remove_if_current(&identity);
-            }
-        }
+        self.inner.routes.forget_sandbox(id);
         Ok(())
     }
 
@@ -471,83 +462,6 @@ impl Client {
             .await
     }
 
-    // ---- streams ----------------------------------------------------------------------
-
-    /// Runs a command and streams its output as it is produced.
-    pub async fn exec_stream(
-        &self,
-        id: &SandboxId,
-        req: &ExecRequest,
-    ) -> Result<ExecStream, Error> {
-        let spec = serde_json::to_string(req).map_err(|e| Error::Decode(e.to_string()))?;
-        let mut socket = self
-            .open_stream(id, &format!("/v1/sandboxes/{id}/exec/stream"))
-            .await?;
-        socket
-            .send(Message::Text(spec.into()))
-            .await
-            .map_err(|e| Error::Stream(e.to_string()))?;
-        Ok(ExecStream { socket })
-    }
-
-    /// Streams changes under `path` (one JSON event each) until dropped.
-    pub async fn watch(
-        &self,
-        id: &SandboxId,
-        path: &str,
-        recursive: bool,
-    ) -> Result<WatchStream, Error> {
-        let path = encode_query(path);
-        let socket = self
-            .open_stream(
-                id,
-                &format!("/v1/sandboxes/{id}/watch?path={path}&recursive={recursive}"),
-            )
-            .await?;
-        Ok(WatchStream { socket })
-    }
-
-    /// Opens an interactive shell on a terminal of `rows` × `cols`.
-    pub async fn terminal(&self, id: &SandboxId, rows: u16, cols: u16) -> Result<Terminal, Error> {
-        let socket = self
-            .open_stream(
-                id,
-                &format!("/v1/sandboxes/{id}/terminal?rows={rows}&cols={cols}"),
-            )
-            .await?;
-        Ok(Terminal { socket })
-    }
-
-    /// Opens a WebSocket at `path_and_query`: on the sandbox's worker (with recovery:
-    /// a refused upgrade is an HTTP answer like any other) or through the edge.
-    async fn open_stream(
-        &self,
-        sandbox: &SandboxId,
-        path_and_query: &str,
-    ) -> Result<Socket, Error> {
-        if !self.inner.direct {
-            let url = format!("{}{path_and_query}", self.inner.url);
-            // The edge recovers on its side; whatever it answers is final here.
-            return match connect(&url, &self.inner.bearer).await {
-                Attempt::Done(r) => r,
-                Attempt::Denied(e) | Attempt::Failed(e, _) => Err(e),
-                Attempt::Refresh(body) => Err(Error::Api {
-                    status: StatusCode::MISDIRECTED_REQUEST,
-                    code: "refresh_route".into(),
-                    message: body
-                        .as_ref()
-                        .map_or_else(String::new, |b| b.message.clone()),
-                    reason: body.and_then(|b| b.reason),
-                }),
-            };
-        }
-        self.on_route(sandbox, OperationClass::StreamOpen, |grant| async move {
-            let url = format!("{}{path_and_query}", grant.worker_url);
-            connect(&url, &grant.authorization).await
-        })
-        .await
-    }
-
     // ---- the two paths ----------------------------------------------------------------
 
     /// One call to the edge; an error status becomes [`Error::Api`].
@@ -615,25 +529,27 @@ impl Client {
                 h.extend_from_slice(extra);
                 let url = format!("{}{path_and_query}", grant.worker_url);
                 match self.inner.http.call(method, &url, &h, body).await {
-                    Ok(a) => match a.status {
-                        StatusCode::MISDIRECTED_REQUEST => Attempt::Refresh(error_body(&a)),
-                        StatusCode::FORBIDDEN => Attempt::Denied(api_error(&a)),
-                        _ if wrong_execution(&a, &grant).is_some() => {
+                    Ok(a) => match refused(&a) {
+                        Some(refusal) => refusal,
+                        None if wrong_execution(&a, &grant).is_some() => {
                             let got = wrong_execution(&a, &grant).unwrap_or_default();
                             Attempt::Done(Err(Error::WrongExecution {
                                 expected: grant.execution.clone(),
                                 got,
                             }))
                         }
-                        s if s.is_success() => Attempt::Done(Ok(a)),
-                        _ => Attempt::Done(Err(api_error(&a))),
+                        None if a.status.is_success() => Attempt::Done(Ok(a)),
+                        None => Attempt::Done(Err(api_error(&a))),
                     },
                     Err(e) => {
                         let progress = match e {
                             CallError::Connect(_) => Progress::NotStarted,
                             _ => Progress::Started,
                         };
-                        Attempt::Failed(Error::Transport(e), progress)
+                        Attempt::Failed {
+                            error: Error::Transport(e),
+                            progress,
+                        }
                     }
                 }
             }
@@ -642,14 +558,14 @@ impl Client {
     }
 }
 
-fn grant_of(cap: CapabilityResponse) -> (Route, Arc<Grant>) {
+fn grant_of(cap: CapabilityResponse) -> (Route, Grant) {
     let route = cap.route.route();
     let grant = Grant {
         authorization: format!("SpaceCap {}", cap.token),
         worker_url: cap.route.worker_url,
         execution: cap.route.execution_id.to_string(),
     };
-    (route, Arc::new(grant))
+    (route, grant)
 }
 
 /// The execution an answer names when it is not the one of `grant`'s route.
@@ -666,14 +582,6 @@ fn mutation() -> OperationClass {
 
 fn files(id: &SandboxId, what: &str, path: &str) -> String {
     format!("/v1/sandboxes/{id}/{what}?path={}", encode_query(path))
-}
-
-fn now() -> Timestamp {
-    Timestamp::from_unix_secs(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-    )
 }
 
 /// 128 random bits, hex: the worker keeps an operation's answer under it, so a retry
@@ -715,11 +623,14 @@ fn decode<T: DeserializeOwned>(a: &Answer) -> Result<T, Error> {
 }
 
 mod files;
+mod platform;
 mod routes;
 mod streams;
 pub use files::{ByteRange, READ_FILE_MAX, RangeRead};
-pub use streams::{ExecEvent, ExecStream, Terminal, TerminalEvent, WatchStream};
-use streams::{Socket, connect};
+pub use streams::{
+    ExecEvent, ExecInput, ExecOutput, ExecStream, Terminal, TerminalEvent, TerminalInput,
+    TerminalOutput, WatchStream,
+};
 
 #[cfg(test)]
 mod tests {

@@ -1,11 +1,89 @@
-//! Streams of a sandbox over WebSocket: a streaming exec, a terminal, a watch.
+//! Streams of a sandbox over WebSocket: a streaming exec, a terminal, a watch. Each
+//! can be split into its input and output halves, to send and receive at once from
+//! two tasks.
 
-use super::*;
+use bytes::Bytes;
+use futures_util::stream::{SplitSink, SplitStream};
+use futures_util::{Sink, SinkExt, Stream, StreamExt};
+use space_identity::{OperationClass, Progress, SandboxId};
+use tokio_tungstenite::MaybeTlsStream;
+use tokio_tungstenite::tungstenite::Error as WsError;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+
+use super::{Answer, Attempt, Client, Error, ExecRequest, encode_query, refused};
 
 pub(crate) type Socket = tokio_tungstenite::WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
 
+impl Client {
+    /// Runs a command and streams its output as it is produced.
+    pub async fn exec_stream(
+        &self,
+        id: &SandboxId,
+        req: &ExecRequest,
+    ) -> Result<ExecStream, Error> {
+        let spec = serde_json::to_string(req).map_err(|e| Error::Decode(e.to_string()))?;
+        let mut socket = self
+            .open_stream(id, &format!("/v1/sandboxes/{id}/exec/stream"))
+            .await?;
+        socket
+            .send(Message::Text(spec.into()))
+            .await
+            .map_err(|e| Error::Stream(e.to_string()))?;
+        Ok(ExecStream { socket })
+    }
+
+    /// Streams changes under `path` (one JSON event each) until dropped.
+    pub async fn watch(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        recursive: bool,
+    ) -> Result<WatchStream, Error> {
+        let path = encode_query(path);
+        let socket = self
+            .open_stream(
+                id,
+                &format!("/v1/sandboxes/{id}/watch?path={path}&recursive={recursive}"),
+            )
+            .await?;
+        Ok(WatchStream { socket })
+    }
+
+    /// Opens an interactive shell on a terminal of `rows` × `cols`.
+    pub async fn terminal(&self, id: &SandboxId, rows: u16, cols: u16) -> Result<Terminal, Error> {
+        let socket = self
+            .open_stream(
+                id,
+                &format!("/v1/sandboxes/{id}/terminal?rows={rows}&cols={cols}"),
+            )
+            .await?;
+        Ok(Terminal { socket })
+    }
+
+    /// Opens a WebSocket at `path_and_query`: on the sandbox's worker (with recovery:
+    /// a refused upgrade is an HTTP answer like any other) or through the edge, which
+    /// recovers on its side (whatever it answers is final here).
+    async fn open_stream(
+        &self,
+        sandbox: &SandboxId,
+        path_and_query: &str,
+    ) -> Result<Socket, Error> {
+        if !self.inner.direct {
+            let url = format!("{}{path_and_query}", self.inner.url);
+            return connect(&url, &self.inner.bearer).await.settle();
+        }
+        self.on_route(sandbox, OperationClass::StreamOpen, |grant| async move {
+            let url = format!("{}{path_and_query}", grant.worker_url);
+            connect(&url, &grant.authorization).await
+        })
+        .await
+    }
+}
+
 /// One WebSocket connection attempt to `url` (`http://…`) with `authorization`.
-pub(crate) async fn connect(url: &str, authorization: &str) -> Attempt<Socket> {
+async fn connect(url: &str, authorization: &str) -> Attempt<Socket> {
     let bad = |e: String| Attempt::Done(Err(Error::Stream(e)));
     let mut req = match url.replacen("http", "ws", 1).into_client_request() {
         Ok(r) => r,
@@ -26,18 +104,40 @@ pub(crate) async fn connect(url: &str, authorization: &str) -> Attempt<Socket> {
                 headers: Default::default(),
                 body: Bytes::copy_from_slice(body),
             };
-            match answer.status {
-                StatusCode::MISDIRECTED_REQUEST => Attempt::Refresh(error_body(&answer)),
-                StatusCode::FORBIDDEN => Attempt::Denied(api_error(&answer)),
-                _ => Attempt::Done(Err(api_error(&answer))),
-            }
+            refused(&answer).unwrap_or_else(|| Attempt::Done(Err(super::api_error(&answer))))
         }
-        // Nothing reached the worker.
-        Err(WsError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-            Attempt::Failed(Error::Stream(e.to_string()), Progress::NotStarted)
-        }
-        Err(e) => Attempt::Failed(Error::Stream(e.to_string()), Progress::Started),
+        Err(e) => Attempt::Failed {
+            // A refused connection: nothing reached the worker.
+            progress: match &e {
+                WsError::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    Progress::NotStarted
+                }
+                _ => Progress::Started,
+            },
+            error: Error::Stream(e.to_string()),
+        },
     }
+}
+
+/// Sends `m` on a stream's sending half.
+async fn send<S>(sink: &mut S, m: Message) -> Result<(), Error>
+where
+    S: Sink<Message, Error = WsError> + Unpin,
+{
+    sink.send(m).await.map_err(|e| Error::Stream(e.to_string()))
+}
+
+/// The next message of a stream's receiving half.
+async fn receive<S>(stream: &mut S) -> Option<Result<Message, Error>>
+where
+    S: Stream<Item = Result<Message, WsError>> + Unpin,
+{
+    Some(
+        stream
+            .next()
+            .await?
+            .map_err(|e| Error::Stream(e.to_string())),
+    )
 }
 
 /// What a streaming exec yields.
@@ -54,51 +154,96 @@ pub enum ExecEvent {
 /// A command's output as it is produced ([`Client::exec_stream`]).
 #[derive(Debug)]
 pub struct ExecStream {
-    pub(crate) socket: Socket,
+    socket: Socket,
 }
 
 impl ExecStream {
     /// Writes `bytes` to the command's stdin (when the request gave no `stdin`). Sent
     /// as it is given: the socket applies backpressure, so a command that does not
     /// read stops the sender; a command that echoes its input needs its output read
-    /// ([`ExecStream::next`]) between sends of more than a few pipe buffers.
+    /// ([`ExecStream::next`]) between sends of more than a few pipe buffers — or
+    /// [`ExecStream::split`] and read from another task.
     pub async fn send_stdin(&mut self, bytes: impl Into<Bytes>) -> Result<(), Error> {
-        let bytes = bytes.into();
-        if bytes.is_empty() {
-            // An empty message is the end of stdin: nothing to send.
-            return Ok(());
-        }
-        self.socket
-            .send(Message::Binary(bytes))
-            .await
-            .map_err(|e| Error::Stream(e.to_string()))
+        send_stdin(&mut self.socket, bytes.into()).await
     }
 
     /// Closes the command's stdin (it reads end of file: `cat` ends).
     pub async fn close_stdin(&mut self) -> Result<(), Error> {
-        self.socket
-            .send(Message::Binary(Bytes::new()))
-            .await
-            .map_err(|e| Error::Stream(e.to_string()))
+        send(&mut self.socket, Message::Binary(Bytes::new())).await
     }
 
     /// The next piece of output, then [`ExecEvent::Exited`], then `None`. The stream
-    /// ends in an error when the execution it ran in was replaced meanwhile (close
-    /// code 4001), which is never silently reattached.
+    /// ends in [`Error::Closed`] when the execution it ran in was replaced meanwhile
+    /// (close code 4001), which is never silently reattached.
     pub async fn next(&mut self) -> Option<Result<ExecEvent, Error>> {
-        loop {
-            match self.socket.next().await? {
-                Ok(Message::Binary(b)) if !b.is_empty() => {
-                    let data = b.slice(1..);
-                    return Some(Ok(match b[0] {
-                        2 => ExecEvent::Stderr(data),
-                        _ => ExecEvent::Stdout(data),
-                    }));
-                }
-                Ok(Message::Close(frame)) => return Some(closed(frame).map(ExecEvent::Exited)),
-                Ok(_) => {}
-                Err(e) => return Some(Err(Error::Stream(e.to_string()))),
+        next_exec(&mut self.socket).await
+    }
+
+    /// Its stdin and its output apart, to use from two tasks at once.
+    pub fn split(self) -> (ExecInput, ExecOutput) {
+        let (sink, stream) = self.socket.split();
+        (ExecInput { sink }, ExecOutput { stream })
+    }
+}
+
+/// The stdin half of an [`ExecStream`].
+#[derive(Debug)]
+pub struct ExecInput {
+    sink: SplitSink<Socket, Message>,
+}
+
+impl ExecInput {
+    /// As [`ExecStream::send_stdin`].
+    pub async fn send_stdin(&mut self, bytes: impl Into<Bytes>) -> Result<(), Error> {
+        send_stdin(&mut self.sink, bytes.into()).await
+    }
+
+    /// As [`ExecStream::close_stdin`].
+    pub async fn close_stdin(&mut self) -> Result<(), Error> {
+        send(&mut self.sink, Message::Binary(Bytes::new())).await
+    }
+}
+
+/// The output half of an [`ExecStream`].
+#[derive(Debug)]
+pub struct ExecOutput {
+    stream: SplitStream<Socket>,
+}
+
+impl ExecOutput {
+    /// As [`ExecStream::next`].
+    pub async fn next(&mut self) -> Option<Result<ExecEvent, Error>> {
+        next_exec(&mut self.stream).await
+    }
+}
+
+async fn send_stdin<S>(sink: &mut S, bytes: Bytes) -> Result<(), Error>
+where
+    S: Sink<Message, Error = WsError> + Unpin,
+{
+    if bytes.is_empty() {
+        // An empty message is the end of stdin: nothing to send.
+        return Ok(());
+    }
+    send(sink, Message::Binary(bytes)).await
+}
+
+async fn next_exec<S>(stream: &mut S) -> Option<Result<ExecEvent, Error>>
+where
+    S: Stream<Item = Result<Message, WsError>> + Unpin,
+{
+    loop {
+        match receive(stream).await? {
+            Ok(Message::Binary(b)) if !b.is_empty() => {
+                let data = b.slice(1..);
+                return Some(Ok(match b[0] {
+                    2 => ExecEvent::Stderr(data),
+                    _ => ExecEvent::Stdout(data),
+                }));
             }
+            Ok(Message::Close(frame)) => return Some(closed(frame).map(ExecEvent::Exited)),
+            Ok(_) => {}
+            Err(e) => return Some(Err(e)),
         }
     }
 }
@@ -106,39 +251,78 @@ impl ExecStream {
 /// An interactive shell ([`Client::terminal`]): bytes both ways.
 #[derive(Debug)]
 pub struct Terminal {
-    pub(crate) socket: Socket,
+    socket: Socket,
 }
 
 impl Terminal {
     /// Types `bytes`.
     pub async fn send(&mut self, bytes: impl Into<Bytes>) -> Result<(), Error> {
-        self.socket
-            .send(Message::Binary(bytes.into()))
-            .await
-            .map_err(|e| Error::Stream(e.to_string()))
+        send(&mut self.socket, Message::Binary(bytes.into())).await
     }
 
     /// Resizes the terminal.
     pub async fn resize(&mut self, rows: u16, cols: u16) -> Result<(), Error> {
-        let size = format!(r#"{{"rows":{rows},"cols":{cols}}}"#);
-        self.socket
-            .send(Message::Text(size.into()))
-            .await
-            .map_err(|e| Error::Stream(e.to_string()))
+        send(&mut self.socket, resize(rows, cols)).await
     }
 
     /// The next output of the terminal, then [`TerminalEvent::Exited`] with the shell's
     /// exit code, then `None`.
     pub async fn next(&mut self) -> Option<Result<TerminalEvent, Error>> {
-        loop {
-            match self.socket.next().await? {
-                Ok(Message::Binary(b)) => return Some(Ok(TerminalEvent::Output(b))),
-                Ok(Message::Close(frame)) => {
-                    return Some(closed(frame).map(TerminalEvent::Exited));
-                }
-                Ok(_) => {}
-                Err(e) => return Some(Err(Error::Stream(e.to_string()))),
-            }
+        next_terminal(&mut self.socket).await
+    }
+
+    /// Its input and its output apart, to use from two tasks (or branches) at once.
+    pub fn split(self) -> (TerminalInput, TerminalOutput) {
+        let (sink, stream) = self.socket.split();
+        (TerminalInput { sink }, TerminalOutput { stream })
+    }
+}
+
+/// The input half of a [`Terminal`].
+#[derive(Debug)]
+pub struct TerminalInput {
+    sink: SplitSink<Socket, Message>,
+}
+
+impl TerminalInput {
+    /// As [`Terminal::send`].
+    pub async fn send(&mut self, bytes: impl Into<Bytes>) -> Result<(), Error> {
+        send(&mut self.sink, Message::Binary(bytes.into())).await
+    }
+
+    /// As [`Terminal::resize`].
+    pub async fn resize(&mut self, rows: u16, cols: u16) -> Result<(), Error> {
+        send(&mut self.sink, resize(rows, cols)).await
+    }
+}
+
+/// The output half of a [`Terminal`].
+#[derive(Debug)]
+pub struct TerminalOutput {
+    stream: SplitStream<Socket>,
+}
+
+impl TerminalOutput {
+    /// As [`Terminal::next`].
+    pub async fn next(&mut self) -> Option<Result<TerminalEvent, Error>> {
+        next_terminal(&mut self.stream).await
+    }
+}
+
+fn resize(rows: u16, cols: u16) -> Message {
+    Message::Text(format!(r#"{{"rows":{rows},"cols":{cols}}}"#).into())
+}
+
+async fn next_terminal<S>(stream: &mut S) -> Option<Result<TerminalEvent, Error>>
+where
+    S: Stream<Item = Result<Message, WsError>> + Unpin,
+{
+    loop {
+        match receive(stream).await? {
+            Ok(Message::Binary(b)) => return Some(Ok(TerminalEvent::Output(b))),
+            Ok(Message::Close(frame)) => return Some(closed(frame).map(TerminalEvent::Exited)),
+            Ok(_) => {}
+            Err(e) => return Some(Err(e)),
         }
     }
 }
@@ -155,40 +339,45 @@ pub enum TerminalEvent {
 /// Changes under a path ([`Client::watch`]).
 #[derive(Debug)]
 pub struct WatchStream {
-    pub(crate) socket: Socket,
+    socket: Socket,
 }
 
 impl WatchStream {
     /// The next change (`{"kind", "path", …}` as the agent reports it); `None` once the
     /// watch ended normally.
     pub async fn next(&mut self) -> Option<Result<serde_json::Value, Error>> {
+        Some(
+            self.next_text()
+                .await?
+                .and_then(|t| serde_json::from_str(&t).map_err(|e| Error::Decode(e.to_string()))),
+        )
+    }
+
+    /// The next change as the agent wrote it (one JSON object); `None` once the watch
+    /// ended normally.
+    pub async fn next_text(&mut self) -> Option<Result<String, Error>> {
         loop {
-            match self.socket.next().await? {
-                Ok(Message::Text(t)) => {
-                    return Some(
-                        serde_json::from_str(t.as_str()).map_err(|e| Error::Decode(e.to_string())),
-                    );
-                }
+            match receive(&mut self.socket).await? {
+                Ok(Message::Text(t)) => return Some(Ok(t.as_str().to_owned())),
                 Ok(Message::Close(frame)) => return closed(frame).err().map(Err),
                 Ok(_) => {}
-                Err(e) => return Some(Err(Error::Stream(e.to_string()))),
+                Err(e) => return Some(Err(e)),
             }
         }
     }
 }
 
 /// How a stream's close frame reads: 1000 with `exited N` / `killed by signal N` is a
-/// normal end; any other code is an error naming the reason.
+/// normal end; any other code is [`Error::Closed`].
 fn closed(frame: Option<CloseFrame>) -> Result<i32, Error> {
     let Some(f) = frame else {
         return Ok(0);
     };
     if u16::from(f.code) != 1000 {
-        return Err(Error::Stream(format!(
-            "closed: {} ({})",
-            f.reason,
-            u16::from(f.code)
-        )));
+        return Err(Error::Closed {
+            code: f.code.into(),
+            reason: f.reason.as_str().to_owned(),
+        });
     }
     let number = |prefix: &str| f.reason.as_str().strip_prefix(prefix)?.parse::<i32>().ok();
     Ok(number("exited ")
