@@ -762,3 +762,59 @@ fn a_worker_killed_while_installing_a_replacement_loses_no_acknowledged_file() {
         view["execution"]["execution_id"].as_str().unwrap()
     );
 }
+
+/// A migration whose target dies installing the new execution, while its source's
+/// worker dies as it is told to thaw and the sandbox's processes die with it: nothing
+/// runs, and the only copy of the files is the source worker's kept layer. The
+/// reconciler starts the sandbox again there — it used to stop it (a migration "that
+/// lost both ends"), losing every acknowledged file.
+#[test]
+fn a_migration_that_loses_both_ends_starts_again_where_the_files_are() {
+    if !can_run_jails() {
+        return;
+    }
+    let crash = CrashPoints::new(&["worker.install.recorded", "worker.unfreeze.received"]);
+    let c = crash.start();
+    let id = c.create(&["--worker", "w1"]);
+    put(&c, &id, "/root/f", b"acknowledged");
+    let first = c.sandbox(&id)["execution"]["generation"].as_u64().unwrap();
+    let (w1, w2) = (c.worker_pid("w1"), c.worker_pid("w2"));
+    let agent = jail_pids_of(&id)
+        .into_iter()
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("spaced-guest"))
+        })
+        .expect("the sandbox's agent");
+    crash.arm("worker.install.recorded");
+    crash.arm("worker.unfreeze.received");
+    let migrated = std::thread::scope(|scope| {
+        let migrate = scope.spawn(|| c.cli(&["sandbox", "migrate", &id, "--worker", "w2"]));
+        // The source's worker dies at the thaw; its sandbox's agent goes before that
+        // worker is back to re-adopt it.
+        let deadline = Instant::now() + WAIT;
+        while !crash.fired("worker.unfreeze.received") {
+            assert!(
+                Instant::now() < deadline,
+                "timed out: the thaw never reached w1"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        kill9(agent);
+        migrate.join().unwrap()
+    });
+    assert!(
+        !migrated.status.success(),
+        "the migration cannot have succeeded"
+    );
+    assert!(crash.fired("worker.install.recorded"));
+    wait_restarted(&c, "w2", w2);
+    wait_restarted(&c, "w1", w1);
+    eventually("the sandbox runs again, as a newer execution on w1", || {
+        let now = c.sandbox(&id);
+        now["state"] == "running"
+            && now["execution"]["generation"].as_u64() > Some(first + 1)
+            && now["execution"]["worker"] == "w1"
+    });
+    assert_eq!(get(&c, &id, "/root/f"), "acknowledged", "files lost");
+}

@@ -10,6 +10,14 @@ use super::plane::ControlPlane;
 use crate::error::ControlError;
 use crate::{now_secs, random_bytes};
 
+/// The store key naming the worker that holds a sandbox's writable layer: the worker
+/// of the newest execution that was acknowledged running. An execution that failed
+/// there later (lost with its worker, or a replacement that never started) leaves the
+/// layer there, which is where the reconciler starts the sandbox again.
+pub(super) fn layer_key(sandbox: &space_identity::SandboxId) -> String {
+    format!("layer:{sandbox}")
+}
+
 impl ControlPlane {
     /// Allocates the next generation on `worker`, installs it there and waits for the
     /// worker to acknowledge it running. A failed start consumes its generation.
@@ -39,6 +47,11 @@ impl ControlPlane {
         }
         match outcome {
             Ok(ack) if ack.state == "running" => {
+                // This worker holds the sandbox's files from now on (the one before it
+                // drops its copy only when its execution is retired, after this).
+                self.store
+                    .kv_set(&layer_key(&s.id), worker.as_str())
+                    .await?;
                 let now = now_secs() as i64;
                 self.store
                     .set_execution_state(

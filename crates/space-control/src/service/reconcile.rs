@@ -7,6 +7,7 @@ use space_identity::{SandboxId, WorkerId};
 use space_proto::api::Update;
 use space_store::{ExecutionRecord, ExecutionState, SandboxRecord, SandboxState, WorkerState};
 
+use super::executions::layer_key;
 use super::plane::ControlPlane;
 use super::sandboxes::ttl_pause_key;
 use super::transitions::lease_key;
@@ -105,7 +106,12 @@ impl ControlPlane {
             .await?
             .and_then(|v| v.parse::<u32>().ok())
             .unwrap_or(0);
-        let on = match after_failed_start(s.state, execs, tried) {
+        let layer_at = self
+            .store
+            .kv_get(&layer_key(&s.id))
+            .await?
+            .and_then(|w| w.parse::<WorkerId>().ok());
+        let on = match after_failed_start(s.state, execs, tried, layer_at) {
             AfterFailedStart::Stop => {
                 self.store.kv_set(&key, "").await?;
                 self.store
@@ -197,28 +203,39 @@ fn restart_key(sandbox: &SandboxId) -> String {
 /// What the reconciler does with a sandbox in a transition that nothing runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum AfterFailedStart {
-    /// Start a new execution on this worker: the newest execution's, which keeps the
-    /// sandbox's writable layer (a worker never discards the layer of an execution
-    /// that did not run).
+    /// Start a new execution on this worker: the one that holds the sandbox's writable
+    /// layer (a worker never discards the layer of an execution that was lost or did
+    /// not run; it refuses, `layer_missing`, an install whose layer it does not hold).
     StartOn(WorkerId),
     /// Nothing to come back to, or tried often enough.
     Stop,
 }
 
-/// Pure: `state` is the sandbox's, `execs` its executions (none running), `tried` the
-/// starts the reconciler made already. A `starting` sandbox whose newest execution
-/// replaced an earlier one (a generation after the first) has acknowledged files on
-/// that execution's worker: it is started again there, up to [`MAX_RESTARTS`] times.
-/// A first execution that never ran (a create cut off) and a migration that lost
-/// both ends are stopped, as before.
+/// Pure: `state` is the sandbox's (`starting` or `migrating`), `execs` its executions
+/// (none running), `tried` the starts the reconciler made already, `layer_at` the
+/// worker of the newest execution ever acknowledged running (see [`layer_key`]).
+///
+/// A sandbox that ever ran has acknowledged files on `layer_at`: it is started again
+/// there, up to [`MAX_RESTARTS`] times — also a migration that lost its source while
+/// its target never started (the source's worker kept the layer). Without `layer_at`
+/// (a sandbox recorded before it was kept), a `starting` sandbox whose newest
+/// execution replaced an earlier one is started on that execution's worker. A first
+/// execution that never ran (a create cut off) is stopped: it has no files.
 pub(crate) fn after_failed_start(
     state: SandboxState,
     execs: &[ExecutionRecord],
     tried: u32,
+    layer_at: Option<WorkerId>,
 ) -> AfterFailedStart {
+    if tried >= MAX_RESTARTS {
+        return AfterFailedStart::Stop;
+    }
+    if let Some(w) = layer_at {
+        return AfterFailedStart::StartOn(w);
+    }
     let newest = execs.iter().max_by_key(|e| e.generation);
     match newest {
-        Some(e) if state == SandboxState::Starting && e.generation > 1 && tried < MAX_RESTARTS => {
+        Some(e) if state == SandboxState::Starting && e.generation > 1 => {
             AfterFailedStart::StartOn(e.worker.clone())
         }
         _ => AfterFailedStart::Stop,
@@ -253,12 +270,43 @@ mod tests {
             exe(2, "w2", ExecutionState::Failed),
         ];
         assert_eq!(
-            after_failed_start(SandboxState::Starting, &execs, 0),
+            after_failed_start(SandboxState::Starting, &execs, 0, None),
             AfterFailedStart::StartOn("w2".parse().unwrap())
         );
         assert_eq!(
-            after_failed_start(SandboxState::Starting, &execs, MAX_RESTARTS - 1),
+            after_failed_start(SandboxState::Starting, &execs, MAX_RESTARTS - 1, None),
             AfterFailedStart::StartOn("w2".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn a_sandbox_starts_again_on_the_worker_that_holds_its_layer_not_where_it_last_failed() {
+        // Ran on w1 (generation 2), lost there; its replacement on w2 never started.
+        let execs = [
+            exe(1, "w1", ExecutionState::Retired),
+            exe(2, "w1", ExecutionState::Failed),
+            exe(3, "w2", ExecutionState::Failed),
+        ];
+        let w1: WorkerId = "w1".parse().unwrap();
+        assert_eq!(
+            after_failed_start(SandboxState::Starting, &execs, 0, Some(w1.clone())),
+            AfterFailedStart::StartOn(w1.clone())
+        );
+        // A migration whose source was lost while its target never started: the
+        // source's worker kept the files.
+        assert_eq!(
+            after_failed_start(SandboxState::Migrating, &execs, 0, Some(w1.clone())),
+            AfterFailedStart::StartOn(w1.clone())
+        );
+        // A first execution that ran and was lost.
+        let first = [exe(1, "w1", ExecutionState::Failed)];
+        assert_eq!(
+            after_failed_start(SandboxState::Starting, &first, 0, Some(w1.clone())),
+            AfterFailedStart::StartOn(w1.clone())
+        );
+        assert_eq!(
+            after_failed_start(SandboxState::Migrating, &execs, MAX_RESTARTS, Some(w1)),
+            AfterFailedStart::Stop
         );
     }
 
@@ -266,7 +314,7 @@ mod tests {
     fn a_cut_off_create_a_lost_migration_or_too_many_tries_stop_the_sandbox() {
         let first = [exe(1, "w1", ExecutionState::Failed)];
         assert_eq!(
-            after_failed_start(SandboxState::Starting, &first, 0),
+            after_failed_start(SandboxState::Starting, &first, 0, None),
             AfterFailedStart::Stop
         );
         let two = [
@@ -274,15 +322,15 @@ mod tests {
             exe(2, "w1", ExecutionState::Failed),
         ];
         assert_eq!(
-            after_failed_start(SandboxState::Migrating, &two, 0),
+            after_failed_start(SandboxState::Migrating, &two, 0, None),
             AfterFailedStart::Stop
         );
         assert_eq!(
-            after_failed_start(SandboxState::Starting, &two, MAX_RESTARTS),
+            after_failed_start(SandboxState::Starting, &two, MAX_RESTARTS, None),
             AfterFailedStart::Stop
         );
         assert_eq!(
-            after_failed_start(SandboxState::Starting, &[], 0),
+            after_failed_start(SandboxState::Starting, &[], 0, None),
             AfterFailedStart::Stop
         );
     }

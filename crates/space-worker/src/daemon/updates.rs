@@ -309,12 +309,16 @@ pub async fn apply(
             sandbox,
             generation,
             execution_id,
+        } => {
+            let _turn = worker.lock_sandbox(&sandbox).await;
+            freeze(worker, &sandbox, generation, execution_id, false).await
         }
-        | Update::Unfreeze {
+        Update::Unfreeze {
             sandbox,
             generation,
             execution_id,
         } => {
+            space_http::crash::crash_point("worker.unfreeze.received");
             let _turn = worker.lock_sandbox(&sandbox).await;
             freeze(worker, &sandbox, generation, execution_id, false).await
         }
