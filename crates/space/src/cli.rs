@@ -1,103 +1,41 @@
-//! The client commands: sandboxes, exec, files, workers, keys.
+//! The client commands: sandboxes, exec, files, workers, keys — every call made with
+//! the SDK (`space_client`) through the edge, which recovers routes on its side.
+//! Errors take one form (`errors`).
 
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::time::Duration;
 
-use bytes::Bytes;
-use hyper::Method;
-use space_http::{Answer, HttpClient};
-use space_proto::api::{ErrorBody, ExecResponse, FileEntry, MAX_EXEC_STDIN, Sandbox, WorkerView};
+use space_client::{Client, CreateSandbox, ExecRequest, ExecResponse, Options, Sandbox};
+use space_identity::{SandboxId, WorkerId};
+use space_proto::api::MAX_EXEC_STDIN;
 
-use crate::{Cli, Command, FsCmd, KeysCmd, SandboxCmd};
+use crate::args::{Cli, Command, FsCmd, KeysCmd, SandboxCmd};
 
-struct Client {
-    http: HttpClient,
-    base: String,
-    auth: String,
+pub(crate) mod errors;
+
+/// The SDK through the edge at `cli.url` with the API key.
+fn client(cli: &Cli) -> Result<Client, String> {
+    let key = match &cli.api_key {
+        Some(k) => k.clone(),
+        None => std::fs::read_to_string(".space/admin.key")
+            .map(|s| s.trim().to_owned())
+            .map_err(|_| "no API key: set SPACE_API_KEY or --api-key (space up writes one to .space/admin.key)".to_owned())?,
+    };
+    let options = Options {
+        direct: false,
+        timeout: Duration::from_secs(600),
+    };
+    Ok(Client::with_options(&cli.url, &key, options))
 }
 
-impl Client {
-    fn new(cli: &Cli) -> Result<Self, String> {
-        let key = match &cli.api_key {
-            Some(k) => k.clone(),
-            None => std::fs::read_to_string(".space/admin.key")
-                .map(|s| s.trim().to_owned())
-                .map_err(|_| "no API key: set SPACE_API_KEY or --api-key (space up writes one to .space/admin.key)".to_owned())?,
-        };
-        Ok(Self {
-            http: HttpClient::new(Duration::from_secs(600)),
-            base: cli.url.trim_end_matches('/').to_owned(),
-            auth: format!("Bearer {key}"),
-        })
-    }
-
-    /// The API key (without the `Bearer ` prefix).
-    fn key(&self) -> &str {
-        self.auth.trim_start_matches("Bearer ")
-    }
-
-    async fn call(
-        &self,
-        method: Method,
-        path: &str,
-        content_type: Option<&str>,
-        body: Bytes,
-    ) -> Result<Answer, String> {
-        let mut h = vec![("authorization", self.auth.as_str())];
-        if let Some(ct) = content_type {
-            h.push(("content-type", ct));
-        }
-        let a = self
-            .http
-            .call(method, &format!("{}{path}", self.base), &h, body)
-            .await
-            .map_err(|e| format!("cannot reach {}: {e}", self.base))?;
-        if a.status.is_success() {
-            Ok(a)
-        } else {
-            Err(describe_error(&a))
-        }
-    }
-
-    async fn json<T: serde::de::DeserializeOwned>(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<serde_json::Value>,
-    ) -> Result<T, String> {
-        let (ct, bytes) = match body {
-            Some(v) => (Some("application/json"), Bytes::from(v.to_string())),
-            None => (None, Bytes::new()),
-        };
-        let a = self.call(method, path, ct, bytes).await?;
-        serde_json::from_slice(&a.body).map_err(|e| format!("unexpected answer: {e}"))
-    }
+/// A sandbox ID from the command line.
+pub(crate) fn sandbox_id(id: &str) -> Result<SandboxId, String> {
+    id.parse().map_err(|_| errors::no_such_sandbox())
 }
 
-fn describe_error(a: &Answer) -> String {
-    api_error(a.status.as_u16(), &a.body)
-}
-
-/// The one form of every error the CLI reports (printed by `main` as
-/// `space: error: MESSAGE (CODE, HTTP STATUS)`): an API error body's message, then its
-/// code (and reason) and the HTTP status; a body that is not an API error is quoted
-/// (its first 512 bytes).
-pub(crate) fn api_error(status: u16, body: &[u8]) -> String {
-    match serde_json::from_slice::<ErrorBody>(body) {
-        Ok(e) => match e.reason {
-            Some(r) => format!("{} ({}: {r}, HTTP {status})", e.message, e.error),
-            None => format!("{} ({}, HTTP {status})", e.message, e.error),
-        },
-        Err(_) => {
-            let text = String::from_utf8_lossy(&body[..body.len().min(512)]);
-            let text = text.trim();
-            if text.is_empty() {
-                format!("the server answered HTTP {status} (HTTP {status})")
-            } else {
-                format!("{text} (HTTP {status})")
-            }
-        }
-    }
+fn worker_id(id: &str) -> Result<WorkerId, String> {
+    id.parse().map_err(|_| errors::bad_worker(id))
 }
 
 /// Stdin for a non-streaming exec: nothing when it is a terminal (nobody pipes
@@ -151,18 +89,16 @@ fn exec_notes(r: &ExecResponse, max_output: Option<u64>, timeout: Option<u64>) -
     notes
 }
 
-fn parse_env(pairs: &[String]) -> Result<serde_json::Map<String, serde_json::Value>, String> {
-    let mut env = serde_json::Map::new();
+fn parse_env(pairs: &[String]) -> Result<Option<BTreeMap<String, String>>, String> {
+    let mut env = BTreeMap::new();
     for p in pairs {
         let (k, v) = p
             .split_once('=')
             .ok_or_else(|| format!("--env {p:?} is not KEY=VALUE"))?;
-        env.insert(k.to_owned(), serde_json::Value::String(v.to_owned()));
+        env.insert(k.to_owned(), v.to_owned());
     }
-    Ok(env)
+    Ok((!env.is_empty()).then_some(env))
 }
-
-pub(crate) use space_client::encode_query;
 
 /// Prints rows as aligned columns.
 fn table(headers: &[&str], rows: &[Vec<String>]) {
@@ -196,7 +132,7 @@ fn table(headers: &[&str], rows: &[Vec<String>]) {
 /// while `work` runs.
 async fn with_progress<T>(
     c: &Client,
-    id: &str,
+    id: &SandboxId,
     label: &str,
     work: impl std::future::Future<Output = T>,
 ) -> T {
@@ -210,14 +146,13 @@ async fn with_progress<T>(
     let frames = ['|', '/', '-', '\\'];
     let mut n = 0usize;
     let mut step = String::new();
-    let path = format!("/v1/sandboxes/{id}");
     let out = loop {
         tokio::select! {
             v = &mut work => break v,
             _ = tick.tick() => {
                 // Every half second, ask where the operation is.
                 if n % 5 == 0 {
-                    if let Ok(s) = c.json::<Sandbox>(Method::GET, &path, None).await {
+                    if let Ok(s) = c.sandbox(id).await {
                         step = s.step.map(|s| format!(": {s}")).unwrap_or_default();
                     }
                 }
@@ -264,7 +199,9 @@ fn print_json(v: &impl serde::Serialize) {
 
 /// Runs a client command; returns the process exit code.
 pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
-    let c = Client::new(cli)?;
+    let c = client(cli)?;
+    let url = cli.url.trim_end_matches('/');
+    let sdk = |e: space_client::Error| errors::describe(&e, url);
     match cmd {
         Command::Sandbox(SandboxCmd::Create {
             ttl,
@@ -277,37 +214,27 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
             pids,
             disk_mib,
         }) => {
-            let mut body = serde_json::Map::new();
             let limits = space_proto::api::LimitsRequest {
                 memory_mib: *memory_mib,
                 cpus: *cpus,
                 pids: *pids,
                 disk_mib: *disk_mib,
             };
-            if limits != space_proto::api::LimitsRequest::default() {
-                let v = serde_json::to_value(limits).map_err(|e| e.to_string())?;
-                body.insert("limits".into(), v);
-            }
-            if let Some(t) = ttl {
-                body.insert("ttl_secs".into(), (*t).into());
-            }
-            if let Some(a) = ttl_action {
-                body.insert("ttl_action".into(), a.clone().into());
-            }
-            if !env.is_empty() {
-                body.insert("env".into(), parse_env(env)?.into());
-            }
-            if let Some(w) = worker {
-                body.insert("worker".into(), w.clone().into());
-            }
-            if let Some(m) = metadata {
-                let v: serde_json::Value =
-                    serde_json::from_str(m).map_err(|e| format!("--metadata: {e}"))?;
-                body.insert("metadata".into(), v);
-            }
-            let s: Sandbox = c
-                .json(Method::POST, "/v1/sandboxes", Some(body.into()))
-                .await?;
+            let req = CreateSandbox {
+                ttl_secs: *ttl,
+                ttl_action: ttl_action.clone(),
+                env: parse_env(env)?,
+                worker: worker.as_deref().map(worker_id).transpose()?,
+                metadata: match metadata {
+                    Some(m) => {
+                        Some(serde_json::from_str(m).map_err(|e| format!("--metadata: {e}"))?)
+                    }
+                    None => None,
+                },
+                limits: (limits != space_proto::api::LimitsRequest::default()).then_some(limits),
+                ..CreateSandbox::default()
+            };
+            let s = c.create_sandbox(&req).await.map_err(sdk)?;
             if cli.json {
                 print_json(&s);
             } else {
@@ -315,7 +242,7 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
             }
         }
         Command::Sandbox(SandboxCmd::List) => {
-            let list: Vec<Sandbox> = c.json(Method::GET, "/v1/sandboxes", None).await?;
+            let list = c.sandboxes().await.map_err(sdk)?;
             if cli.json {
                 print_json(&list);
             } else {
@@ -326,43 +253,32 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
             }
         }
         Command::Sandbox(SandboxCmd::Get { id }) => {
-            let s: Sandbox = c
-                .json(Method::GET, &format!("/v1/sandboxes/{id}"), None)
-                .await?;
-            if cli.json {
-                print_json(&s);
-            } else {
-                table(
-                    &["ID", "STATE", "GEN", "WORKER", "CREATED"],
-                    &[sandbox_row(&s)],
-                );
-            }
+            let s = c.sandbox(&sandbox_id(id)?).await.map_err(sdk)?;
+            show(cli, &s);
         }
         Command::Sandbox(SandboxCmd::Pause { id }) => {
-            let s: Sandbox = c
-                .json(Method::POST, &format!("/v1/sandboxes/{id}/pause"), None)
-                .await?;
+            let s = c.pause(&sandbox_id(id)?).await.map_err(sdk)?;
             show(cli, &s);
         }
         Command::Sandbox(SandboxCmd::Resume { id, worker }) => {
-            let body = worker.as_ref().map(|w| serde_json::json!({ "worker": w }));
-            let path = format!("/v1/sandboxes/{id}/resume");
-            let call = c.json::<Sandbox>(Method::POST, &path, body);
+            let id = sandbox_id(id)?;
             let s = match worker {
-                Some(w) => with_progress(&c, id, &format!("restoring {id} on {w}"), call).await?,
-                None => call.await?,
-            };
+                Some(w) => {
+                    let to = worker_id(w)?;
+                    let label = format!("restoring {id} on {w}");
+                    with_progress(&c, &id, &label, c.resume(&id, Some(&to))).await
+                }
+                None => c.resume(&id, None).await,
+            }
+            .map_err(sdk)?;
             show(cli, &s);
         }
         Command::Sandbox(SandboxCmd::Snapshot { id }) => {
-            let path = format!("/v1/sandboxes/{id}/snapshot");
-            let v: serde_json::Value = with_progress(
-                &c,
-                id,
-                &format!("snapshot of {id}"),
-                c.json(Method::POST, &path, None),
-            )
-            .await?;
+            let id = sandbox_id(id)?;
+            let label = format!("snapshot of {id}");
+            let v = with_progress(&c, &id, &label, c.snapshot(&id))
+                .await
+                .map_err(sdk)?;
             if cli.json {
                 print_json(&v);
             } else {
@@ -376,10 +292,11 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
         }
         Command::Sandbox(SandboxCmd::Migrate { id, worker }) => {
             let started = std::time::Instant::now();
-            let body = serde_json::json!({ "worker": worker });
-            let path = format!("/v1/sandboxes/{id}/migrate");
-            let call = c.json::<Sandbox>(Method::POST, &path, Some(body));
-            let s = with_progress(&c, id, &format!("migrating {id} to {worker}"), call).await?;
+            let (id, to) = (sandbox_id(id)?, worker_id(worker)?);
+            let label = format!("migrating {id} to {worker}");
+            let s = with_progress(&c, &id, &label, c.migrate(&id, &to))
+                .await
+                .map_err(sdk)?;
             if cli.json {
                 print_json(&s);
             } else {
@@ -399,47 +316,30 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
             }
         }
         Command::Sandbox(SandboxCmd::Rm { id }) => {
-            c.call(
-                Method::DELETE,
-                &format!("/v1/sandboxes/{id}"),
-                None,
-                Bytes::new(),
-            )
-            .await?;
+            c.delete_sandbox(&sandbox_id(id)?).await.map_err(sdk)?;
         }
         Command::Exec(a) => {
-            let mut body = serde_json::json!({ "cmd": a.cmd });
-            if let Some(t) = a.timeout {
-                body["timeout_secs"] = t.into();
-            }
-            if let Some(cwd) = &a.cwd {
-                body["cwd"] = cwd.clone().into();
-            }
-            if !a.env.is_empty() {
-                body["env"] = parse_env(&a.env)?.into();
-            }
-            if let (Some(n), false) = (a.max_output_bytes, a.stream) {
-                body["max_output_bytes"] = n.into();
-            }
+            let id = sandbox_id(&a.sandbox)?;
+            let mut req = ExecRequest {
+                cmd: a.cmd.clone(),
+                timeout_secs: a.timeout,
+                cwd: a.cwd.clone(),
+                env: parse_env(&a.env)?,
+                ..ExecRequest::default()
+            };
             if a.stream {
-                return crate::streams::exec(&c.base, c.key(), &a.sandbox, &body, !a.no_stdin)
-                    .await;
+                return crate::streams::exec(&c, url, &id, &req, !a.no_stdin).await;
             }
+            req.max_output_bytes = a.max_output_bytes;
             if !a.no_stdin {
                 if let Some(bytes) = piped_stdin()? {
                     use base64::Engine as _;
                     let text = base64::engine::general_purpose::STANDARD.encode(&bytes);
                     drop(bytes);
-                    body["stdin_base64"] = text.into();
+                    req.stdin_base64 = Some(text);
                 }
             }
-            let r: ExecResponse = c
-                .json(
-                    Method::POST,
-                    &format!("/v1/sandboxes/{}/exec", a.sandbox),
-                    Some(body),
-                )
-                .await?;
+            let r = c.exec(&id, &req).await.map_err(sdk)?;
             if cli.json {
                 print_json(&r);
             } else {
@@ -455,23 +355,17 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
             sandbox,
             path,
             local,
-        }) => crate::files::get(&c.base, c.key(), sandbox, path, local.as_deref()).await?,
+        }) => crate::files::get(&c, sandbox, path, local.as_deref()).await?,
         Command::Fs(FsCmd::Put {
             sandbox,
             local,
             path,
-        }) => crate::files::put(&c.base, c.key(), sandbox, local, path).await?,
+        }) => crate::files::put(&c, sandbox, local, path).await?,
         Command::Fs(FsCmd::Ls { sandbox, path }) => {
-            let list: Vec<FileEntry> = c
-                .json(
-                    Method::GET,
-                    &format!(
-                        "/v1/sandboxes/{sandbox}/files/list?path={}",
-                        encode_query(path)
-                    ),
-                    None,
-                )
-                .await?;
+            let list = c
+                .list_files(&sandbox_id(sandbox)?, path)
+                .await
+                .map_err(sdk)?;
             if cli.json {
                 print_json(&list);
             } else {
@@ -483,16 +377,12 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
             }
         }
         Command::Fs(FsCmd::Rm { sandbox, path }) => {
-            c.call(
-                Method::DELETE,
-                &format!("/v1/sandboxes/{sandbox}/files?path={}", encode_query(path)),
-                None,
-                Bytes::new(),
-            )
-            .await?;
+            c.remove_file(&sandbox_id(sandbox)?, path)
+                .await
+                .map_err(sdk)?;
         }
         Command::Workers => {
-            let list: Vec<WorkerView> = c.json(Method::GET, "/v1/workers", None).await?;
+            let list = c.workers().await.map_err(sdk)?;
             if cli.json {
                 print_json(&list);
             } else {
@@ -512,9 +402,7 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
             }
         }
         Command::Keys(KeysCmd::Rotate) => {
-            let v: serde_json::Value = c
-                .json(Method::POST, "/v1/signing-keys/rotate", None)
-                .await?;
+            let v = c.rotate_signing_key().await.map_err(sdk)?;
             if cli.json {
                 print_json(&v);
             } else {
@@ -525,14 +413,15 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
             }
         }
         Command::Term { sandbox } => {
-            return crate::streams::term(&c.base, c.key(), sandbox).await;
+            return crate::streams::term(&c, url, &sandbox_id(sandbox)?).await;
         }
         Command::Watch {
             sandbox,
             path,
             recursive,
         } => {
-            return crate::streams::watch(&c.base, c.key(), sandbox, path, *recursive).await;
+            let id = sandbox_id(sandbox)?;
+            return crate::streams::watch(&c, url, &id, path, *recursive).await;
         }
         Command::Up(_)
         | Command::Control(_)

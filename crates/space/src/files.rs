@@ -7,24 +7,15 @@
 
 use std::path::Path;
 
-use space_client::{Client, Error, Options};
+use space_client::{Client, Error};
 use space_identity::SandboxId;
-
-/// The SDK through the edge at `url` with `api_key` (as every other CLI command goes).
-fn client(url: &str, api_key: &str) -> Client {
-    let options = Options {
-        direct: false,
-        timeout: std::time::Duration::from_secs(600),
-    };
-    Client::with_options(url, api_key, options)
-}
 
 fn sandbox(id: &str) -> Result<SandboxId, String> {
     id.parse()
         .map_err(|_| format!("not_found (404): no sandbox {id}"))
 }
 
-/// An SDK error as the CLI words API errors: `code (status): message [reason]`.
+/// An SDK error as these commands word API errors: `code (status): message [reason]`.
 fn describe(e: &Error) -> String {
     match e {
         Error::Api {
@@ -48,14 +39,7 @@ fn std_stream(s: &impl std::os::fd::AsFd) -> Result<tokio::fs::File, String> {
 }
 
 /// `space fs get SANDBOX PATH [LOCAL]`: to LOCAL, or to stdout without one or with `-`.
-pub async fn get(
-    url: &str,
-    api_key: &str,
-    id: &str,
-    path: &str,
-    local: Option<&Path>,
-) -> Result<(), String> {
-    let c = client(url, api_key);
+pub async fn get(c: &Client, id: &str, path: &str, local: Option<&Path>) -> Result<(), String> {
     let id = sandbox(id)?;
     let Some(local) = local.filter(|p| p.as_os_str() != "-") else {
         let mut out = std_stream(&std::io::stdout())?;
@@ -99,14 +83,7 @@ pub async fn get(
 }
 
 /// `space fs put SANDBOX LOCAL PATH`: from LOCAL, or from stdin with `-`.
-pub async fn put(
-    url: &str,
-    api_key: &str,
-    id: &str,
-    local: &Path,
-    path: &str,
-) -> Result<(), String> {
-    let c = client(url, api_key);
+pub async fn put(c: &Client, id: &str, local: &Path, path: &str) -> Result<(), String> {
     let id = sandbox(id)?;
     let r = if local.as_os_str() == "-" {
         c.write_file_from_reader(&id, path, std_stream(&std::io::stdin())?)

@@ -1,59 +1,30 @@
-//! `space term` and `space watch`: WebSocket streams through the edge.
+//! `space term`, `space watch` and `space exec --stream`: WebSocket streams through
+//! the edge, opened and read with the SDK.
 
 use std::io::{IsTerminal, Read, Write};
 
-use futures_util::{SinkExt, StreamExt};
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use space_client::{Client, Error, ExecEvent, ExecRequest, TerminalEvent};
+use space_identity::SandboxId;
 
-type Socket =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-/// Opens a stream at `path` with the API key.
-async fn open(base: &str, key: &str, path: &str) -> Result<Socket, String> {
-    let url = format!(
-        "{}{path}",
-        base.trim_end_matches('/').replacen("http", "ws", 1)
-    );
-    let mut req = url
-        .into_client_request()
-        .map_err(|e| format!("bad url: {e}"))?;
-    let auth = format!("Bearer {key}")
-        .parse()
-        .map_err(|_| "the API key is not a header value".to_owned())?;
-    req.headers_mut().insert("authorization", auth);
-    match tokio_tungstenite::connect_async(req).await {
-        Ok((s, _)) => Ok(s),
-        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => Err(crate::cli::api_error(
-            resp.status().as_u16(),
-            resp.body().as_deref().unwrap_or_default(),
-        )),
-        Err(e) => Err(format!("cannot open the stream: {e}")),
+/// A stream that could not be opened, as the CLI words it (an API error in the one
+/// form; anything else named as the stream's).
+fn open_failed(e: Error, url: &str) -> String {
+    match e {
+        Error::Stream(why) => format!("cannot open the stream: {why}"),
+        e => crate::cli::errors::describe(&e, url),
     }
 }
 
-/// How a stream ended: the shell's exit code for a normal end (the worker closes
-/// with 1000 and "exited N"), an error naming the reason otherwise (4001: the
-/// execution was replaced).
-fn ended(m: Option<Message>) -> Result<i32, String> {
-    match m {
-        Some(Message::Close(Some(f))) if u16::from(f.code) != 1000 => Err(format!(
-            "{} (stream closed, code {})",
-            f.reason,
-            u16::from(f.code)
-        )),
-        Some(Message::Close(Some(f))) => {
-            let reason = f.reason.as_str();
-            let number = |prefix: &str| {
-                reason
-                    .strip_prefix(prefix)
-                    .and_then(|c| c.parse::<i32>().ok())
-            };
-            Ok(number("exited ")
-                .or_else(|| number("killed by signal ").map(|s| 128 + s))
-                .unwrap_or(0))
+/// How a stream ended: the exit code for a normal end (the worker closes with 1000
+/// and "exited N"), an error naming the reason otherwise (4001: the execution was
+/// replaced). A stream that broke off without a close frame ended normally.
+fn ended(last: Option<Result<i32, Error>>) -> Result<i32, String> {
+    match last {
+        Some(Ok(code)) => Ok(code),
+        Some(Err(Error::Closed { code, reason })) => {
+            Err(format!("{reason} (stream closed, code {code})"))
         }
-        _ => Ok(0),
+        Some(Err(_)) | None => Ok(0),
     }
 }
 
@@ -96,15 +67,13 @@ fn window_size() -> (u16, u16) {
 }
 
 /// `space term SANDBOX`: an interactive shell. Returns the exit code.
-pub async fn term(base: &str, key: &str, sandbox: &str) -> Result<i32, String> {
+pub async fn term(c: &Client, url: &str, sandbox: &SandboxId) -> Result<i32, String> {
     let (rows, cols) = window_size();
-    let socket = open(
-        base,
-        key,
-        &format!("/v1/sandboxes/{sandbox}/terminal?rows={rows}&cols={cols}"),
-    )
-    .await?;
-    let (mut tx, mut rx) = socket.split();
+    let terminal = c
+        .terminal(sandbox, rows, cols)
+        .await
+        .map_err(|e| open_failed(e, url))?;
+    let (mut tx, mut rx) = terminal.split();
     let raw = RawMode::enter();
     let (input_tx, mut input_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
     // Stdin is blocking: a thread feeds the socket.
@@ -122,23 +91,23 @@ pub async fn term(base: &str, key: &str, sandbox: &str) -> Result<i32, String> {
     let last = loop {
         tokio::select! {
             m = rx.next() => match m {
-                Some(Ok(Message::Binary(b))) => {
+                Some(Ok(TerminalEvent::Output(b))) => {
                     let mut out = std::io::stdout().lock();
                     let _ = out.write_all(&b);
                     let _ = out.flush();
                 }
-                Some(Ok(m @ Message::Close(_))) => break Some(m),
-                Some(Ok(_)) => {}
-                _ => break None,
+                Some(Ok(TerminalEvent::Exited(code))) => break Some(Ok(code)),
+                Some(Err(e)) => break Some(Err(e)),
+                None => break None,
             },
             Some(bytes) = input_rx.recv() => {
-                if tx.send(Message::Binary(bytes.into())).await.is_err() {
+                if tx.send(bytes).await.is_err() {
                     break None;
                 }
             }
             Some(()) = async { match winch.as_mut() { Some(s) => s.recv().await, None => std::future::pending().await } } => {
                 let (rows, cols) = window_size();
-                let _ = tx.send(Message::Text(format!(r#"{{"rows":{rows},"cols":{cols}}}"#).into())).await;
+                let _ = tx.resize(rows, cols).await;
             }
         }
     };
@@ -153,20 +122,19 @@ const STDIN_CHUNK: usize = 64 * 1024;
 /// `forward_stdin`, stdin is sent as it is read, in binary messages of at most
 /// [`STDIN_CHUNK`], and its end as an empty one (the command's stdin is closed: `cat`
 /// ends). A few chunks are buffered, no more: a command that does not read its stdin
-/// stops the reading here. Output is read meanwhile (the socket's halves are apart).
+/// stops the reading here. Output is read meanwhile (the stream's halves are apart).
 pub async fn exec(
-    base: &str,
-    key: &str,
-    sandbox: &str,
-    request: &serde_json::Value,
+    c: &Client,
+    url: &str,
+    sandbox: &SandboxId,
+    request: &ExecRequest,
     forward_stdin: bool,
 ) -> Result<i32, String> {
-    let mut socket = open(base, key, &format!("/v1/sandboxes/{sandbox}/exec/stream")).await?;
-    socket
-        .send(Message::Text(request.to_string().into()))
+    let stream = c
+        .exec_stream(sandbox, request)
         .await
-        .map_err(|e| format!("stream: {e}"))?;
-    let (mut tx, mut rx) = socket.split();
+        .map_err(|e| open_failed(e, url))?;
+    let (mut tx, mut rx) = stream.split();
     let (input_tx, mut input_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
     if forward_stdin {
         // Stdin is blocking: a thread reads it. It is left behind, blocked, when the
@@ -192,28 +160,31 @@ pub async fn exec(
     }
     let sender = tokio::spawn(async move {
         while let Some(chunk) = input_rx.recv().await {
-            if tx.send(Message::Binary(chunk.into())).await.is_err() {
+            let sent = if chunk.is_empty() {
+                tx.close_stdin().await
+            } else {
+                tx.send_stdin(chunk).await
+            };
+            if sent.is_err() {
                 return;
             }
         }
     });
     let last = loop {
         match rx.next().await {
-            Some(Ok(Message::Binary(b))) if !b.is_empty() => {
-                let (tag, data) = (b[0], &b[1..]);
-                if tag == 2 {
-                    let mut err = std::io::stderr().lock();
-                    let _ = err.write_all(data);
-                    let _ = err.flush();
-                } else {
-                    let mut out = std::io::stdout().lock();
-                    let _ = out.write_all(data);
-                    let _ = out.flush();
-                }
+            Some(Ok(ExecEvent::Stderr(data))) => {
+                let mut err = std::io::stderr().lock();
+                let _ = err.write_all(&data);
+                let _ = err.flush();
             }
-            Some(Ok(m @ Message::Close(_))) => break Some(m),
-            Some(Ok(_)) => {}
-            _ => break None,
+            Some(Ok(ExecEvent::Stdout(data))) => {
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(&data);
+                let _ = out.flush();
+            }
+            Some(Ok(ExecEvent::Exited(code))) => break Some(Ok(code)),
+            Some(Err(e)) => break Some(Err(e)),
+            None => break None,
         }
     };
     sender.abort();
@@ -223,29 +194,25 @@ pub async fn exec(
 
 /// `space watch SANDBOX PATH`: prints one JSON line per change until interrupted.
 pub async fn watch(
-    base: &str,
-    key: &str,
-    sandbox: &str,
+    c: &Client,
+    url: &str,
+    sandbox: &SandboxId,
     path: &str,
     recursive: bool,
 ) -> Result<i32, String> {
-    let path = crate::cli::encode_query(path);
-    let mut socket = open(
-        base,
-        key,
-        &format!("/v1/sandboxes/{sandbox}/watch?path={path}&recursive={recursive}"),
-    )
-    .await?;
+    let mut stream = c
+        .watch(sandbox, path, recursive)
+        .await
+        .map_err(|e| open_failed(e, url))?;
     let last = loop {
-        match socket.next().await {
-            Some(Ok(Message::Text(t))) => {
+        match stream.next_text().await {
+            Some(Ok(t)) => {
                 let mut out = std::io::stdout().lock();
-                let _ = writeln!(out, "{}", t.as_str());
+                let _ = writeln!(out, "{t}");
                 let _ = out.flush();
             }
-            Some(Ok(m @ Message::Close(_))) => break Some(m),
-            Some(Ok(_)) => {}
-            _ => break None,
+            Some(Err(e)) => break Some(Err(e)),
+            None => break None,
         }
     };
     ended(last)
