@@ -86,38 +86,44 @@ pub(super) async fn openapi_json(Extension(Served(text)): Extension<Served>) -> 
 /// `?path=` of the file routes.
 #[derive(Debug, IntoParams)]
 #[into_params(parameter_in = Query)]
+#[allow(
+    dead_code,
+    reason = "described, never built: the edge passes the query to the worker as is"
+)]
 pub(super) struct FilePath {
     /// The file or directory: absolute, or relative to the agent's home; 1 to 4096
     /// bytes, no NUL (400 `bad_request` otherwise).
-    #[allow(dead_code)]
     path: String,
 }
 
 /// The query of a terminal.
 #[derive(Debug, IntoParams)]
 #[into_params(parameter_in = Query)]
+#[allow(
+    dead_code,
+    reason = "described, never built: the edge passes the query to the worker as is"
+)]
 pub(super) struct TerminalQuery {
     /// Rows, 1 to 1000 (24).
-    #[allow(dead_code)]
     rows: Option<u16>,
     /// Columns, 1 to 1000 (80).
-    #[allow(dead_code)]
     cols: Option<u16>,
     /// Through the edge: open a new shell on the new execution after a migration
     /// instead of closing with 4001.
-    #[allow(dead_code)]
     reattach: Option<bool>,
 }
 
 /// The query of a watch.
 #[derive(Debug, IntoParams)]
 #[into_params(parameter_in = Query)]
+#[allow(
+    dead_code,
+    reason = "described, never built: the edge passes the query to the worker as is"
+)]
 pub(super) struct WatchQuery {
     /// The directory watched (`/root`).
-    #[allow(dead_code)]
     path: Option<String>,
     /// Whether its subdirectories are watched too (`false`).
-    #[allow(dead_code)]
     recursive: Option<bool>,
 }
 
