@@ -1,250 +1,50 @@
-//! Shared fixtures for SPACE tests: fixed keys, a settable clock, and builders for
-//! routes, capabilities and runtime records. Everything is deterministic so a failing
-//! test fails the same way twice.
+//! Shared fixtures and harnesses for SPACE tests.
+//!
+//! In-process fixtures, deterministic so that a failing test fails the same way twice:
+//! fixed keys and a capability builder ([`TestKeys`], [`CapabilityBuilder`]), a settable
+//! clock ([`TestClock`], [`T0`]), identities and routes built from small numbers
+//! ([`sandbox`], [`route`], [`running`], …).
+//!
+//! Cross-process harness, for tests that run the real binaries:
+//!
+//! - [`bin`]: the workspace's binaries, built in the test's profile, never stale;
+//! - [`process`]: children stopped on drop, their first line, processes found by their
+//!   arguments or cgroups, `kill -9`, peak memory;
+//! - [`wait`]: the one wait loop;
+//! - [`host`]: whether this host can run jails ([`can_run_jails`]);
+//! - [`rng`]: random bytes.
+//!
+//! Behind features, one for the tests of each crate that needs more (each pulls in the
+//! crates its harness drives; none is on by default):
+//!
+//! - `agent`: a real `spaced-guest` on a Unix socket ([`agent`]; spaced-guest's tests);
+//! - `bridge`: such an agent and a real `spaced-host` bridge ([`bridge`]; spaced-host's);
+//! - `jail`: a jail driver on a private data dir and jails destroyed on drop ([`jail`];
+//!   space-worker's);
+//! - `cluster`: a real `space up`, its CLI, HTTP calls and a second signer
+//!   ([`cluster`]; space's).
 
-use space_identity::{
-    Access, AccessSet, BundleSigner, CapabilitySigner, Claims, Execution, ExecutionId, Generation,
-    InstalledIdentity, InstalledKeys, KeyBundle, KeyUses, Placement, Purpose, RecordState, Route,
-    SandboxId, ServicePort, SignedKeyBundle, Substrate, Timestamp, Token, TokenId, WorkerId,
-};
+mod clock;
+mod ids;
+mod keys;
 
-/// A fixed "now" for tests: 2026-11-30T00:00:00Z.
-pub const T0: Timestamp = Timestamp::from_unix_secs(1_795_996_800);
+pub mod bin;
+pub mod host;
+pub mod process;
+pub mod rng;
+pub mod wait;
 
-/// A test clock: time is a value that tests move by hand.
-#[derive(Debug, Clone, Copy)]
-pub struct TestClock(Timestamp);
+#[cfg(feature = "agent")]
+pub mod agent;
+#[cfg(feature = "bridge")]
+pub mod bridge;
+#[cfg(feature = "cluster")]
+pub mod cluster;
+#[cfg(feature = "jail")]
+pub mod jail;
 
-impl Default for TestClock {
-    fn default() -> Self {
-        Self(T0)
-    }
-}
-
-impl TestClock {
-    /// The current test time.
-    pub fn now(&self) -> Timestamp {
-        self.0
-    }
-
-    /// Moves the clock forward.
-    pub fn advance(&mut self, secs: u64) {
-        self.0 = self.0.plus_secs(secs);
-    }
-}
-
-/// A deterministic 16-byte value from a label and a number.
-pub fn bytes16(label: u8, n: u64) -> [u8; 16] {
-    let mut b = [label; 16];
-    b[8..].copy_from_slice(&n.to_be_bytes());
-    b
-}
-
-/// Sandbox number `n`.
-pub fn sandbox(n: u64) -> SandboxId {
-    SandboxId::from_bytes(bytes16(0x5b, n))
-}
-
-/// Execution `generation` of sandbox `n` (its ID is derived from both).
-pub fn execution(n: u64, generation: u64) -> Execution {
-    Execution {
-        generation: Generation(generation),
-        id: ExecutionId::from_bytes(bytes16(0xe0 ^ (n as u8), generation)),
-    }
-}
-
-/// A worker name.
-pub fn worker(name: &str) -> WorkerId {
-    name.parse().expect("test worker names are valid")
-}
-
-/// The route of sandbox `n`, generation `generation`, on jail worker `w`.
-pub fn route(n: u64, generation: u64, w: &str) -> Route {
-    Route {
-        sandbox: sandbox(n),
-        execution: execution(n, generation),
-        placement: Placement {
-            worker: worker(w),
-            substrate: Substrate::Jail,
-            activation: 1,
-            pod_uid: None,
-        },
-    }
-}
-
-/// A running record for `route`.
-pub fn running(route: &Route) -> InstalledIdentity {
-    InstalledIdentity {
-        route: route.clone(),
-        state: RecordState::Running,
-    }
-}
-
-/// The control plane's keys and a receiver's installed bundle, from fixed seeds.
-#[derive(Debug)]
-pub struct TestKeys {
-    /// Signs key bundles (trust anchor).
-    pub anchor: BundleSigner,
-    /// Signs control capabilities.
-    pub control: CapabilitySigner,
-    /// Signs service-port capabilities.
-    pub service_port: CapabilitySigner,
-    /// A receiver with bundle version 1 holding both keys, valid for a day around T0.
-    pub installed: InstalledKeys,
-}
-
-impl Default for TestKeys {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl TestKeys {
-    /// Fixed keys, bundle installed.
-    pub fn new() -> Self {
-        let anchor = BundleSigner::from_seed([1; 32]);
-        let installed = InstalledKeys::new(anchor.anchor());
-        let mut keys = Self {
-            anchor,
-            control: CapabilitySigner::from_seed([2; 32]),
-            service_port: CapabilitySigner::from_seed([3; 32]),
-            installed,
-        };
-        let bundle = keys.bundle(1, &[&keys.control, &keys.service_port]);
-        keys.installed
-            .install(&bundle)
-            .expect("fixture bundle installs");
-        keys
-    }
-
-    /// A signed bundle of `version` listing `signers`, each valid for a day around T0;
-    /// the control key may sign control capabilities, every other key service ports.
-    pub fn bundle(&self, version: u64, signers: &[&CapabilitySigner]) -> SignedKeyBundle {
-        let keys = signers
-            .iter()
-            .map(|s| {
-                let uses = if s.key_id() == self.control.key_id() {
-                    KeyUses::only(Purpose::Control)
-                } else {
-                    KeyUses::only(Purpose::ServicePort)
-                };
-                s.bundle_key(uses, T0.minus_secs(86_400), T0.plus_secs(86_400))
-            })
-            .collect();
-        self.anchor
-            .sign(&KeyBundle {
-                version,
-                issued_at: T0,
-                keys,
-            })
-            .expect("fixture bundle signs")
-    }
-}
-
-/// Builds capability claims with sensible defaults: a control capability for `route`
-/// granting exec, fs_read and fs_write, issued at T0, valid 120 s.
-#[derive(Debug, Clone)]
-pub struct CapabilityBuilder {
-    claims: Claims,
-}
-
-impl CapabilityBuilder {
-    /// Defaults for `route`, to be signed by `keys.control`.
-    pub fn control(keys: &TestKeys, route: &Route) -> Self {
-        Self {
-            claims: Claims {
-                key_id: keys.control.key_id(),
-                route: route.clone(),
-                access: AccessSet::of(&[Access::Exec, Access::FsRead, Access::FsWrite]),
-                purpose: Purpose::Control,
-                service_port: None,
-                issued_at: T0,
-                expires_at: T0.plus_secs(120),
-                token_id: TokenId::from_bytes(bytes16(0x70, 1)),
-            },
-        }
-    }
-
-    /// A service-port capability for `route`, `port` and `protocol`.
-    pub fn service_port(keys: &TestKeys, route: &Route, port: ServicePort) -> Self {
-        let mut b = Self::control(keys, route);
-        b.claims.key_id = keys.service_port.key_id();
-        b.claims.purpose = Purpose::ServicePort;
-        b.claims.access = AccessSet::of(&[Access::ServicePort]);
-        b.claims.service_port = Some(port);
-        b
-    }
-
-    /// Replaces the access set.
-    pub fn access(mut self, access: &[Access]) -> Self {
-        self.claims.access = AccessSet::of(access);
-        self
-    }
-
-    /// Sets issue and expiry times.
-    pub fn times(mut self, issued_at: Timestamp, expires_at: Timestamp) -> Self {
-        self.claims.issued_at = issued_at;
-        self.claims.expires_at = expires_at;
-        self
-    }
-
-    /// Sets the token ID.
-    pub fn token_id(mut self, n: u64) -> Self {
-        self.claims.token_id = TokenId::from_bytes(bytes16(0x70, n));
-        self
-    }
-
-    /// Edits the claims directly.
-    pub fn with(mut self, edit: impl FnOnce(&mut Claims)) -> Self {
-        edit(&mut self.claims);
-        self
-    }
-
-    /// The claims as built.
-    pub fn claims(&self) -> &Claims {
-        &self.claims
-    }
-
-    /// Signs with `signer`.
-    pub fn sign_with(&self, signer: &CapabilitySigner) -> Token {
-        signer.sign(&self.claims).expect("fixture claims sign")
-    }
-
-    /// Signs with the key its purpose calls for.
-    pub fn sign(&self, keys: &TestKeys) -> Token {
-        match self.claims.purpose {
-            Purpose::Control => self.sign_with(&keys.control),
-            Purpose::ServicePort => self.sign_with(&keys.service_port),
-        }
-    }
-}
-
-/// The path of binary `name` of workspace package `package`, built in the same profile
-/// as the running test. `cargo test --workspace` builds every binary before running
-/// any test; when a test runs alone, the binary is built here once.
-pub fn workspace_bin(package: &str, name: &str) -> std::path::PathBuf {
-    use std::sync::Mutex;
-    static BUILD: Mutex<()> = Mutex::new(());
-    // The test executable lives in <target>/<profile>/deps/.
-    let exe = std::env::current_exe().expect("test executable path");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("test executable under <target>/<profile>/deps");
-    let bin = profile_dir.join(name);
-    let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
-    if !bin.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = std::process::Command::new(cargo);
-        cmd.args(["build", "--quiet", "-p", package, "--bin", name]);
-        if profile_dir.file_name().is_some_and(|p| p == "release") {
-            cmd.arg("--release");
-        }
-        let status = cmd.status().expect("run cargo build");
-        assert!(
-            status.success(),
-            "cargo build -p {package} --bin {name} failed"
-        );
-    }
-    bin
-}
+pub use bin::workspace_bin;
+pub use clock::{T0, TestClock, unix_now};
+pub use host::can_run_jails;
+pub use ids::{bytes16, execution, route, running, sandbox, worker};
+pub use keys::{CapabilityBuilder, TestKeys};

@@ -1,0 +1,167 @@
+//! Processes of a cross-process test: children stopped on drop, their first line of
+//! output, processes found by their arguments or their cgroups, `kill -9`, and the
+//! memory they hold.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ExitStatus};
+use std::time::Duration;
+
+use rustix::process::{Pid, Signal, kill_process};
+
+use crate::wait::wait_for;
+
+/// How often a process's exit is polled for.
+const EXIT_POLL: Duration = Duration::from_millis(20);
+
+/// A child process killed (SIGKILL) and reaped on drop, also when a test fails.
+#[derive(Debug)]
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Stops `child` the way a supervisor does: SIGTERM, up to `grace` for it to exit,
+/// then SIGKILL; reaped either way.
+pub fn stop(child: &mut Child, grace: Duration) {
+    signal(child.id() as i32, Signal::TERM);
+    if wait_exit(child, grace).is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// Waits up to `limit` for `child` to exit by itself: its exit status, `None` when it
+/// still runs.
+pub fn wait_exit(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    wait_for(limit, EXIT_POLL, || child.try_wait().ok().flatten())
+}
+
+/// The first line `child` writes on its (piped) stdout, without its line end; the
+/// rest of its output is drained on a thread, so that it never blocks on a full pipe.
+pub fn first_line(child: &mut Child) -> String {
+    let stdout = child.stdout.take().expect("the child's stdout is piped");
+    let mut lines = BufReader::new(stdout).lines();
+    let first = lines
+        .next()
+        .expect("the child wrote a line")
+        .expect("the child's first line is text");
+    std::thread::spawn(move || for _ in lines {});
+    first
+}
+
+/// `kill -9 pid`.
+pub fn kill9(pid: i32) {
+    signal(pid, Signal::KILL);
+}
+
+/// Sends `sig` to `pid`; a process that is gone already is no error.
+fn signal(pid: i32, sig: Signal) {
+    if let Some(pid) = Pid::from_raw(pid) {
+        let _ = kill_process(pid, sig);
+    }
+}
+
+/// Every PID of `/proc` with its arguments.
+fn processes() -> Vec<(i32, Vec<String>)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_string_lossy().parse::<i32>().ok()?;
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let args = cmd
+                .split(|&b| b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            Some((pid, args))
+        })
+        .collect()
+}
+
+/// PIDs of the processes whose command line mentions `needle` anywhere.
+pub fn pids_naming(needle: &str) -> Vec<i32> {
+    processes()
+        .into_iter()
+        .filter(|(_, args)| args.join("\0").contains(needle))
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// The PID of a live process (zombies excluded: a killed worker stays one until its
+/// supervisor reaps it) each of whose `words` is one of its arguments, or, for a path,
+/// the start of one (a data dir names every worker's dir below it).
+pub fn find_pid(words: &[&str]) -> Option<i32> {
+    processes().into_iter().find_map(|(pid, args)| {
+        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|st| st.contains(") Z "));
+        let matches = |w: &&str| {
+            args.iter()
+                .any(|a| a == w || (w.starts_with('/') && a.starts_with(w)))
+        };
+        (!zombie && words.iter().all(matches)).then_some(pid)
+    })
+}
+
+/// Like [`find_pid`], panicking when there is none.
+pub fn pid_of(words: &[&str]) -> i32 {
+    find_pid(words).unwrap_or_else(|| panic!("no process with {words:?}"))
+}
+
+/// Host PIDs of the jail processes of a sandbox, or of one execution given as
+/// `sandbox.execution` (from their cgroups).
+pub fn jail_pids_of(sandbox: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for root in [
+        "/sys/fs/cgroup/pids",
+        "/sys/fs/cgroup/unified",
+        "/sys/fs/cgroup",
+    ] {
+        let Ok(parents) = std::fs::read_dir(root) else {
+            continue;
+        };
+        for parent in parents.flatten() {
+            let Ok(children) = std::fs::read_dir(parent.path()) else {
+                continue;
+            };
+            for child in children.flatten() {
+                let name = child.file_name().to_string_lossy().into_owned();
+                if name == sandbox || name.starts_with(&format!("{sandbox}.")) {
+                    if let Ok(procs) = std::fs::read_to_string(child.path().join("cgroup.procs")) {
+                        out.extend(procs.lines().filter_map(|l| l.parse::<i32>().ok()));
+                    }
+                }
+            }
+        }
+        if !out.is_empty() {
+            break;
+        }
+    }
+    out
+}
+
+/// A `kB` field of `/proc/PID/status` (`VmHWM:`, `VmRSS:`), in KiB.
+pub fn status_kib(pid: i32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} of {pid}"))
+}
+
+/// Resets the peak RSS of `pid` to its current RSS (`clear_refs` 5); bytes.
+pub fn reset_peak(pid: i32) -> u64 {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+    status_kib(pid, "VmHWM:") * 1024
+}
+
+/// Growth of the peak RSS of `pid` over `base` bytes.
+pub fn peak_growth(pid: i32, base: u64) -> u64 {
+    (status_kib(pid, "VmHWM:") * 1024).saturating_sub(base)
+}
