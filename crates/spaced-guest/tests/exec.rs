@@ -1,12 +1,10 @@
 //! Running processes through the real agent.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::AgentProcess;
 use space_proto::client::ClientError;
 use space_proto::guest::{AgentBody, ErrorKind, ExecSpec, ExitOutcome, Input, Operation, PtySize};
+use space_testkit::agent::AgentProcess;
 
 fn code(out: &space_proto::client::ExecOutput) -> ExitOutcome {
     out.status.outcome

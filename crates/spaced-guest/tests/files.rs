@@ -1,14 +1,12 @@
 //! File operations and watches through the real agent.
 
-mod common;
-
 use std::time::Duration;
 
-use common::AgentProcess;
 use space_proto::client::{AgentConnection, ClientError};
 use space_proto::guest::{
     AgentBody, ErrorKind, ExecSpec, FileKind, Input, Operation, WatchEndReason, WatchEvent,
 };
+use space_testkit::agent::AgentProcess;
 
 fn agent_error(err: ClientError) -> ErrorKind {
     match err {

@@ -1,8 +1,5 @@
 //! The handshake proves which execution the agent serves.
 
-mod common;
-
-use common::{AgentProcess, random};
 use space_proto::client::{AgentConnection, ClientError};
 use space_proto::codec;
 use space_proto::frame::{read_frame, write_frame};
@@ -10,6 +7,8 @@ use space_proto::guest::{
     self, AgentBody, ClientFrame, ErrorKind, ExecSpec, Hello, Operation, PROTOCOL_VERSION,
     verify_proof,
 };
+use space_testkit::agent::AgentProcess;
+use space_testkit::rng::random;
 
 #[test]
 fn handshake_proof_verifies_and_names_the_execution() {

@@ -1,17 +1,15 @@
 //! The agent started the way the jail launcher starts it: listener and activation
 //! record on inherited descriptors.
 
-mod common;
-
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::{Command, Stdio};
 
-use common::random;
 use space_identity::{ExecutionId, SandboxId};
 use space_proto::client::AgentConnection;
 use space_proto::guest::{Activation, ExecSpec};
+use space_testkit::rng::random;
 
 /// A duplicate of `fd` without close-on-exec, so the next spawned process inherits it.
 fn inheritable(fd: &impl std::os::fd::AsFd) -> OwnedFd {

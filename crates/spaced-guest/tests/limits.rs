@@ -1,18 +1,17 @@
 //! Hostile and heavy peers: garbage, oversized frames, floods. The agent answers with
 //! an error, closes that connection only, keeps its memory bounded, and never dies.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::time::Duration;
 
-use common::{AgentProcess, random};
 use space_proto::codec;
 use space_proto::frame::{MAX_FRAME_LEN, read_frame, write_frame};
 use space_proto::guest::{
     self, AgentBody, ClientFrame, ErrorKind, ExecSpec, ExitOutcome, Hello, Operation,
     PROTOCOL_VERSION,
 };
+use space_testkit::agent::AgentProcess;
+use space_testkit::rng::random;
 
 fn hello(raw: &mut std::os::unix::net::UnixStream) {
     let hello = ClientFrame::Hello(Hello {
