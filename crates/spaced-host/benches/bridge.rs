@@ -4,14 +4,12 @@
 //!
 //! `cargo bench -p spaced-host --bench bridge`
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::hint::black_box;
 use std::os::unix::net::UnixStream;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use space_proto::client::AgentConnection;
+use space_testkit::bridge as common;
 
 fn benches(c: &mut Criterion) {
     let sbx = common::Sandbox::start();

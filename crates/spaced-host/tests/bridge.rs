@@ -1,13 +1,11 @@
 //! The bridge and the worker-side client against real agent and bridge processes.
 
-mod common;
-
 use std::os::unix::net::UnixListener;
 
-use common::{Sandbox, activation, bridge_bin, start_agent, start_bridge_with};
 use space_peer::PeerError;
 use space_proto::client::ClientError;
 use space_proto::guest::{ErrorKind, ExecSpec, ExitOutcome};
+use space_testkit::bridge::{Sandbox, activation, bridge_bin, start_agent, start_bridge_with};
 use spaced_host::{BridgeClientError, BridgePool, connect};
 
 fn refused_by_bridge(e: BridgeClientError) -> String {
