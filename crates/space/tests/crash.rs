@@ -764,7 +764,7 @@ fn a_worker_killed_while_installing_a_replacement_loses_no_acknowledged_file() {
 }
 
 /// A migration whose target dies installing the new execution, while its source's
-/// worker dies as it is told to thaw and the sandbox's processes die with it: nothing
+/// worker dies as it is told to thaw and the sandbox's bridge dies with it: nothing
 /// runs, and the only copy of the files is the source worker's kept layer. The
 /// reconciler starts the sandbox again there — it used to stop it (a migration "that
 /// lost both ends"), losing every acknowledged file.
@@ -786,6 +786,24 @@ fn a_migration_that_loses_both_ends_starts_again_where_the_files_are() {
                 .is_ok_and(|c| String::from_utf8_lossy(&c).contains("spaced-guest"))
         })
         .expect("the sandbox's agent");
+    // Its bridge (and w1's warm jails' hosts, harmless to lose): spaced-host children
+    // of w1, reparented when w1 dies. A frozen agent dies of SIGKILL only once thawed,
+    // so the bridge is what makes the execution lost at w1's restart.
+    let hosts: Vec<i32> = std::fs::read_dir(format!("/proc/{w1}/task"))
+        .unwrap()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("spaced-host"))
+        })
+        .collect();
+    assert!(!hosts.is_empty(), "the sandbox's bridge");
     crash.arm("worker.install.recorded");
     crash.arm("worker.unfreeze.received");
     let migrated = std::thread::scope(|scope| {
@@ -800,7 +818,9 @@ fn a_migration_that_loses_both_ends_starts_again_where_the_files_are() {
             );
             std::thread::sleep(Duration::from_millis(1));
         }
-        kill9(agent);
+        for pid in hosts.iter().copied().chain([agent]) {
+            kill9(pid);
+        }
         migrate.join().unwrap()
     });
     assert!(
