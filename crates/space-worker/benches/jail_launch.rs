@@ -10,14 +10,11 @@
 //! rounds).
 #![allow(clippy::print_stdout)]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use space_testkit::jail::{self as support, Jail, TestEnv, request};
 use space_worker::substrate::{Limits, Substrate};
-use support::{Jail, TestEnv, request};
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;

@@ -3,14 +3,13 @@
 //! sandbox directory is a subvolume with a limit. Writes past it fail inside with
 //! `EDQUOT`; the host loses at most the limit.
 
-mod support;
-
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use space_testkit::jail::TestEnv;
+use space_testkit::require_jail_host;
 use space_worker::substrate::jail::disk;
 use space_worker::substrate::{Limits, Substrate};
-use support::TestEnv;
 
 const MIB: u64 = 1 << 20;
 /// What the volume's own metadata may add to the image beyond a sandbox's data

@@ -3,15 +3,14 @@
 //! descriptors, vsock, the host's `/usr/local`, host paths in mountinfo. Each test
 //! attacks one defence and fails without it.
 
-mod support;
-
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use space_testkit::jail::{self as support, Jail, TestEnv};
+use space_testkit::require_jail_host;
 use space_worker::substrate::jail::uid_ranges::{DEFAULT_FIRST_ID, UidRangeConfig, UidRanges};
 use space_worker::substrate::jail::{JailConfig, JailDriver};
 use space_worker::substrate::{Limits, Substrate};
-use support::{Jail, TestEnv};
 
 /// Host paths a test plants links to, removed at the end.
 struct Victims {

@@ -1,11 +1,10 @@
 //! What a sandbox cannot see or do: other processes, other sandboxes, the host
 //! network, mounts, new namespaces, capabilities.
 
-mod support;
-
 use std::net::TcpListener;
 
-use support::TestEnv;
+use space_testkit::jail::TestEnv;
+use space_testkit::require_jail_host;
 
 #[test]
 fn the_jail_sees_only_its_own_processes() {

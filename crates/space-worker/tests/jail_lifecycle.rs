@@ -1,13 +1,12 @@
 //! Launching, running commands in, and destroying jails.
 
-mod support;
-
 use std::fs;
 use std::os::unix::net::UnixStream;
 
+use space_testkit::jail::{TestEnv, leftovers};
+use space_testkit::require_jail_host;
 use space_worker::substrate::jail::template::SYSTEM_DIRS;
 use space_worker::substrate::{AgentCommand, Limits, Substrate, SubstrateError};
-use support::{TestEnv, leftovers};
 
 #[test]
 fn a_launched_jail_runs_echo_through_its_agent_socket() {

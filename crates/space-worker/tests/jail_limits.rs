@@ -1,15 +1,14 @@
 //! Hostile workloads against the cgroup limits, and pause/resume through the
 //! freezer.
 
-mod support;
-
 use std::fs;
 use std::path::Path;
 use std::thread::sleep;
 use std::time::Duration;
 
+use space_testkit::jail::{self as support, TestEnv};
+use space_testkit::require_jail_host;
 use space_worker::substrate::{Limits, Substrate};
-use support::TestEnv;
 
 #[test]
 fn a_fork_bomb_stops_at_the_pids_limit_while_a_neighbour_keeps_working() {

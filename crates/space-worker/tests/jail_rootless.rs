@@ -1,14 +1,12 @@
 //! Rootless jails: the driver run by an unprivileged user. The test (root) runs itself
 //! again as `nobody` (uid 65534) and the scenario executes in that child.
 
-mod support;
-
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
+use space_testkit::jail::{TestEnv, jail_binary};
 use space_worker::substrate::jail::cgroup::CgroupSet;
 use space_worker::substrate::{Limits, Substrate, SubstrateError};
-use support::{TestEnv, jail_binary};
 
 const CHILD_ENV: &str = "SPACE_ROOTLESS_SCENARIO";
 const NOBODY: u32 = 65534;

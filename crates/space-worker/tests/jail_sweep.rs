@@ -1,12 +1,11 @@
 //! The startup sweep after a simulated worker crash.
 
-mod support;
-
 use std::fs;
 use std::path::PathBuf;
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
-use support::TestEnv;
+use space_testkit::jail::TestEnv;
+use space_testkit::require_jail_host;
 
 /// Detaches a host mount made by the test if the sweep did not.
 struct MountGuard(PathBuf);
