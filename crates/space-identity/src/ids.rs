@@ -100,9 +100,40 @@ random_id!(
     "token id"
 );
 
-/// Generation of an execution: 1, 2, 3 … per sandbox, never reused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Generation of an execution: 1, 2, 3 … per sandbox, never reused. Its serde form
+/// (behind the `serde` feature) is the bare number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct Generation(pub u64);
+
+impl Generation {
+    /// Before a sandbox's first execution: no execution has it.
+    pub const NONE: Self = Self(0);
+
+    /// The generation allocated after this one.
+    #[must_use]
+    pub const fn next(self) -> Self {
+        Self(self.0 + 1)
+    }
+
+    /// The number.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+#[cfg(feature = "serde")]
+impl ::serde::Serialize for Generation {
+    fn serialize<S: ::serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(self.0)
+    }
+}
+
+#[cfg(feature = "serde")]
+impl<'de> ::serde::Deserialize<'de> for Generation {
+    fn deserialize<D: ::serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        <u64 as ::serde::Deserialize>::deserialize(d).map(Self)
+    }
+}
 
 impl fmt::Display for Generation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -564,6 +595,26 @@ mod tests {
         other.pop();
         other.push('7');
         assert!(other.parse::<SandboxId>().is_err());
+    }
+
+    #[test]
+    fn a_generation_counts_up_from_none() {
+        assert_eq!(Generation::NONE.next(), Generation(1));
+        assert_eq!(Generation(41).next().get(), 42);
+        assert!(Generation(2) > Generation(1));
+        assert_eq!(Generation::default(), Generation::NONE);
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn a_generation_is_written_as_the_bare_number() {
+        assert_eq!(serde_json::to_string(&Generation(7)).unwrap(), "7");
+        assert_eq!(
+            serde_json::from_str::<Generation>("18446744073709551615").unwrap(),
+            Generation(u64::MAX)
+        );
+        assert!(serde_json::from_str::<Generation>("\"7\"").is_err());
+        assert!(serde_json::from_str::<Generation>("-1").is_err());
     }
 
     #[test]
