@@ -2,12 +2,11 @@
 //! directory, stdin through `space exec` (plain and `--stream`), the outcome of a
 //! program that cannot run, and the one format of every CLI error.
 
-mod support;
-
 use std::io::{Read, Write};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use space_testkit::cluster as support;
 use support::{Cluster, can_run_jails, kill9, space_bin};
 
 /// `len` bytes that never repeat a 16-byte block (a counter through a mixing

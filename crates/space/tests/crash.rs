@@ -4,12 +4,11 @@
 //! nothing acknowledged is lost, no retired execution is served, and the operation
 //! that was cut off either completed or failed cleanly and can be retried.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use space_testkit::cluster as support;
 use support::{Cluster, can_run_jails, find_pid, jail_pids_of, kill9};
 
 const WAIT: Duration = Duration::from_secs(60);

@@ -3,12 +3,11 @@
 //! the process serves; `/readyz` 503 `not_ready` when it cannot do its job. Neither
 //! asks for a credential.
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use space_testkit::cluster as support;
 use support::{Cluster, can_run_jails, http, space_bin};
 
 /// A daemon started by a test, stopped with SIGTERM (then SIGKILL) when dropped.

@@ -6,11 +6,10 @@
 //! (as root, as an attacker who captured a signed update on the wire would hold one):
 //! each test delivers an update once, as the platform would, and then again.
 
-mod support;
-
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
+use space_testkit::cluster as support;
 use support::{Cluster, Signer, can_run_jails, find_pid, http, jail_pids_of, kill9, space_bin};
 
 fn json(bytes: &[u8]) -> serde_json::Value {

@@ -1,10 +1,9 @@
 //! Hostile workloads and callers against per-sandbox limits, through a real `space up`:
 //! a disk flood, a memory hog, limits past the maxima, a tenant over its quota.
 
-mod support;
-
 use std::os::unix::fs::MetadataExt;
 
+use space_testkit::cluster as support;
 use support::{Cluster, can_run_jails, http};
 
 const MIB: u64 = 1 << 20;

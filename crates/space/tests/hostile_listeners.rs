@@ -4,12 +4,11 @@
 //! is cut off or refused, and the peak RSS (`VmHWM`) of the edge and of the workers
 //! stays bounded.
 
-mod support;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use space_testkit::cluster as support;
 use support::{Cluster, can_run_jails, http, peak_growth, pid_of, reset_peak};
 
 const MIB: u64 = 1 << 20;

@@ -2,10 +2,9 @@
 //! and replays idempotent ones: every answer is capped, says so, and the memory of the
 //! real edge (`space up`) and worker processes stays bounded (peak RSS, `VmHWM`).
 
-mod support;
-
 use std::time::Duration;
 
+use space_testkit::cluster as support;
 use support::{
     Cluster, can_run_jails, http, http_with, peak_growth, pid_of, reset_peak, status_kib,
 };

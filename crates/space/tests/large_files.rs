@@ -3,8 +3,6 @@
 //! Range reads, a file that changes while it is read (cut, never a short 200), and a
 //! write past the disk limit (a clear error, nothing half-written).
 
-mod support;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
@@ -12,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use space_client::{ByteRange, Client, Options};
 use space_identity::SandboxId;
+use space_testkit::cluster as support;
 use support::{Cluster, can_run_jails, peak_growth, reset_peak};
 
 const MIB: u64 = 1 << 20;

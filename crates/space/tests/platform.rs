@@ -1,8 +1,7 @@
 //! End to end: `space up` with two workers, driven through the CLI and HTTP, with real
 //! processes, jails and sockets on loopback.
 
-mod support;
-
+use space_testkit::cluster as support;
 use support::{Cluster, can_run_jails, find_pid, http, jail_pids_of, kill9, pid_of};
 
 fn stdout(o: &std::process::Output) -> String {

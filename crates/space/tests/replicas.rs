@@ -1,11 +1,10 @@
 //! Two control-plane replicas on one PostgreSQL, one worker: either replica creates,
 //! authorizes and serves any sandbox, and generations stay unique.
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
+use space_testkit::cluster as support;
 use support::{can_run_jails, http, space_bin};
 
 struct Proc(Child);

@@ -3,10 +3,9 @@
 //! rebuilt attempt, shares one resolve among concurrent operations, and surfaces
 //! refusals.
 
-mod support;
-
 use space_client::{Client, CreateSandbox, ExecEvent, Options, exec};
 use space_identity::{SandboxId, WorkerId};
+use space_testkit::cluster as support;
 use support::{Cluster, can_run_jails};
 
 fn runtime() -> tokio::runtime::Runtime {

@@ -3,9 +3,9 @@
 //! SDK's direct mode. It must see no failed operation, no wrong delivery, no lost write
 //! and no dropped connection.
 
-mod support;
-
 use std::process::Command;
+
+use space_testkit::cluster as support;
 
 fn soak(env: &[(&str, &str)], args: &[&str]) -> (bool, String, String) {
     let out = Command::new(support::space_bin())

@@ -2,10 +2,9 @@
 //! next execution instead of answering `not_running`, within its bound; a request to
 //! an execution frozen for a snapshot waits for its outcome.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use space_testkit::cluster as support;
 use support::{Cluster, Signer, can_run_jails, http};
 
 fn json(bytes: &[u8]) -> serde_json::Value {

@@ -1,11 +1,10 @@
 //! `space up` as a process: what it does with its output and its children.
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use space_testkit::cluster as support;
 use support::{can_run_jails, space_bin};
 
 /// PIDs of processes whose command line mentions `needle`.

@@ -2,11 +2,10 @@
 //! demand, the pool refills, and neither a clean stop nor a crash leaves a warm jail
 //! behind.
 
-mod support;
-
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use space_testkit::cluster as support;
 use support::{Cluster, TEST_WARM_POOL, can_run_jails};
 
 fn pool_size() -> usize {

@@ -6,12 +6,11 @@
 //! `502 worker unreachable: Connection refused` at once (a soak with `--kill-workers`
 //! counted 259 of them in two minutes).
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use space_client::{Client, ExecEvent, Options};
 use space_identity::SandboxId;
+use space_testkit::cluster as support;
 use support::{Cluster, can_run_jails, find_pid, kill9};
 
 /// Kills worker `w` and returns once its process is gone (the supervisor restarts it
