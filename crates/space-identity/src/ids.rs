@@ -109,6 +109,9 @@ impl Generation {
     /// Before a sandbox's first execution: no execution has it.
     pub const NONE: Self = Self(0);
 
+    /// A sandbox's first execution: it starts with no files.
+    pub const FIRST: Self = Self(1);
+
     /// The generation allocated after this one.
     #[must_use]
     pub const fn next(self) -> Self {
@@ -599,7 +602,7 @@ mod tests {
 
     #[test]
     fn a_generation_counts_up_from_none() {
-        assert_eq!(Generation::NONE.next(), Generation(1));
+        assert_eq!(Generation::NONE.next(), Generation::FIRST);
         assert_eq!(Generation(41).next().get(), 42);
         assert!(Generation(2) > Generation(1));
         assert_eq!(Generation::default(), Generation::NONE);

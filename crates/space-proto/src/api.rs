@@ -145,7 +145,8 @@ impl From<&Limits> for LimitsView {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ExecutionView {
     /// Generation.
-    pub generation: u64,
+    #[cfg_attr(feature = "openapi", schema(value_type = u64))]
+    pub generation: Generation,
     /// Execution ID.
     #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::ExecutionIdSchema))]
     pub execution_id: ExecutionId,
@@ -326,7 +327,8 @@ pub struct RouteView {
     #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::SandboxIdSchema))]
     pub sandbox: SandboxId,
     /// Generation.
-    pub generation: u64,
+    #[cfg_attr(feature = "openapi", schema(value_type = u64))]
+    pub generation: Generation,
     /// Execution ID.
     #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::ExecutionIdSchema))]
     pub execution_id: ExecutionId,
@@ -352,7 +354,7 @@ impl RouteView {
         Route {
             sandbox: self.sandbox,
             execution: Execution {
-                generation: Generation(self.generation),
+                generation: self.generation,
                 id: self.execution_id,
             },
             placement: Placement {
@@ -499,7 +501,8 @@ pub struct InstallExecution {
     #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::SandboxIdSchema))]
     pub sandbox: SandboxId,
     /// Generation.
-    pub generation: u64,
+    #[cfg_attr(feature = "openapi", schema(value_type = u64))]
+    pub generation: Generation,
     /// Execution ID.
     #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::ExecutionIdSchema))]
     pub execution_id: ExecutionId,
@@ -522,6 +525,16 @@ pub struct InstallExecution {
     pub needs_layer: bool,
 }
 
+impl InstallExecution {
+    /// The execution it installs.
+    pub fn execution(&self) -> Execution {
+        Execution {
+            generation: self.generation,
+            id: self.execution_id,
+        }
+    }
+}
+
 /// One identity update for one worker.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -535,7 +548,8 @@ pub enum Update {
         #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::SandboxIdSchema))]
         sandbox: SandboxId,
         /// Generation.
-        generation: u64,
+        #[cfg_attr(feature = "openapi", schema(value_type = u64))]
+        generation: Generation,
         /// Execution ID.
         #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::ExecutionIdSchema))]
         execution_id: ExecutionId,
@@ -546,7 +560,8 @@ pub enum Update {
         #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::SandboxIdSchema))]
         sandbox: SandboxId,
         /// Generation.
-        generation: u64,
+        #[cfg_attr(feature = "openapi", schema(value_type = u64))]
+        generation: Generation,
         /// Execution ID.
         #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::ExecutionIdSchema))]
         execution_id: ExecutionId,
@@ -557,7 +572,8 @@ pub enum Update {
         #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::SandboxIdSchema))]
         sandbox: SandboxId,
         /// Generation.
-        generation: u64,
+        #[cfg_attr(feature = "openapi", schema(value_type = u64))]
+        generation: Generation,
         /// Execution ID.
         #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::ExecutionIdSchema))]
         execution_id: ExecutionId,
@@ -569,7 +585,8 @@ pub enum Update {
         #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::SandboxIdSchema))]
         sandbox: SandboxId,
         /// Generation.
-        generation: u64,
+        #[cfg_attr(feature = "openapi", schema(value_type = u64))]
+        generation: Generation,
         /// Execution ID.
         #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::ExecutionIdSchema))]
         execution_id: ExecutionId,
@@ -581,7 +598,8 @@ pub enum Update {
         #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::SandboxIdSchema))]
         sandbox: SandboxId,
         /// Generation.
-        generation: u64,
+        #[cfg_attr(feature = "openapi", schema(value_type = u64))]
+        generation: Generation,
         /// Execution ID.
         #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::ExecutionIdSchema))]
         execution_id: ExecutionId,
@@ -760,12 +778,46 @@ mod tests {
     fn updates_round_trip_with_a_kind_tag() {
         let u = Update::Retire {
             sandbox: SandboxId::from_bytes([1; 16]),
-            generation: 3,
+            generation: Generation(3),
             execution_id: ExecutionId::from_bytes([2; 16]),
         };
         let text = serde_json::to_string(&u).unwrap();
         assert!(text.contains(r#""kind":"retire""#), "{text}");
         assert_eq!(serde_json::from_str::<Update>(&text).unwrap(), u);
+    }
+
+    #[test]
+    fn a_generation_travels_as_the_bare_number_it_always_was() {
+        let (sandbox, id) = (
+            SandboxId::from_bytes([1; 16]),
+            ExecutionId::from_bytes([2; 16]),
+        );
+        let retire = Update::Retire {
+            sandbox,
+            generation: Generation(3),
+            execution_id: id,
+        };
+        let expected = format!(
+            r#"{{"kind":"retire","sandbox":"{sandbox}","generation":3,"execution_id":"{id}"}}"#
+        );
+        assert_eq!(serde_json::to_string(&retire).unwrap(), expected);
+        assert_eq!(serde_json::from_str::<Update>(&expected).unwrap(), retire);
+        let view = ExecutionView {
+            generation: Generation(u64::MAX),
+            execution_id: id,
+            worker: "w1".parse().unwrap(),
+            substrate: Substrate::Jail,
+            activation: 1,
+        };
+        assert_eq!(
+            serde_json::to_string(&view).unwrap(),
+            format!(
+                r#"{{"generation":18446744073709551615,"execution_id":"{id}","worker":"w1","substrate":"jail","activation":1}}"#
+            )
+        );
+        // A generation written as text was never accepted and still is not.
+        let quoted = expected.replace(r#""generation":3"#, r#""generation":"3""#);
+        assert!(serde_json::from_str::<Update>(&quoted).is_err());
     }
 
     #[test]

@@ -553,7 +553,7 @@ impl ExecSpec {
 mod async_tests {
     use super::*;
     use crate::guest::{AgentFrame, decode_client_frame};
-    use space_identity::SandboxId;
+    use space_identity::{Generation, SandboxId};
 
     const EXECUTION: [u8; 16] = [7; 16];
 
@@ -568,7 +568,7 @@ mod async_tests {
             let ack = HelloAck {
                 protocol_version: PROTOCOL_VERSION,
                 sandbox: SandboxId::from_bytes([1; 16]),
-                generation: 3,
+                generation: Generation(3),
                 execution_id: ExecutionId::from_bytes(EXECUTION),
                 activation: 1,
                 proof: [0; 32],

@@ -25,7 +25,7 @@ pub mod testing;
 
 use std::collections::BTreeMap;
 
-use space_identity::{ExecutionId, PodUid, SandboxId, Substrate, WorkerId};
+use space_identity::{ExecutionId, Generation, PodUid, SandboxId, Substrate, WorkerId};
 
 pub use error::StoreError;
 pub use postgres::PgStore;
@@ -255,7 +255,7 @@ impl Store {
     pub async fn set_execution_state(
         &self,
         sandbox: &SandboxId,
-        generation: u64,
+        generation: Generation,
         state: ExecutionState,
         expected: Option<ExecutionState>,
         now: i64,
@@ -270,7 +270,7 @@ impl Store {
     pub async fn set_execution_activation(
         &self,
         sandbox: &SandboxId,
-        generation: u64,
+        generation: Generation,
         activation: u32,
         pod_uid: Option<PodUid>,
         now: i64,
@@ -285,7 +285,7 @@ impl Store {
     pub async fn get_execution(
         &self,
         sandbox: &SandboxId,
-        generation: u64,
+        generation: Generation,
     ) -> Result<ExecutionRecord, StoreError> {
         dispatch!(self.get_execution(sandbox, generation))
     }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use space_identity::{ExecutionId, SandboxId, Substrate, WorkerId};
+use space_identity::{ExecutionId, Generation, SandboxId, Substrate, WorkerId};
 
 use crate::error::StoreError;
 use crate::records::{ExecutionRecord, ExecutionState};
@@ -56,6 +56,7 @@ pub(crate) fn new_execution(
     now: i64,
 ) -> Result<ExecutionRecord, StoreError> {
     let generation = u64::try_from(generation)
+        .map(Generation)
         .map_err(|_| StoreError::Backend(format!("generation {generation} is negative")))?;
     Ok(ExecutionRecord {
         sandbox,

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use space_identity::{ExecutionId, PodUid, SandboxId, Substrate, WorkerId};
+use space_identity::{ExecutionId, Generation, PodUid, SandboxId, Substrate, WorkerId};
 use tokio::sync::Semaphore;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Config, GenericClient, Row};
@@ -332,7 +332,7 @@ impl PgStore {
     pub async fn create_sandbox(&self, s: &SandboxRecord) -> Result<(), StoreError> {
         let (metadata, env) = rows::sandbox_json(s)?;
         let limits = rows::limits_json(s)?;
-        let generation = to_sql_int("generation", s.generation)?;
+        let generation = to_sql_int("generation", s.generation.get())?;
         let id = s.id.to_string();
         let params: Params = &[
             &id,
@@ -490,13 +490,13 @@ impl PgStore {
     pub async fn set_execution_state(
         &self,
         sandbox: &SandboxId,
-        generation: u64,
+        generation: Generation,
         state: ExecutionState,
         expected: Option<ExecutionState>,
         now: i64,
     ) -> Result<(), StoreError> {
         let sbx = sandbox.to_string();
-        let generation = to_sql_int("generation", generation)?;
+        let generation = to_sql_int("generation", generation.get())?;
         let changed = match expected {
             None => {
                 let params: Params = &[&sbx, &generation, &state.as_str(), &now];
@@ -521,13 +521,13 @@ impl PgStore {
     pub async fn set_execution_activation(
         &self,
         sandbox: &SandboxId,
-        generation: u64,
+        generation: Generation,
         activation: u32,
         pod_uid: Option<PodUid>,
         now: i64,
     ) -> Result<(), StoreError> {
         let sbx = sandbox.to_string();
-        let generation = to_sql_int("generation", generation)?;
+        let generation = to_sql_int("generation", generation.get())?;
         let pod_uid = pod_uid.map(|p| p.to_string());
         let activation = i64::from(activation);
         let params: Params = &[&sbx, &generation, &activation, &pod_uid, &now];
@@ -539,10 +539,10 @@ impl PgStore {
     pub async fn get_execution(
         &self,
         sandbox: &SandboxId,
-        generation: u64,
+        generation: Generation,
     ) -> Result<ExecutionRecord, StoreError> {
         let sbx = sandbox.to_string();
-        let generation = to_sql_int("generation", generation)?;
+        let generation = to_sql_int("generation", generation.get())?;
         let q = sql::select(
             rows::EXECUTION_COLUMNS,
             "executions",

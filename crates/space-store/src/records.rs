@@ -9,7 +9,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
-use space_identity::{ExecutionId, PodUid, SandboxId, Substrate, WorkerId};
+use space_identity::{Execution, ExecutionId, Generation, PodUid, SandboxId, Substrate, WorkerId};
 
 /// A text form that is not one of an enum's variants.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -184,8 +184,9 @@ pub struct SandboxRecord {
     pub metadata: serde_json::Value,
     /// Environment for every process in the sandbox.
     pub env: BTreeMap<String, String>,
-    /// The highest generation allocated so far; 0 before the first execution.
-    pub generation: u64,
+    /// The highest generation allocated so far; [`Generation::NONE`] before the first
+    /// execution.
+    pub generation: Generation,
     /// Resource limits every execution gets; `None` for a sandbox stored before limits
     /// were (the platform's defaults then apply).
     #[serde(default)]
@@ -211,7 +212,7 @@ pub struct ExecutionRecord {
     /// The sandbox it incarnates.
     pub sandbox: SandboxId,
     /// 1, 2, 3 … per sandbox, never reused.
-    pub generation: u64,
+    pub generation: Generation,
     /// Random ID of this execution.
     pub execution_id: ExecutionId,
     /// The worker hosting it.
@@ -228,6 +229,16 @@ pub struct ExecutionRecord {
     pub created_at: i64,
     /// Unix seconds of the last change.
     pub updated_at: i64,
+}
+
+impl ExecutionRecord {
+    /// Which execution this is: its generation and ID.
+    pub fn execution(&self) -> Execution {
+        Execution {
+            generation: self.generation,
+            id: self.execution_id,
+        }
+    }
 }
 
 /// A capability signing key. The seed is secret: `Debug` leaves it out.

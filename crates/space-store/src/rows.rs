@@ -7,6 +7,8 @@
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
+use space_identity::Generation;
+
 use crate::error::StoreError;
 use crate::records::{
     ApiKeyRecord, ExecutionRecord, SandboxRecord, SigningKeyRecord, Tenant, WorkerRecord,
@@ -108,7 +110,7 @@ pub(crate) fn sandbox(r: &impl Cols) -> Result<SandboxRecord, StoreError> {
         expires_at: r.opt_int(5)?,
         metadata,
         env,
-        generation: unsigned("sandbox generation", r.int(8)?)?,
+        generation: Generation(unsigned("sandbox generation", r.int(8)?)?),
         limits: r
             .opt_text(9)?
             .map(|t| serde_json::from_str(&t).map_err(|e| corrupt("limits", e)))
@@ -122,7 +124,7 @@ pub(crate) const EXECUTION_COLUMNS: &str = "sandbox, generation, execution_id, w
 pub(crate) fn execution(r: &impl Cols) -> Result<ExecutionRecord, StoreError> {
     Ok(ExecutionRecord {
         sandbox: parsed("sandbox id", r.text(0)?)?,
-        generation: unsigned("generation", r.int(1)?)?,
+        generation: Generation(unsigned("generation", r.int(1)?)?),
         execution_id: parsed("execution id", r.text(2)?)?,
         worker: parsed("worker id", r.text(3)?)?,
         substrate: parsed("substrate", r.text(4)?)?,

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 
 use rusqlite::{Connection, OptionalExtension, ToSql, TransactionBehavior};
-use space_identity::{ExecutionId, PodUid, SandboxId, Substrate, WorkerId};
+use space_identity::{ExecutionId, Generation, PodUid, SandboxId, Substrate, WorkerId};
 use tokio::sync::oneshot;
 
 use crate::error::StoreError;
@@ -288,7 +288,7 @@ impl SqliteStore {
     pub async fn create_sandbox(&self, s: &SandboxRecord) -> Result<(), StoreError> {
         let (metadata, env) = rows::sandbox_json(s)?;
         let limits = rows::limits_json(s)?;
-        let generation = to_sql_int("generation", s.generation)?;
+        let generation = to_sql_int("generation", s.generation.get())?;
         let s = s.clone();
         self.call(move |c| {
             let id = s.id.to_string();
@@ -452,13 +452,13 @@ impl SqliteStore {
     pub async fn set_execution_state(
         &self,
         sandbox: &SandboxId,
-        generation: u64,
+        generation: Generation,
         state: ExecutionState,
         expected: Option<ExecutionState>,
         now: i64,
     ) -> Result<(), StoreError> {
         let sbx = sandbox.to_string();
-        let generation = to_sql_int("generation", generation)?;
+        let generation = to_sql_int("generation", generation.get())?;
         self.call(move |c| {
             let changed = match expected {
                 None => exec(
@@ -482,13 +482,13 @@ impl SqliteStore {
     pub async fn set_execution_activation(
         &self,
         sandbox: &SandboxId,
-        generation: u64,
+        generation: Generation,
         activation: u32,
         pod_uid: Option<PodUid>,
         now: i64,
     ) -> Result<(), StoreError> {
         let sbx = sandbox.to_string();
-        let generation = to_sql_int("generation", generation)?;
+        let generation = to_sql_int("generation", generation.get())?;
         let pod_uid = pod_uid.map(|p| p.to_string());
         self.call(move |c| {
             let params: Params = &[&sbx, &generation, &i64::from(activation), &pod_uid, &now];
@@ -503,10 +503,10 @@ impl SqliteStore {
     pub async fn get_execution(
         &self,
         sandbox: &SandboxId,
-        generation: u64,
+        generation: Generation,
     ) -> Result<ExecutionRecord, StoreError> {
         let sbx = sandbox.to_string();
-        let generation = to_sql_int("generation", generation)?;
+        let generation = to_sql_int("generation", generation.get())?;
         self.read(move |c| {
             let q = sql::select(
                 rows::EXECUTION_COLUMNS,

@@ -55,7 +55,7 @@ impl<'a> Conn<'a> {
     /// Encodes an answer as a whole frame (header and body).
     pub(crate) fn frame(&self, id: RequestId, body: AgentBody) -> Vec<u8> {
         let msg = AgentFrame {
-            execution_id: self.agent.identity.execution_id,
+            execution_id: self.agent.identity.execution.id,
             request_id: id,
             body,
         };
@@ -206,7 +206,7 @@ pub(crate) fn io_error(what: &str, e: &io::Error) -> WireError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use space_identity::{ExecutionId, SandboxId};
+    use space_identity::{ExecutionId, Generation, SandboxId};
     use space_proto::guest::Activation;
 
     fn answers(peer: &mut UnixStream, n: usize) -> Vec<AgentBody> {
@@ -222,7 +222,7 @@ mod tests {
     fn queued_frames_leave_with_the_next_send_or_once_a_chunk_is_queued() {
         let activation = Activation {
             sandbox: SandboxId::from_bytes([1; 16]),
-            generation: 1,
+            generation: Generation(1),
             execution_id: ExecutionId::from_bytes([2; 16]),
             activation: 1,
             secret: [3; 32],

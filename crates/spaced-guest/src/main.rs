@@ -34,8 +34,8 @@ fn main() -> ExitCode {
     eprintln!(
         "spaced-guest: serving sandbox {} execution {} (generation {}, activation {})",
         agent.identity.sandbox,
-        agent.identity.execution_id,
-        agent.identity.generation,
+        agent.identity.execution.id,
+        agent.identity.execution.generation,
         agent.identity.activation
     );
     match spaced_guest::serve(agent, listener) {

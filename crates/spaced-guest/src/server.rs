@@ -137,7 +137,7 @@ pub fn serve(agent: Arc<Agent>, listener: OwnedFd) -> io::Result<()> {
 
 fn refuse_busy(agent: &Agent, stream: UnixStream) {
     let msg = space_proto::guest::AgentFrame {
-        execution_id: agent.identity.execution_id,
+        execution_id: agent.identity.execution.id,
         request_id: CONNECTION,
         body: AgentBody::Error(WireError::new(ErrorKind::Busy, "too many connections")),
     };

@@ -75,8 +75,8 @@ fn handshake(conn: &mut Conn<'_>) -> Flow {
     let ack = HelloAck {
         protocol_version: PROTOCOL_VERSION,
         sandbox: id.sandbox,
-        generation: id.generation,
-        execution_id: id.execution_id,
+        generation: id.execution.generation,
+        execution_id: id.execution.id,
         activation: id.activation,
         proof: conn.agent.proof(&hello.nonce),
     };

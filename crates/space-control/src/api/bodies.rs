@@ -4,7 +4,7 @@
 //! the bytes on the wire stay the ones clients have always read.
 
 use serde::{Deserialize, Serialize};
-use space_identity::{SandboxId, WorkerId};
+use space_identity::{Generation, SandboxId, WorkerId};
 use space_proto::openapi::{SandboxIdSchema, WorkerIdSchema};
 use utoipa::ToSchema;
 
@@ -34,7 +34,8 @@ pub struct SnapshotTaken {
     /// BLAKE3 of the archive, lowercase hex.
     pub digest: String,
     /// The generation of the execution it was taken from.
-    pub generation: u64,
+    #[schema(value_type = u64)]
+    pub generation: Generation,
     /// Its length in bytes.
     pub size: u64,
 }
@@ -95,7 +96,8 @@ pub struct ExecutionLost {
     #[schema(value_type = SandboxIdSchema)]
     pub sandbox: SandboxId,
     /// The generation of the execution lost.
-    pub generation: u64,
+    #[schema(value_type = u64)]
+    pub generation: Generation,
 }
 
 #[cfg(test)]
@@ -145,7 +147,7 @@ mod tests {
         same(
             serde_json::to_string(&SnapshotTaken {
                 digest: "ab".into(),
-                generation: 3,
+                generation: Generation(3),
                 size: 10,
             })
             .unwrap(),

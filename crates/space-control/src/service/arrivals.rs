@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use space_identity::SandboxId;
+use space_identity::{Generation, SandboxId};
 use space_proto::api::CapabilityResponse;
 use tokio::time::Instant;
 
@@ -32,8 +32,8 @@ const REMEMBERED: usize = 10_000;
 /// When a freeze of `generation` may start: `last` is the newest rebuilt issuance
 /// recorded for the sandbox (its generation and instant), `now` the time now. Pure.
 pub(crate) fn arrival_wait(
-    last: Option<(u64, Instant)>,
-    generation: u64,
+    last: Option<(Generation, Instant)>,
+    generation: Generation,
     now: Instant,
     grace: Duration,
 ) -> Duration {
@@ -47,7 +47,7 @@ pub(crate) fn arrival_wait(
 #[derive(Debug)]
 pub(crate) struct Arrivals {
     grace: Duration,
-    last: std::sync::Mutex<HashMap<SandboxId, (u64, Instant)>>,
+    last: std::sync::Mutex<HashMap<SandboxId, (Generation, Instant)>>,
 }
 
 impl Arrivals {
@@ -68,7 +68,7 @@ impl Arrivals {
         }
     }
 
-    fn note(&self, sandbox: SandboxId, generation: u64, now: Instant) {
+    fn note(&self, sandbox: SandboxId, generation: Generation, now: Instant) {
         let Ok(mut last) = self.last.lock() else {
             return;
         };
@@ -83,7 +83,7 @@ impl Arrivals {
         }
     }
 
-    fn get(&self, sandbox: &SandboxId) -> Option<(u64, Instant)> {
+    fn get(&self, sandbox: &SandboxId) -> Option<(Generation, Instant)> {
         self.last.lock().ok()?.get(sandbox).copied()
     }
 
@@ -97,7 +97,7 @@ impl Arrivals {
     pub(crate) async fn let_rebuilt_attempts_arrive(
         &self,
         sandbox: &SandboxId,
-        generation: u64,
+        generation: Generation,
     ) -> Duration {
         let start = Instant::now();
         let grace = self.grace;
@@ -120,11 +120,11 @@ mod tests {
     #[test]
     fn a_freeze_right_after_a_rebuilt_issuance_waits_out_the_grace() {
         let t = Instant::now();
-        let last = Some((7, t));
+        let last = Some((Generation(7), t));
         let grace = Duration::from_millis(250);
-        assert_eq!(arrival_wait(last, 7, t, grace), grace);
+        assert_eq!(arrival_wait(last, Generation(7), t, grace), grace);
         assert_eq!(
-            arrival_wait(last, 7, t + Duration::from_millis(100), grace),
+            arrival_wait(last, Generation(7), t + Duration::from_millis(100), grace),
             Duration::from_millis(150)
         );
     }
@@ -134,15 +134,23 @@ mod tests {
         let t = Instant::now();
         let grace = Duration::from_millis(250);
         assert_eq!(
-            arrival_wait(Some((7, t)), 7, t + grace, grace),
+            arrival_wait(Some((Generation(7), t)), Generation(7), t + grace, grace),
             Duration::ZERO
         );
         assert_eq!(
-            arrival_wait(Some((7, t)), 7, t + 2 * grace, grace),
+            arrival_wait(
+                Some((Generation(7), t)),
+                Generation(7),
+                t + 2 * grace,
+                grace
+            ),
             Duration::ZERO
         );
-        assert_eq!(arrival_wait(Some((6, t)), 7, t, grace), Duration::ZERO);
-        assert_eq!(arrival_wait(None, 7, t, grace), Duration::ZERO);
+        assert_eq!(
+            arrival_wait(Some((Generation(6), t)), Generation(7), t, grace),
+            Duration::ZERO
+        );
+        assert_eq!(arrival_wait(None, Generation(7), t, grace), Duration::ZERO);
     }
 
     #[test]
@@ -152,13 +160,13 @@ mod tests {
         for n in 0..REMEMBERED as u64 {
             let mut id = [0u8; 16];
             id[..8].copy_from_slice(&n.to_le_bytes());
-            a.note(SandboxId::from_bytes(id), 1, t);
+            a.note(SandboxId::from_bytes(id), Generation(1), t);
         }
         // Full of entries within their grace: a new one is not kept.
-        a.note(SandboxId::from_bytes([0xfe; 16]), 1, t);
+        a.note(SandboxId::from_bytes([0xfe; 16]), Generation(1), t);
         assert_eq!(a.last.lock().unwrap().len(), REMEMBERED);
         let later = t + ARRIVAL_GRACE;
-        a.note(SandboxId::from_bytes([0xff; 16]), 1, later);
+        a.note(SandboxId::from_bytes([0xff; 16]), Generation(1), later);
         assert_eq!(a.last.lock().unwrap().len(), 1);
     }
 }

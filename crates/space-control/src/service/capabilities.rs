@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use space_identity::{
-    Access, AccessSet, Claims, Execution, Generation, Placement, Protocol, Purpose, Route,
-    SandboxId, ServicePort, Timestamp, TokenId,
+    Access, AccessSet, Claims, Placement, Protocol, Purpose, Route, SandboxId, ServicePort,
+    Timestamp, TokenId,
 };
 use space_proto::api::{CapabilityResponse, RouteView};
 use space_store::{ExecutionRecord, ExecutionState, SandboxRecord, SandboxState};
@@ -151,10 +151,7 @@ impl ControlPlane {
         let now = now_secs();
         let route = Route {
             sandbox: s.id,
-            execution: Execution {
-                generation: Generation(exe.generation),
-                id: exe.execution_id,
-            },
+            execution: exe.execution(),
             placement: Placement {
                 worker: exe.worker.clone(),
                 substrate: exe.substrate,
@@ -198,7 +195,7 @@ impl ControlPlane {
 mod tests {
     use std::collections::BTreeMap;
 
-    use space_identity::{ExecutionId, Substrate};
+    use space_identity::{ExecutionId, Generation, Substrate};
 
     use super::*;
 
@@ -212,7 +209,7 @@ mod tests {
             expires_at: None,
             metadata: serde_json::Value::Null,
             env: BTreeMap::new(),
-            generation: 1,
+            generation: Generation(1),
             limits: None,
         }
     }
@@ -220,7 +217,7 @@ mod tests {
     fn execution(state: ExecutionState) -> ExecutionRecord {
         ExecutionRecord {
             sandbox: SandboxId::from_bytes([1; 16]),
-            generation: 1,
+            generation: Generation(1),
             execution_id: ExecutionId::from_bytes([2; 16]),
             worker: "w1".parse().unwrap(),
             substrate: Substrate::Jail,

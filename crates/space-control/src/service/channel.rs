@@ -6,7 +6,7 @@
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
-use space_identity::WorkerId;
+use space_identity::{Generation, WorkerId};
 use space_proto::api::{InstallExecution, SignedUpdate, Update, UpdateAck, UpdateBody};
 use space_store::{ExecutionRecord, SandboxRecord, WorkerRecord, WorkerState};
 
@@ -239,6 +239,6 @@ pub(super) fn install_of(s: &SandboxRecord, exe: &ExecutionRecord) -> InstallExe
         limits: crate::limits::of_store(s.limits.as_ref()),
         // A sandbox's first execution starts empty; every later one continues its
         // files, which must be on the worker (kept there, or sent before the install).
-        needs_layer: exe.generation > 1,
+        needs_layer: exe.generation > Generation::FIRST,
     }
 }

@@ -85,7 +85,7 @@ impl ControlPlane {
                     Ok(ack) => ack.message.unwrap_or(ack.state),
                     Err(e) => e.to_string(),
                 };
-                tracing::warn!(sandbox = %s.id, generation = exe.generation, worker = %worker, reason = %why, "execution failed to start");
+                tracing::warn!(sandbox = %s.id, generation = exe.generation.get(), worker = %worker, reason = %why, "execution failed to start");
                 Err(ControlError::BadGateway(format!(
                     "worker {worker} could not start the sandbox: {why}"
                 )))

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use space_identity::{SandboxId, WorkerId};
+use space_identity::{Generation, SandboxId, WorkerId};
 use space_proto::api::Update;
 use space_store::{ExecutionRecord, ExecutionState, SandboxRecord, SandboxState, WorkerState};
 
@@ -235,7 +235,7 @@ pub(crate) fn after_failed_start(
     }
     let newest = execs.iter().max_by_key(|e| e.generation);
     match newest {
-        Some(e) if state == SandboxState::Starting && e.generation > 1 => {
+        Some(e) if state == SandboxState::Starting && e.generation > Generation::FIRST => {
             AfterFailedStart::StartOn(e.worker.clone())
         }
         _ => AfterFailedStart::Stop,
@@ -251,7 +251,7 @@ mod tests {
     fn exe(generation: u64, worker: &str, state: ExecutionState) -> ExecutionRecord {
         ExecutionRecord {
             sandbox: SandboxId::from_bytes([3; 16]),
-            generation,
+            generation: Generation(generation),
             execution_id: ExecutionId::from_bytes([generation as u8; 16]),
             worker: worker.parse().unwrap(),
             substrate: space_identity::Substrate::Jail,

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use space_identity::SandboxId;
+use space_identity::{Generation, SandboxId};
 use space_proto::api::{self, CreateSandbox, ExecutionView};
 use space_store::{ExecutionRecord, ExecutionState, SandboxRecord, SandboxState};
 
@@ -179,7 +179,7 @@ impl ControlPlane {
             expires_at,
             metadata,
             env,
-            generation: 0,
+            generation: Generation::NONE,
             limits: Some(crate::limits::to_store(&limits)),
         };
         let _busy = self.transition(record.id)?;

@@ -2,7 +2,7 @@
 //! archive streams through a file here (hashed as it arrives), the target checks the
 //! signed digest and size and unpacks it, and the next execution starts there.
 
-use space_identity::{SandboxId, WorkerId};
+use space_identity::{Generation, SandboxId, WorkerId};
 use space_proto::api::Update;
 use space_store::{ExecutionRecord, SandboxRecord, SandboxState};
 
@@ -267,7 +267,7 @@ impl ControlPlane {
         let recorded = self.store.kv_get(&snapshot_key(&s.id)).await?;
         let Some((generation, digest)) = recorded.as_deref().and_then(|v| {
             let mut f = v.split(' ');
-            Some((f.next()?.parse::<u64>().ok()?, f.next()?.to_owned()))
+            Some((Generation(f.next()?.parse().ok()?), f.next()?.to_owned()))
         }) else {
             // No snapshot was taken: on its own worker the paused execution simply
             // thaws; elsewhere a snapshot is taken now and moved.

@@ -1,7 +1,7 @@
 //! Workers: enrollment (a taken ID needs its credential), their credentials, the sync
 //! a (re)starting worker gets, the executions they report lost, and their listing.
 
-use space_identity::{SandboxId, WorkerId};
+use space_identity::{Generation, SandboxId, WorkerId};
 use space_proto::api::{self, SignedUpdate, Update, WorkerView};
 use space_store::{ExecutionState, SandboxState, WorkerRecord, WorkerState};
 
@@ -131,7 +131,7 @@ impl ControlPlane {
         &self,
         w: &WorkerRecord,
         sandbox: &SandboxId,
-        generation: u64,
+        generation: Generation,
     ) -> Result<(), ControlError> {
         let exe = self.store.get_execution(sandbox, generation).await?;
         if exe.worker != w.id {

@@ -8,7 +8,7 @@ use std::fmt;
 
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use space_identity::{ExecutionId, SandboxId};
+use space_identity::{Execution, ExecutionId, Generation, SandboxId};
 
 use super::handshake::ServedIdentity;
 
@@ -22,7 +22,7 @@ pub struct Activation {
     /// The sandbox.
     pub sandbox: SandboxId,
     /// Generation of the execution.
-    pub generation: u64,
+    pub generation: Generation,
     /// The execution.
     pub execution_id: ExecutionId,
     /// Activation attempt within the execution.
@@ -64,8 +64,10 @@ impl Activation {
     pub fn identity(&self) -> ServedIdentity {
         ServedIdentity {
             sandbox: self.sandbox,
-            generation: self.generation,
-            execution_id: self.execution_id,
+            execution: Execution {
+                generation: self.generation,
+                id: self.execution_id,
+            },
             activation: self.activation,
         }
     }
@@ -83,7 +85,7 @@ impl Activation {
             return Err(ActivationError::TooLarge);
         }
         let a: Self = serde_json::from_slice(bytes)?;
-        if a.generation == 0 {
+        if a.generation == Generation::NONE {
             return Err(ActivationError::ZeroGeneration);
         }
         Ok(a)
@@ -129,7 +131,7 @@ mod tests {
     fn sample() -> Activation {
         Activation {
             sandbox: SandboxId::from_bytes([1; 16]),
-            generation: 3,
+            generation: Generation(3),
             execution_id: ExecutionId::from_bytes([2; 16]),
             activation: 1,
             secret: [0xa5; 32],
@@ -142,6 +144,7 @@ mod tests {
         let text = String::from_utf8(a.encode()).unwrap();
         assert!(text.contains(&"a5".repeat(32)), "{text}");
         assert!(text.contains("\"sandbox\":\"sbx_"), "{text}");
+        assert!(text.contains(",\"generation\":3,"), "{text}");
         assert_eq!(Activation::decode(text.as_bytes()).unwrap(), a);
     }
 

@@ -6,7 +6,7 @@
 //! and accepts only an answer keyed with that secret over the nonce and the identity.
 
 use serde::{Deserialize, Serialize};
-use space_identity::{ExecutionId, SandboxId};
+use space_identity::{Execution, ExecutionId, Generation, SandboxId};
 
 use crate::codec::wire;
 
@@ -40,7 +40,7 @@ pub struct HelloAck {
     #[serde(with = "wire::sandbox_id")]
     pub sandbox: SandboxId,
     /// Generation of the execution the agent serves.
-    pub generation: u64,
+    pub generation: Generation,
     /// The execution the agent serves.
     #[serde(with = "wire::execution_id")]
     pub execution_id: ExecutionId,
@@ -55,10 +55,8 @@ pub struct HelloAck {
 pub struct ServedIdentity {
     /// The sandbox.
     pub sandbox: SandboxId,
-    /// Generation of the execution.
-    pub generation: u64,
     /// The execution.
-    pub execution_id: ExecutionId,
+    pub execution: Execution,
     /// Activation attempt.
     pub activation: u32,
 }
@@ -68,8 +66,10 @@ impl HelloAck {
     pub fn identity(&self) -> ServedIdentity {
         ServedIdentity {
             sandbox: self.sandbox,
-            generation: self.generation,
-            execution_id: self.execution_id,
+            execution: Execution {
+                generation: self.generation,
+                id: self.execution_id,
+            },
             activation: self.activation,
         }
     }
@@ -80,8 +80,8 @@ fn proof_hash(secret: &[u8; 32], nonce: &[u8; 32], id: &ServedIdentity) -> blake
     h.update(PROOF_CONTEXT);
     h.update(nonce);
     h.update(id.sandbox.as_bytes());
-    h.update(&id.generation.to_be_bytes());
-    h.update(id.execution_id.as_bytes());
+    h.update(&id.execution.generation.get().to_be_bytes());
+    h.update(id.execution.id.as_bytes());
     h.update(&id.activation.to_be_bytes());
     h.finalize()
 }
@@ -106,17 +106,51 @@ mod tests {
     fn ack(secret: &[u8; 32], nonce: &[u8; 32]) -> HelloAck {
         let id = ServedIdentity {
             sandbox: SandboxId::from_bytes([1; 16]),
-            generation: 7,
-            execution_id: ExecutionId::from_bytes([2; 16]),
+            execution: Execution {
+                generation: Generation(7),
+                id: ExecutionId::from_bytes([2; 16]),
+            },
             activation: 3,
         };
         HelloAck {
             protocol_version: PROTOCOL_VERSION,
             sandbox: id.sandbox,
-            generation: id.generation,
-            execution_id: id.execution_id,
+            generation: id.execution.generation,
+            execution_id: id.execution.id,
             activation: id.activation,
             proof: compute_proof(secret, nonce, &id),
+        }
+    }
+
+    #[test]
+    fn a_hello_ack_encodes_its_generation_as_the_bare_u64_it_was() {
+        #[derive(Serialize)]
+        struct AckOfU64 {
+            protocol_version: u32,
+            #[serde(with = "wire::sandbox_id")]
+            sandbox: SandboxId,
+            generation: u64,
+            #[serde(with = "wire::execution_id")]
+            execution_id: ExecutionId,
+            activation: u32,
+            proof: [u8; 32],
+        }
+        let ack = ack(&[9; 32], &[4; 32]);
+        let mut far = ack.clone();
+        far.generation = Generation(u64::MAX);
+        for a in [ack, far] {
+            let before = AckOfU64 {
+                protocol_version: a.protocol_version,
+                sandbox: a.sandbox,
+                generation: a.generation.get(),
+                execution_id: a.execution_id,
+                activation: a.activation,
+                proof: a.proof,
+            };
+            assert_eq!(
+                postcard::to_allocvec(&a).unwrap(),
+                postcard::to_allocvec(&before).unwrap()
+            );
         }
     }
 
@@ -143,7 +177,7 @@ mod tests {
         assert!(!verify_proof(&[8; 32], &nonce, &good));
         assert!(!verify_proof(&secret, &[5; 32], &good));
         let mut other_generation = good.clone();
-        other_generation.generation = 8;
+        other_generation.generation = Generation(8);
         assert!(!verify_proof(&secret, &nonce, &other_generation));
         let mut other_execution = good.clone();
         other_execution.execution_id = ExecutionId::from_bytes([3; 16]);

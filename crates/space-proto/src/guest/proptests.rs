@@ -4,7 +4,7 @@
 use proptest::collection::vec;
 use proptest::option;
 use proptest::prelude::*;
-use space_identity::{ExecutionId, SandboxId};
+use space_identity::{ExecutionId, Generation, SandboxId};
 
 use super::*;
 use crate::codec::{self, DecodeError};
@@ -142,7 +142,7 @@ fn agent_body() -> impl Strategy<Value = AgentBody> {
             AgentBody::HelloAck(HelloAck {
                 protocol_version: PROTOCOL_VERSION,
                 sandbox: SandboxId::from_bytes(s),
-                generation,
+                generation: Generation(generation),
                 execution_id: ExecutionId::from_bytes(e),
                 activation,
                 proof,

@@ -13,7 +13,7 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use space_identity::{ExecutionId, SandboxId};
+use space_identity::{Execution, SandboxId};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
@@ -26,8 +26,7 @@ pub fn watch_agent(worker: &Arc<Worker>, record: &ExecutionRecord) {
     let Some(agent) = record.handle.as_ref().and_then(|h| h.agent) else {
         return;
     };
-    let (sandbox, generation, execution_id) =
-        (record.sandbox, record.generation, record.execution_id);
+    let (sandbox, execution) = (record.sandbox, record.execution());
     let pidfd = open_pidfd(agent.pid, agent.start_time);
     let me = Arc::downgrade(worker);
     tokio::spawn(async move {
@@ -41,7 +40,7 @@ pub fn watch_agent(worker: &Arc<Worker>, record: &ExecutionRecord) {
         let Some(worker) = me.upgrade() else {
             return;
         };
-        agent_exited(&worker, sandbox, generation, execution_id).await;
+        agent_exited(&worker, sandbox, execution).await;
     });
 }
 
@@ -62,12 +61,7 @@ fn open_pidfd(pid: i32, start_time: u64) -> Option<OwnedFd> {
     launch::still_alive_pid(pid, start_time).then_some(fd)
 }
 
-async fn agent_exited(
-    worker: &Arc<Worker>,
-    sandbox: SandboxId,
-    generation: u64,
-    execution_id: ExecutionId,
-) {
+async fn agent_exited(worker: &Arc<Worker>, sandbox: SandboxId, execution: Execution) {
     if worker.is_stopping() {
         return;
     }
@@ -79,14 +73,13 @@ async fn agent_exited(
             return;
         };
         let r = &slot.record;
-        if r.generation != generation
-            || r.execution_id != execution_id
+        if r.execution() != execution
             || !matches!(r.state, RecordState::Running | RecordState::Paused)
             || worker.is_stopping()
         {
             return;
         }
-        tracing::warn!(sandbox = %sandbox, generation, "the agent died; the execution is lost");
+        tracing::warn!(sandbox = %sandbox, generation = execution.generation.get(), "the agent died; the execution is lost");
         let mut failed = r.clone();
         failed.state = RecordState::Failed;
         failed.updated_at = now_secs() as i64;

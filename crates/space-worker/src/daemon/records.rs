@@ -9,7 +9,7 @@ use std::sync::{Condvar, Mutex};
 
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
-use space_identity::{ExecutionId, SandboxId, Substrate};
+use space_identity::{Execution, ExecutionId, Generation, SandboxId, Substrate};
 use space_peer::ProcessIdentity;
 
 use crate::substrate::SandboxHandle;
@@ -68,7 +68,7 @@ pub struct ExecutionRecord {
     /// Sandbox.
     pub sandbox: SandboxId,
     /// Generation.
-    pub generation: u64,
+    pub generation: Generation,
     /// Execution ID.
     pub execution_id: ExecutionId,
     /// Substrate.
@@ -88,6 +88,16 @@ pub struct ExecutionRecord {
     pub env: std::collections::BTreeMap<String, String>,
     /// Unix seconds of the last change.
     pub updated_at: i64,
+}
+
+impl ExecutionRecord {
+    /// Which execution this is: its generation and ID.
+    pub fn execution(&self) -> Execution {
+        Execution {
+            generation: self.generation,
+            id: self.execution_id,
+        }
+    }
 }
 
 /// Why a record operation failed.
@@ -218,16 +228,17 @@ impl Records {
         f(&conn)
     }
 
-    /// Highest generation ever recorded for `sandbox` (0 if none). Never decreases,
+    /// Highest generation ever recorded for `sandbox` ([`Generation::NONE`] if none).
+    /// Never decreases,
     /// even when tombstones are pruned, so a replayed install of an old generation is
     /// refused forever.
-    pub fn max_generation(&self, sandbox: &SandboxId) -> Result<u64, RecordError> {
+    pub fn max_generation(&self, sandbox: &SandboxId) -> Result<Generation, RecordError> {
         self.with(|c| {
             let v: Option<i64> = c
                 .prepare_cached("SELECT max_generation FROM generations WHERE sandbox = ?1")?
                 .query_row(params![sandbox.to_string()], |r| r.get(0))
                 .optional()?;
-            Ok(v.map_or(0, |g| g as u64))
+            Ok(v.map_or(Generation::NONE, |g| Generation(g as u64)))
         })
     }
 
@@ -241,7 +252,7 @@ impl Records {
         group.waiting.push((
             seq,
             record.sandbox.to_string(),
-            record.generation as i64,
+            record.generation.get() as i64,
             body,
             record.state.as_str(),
         ));
@@ -312,14 +323,14 @@ impl Records {
     pub fn get(
         &self,
         sandbox: &SandboxId,
-        generation: u64,
+        generation: Generation,
     ) -> Result<Option<ExecutionRecord>, RecordError> {
         self.with(|c| {
             let row: Option<(String, String)> = c
                 .prepare_cached(
                     "SELECT body, state FROM executions WHERE sandbox = ?1 AND generation = ?2",
                 )?
-                .query_row(params![sandbox.to_string(), generation as i64], |r| {
+                .query_row(params![sandbox.to_string(), generation.get() as i64], |r| {
                     Ok((r.get(0)?, r.get(1)?))
                 })
                 .optional()?;
@@ -344,7 +355,7 @@ impl Records {
                 {
                     n += c.execute(
                         "DELETE FROM executions WHERE sandbox = ?1 AND generation = ?2",
-                        params![r.sandbox.to_string(), r.generation as i64],
+                        params![r.sandbox.to_string(), r.generation.get() as i64],
                     )?;
                 }
             }
@@ -451,7 +462,7 @@ mod tests {
     fn rec(generation: u64, state: RecordState) -> ExecutionRecord {
         ExecutionRecord {
             sandbox: SandboxId::from_bytes([1; 16]),
-            generation,
+            generation: Generation(generation),
             execution_id: ExecutionId::from_bytes([generation as u8; 16]),
             substrate: Substrate::Jail,
             activation: 1,
@@ -489,15 +500,19 @@ mod tests {
         r.put(&rec(3, RecordState::Running)).unwrap();
         let sandbox = SandboxId::from_bytes([1; 16]);
         assert_eq!(
-            r.get(&sandbox, 3).unwrap(),
+            r.get(&sandbox, Generation(3)).unwrap(),
             Some(rec(3, RecordState::Running))
         );
         assert_eq!(
-            r.get(&sandbox, 2).unwrap(),
+            r.get(&sandbox, Generation(2)).unwrap(),
             Some(rec(2, RecordState::Retired))
         );
-        assert_eq!(r.get(&sandbox, 4).unwrap(), None);
-        assert_eq!(r.get(&SandboxId::from_bytes([9; 16]), 3).unwrap(), None);
+        assert_eq!(r.get(&sandbox, Generation(4)).unwrap(), None);
+        assert_eq!(
+            r.get(&SandboxId::from_bytes([9; 16]), Generation(3))
+                .unwrap(),
+            None
+        );
     }
 
     #[test]
@@ -508,13 +523,13 @@ mod tests {
         r.put(&rec(2, RecordState::Retired)).unwrap();
         assert_eq!(
             r.max_generation(&SandboxId::from_bytes([1; 16])).unwrap(),
-            5
+            Generation(5)
         );
         assert_eq!(r.prune(1_000).unwrap(), 2);
         assert!(r.all().unwrap().is_empty());
         assert_eq!(
             r.max_generation(&SandboxId::from_bytes([1; 16])).unwrap(),
-            5
+            Generation(5)
         );
     }
 
@@ -570,7 +585,7 @@ mod tests {
                         r.put(&one).unwrap();
                         // Returned: another connection (a restarted worker) sees it.
                         let other = Records::open(&path).unwrap();
-                        assert_eq!(other.max_generation(&one.sandbox).unwrap(), g);
+                        assert_eq!(other.max_generation(&one.sandbox).unwrap(), Generation(g));
                     }
                 })
             })

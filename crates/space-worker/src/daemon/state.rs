@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use space_identity::{
-    Execution, Generation, InstalledIdentity, InstalledKeys, Operation, Placement,
-    RecordState as IdState, Route, SandboxId, SignedKeyBundle, Timestamp, Verdict,
-    VerifiedTokenCache, VerifyingKey, WorkerId,
+    Generation, InstalledIdentity, InstalledKeys, Operation, Placement, RecordState as IdState,
+    Route, SandboxId, SignedKeyBundle, Timestamp, Verdict, VerifiedTokenCache, VerifyingKey,
+    WorkerId,
 };
 use space_proto::guest::Activation;
 use spaced_host::BridgePool;
@@ -97,7 +97,7 @@ pub struct Worker {
     /// Executions frozen for a snapshot or a migration (not paused by their owner):
     /// requests for them wait as long as a transition may take, not the 2 s a pause
     /// gets. Cleared when the execution is thawed or retired.
-    pub snapshot_frozen: Mutex<std::collections::HashSet<(SandboxId, u64)>>,
+    pub snapshot_frozen: Mutex<std::collections::HashSet<(SandboxId, Generation)>>,
     /// Updates of one sandbox apply one at a time, in arrival order (see
     /// [`Worker::lock_sandbox`]); updates of different sandboxes run side by side.
     /// Work that must see no update under way — the startup sweep, key bundles,
@@ -164,10 +164,7 @@ pub fn installed_of(worker: &WorkerId, r: &ExecutionRecord) -> InstalledIdentity
     InstalledIdentity {
         route: Route {
             sandbox: r.sandbox,
-            execution: Execution {
-                generation: Generation(r.generation),
-                id: r.execution_id,
-            },
+            execution: r.execution(),
             placement: Placement {
                 worker: worker.clone(),
                 substrate: r.substrate,
@@ -369,7 +366,7 @@ impl Worker {
     }
 
     /// Marks (or, with `frozen` false, unmarks) an execution as frozen for a snapshot.
-    pub fn set_snapshot_frozen(&self, sandbox: &SandboxId, generation: u64, frozen: bool) {
+    pub fn set_snapshot_frozen(&self, sandbox: &SandboxId, generation: Generation, frozen: bool) {
         if let Ok(mut set) = self.snapshot_frozen.lock() {
             if frozen {
                 set.insert((*sandbox, generation));
@@ -380,7 +377,7 @@ impl Worker {
     }
 
     /// Whether an execution is frozen for a snapshot (see [`Worker::snapshot_frozen`]).
-    pub fn is_snapshot_frozen(&self, sandbox: &SandboxId, generation: u64) -> bool {
+    pub fn is_snapshot_frozen(&self, sandbox: &SandboxId, generation: Generation) -> bool {
         self.snapshot_frozen
             .lock()
             .is_ok_and(|set| set.contains(&(*sandbox, generation)))

@@ -129,7 +129,7 @@ async fn readopt(worker: &Arc<Worker>, i: &space_proto::api::InstallExecution) -
         return false;
     };
     let r = &slot.record;
-    let same = r.generation == i.generation && r.execution_id == i.execution_id;
+    let same = r.execution() == i.execution();
     let alive = same
         && matches!(r.state, RecordState::Running | RecordState::Paused)
         && r.bridge
@@ -154,7 +154,7 @@ async fn readopt(worker: &Arc<Worker>, i: &space_proto::api::InstallExecution) -
             worker.put_slot(r.clone(), Some(pool));
         }
         agent_watch::watch_agent(worker, r);
-        tracing::info!(sandbox = %r.sandbox, generation = r.generation, "re-adopted after restart");
+        tracing::info!(sandbox = %r.sandbox, generation = r.generation.get(), "re-adopted after restart");
         return true;
     }
     if same {
@@ -201,7 +201,7 @@ pub async fn resync(worker: &Arc<Worker>, list: Vec<SignedUpdate>, asked_at: i64
         let live = matches!(r.state, RecordState::Running | RecordState::Paused);
         let settled = r.updated_at < asked_at - 2;
         if live && settled && !listed.contains(&(r.sandbox, r.generation)) {
-            tracing::info!(sandbox = %r.sandbox, generation = r.generation, "retiring an execution the control plane no longer lists");
+            tracing::info!(sandbox = %r.sandbox, generation = r.generation.get(), "retiring an execution the control plane no longer lists");
             let retire = Update::Retire {
                 sandbox: r.sandbox,
                 generation: r.generation,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
-use space_identity::{ExecutionId, SandboxId, SignedKeyBundle};
+use space_identity::{Execution, SandboxId, SignedKeyBundle};
 use space_proto::api::{
     InstallExecution, SignedUpdate, UPDATE_CLOCK_SKEW_SECS, UPDATE_MAX_AGE_SECS, Update, UpdateAck,
     UpdateBody,
@@ -290,7 +290,11 @@ pub async fn apply(
             execution_id,
         } => {
             let _turn = worker.lock_sandbox(&sandbox).await;
-            retire_local(worker, &sandbox, generation, execution_id).await;
+            let execution = Execution {
+                generation,
+                id: execution_id,
+            };
+            retire_local(worker, &sandbox, execution).await;
             Ok(ack(worker, "retired", None))
         }
         Update::Install(install) => {
@@ -303,7 +307,11 @@ pub async fn apply(
             execution_id,
         } => {
             let _turn = worker.lock_sandbox(&sandbox).await;
-            freeze(worker, &sandbox, generation, execution_id, true).await
+            let execution = Execution {
+                generation,
+                id: execution_id,
+            };
+            freeze(worker, &sandbox, execution, true).await
         }
         Update::Resume {
             sandbox,
@@ -311,7 +319,11 @@ pub async fn apply(
             execution_id,
         } => {
             let _turn = worker.lock_sandbox(&sandbox).await;
-            freeze(worker, &sandbox, generation, execution_id, false).await
+            let execution = Execution {
+                generation,
+                id: execution_id,
+            };
+            freeze(worker, &sandbox, execution, false).await
         }
         Update::Unfreeze {
             sandbox,
@@ -320,7 +332,11 @@ pub async fn apply(
         } => {
             space_http::crash::crash_point("worker.unfreeze.received");
             let _turn = worker.lock_sandbox(&sandbox).await;
-            freeze(worker, &sandbox, generation, execution_id, false).await
+            let execution = Execution {
+                generation,
+                id: execution_id,
+            };
+            freeze(worker, &sandbox, execution, false).await
         }
         // These carry or return an archive: they have their own endpoints.
         Update::Snapshot { .. } | Update::Layer { .. } => {
@@ -335,16 +351,15 @@ pub async fn apply(
 pub(crate) async fn freeze(
     worker: &Arc<Worker>,
     sandbox: &SandboxId,
-    generation: u64,
-    execution_id: ExecutionId,
+    execution: Execution,
     pause: bool,
 ) -> Result<UpdateAck, UpdateError> {
     let slot = worker
         .slot(sandbox)
-        .filter(|s| s.record.generation == generation && s.record.execution_id == execution_id)
+        .filter(|s| s.record.execution() == execution)
         .ok_or_else(|| conflict("no such execution on this worker"))?;
     if !pause {
-        worker.set_snapshot_frozen(sandbox, generation, false);
+        worker.set_snapshot_frozen(sandbox, execution.generation, false);
     }
     let (from, to, done) = if pause {
         (RecordState::Running, RecordState::Paused, "paused")
@@ -388,13 +403,8 @@ pub(crate) async fn freeze(
 }
 
 /// Retires one execution: tombstone first (durable), then its processes go.
-pub async fn retire_local(
-    worker: &Arc<Worker>,
-    sandbox: &SandboxId,
-    generation: u64,
-    execution_id: ExecutionId,
-) {
-    retire_execution(worker, sandbox, generation, execution_id, true).await;
+pub async fn retire_local(worker: &Arc<Worker>, sandbox: &SandboxId, execution: Execution) {
+    retire_execution(worker, sandbox, execution, true).await;
 }
 
 /// Retires an execution the control plane did not list at this worker's start. One
@@ -404,7 +414,7 @@ pub async fn retire_local(
 /// retirement). Discarding it lost acknowledged files.
 pub async fn retire_unlisted(worker: &Arc<Worker>, r: &ExecutionRecord) {
     let never_ran = r.state == RecordState::Starting;
-    retire_execution(worker, &r.sandbox, r.generation, r.execution_id, !never_ran).await;
+    retire_execution(worker, &r.sandbox, r.execution(), !never_ran).await;
 }
 
 /// [`retire_local`]; with `drop_kept_layer` false the sandbox's kept layer stays (a
@@ -413,10 +423,13 @@ pub async fn retire_unlisted(worker: &Arc<Worker>, r: &ExecutionRecord) {
 async fn retire_execution(
     worker: &Arc<Worker>,
     sandbox: &SandboxId,
-    generation: u64,
-    execution_id: ExecutionId,
+    execution: Execution,
     drop_kept_layer: bool,
 ) {
+    let Execution {
+        generation,
+        id: execution_id,
+    } = execution;
     // This execution's record alone (reading every record made each retirement cost
     // as much as the worker's whole history).
     let existing = worker.records.get(sandbox, generation).ok().flatten();
@@ -434,7 +447,7 @@ async fn retire_execution(
         updated_at: 0,
     });
     if tomb.execution_id != execution_id {
-        tracing::warn!(sandbox = %sandbox, generation, "retire names another execution id than recorded; retiring the generation");
+        tracing::warn!(sandbox = %sandbox, generation = generation.get(), "retire names another execution id than recorded; retiring the generation");
     }
     tomb.state = RecordState::Retired;
     tomb.updated_at = now_secs() as i64;
@@ -489,7 +502,7 @@ async fn install_execution(
         // anything older is a replay and is refused.
         if let Some(slot) = worker.slot(&i.sandbox) {
             let r = &slot.record;
-            if r.generation == i.generation && r.execution_id == i.execution_id {
+            if r.execution() == i.execution() {
                 let state = match r.state {
                     RecordState::Running | RecordState::Paused => "running",
                     RecordState::Retired => "retired",
@@ -509,14 +522,7 @@ async fn install_execution(
             old.record.state,
             RecordState::Starting | RecordState::Running | RecordState::Paused
         ) {
-            retire_execution(
-                worker,
-                &i.sandbox,
-                old.record.generation,
-                old.record.execution_id,
-                false,
-            )
-            .await;
+            retire_execution(worker, &i.sandbox, old.record.execution(), false).await;
         }
     }
     // An execution that continues a sandbox starts from its files, never from an empty
@@ -594,7 +600,7 @@ async fn install_execution(
             record.updated_at = now_secs() as i64;
             let _ = worker.records.put(&record);
             worker.put_slot(record, None);
-            tracing::warn!(sandbox = %i.sandbox, generation = i.generation, error = %e, "launch failed");
+            tracing::warn!(sandbox = %i.sandbox, generation = i.generation.get(), error = %e, "launch failed");
             Ok(ack(worker, "failed", Some(e.to_string())))
         }
     }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use space_identity::{ExecutionId, SandboxId};
+use space_identity::{ExecutionId, Generation, SandboxId};
 use space_proto::client::AgentConnection;
 use space_proto::guest::Activation;
 
@@ -57,7 +57,7 @@ fn direct_agent_reads() -> Result<Vec<f64>, String> {
     let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
     let activation = Activation {
         sandbox: SandboxId::from_bytes(random()),
-        generation: 1,
+        generation: Generation(1),
         execution_id: ExecutionId::from_bytes(random()),
         activation: 1,
         secret: random(),

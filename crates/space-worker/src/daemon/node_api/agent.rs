@@ -70,7 +70,7 @@ pub(crate) async fn stale_or(
     if replaced {
         return Refusal::RefreshRoute(Stale::RetiredDuringOperation);
     }
-    tracing::warn!(sandbox = %slot.record.sandbox, generation = slot.record.generation, state = ?slot.record.state, "agent connection failed and the execution was not retired");
+    tracing::warn!(sandbox = %slot.record.sandbox, generation = slot.record.generation.get(), state = ?slot.record.state, "agent connection failed and the execution was not retired");
     r
 }
 

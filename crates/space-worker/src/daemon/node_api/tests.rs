@@ -17,7 +17,8 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use hyper::body::Frame;
 use space_identity::{
-    BundleSigner, CapabilitySigner, KeyBundle, KeyUses, Purpose, Route, Timestamp, Token,
+    BundleSigner, CapabilitySigner, Generation, KeyBundle, KeyUses, Purpose, Route, Timestamp,
+    Token,
 };
 use space_proto::api::{
     DELIVERY_HEADER, Delivery, ErrorBody, MAX_EXEC_BODY, MAX_UPDATE_BODY, SignedUpdate, Update,
@@ -117,7 +118,7 @@ impl Fixture {
         };
         let record = ExecutionRecord {
             sandbox: route.sandbox,
-            generation,
+            generation: route.execution.generation,
             execution_id: route.execution.id,
             substrate: route.placement.substrate,
             activation: route.placement.activation,
@@ -389,7 +390,7 @@ async fn a_replayed_delivery_header_is_refused_with_409_before_its_body_is_read(
         1,
         Update::Retire {
             sandbox: route.sandbox,
-            generation: 1,
+            generation: Generation(1),
             execution_id: route.execution.id,
         },
     );
@@ -521,7 +522,7 @@ async fn an_install_that_needs_the_sandboxs_files_where_they_are_not_is_refused_
     let route = space_testkit::route(9, 2, ME);
     let install = space_proto::api::InstallExecution {
         sandbox: route.sandbox,
-        generation: 2,
+        generation: Generation(2),
         execution_id: route.execution.id,
         substrate: space_identity::Substrate::Jail,
         activation: 1,
@@ -540,7 +541,7 @@ async fn an_install_that_needs_the_sandboxs_files_where_they_are_not_is_refused_
     assert!(e.message.starts_with("layer_missing:"), "{}", e.message);
     assert_eq!(
         f.worker.records.max_generation(&route.sandbox).unwrap(),
-        0,
+        Generation(0),
         "a refused install left a record"
     );
 }

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use space_identity::Execution;
 use space_proto::api::{SignedUpdate, Update, UpdateAck};
 
 use super::{MAX_ARCHIVE, Packed, pack_to_temp, tempfile_in, unpack};
@@ -35,7 +36,7 @@ pub async fn take(
     w: &Arc<Worker>,
     signed: &SignedUpdate,
 ) -> Result<(std::fs::File, Packed), TransferError> {
-    let (sandbox, generation, execution_id) = match updates::verify(w, signed)? {
+    let (sandbox, execution) = match updates::verify(w, signed)? {
         (
             _,
             Update::Snapshot {
@@ -43,12 +44,18 @@ pub async fn take(
                 generation,
                 execution_id,
             },
-        ) => (sandbox, generation, execution_id),
+        ) => (
+            sandbox,
+            Execution {
+                generation,
+                id: execution_id,
+            },
+        ),
         _ => return Err(UpdateError::Invalid("not a snapshot update".into()).into()),
     };
     let _applying = w.update_lock.write().await;
-    updates::freeze(w, &sandbox, generation, execution_id, true).await?;
-    w.set_snapshot_frozen(&sandbox, generation, true);
+    updates::freeze(w, &sandbox, execution, true).await?;
+    w.set_snapshot_frozen(&sandbox, execution.generation, true);
     let Some(upper) = w
         .slot(&sandbox)
         .and_then(|s| s.record.handle.as_ref().map(|h| h.upper_dir.clone()))
