@@ -3,8 +3,8 @@
 use space_control::error::ControlError;
 use space_control::service::ControlPlane;
 use space_identity::{
-    Access, AccessSet, DenyReason, ExecutionId, InstalledKeys, Purpose, SandboxId, Substrate,
-    Timestamp, Token, verify_capability,
+    Access, AccessSet, DenyReason, ExecutionId, Generation, InstalledKeys, Purpose, SandboxId,
+    Substrate, Timestamp, Token, verify_capability,
 };
 use space_store::{ExecutionState, SandboxRecord, SandboxState, Store, WorkerRecord, WorkerState};
 
@@ -47,7 +47,7 @@ async fn sandbox_with_pending_execution(cp: &ControlPlane) -> SandboxRecord {
         expires_at: None,
         metadata: serde_json::json!({}),
         env: Default::default(),
-        generation: 0,
+        generation: Generation(0),
         limits: None,
     };
     cp.store.create_sandbox(&s).await.unwrap();
@@ -83,7 +83,7 @@ async fn capability_is_issued_only_for_an_execution_its_worker_acknowledged_runn
     cp.store
         .set_execution_state(
             &s.id,
-            1,
+            Generation(1),
             ExecutionState::Running,
             Some(ExecutionState::Pending),
             now(),
@@ -115,7 +115,7 @@ async fn issuer_refuses_invalid_access_and_port_combinations() {
     let (_dir, cp) = plane().await;
     let s = sandbox_with_pending_execution(&cp).await;
     cp.store
-        .set_execution_state(&s.id, 1, ExecutionState::Running, None, now())
+        .set_execution_state(&s.id, Generation(1), ExecutionState::Running, None, now())
         .await
         .unwrap();
     let port = AccessSet::of(&[Access::ServicePort]);
@@ -161,7 +161,7 @@ async fn rotation_publishes_the_new_key_before_signing_with_it_and_retires_the_o
     let (_dir, cp) = plane().await;
     let s = sandbox_with_pending_execution(&cp).await;
     cp.store
-        .set_execution_state(&s.id, 1, ExecutionState::Running, None, now())
+        .set_execution_state(&s.id, Generation(1), ExecutionState::Running, None, now())
         .await
         .unwrap();
     let exec = AccessSet::of(&[Access::Exec]);

@@ -14,7 +14,7 @@ use space_control::api::{self, AppState};
 use space_control::edge::{Authority, Edge};
 use space_control::limits::LimitsPolicy;
 use space_control::service::ControlPlane;
-use space_identity::{ExecutionId, SandboxId, Substrate};
+use space_identity::{ExecutionId, Generation, SandboxId, Substrate};
 use space_store::{ExecutionState, SandboxRecord, SandboxState, Store, WorkerRecord, WorkerState};
 use tower::ServiceExt as _;
 
@@ -70,7 +70,7 @@ impl Plane {
                 expires_at: None,
                 metadata: serde_json::json!({}),
                 env: Default::default(),
-                generation: 0,
+                generation: Generation(0),
                 limits: None,
             })
             .await

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use space_identity::{ExecutionId, SandboxId};
+use space_identity::{ExecutionId, Generation, SandboxId};
 use space_proto::client::AgentConnection;
 use space_proto::guest::Activation;
 
@@ -81,7 +81,7 @@ impl AgentProcess {
         let dir = tempfile::tempdir().expect("tempdir");
         let activation = Activation {
             sandbox: SandboxId::from_bytes(random()),
-            generation: 4,
+            generation: Generation(4),
             execution_id: ExecutionId::from_bytes(random()),
             activation: 2,
             secret: random(),

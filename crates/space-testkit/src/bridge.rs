@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use space_identity::{ExecutionId, SandboxId};
+use space_identity::{ExecutionId, Generation, SandboxId};
 use space_peer::{FileId, LiveProcess, ProcessIdentity};
 use space_proto::guest::Activation;
 use spaced_host::{BridgeSpec, BridgeTarget};
@@ -27,7 +27,7 @@ impl Proc {
 pub fn activation(exe: u8, secret: u8) -> Activation {
     Activation {
         sandbox: SandboxId::from_bytes([0x5b; 16]),
-        generation: 7,
+        generation: Generation(7),
         execution_id: ExecutionId::from_bytes([exe; 16]),
         activation: 1,
         secret: [secret; 32],

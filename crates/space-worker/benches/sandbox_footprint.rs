@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use space_identity::{ExecutionId, SandboxId};
+use space_identity::{ExecutionId, Generation, SandboxId};
 use space_proto::guest::{Activation, ExecSpec};
 use space_worker::daemon::launch::{self, Binaries, Layer};
 use space_worker::substrate::jail::{JailConfig, JailDriver};
@@ -37,7 +37,7 @@ fn launch_and_first_exec(
 ) -> (Launched, Duration) {
     let activation = Activation {
         sandbox: SandboxId::from_bytes(random()),
-        generation: 1,
+        generation: Generation(1),
         execution_id: ExecutionId::from_bytes(random()),
         activation: 1,
         secret: random(),

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use space_identity::{ExecutionId, SandboxId};
+use space_identity::{ExecutionId, Generation, SandboxId};
 use space_proto::client::AgentConnection;
 use space_proto::guest::{
     Activation, AgentBody, ExecSpec, ExitOutcome, Input, Operation, PtySize, WatchEvent,
@@ -73,7 +73,7 @@ fn start() -> Option<Running> {
     let data = tempfile::tempdir().unwrap();
     let activation = Activation {
         sandbox: SandboxId::from_bytes(random()),
-        generation: 3,
+        generation: Generation(3),
         execution_id: ExecutionId::from_bytes(random()),
         activation: 1,
         secret: random(),
@@ -222,7 +222,7 @@ fn kept_layer_carries_the_files_into_the_next_execution() {
         bridge: space_testkit::workspace_bin("spaced-host", "spaced-host"),
     };
     let next = Activation {
-        generation: 4,
+        generation: Generation(4),
         execution_id: ExecutionId::from_bytes(random()),
         secret: random(),
         ..r.activation.clone()

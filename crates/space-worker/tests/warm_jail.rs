@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use space_identity::{ExecutionId, SandboxId};
+use space_identity::{ExecutionId, Generation, SandboxId};
 use space_proto::client::AgentConnection;
 use space_proto::guest::{Activation, ExecSpec, ExitOutcome};
 use space_worker::daemon::launch::{self, Binaries, Layer, WarmBridge};
@@ -71,7 +71,7 @@ fn prelaunch(e: &Env) -> space_worker::substrate::jail::warm::WarmJail {
 fn activation() -> Activation {
     Activation {
         sandbox: SandboxId::from_bytes(random()),
-        generation: 1,
+        generation: Generation(1),
         execution_id: ExecutionId::from_bytes(random()),
         activation: 1,
         secret: random(),

@@ -308,8 +308,8 @@ fn assert_no_stray_bridge(c: &Cluster, w: &str, what: &str) {
 /// only if it holds that key.
 fn signed_by(c: &Cluster, cap: &serde_json::Value, key_id: &str) -> serde_json::Value {
     use space_identity::{
-        Access, AccessSet, CapabilitySigner, Claims, Execution, Generation, Placement, Purpose,
-        Route, Timestamp, TokenId,
+        Access, AccessSet, CapabilitySigner, Claims, Execution, Placement, Purpose, Route,
+        Timestamp, TokenId,
     };
     let conn = rusqlite::Connection::open(c.data_dir().join("control.db")).unwrap();
     let seed: Vec<u8> = conn
@@ -328,7 +328,7 @@ fn signed_by(c: &Cluster, cap: &serde_json::Value, key_id: &str) -> serde_json::
         route: Route {
             sandbox: view.sandbox,
             execution: Execution {
-                generation: Generation(view.generation),
+                generation: view.generation,
                 id: view.execution_id,
             },
             placement: Placement {

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use space_identity::{ExecutionId, SandboxId};
+use space_identity::{ExecutionId, Generation, SandboxId};
 use space_proto::client::AgentConnection;
 use space_proto::guest::{Activation, ExecSpec};
 
@@ -42,7 +42,7 @@ fn start_agent() -> Agent {
     let dir = tempfile::tempdir().expect("tempdir");
     let activation = Activation {
         sandbox: SandboxId::from_bytes(random()),
-        generation: 1,
+        generation: Generation(1),
         execution_id: ExecutionId::from_bytes(random()),
         activation: 1,
         secret: random(),

@@ -1,5 +1,6 @@
 //! The handshake proves which execution the agent serves.
 
+use space_identity::Generation;
 use space_proto::client::{AgentConnection, ClientError};
 use space_proto::codec;
 use space_proto::frame::{read_frame, write_frame};
@@ -19,7 +20,7 @@ fn handshake_proof_verifies_and_names_the_execution() {
     assert!(verify_proof(&agent.activation.secret, &nonce, ack));
     assert_eq!(ack.sandbox, agent.activation.sandbox);
     assert_eq!(ack.execution_id, agent.activation.execution_id);
-    assert_eq!(ack.generation, 4);
+    assert_eq!(ack.generation, Generation(4));
     assert_eq!(ack.activation, 2);
 }
 

@@ -6,7 +6,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::{Command, Stdio};
 
-use space_identity::{ExecutionId, SandboxId};
+use space_identity::{ExecutionId, Generation, SandboxId};
 use space_proto::client::AgentConnection;
 use space_proto::guest::{Activation, ExecSpec};
 use space_testkit::rng::random;
@@ -25,7 +25,7 @@ fn agent_serves_on_an_inherited_listener_with_an_activation_pipe() {
     let listener = UnixListener::bind(&socket).unwrap();
     let activation = Activation {
         sandbox: SandboxId::from_bytes(random()),
-        generation: 9,
+        generation: Generation(9),
         execution_id: ExecutionId::from_bytes(random()),
         activation: 1,
         secret: random(),
@@ -78,7 +78,7 @@ fn agent_refuses_to_start_on_a_descriptor_that_is_not_a_listener() {
     let act = dir.path().join("a.json");
     let activation = Activation {
         sandbox: SandboxId::from_bytes(random()),
-        generation: 1,
+        generation: Generation(1),
         execution_id: ExecutionId::from_bytes(random()),
         activation: 1,
         secret: random(),

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use space_identity::{PodUid, Substrate};
+use space_identity::{Generation, PodUid, Substrate};
 use space_store::{ExecutionState, SandboxState, StoreError};
 
 use crate::fixture::{self, Fixture, NOW, execution_id, sandbox_id, with_sandbox, worker_id};
@@ -11,40 +11,46 @@ pub async fn allocate_execution_gives_1_2_3_and_a_failed_execution_keeps_its_num
     let store = f.open().await;
     let id = with_sandbox(&store, 1).await;
     let w = worker_id("worker-a");
-    assert_eq!(store.get_sandbox(&id).await.unwrap().generation, 0);
+    assert_eq!(
+        store.get_sandbox(&id).await.unwrap().generation,
+        Generation(0)
+    );
 
     let first = store
         .allocate_execution(&id, execution_id(), &w, Substrate::Jail, NOW)
         .await
         .unwrap();
-    assert_eq!(first.generation, 1);
+    assert_eq!(first.generation, Generation(1));
     assert_eq!(first.state, ExecutionState::Pending);
     assert_eq!((first.activation, first.pod_uid), (1, None));
     assert_eq!((first.created_at, first.updated_at), (NOW, NOW));
 
     // The start fails: its number stays consumed.
     store
-        .set_execution_state(&id, 1, ExecutionState::Failed, None, NOW + 1)
+        .set_execution_state(&id, Generation(1), ExecutionState::Failed, None, NOW + 1)
         .await
         .unwrap();
     let second = store
         .allocate_execution(&id, execution_id(), &w, Substrate::Jail, NOW + 2)
         .await
         .unwrap();
-    assert_eq!(second.generation, 2);
+    assert_eq!(second.generation, Generation(2));
     let third = store
         .allocate_execution(&id, execution_id(), &w, Substrate::Jail, NOW + 3)
         .await
         .unwrap();
-    assert_eq!(third.generation, 3);
+    assert_eq!(third.generation, Generation(3));
 
-    assert_eq!(store.get_sandbox(&id).await.unwrap().generation, 3);
+    assert_eq!(
+        store.get_sandbox(&id).await.unwrap().generation,
+        Generation(3)
+    );
     let states: Vec<(u64, ExecutionState)> = store
         .list_executions(&id)
         .await
         .unwrap()
         .iter()
-        .map(|e| (e.generation, e.state))
+        .map(|e| (e.generation.get(), e.state))
         .collect();
     assert_eq!(
         states,
@@ -61,7 +67,7 @@ pub async fn allocate_execution_gives_1_2_3_and_a_failed_execution_keeps_its_num
         .allocate_execution(&other, execution_id(), &w, Substrate::Jail, NOW)
         .await
         .unwrap();
-    assert_eq!(e.generation, 1);
+    assert_eq!(e.generation, Generation(1));
 }
 
 pub async fn an_execution_id_used_twice_conflicts_and_consumes_no_generation(f: &Fixture) {
@@ -79,12 +85,15 @@ pub async fn an_execution_id_used_twice_conflicts_and_consumes_no_generation(f: 
         .await;
     assert!(matches!(res, Err(StoreError::Conflict(_))), "{res:?}");
     // The refused allocation rolled back with its increment.
-    assert_eq!(store.get_sandbox(&b).await.unwrap().generation, 0);
+    assert_eq!(
+        store.get_sandbox(&b).await.unwrap().generation,
+        Generation(0)
+    );
     let next = store
         .allocate_execution(&b, execution_id(), &w, Substrate::Jail, NOW)
         .await
         .unwrap();
-    assert_eq!(next.generation, 1);
+    assert_eq!(next.generation, Generation(1));
 }
 
 pub async fn a_stopped_or_missing_sandbox_gets_no_generation(f: &Fixture) {
@@ -99,7 +108,10 @@ pub async fn a_stopped_or_missing_sandbox_gets_no_generation(f: &Fixture) {
         .allocate_execution(&id, execution_id(), &w, Substrate::Jail, NOW)
         .await;
     assert!(matches!(res, Err(StoreError::Conflict(_))), "{res:?}");
-    assert_eq!(store.get_sandbox(&id).await.unwrap().generation, 0);
+    assert_eq!(
+        store.get_sandbox(&id).await.unwrap().generation,
+        Generation(0)
+    );
 
     let res = store
         .allocate_execution(&sandbox_id(99), execution_id(), &w, Substrate::Jail, NOW)
@@ -119,7 +131,7 @@ pub async fn execution_state_change_with_a_stale_expected_state_is_refused(f: &F
     store
         .set_execution_state(
             &id,
-            1,
+            Generation(1),
             ExecutionState::Running,
             Some(ExecutionState::Pending),
             NOW + 5,
@@ -129,14 +141,14 @@ pub async fn execution_state_change_with_a_stale_expected_state_is_refused(f: &F
     let stale = store
         .set_execution_state(
             &id,
-            1,
+            Generation(1),
             ExecutionState::Failed,
             Some(ExecutionState::Pending),
             NOW + 6,
         )
         .await;
     assert!(matches!(stale, Err(StoreError::Conflict(_))), "{stale:?}");
-    let stored = store.get_execution(&id, 1).await.unwrap();
+    let stored = store.get_execution(&id, Generation(1)).await.unwrap();
     assert_eq!(
         (stored.state, stored.updated_at),
         (ExecutionState::Running, NOW + 5)
@@ -144,7 +156,7 @@ pub async fn execution_state_change_with_a_stale_expected_state_is_refused(f: &F
 
     assert!(matches!(
         store
-            .set_execution_state(&id, 2, ExecutionState::Retired, None, NOW)
+            .set_execution_state(&id, Generation(2), ExecutionState::Retired, None, NOW)
             .await,
         Err(StoreError::NotFound(_))
     ));
@@ -163,23 +175,23 @@ pub async fn current_execution_ignores_failed_and_retired_executions(f: &Fixture
             .unwrap();
     }
     store
-        .set_execution_state(&id, 1, ExecutionState::Running, None, NOW)
+        .set_execution_state(&id, Generation(1), ExecutionState::Running, None, NOW)
         .await
         .unwrap();
     assert_eq!(current_generation(&store, &id).await, Some(3));
 
     store
-        .set_execution_state(&id, 3, ExecutionState::Failed, None, NOW)
+        .set_execution_state(&id, Generation(3), ExecutionState::Failed, None, NOW)
         .await
         .unwrap();
     assert_eq!(current_generation(&store, &id).await, Some(2));
     store
-        .set_execution_state(&id, 2, ExecutionState::Retired, None, NOW)
+        .set_execution_state(&id, Generation(2), ExecutionState::Retired, None, NOW)
         .await
         .unwrap();
     assert_eq!(current_generation(&store, &id).await, Some(1));
     store
-        .set_execution_state(&id, 1, ExecutionState::Retired, None, NOW)
+        .set_execution_state(&id, Generation(1), ExecutionState::Retired, None, NOW)
         .await
         .unwrap();
     assert_eq!(current_generation(&store, &id).await, None);
@@ -193,7 +205,7 @@ async fn current_generation(
         .current_execution(id)
         .await
         .unwrap()
-        .map(|e| e.generation)
+        .map(|e| e.generation.get())
 }
 
 pub async fn executions_on_worker_filters_by_state(f: &Fixture) {
@@ -214,17 +226,17 @@ pub async fn executions_on_worker_filters_by_state(f: &Fixture) {
         .await
         .unwrap();
     store
-        .set_execution_state(&a, 1, ExecutionState::Running, None, NOW)
+        .set_execution_state(&a, Generation(1), ExecutionState::Running, None, NOW)
         .await
         .unwrap();
     store
-        .set_execution_state(&b, 1, ExecutionState::Retired, None, NOW)
+        .set_execution_state(&b, Generation(1), ExecutionState::Retired, None, NOW)
         .await
         .unwrap();
 
     let keys = |v: Vec<space_store::ExecutionRecord>| -> Vec<(String, u64)> {
         v.into_iter()
-            .map(|e| (e.sandbox.to_string(), e.generation))
+            .map(|e| (e.sandbox.to_string(), e.generation.get()))
             .collect()
     };
     let all = store.executions_on_worker(&wa, &[]).await.unwrap();
@@ -265,17 +277,19 @@ pub async fn activation_and_pod_uid_updates_are_stored(f: &Fixture) {
         .unwrap();
     let pod: PodUid = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0".parse().unwrap();
     store
-        .set_execution_activation(&id, 1, 2, Some(pod), NOW + 9)
+        .set_execution_activation(&id, Generation(1), 2, Some(pod), NOW + 9)
         .await
         .unwrap();
-    let stored = store.get_execution(&id, 1).await.unwrap();
+    let stored = store.get_execution(&id, Generation(1)).await.unwrap();
     assert_eq!(
         (stored.activation, stored.pod_uid, stored.updated_at),
         (2, Some(pod), NOW + 9)
     );
     assert_eq!(stored.substrate, Substrate::Kubernetes);
     assert!(matches!(
-        store.set_execution_activation(&id, 2, 1, None, NOW).await,
+        store
+            .set_execution_activation(&id, Generation(2), 1, None, NOW)
+            .await,
         Err(StoreError::NotFound(_))
     ));
 }
@@ -314,10 +328,10 @@ pub async fn count_active_by_worker_counts_only_current_executions_of_live_sandb
                 .unwrap()
         }
     };
-    set(&ids[0], 1, ExecutionState::Running).await;
-    set(&ids[2], 1, ExecutionState::Retired).await;
-    set(&ids[2], 2, ExecutionState::Running).await;
-    set(&ids[4], 1, ExecutionState::Failed).await;
+    set(&ids[0], Generation(1), ExecutionState::Running).await;
+    set(&ids[2], Generation(1), ExecutionState::Retired).await;
+    set(&ids[2], Generation(2), ExecutionState::Running).await;
+    set(&ids[4], Generation(1), ExecutionState::Failed).await;
     store
         .set_sandbox_state(&ids[3], SandboxState::Stopped, None)
         .await
@@ -356,7 +370,7 @@ pub async fn two_control_planes_allocating_concurrently_for_one_sandbox_never_sh
     let mut generations = Vec::new();
     for t in tasks {
         let rec = t.await.expect("task").expect("allocate");
-        generations.push(rec.generation);
+        generations.push(rec.generation.get());
     }
 
     let distinct: BTreeSet<u64> = generations.iter().copied().collect();
@@ -372,7 +386,7 @@ pub async fn two_control_planes_allocating_concurrently_for_one_sandbox_never_sh
     );
     assert_eq!(
         plane_b.get_sandbox(&id).await.unwrap().generation,
-        (PER_PLANE * 2) as u64
+        Generation((PER_PLANE * 2) as u64)
     );
     let stored = plane_b.list_executions(&id).await.unwrap();
     assert_eq!(stored.len(), PER_PLANE * 2);

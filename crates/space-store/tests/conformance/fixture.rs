@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use space_identity::{ExecutionId, SandboxId, Substrate, WorkerId};
+use space_identity::{ExecutionId, Generation, SandboxId, Substrate, WorkerId};
 use space_store::testing::PgServer;
 use space_store::{SandboxRecord, SandboxState, Store, Tenant, WorkerRecord, WorkerState};
 
@@ -92,7 +92,7 @@ pub fn sandbox(n: u8, tenant: &str) -> SandboxRecord {
             ("LANG".into(), "C.UTF-8".into()),
             ("N".into(), n.to_string()),
         ]),
-        generation: 0,
+        generation: Generation(0),
         // Odd sandboxes carry limits, even ones are stored as before limits existed.
         limits: (n % 2 == 1).then_some(space_store::SandboxLimits {
             memory_bytes: u64::from(n) << 20,

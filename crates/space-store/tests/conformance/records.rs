@@ -1,6 +1,6 @@
 //! Tenants, API keys, workers, sandboxes, signing keys, bundles, settings, migrations.
 
-use space_identity::Substrate;
+use space_identity::{Generation, Substrate};
 use space_store::{
     ApiKeyRecord, KeyState, SandboxState, SigningKeyRecord, StoreError, WorkerState,
 };
@@ -102,7 +102,13 @@ pub async fn every_record_type_round_trips(f: &Fixture) {
         )
         .await
         .unwrap();
-    assert_eq!(store.get_execution(&sandbox_id(1), 1).await.unwrap(), exec);
+    assert_eq!(
+        store
+            .get_execution(&sandbox_id(1), Generation(1))
+            .await
+            .unwrap(),
+        exec
+    );
 
     let k1 = SigningKeyRecord {
         key_id: "key-1".into(),
@@ -170,7 +176,7 @@ pub async fn duplicate_ids_conflict_and_missing_references_are_not_found(f: &Fix
         Err(StoreError::NotFound(_))
     ));
     assert!(matches!(
-        store.get_execution(&sandbox_id(1), 1).await,
+        store.get_execution(&sandbox_id(1), Generation(1)).await,
         Err(StoreError::NotFound(_))
     ));
 
