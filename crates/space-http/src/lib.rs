@@ -14,7 +14,6 @@ use hyper::StatusCode;
 mod body;
 mod client;
 pub mod crash;
-pub mod patience;
 pub mod private_dir;
 mod server;
 pub mod stream;
