@@ -84,6 +84,10 @@ pub struct SoakReport {
     pub stale_execution: u64,
     /// Answers from another sandbox.
     pub cross_sandbox: u64,
+    /// Answers naming an execution the timeline never held for any sandbox (it lived
+    /// between two looks of the watcher): neither right nor cross-sandbox as far as the
+    /// soak can tell, and counted as failures.
+    pub unverified: u64,
     /// Acknowledged writes not found later.
     pub lost_writes: u64,
     /// Non-stream operations that got no complete answer.
@@ -137,6 +141,7 @@ impl SoakReport {
         self.ops > 0
             && self.reached
             && self.wrong_deliveries() == 0
+            && self.unverified == 0
             && self.lost_writes == 0
             && self.dropped == 0
             && self.failures_per_million() <= 2.0
@@ -177,6 +182,11 @@ impl SoakReport {
                 self.wrong_execution + self.stale_execution,
             ),
             zero("P9", "cross-sandbox deliveries", self.cross_sandbox),
+            zero(
+                "P9",
+                "answers of an execution never seen (unverified)",
+                self.unverified,
+            ),
             zero("P9", "acknowledged writes lost", self.lost_writes),
             zero("P9", "dropped non-stream connections", self.dropped),
             Row::new(
@@ -314,6 +324,14 @@ async fn soak(args: &SoakArgs, platform: &Arc<Platform>) -> Result<SoakReport, S
         Arc::clone(&churned),
         Arc::clone(&stop),
     ));
+    // Every execution a sandbox runs enters the timeline, also those the churner does
+    // not start itself (a restart after a worker died, the reconciler's).
+    let watcher = tokio::spawn(churn::watch(
+        admin.clone(),
+        Arc::clone(&sandboxes),
+        Arc::clone(&timeline),
+        Arc::clone(&stop),
+    ));
     let killer = args.kill_workers.then(|| {
         tokio::spawn(churn::kill_workers(
             Arc::clone(platform),
@@ -364,6 +382,7 @@ async fn soak(args: &SoakArgs, platform: &Arc<Platform>) -> Result<SoakReport, S
     if let Some(k) = killer {
         k.abort();
     }
+    let _ = watcher.await;
     tally.judge_deferred(&timeline);
     let mut added: Vec<f64> = Vec::new();
     let mut rebuilt_direct = 0;
@@ -407,6 +426,7 @@ async fn soak(args: &SoakArgs, platform: &Arc<Platform>) -> Result<SoakReport, S
         wrong_execution: tally.wrong_execution.load(Ordering::Relaxed) + edge.wrong_execution,
         stale_execution: tally.stale.load(Ordering::Relaxed),
         cross_sandbox: tally.cross_sandbox.load(Ordering::Relaxed),
+        unverified: tally.unverified.load(Ordering::Relaxed),
         lost_writes: tally.lost_writes.load(Ordering::Relaxed),
         dropped: tally.dropped.load(Ordering::Relaxed),
         streams: tally.streams.load(Ordering::Relaxed),
@@ -528,6 +548,10 @@ space_edge_rebuilt_added_seconds_bucket{le=\"+Inf\"} 10\n";
         for bad in [
             SoakReport {
                 cross_sandbox: 1,
+                ..ok.clone()
+            },
+            SoakReport {
+                unverified: 1,
                 ..ok.clone()
             },
             SoakReport {

@@ -46,6 +46,33 @@ pub async fn execution_of(admin: &Client, sbx: &SandboxId) -> Option<(String, Wo
     Some((e.execution_id.to_string(), e.worker))
 }
 
+/// How often [`watch`] looks at every sandbox's execution.
+const WATCH_EVERY: Duration = Duration::from_millis(100);
+
+/// Until `stop`, looks at every sandbox's current execution every [`WATCH_EVERY`] and
+/// enters a new one in the timeline (current from the look before it: it was
+/// acknowledged in between), so that executions nobody here started — a restart
+/// after an agent or a worker died, the reconciler's — are known when answers name
+/// them.
+pub async fn watch(
+    admin: Client,
+    sandboxes: Arc<Vec<SandboxId>>,
+    timeline: Arc<Timeline>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut looked = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(WATCH_EVERY).await;
+        let now = Instant::now();
+        for sbx in sandboxes.iter() {
+            if let Some((exe, _)) = execution_of(&admin, sbx).await {
+                timeline.seen(&sbx.to_string(), &exe, looked);
+            }
+        }
+        looked = now;
+    }
+}
+
 /// Churns until `stop`: of every four transitions, three are migrations and one a
 /// pause followed by a resume.
 pub async fn run(

@@ -31,6 +31,8 @@ enum Outcome {
     Stale(String),
     /// Another sandbox's execution or bytes.
     CrossSandbox(String),
+    /// An execution the timeline never held for any sandbox.
+    Unverified(String),
     /// A write that was acknowledged is not there.
     LostWrite(String),
     /// A stream ended by "execution replaced" (the identity rules' clear close).
@@ -52,6 +54,8 @@ pub struct Tally {
     pub stale: AtomicU64,
     /// Answers from another sandbox.
     pub cross_sandbox: AtomicU64,
+    /// Answers naming an execution the timeline never held for any sandbox.
+    pub unverified: AtomicU64,
     /// Acknowledged writes not found.
     pub lost_writes: AtomicU64,
     /// Non-stream operations without a complete answer.
@@ -95,7 +99,8 @@ impl Tally {
             let outcome = match timeline.judge(&d.sandbox, &d.execution, d.sent, d.answered) {
                 Verdict::Right => continue,
                 Verdict::Stale => Outcome::Stale(what),
-                Verdict::Foreign => Outcome::CrossSandbox(what),
+                Verdict::OtherSandbox => Outcome::CrossSandbox(what),
+                Verdict::Unknown => Outcome::Unverified(what),
             };
             // Counted as an operation already: only the failure is added.
             self.ops.fetch_sub(1, Ordering::Relaxed);
@@ -126,6 +131,10 @@ impl Tally {
             }
             Outcome::Stale(m) => (Some(&self.stale), format!("stale execution: {m}")),
             Outcome::CrossSandbox(m) => (Some(&self.cross_sandbox), format!("cross-sandbox: {m}")),
+            Outcome::Unverified(m) => (
+                Some(&self.unverified),
+                format!("unverified: an execution never seen: {m}"),
+            ),
             Outcome::LostWrite(m) => (Some(&self.lost_writes), format!("lost write: {m}")),
         };
         self.failures.fetch_add(1, Ordering::Relaxed);
@@ -258,6 +267,7 @@ fn judged(c: &Ctx, sbx: &SandboxId, a: &Answer, sent: Instant) -> Option<Outcome
                 let what = format!("{sandbox} answered by {x}");
                 return Some(match verdict {
                     Verdict::Stale => Outcome::Stale(what),
+                    Verdict::Unknown => Outcome::Unverified(what),
                     _ => Outcome::CrossSandbox(what),
                 });
             }
