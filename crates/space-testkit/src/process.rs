@@ -165,3 +165,92 @@ pub fn reset_peak(pid: i32) -> u64 {
 pub fn peak_growth(pid: i32, base: u64) -> u64 {
     (status_kib(pid, "VmHWM:") * 1024).saturating_sub(base)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Command, Stdio};
+    use std::time::Instant;
+
+    use super::*;
+
+    /// An argument no other process on the machine has.
+    fn unique_arg() -> String {
+        format!(
+            "{}.{}",
+            std::process::id(),
+            crate::rng::rand_u128() % 1_000_000
+        )
+    }
+
+    /// `sh -c script`, its stdout piped, killed when the test ends (also when it fails).
+    fn sh(script: &str) -> Proc {
+        Proc(
+            Command::new("sh")
+                .args(["-c", script])
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_child_that_honours_sigterm_is_stopped_by_it_within_its_grace() {
+        let mut p = sh("echo up; exec sleep 30");
+        assert_eq!(first_line(&mut p.0), "up");
+        let start = Instant::now();
+        stop(&mut p.0, Duration::from_secs(20));
+        assert!(start.elapsed() < Duration::from_secs(10));
+        let status = p.0.try_wait().unwrap().expect("reaped");
+        assert_eq!(status.signal(), Some(15), "{status:?}");
+    }
+
+    #[test]
+    fn a_child_that_ignores_sigterm_is_killed_once_its_grace_is_over() {
+        let mut p = sh("trap '' TERM; echo trapped; while :; do sleep 1; done");
+        assert_eq!(first_line(&mut p.0), "trapped");
+        let start = Instant::now();
+        stop(&mut p.0, Duration::from_millis(300));
+        assert!(start.elapsed() >= Duration::from_millis(300));
+        let status = p.0.try_wait().unwrap().expect("reaped");
+        assert_eq!(status.signal(), Some(9), "{status:?}");
+    }
+
+    #[test]
+    fn the_first_line_comes_without_its_end_and_the_rest_is_drained() {
+        // 1 MB after the first line: the child blocks on a full pipe unless drained.
+        let mut p = sh("echo first; head -c 1000000 /dev/zero");
+        assert_eq!(first_line(&mut p.0), "first");
+        let status = wait_exit(&mut p.0, Duration::from_secs(20)).expect("exited");
+        assert!(status.success(), "{status:?}");
+    }
+
+    #[test]
+    fn a_process_is_found_by_its_arguments_until_it_is_killed() {
+        let arg = unique_arg();
+        let mut p = Proc(Command::new("sleep").arg(&arg).spawn().unwrap());
+        let pid = p.0.id() as i32;
+        let found = wait_for(Duration::from_secs(5), Duration::from_millis(5), || {
+            find_pid(&["sleep", &arg])
+        });
+        assert_eq!(found, Some(pid));
+        assert_eq!(pid_of(&["sleep", &arg]), pid);
+        assert_eq!(pids_naming(&arg), vec![pid]);
+        assert_eq!(find_pid(&["sleep", &arg, "other"]), None);
+        kill9(pid);
+        // Killed, not reaped yet: no longer found.
+        let gone = wait_for(Duration::from_secs(5), Duration::from_millis(5), || {
+            find_pid(&["sleep", &arg]).is_none().then_some(())
+        });
+        assert_eq!(gone, Some(()));
+        assert_eq!(p.0.wait().unwrap().signal(), Some(9));
+    }
+
+    #[test]
+    fn a_dropped_proc_is_killed_and_reaped() {
+        let p = Proc(Command::new("sleep").arg(unique_arg()).spawn().unwrap());
+        let pid = p.0.id() as i32;
+        drop(p);
+        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
+    }
+}
