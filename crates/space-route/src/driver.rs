@@ -267,7 +267,10 @@ impl<G: Send + Sync + 'static> RouteDriver<G> {
     ///   elsewhere): nothing was sent, so this is no retry of the operation;
     /// - any other transport failure → one retry if the class allows it at that
     ///   progress (on a fresh resolve when nothing reached the worker, on the same
-    ///   route otherwise), else the attempt's error.
+    ///   route otherwise), else the attempt's error. A mutation or stream open cut off
+    ///   after it reached the worker is sent again only to the same execution: when
+    ///   its worker is then waited for and comes back with another execution (or none
+    ///   is named), the operation ends with the error — it may have run.
     pub async fn drive<R, T, F, Fut>(
         &self,
         resolver: &R,
@@ -284,6 +287,10 @@ impl<G: Send + Sync + 'static> RouteDriver<G> {
         let mut recovery = Recovery::new(class);
         let mut refreshed_at: Option<Instant> = None;
         let mut unreachable = Patience::new(resolver.patience());
+        // The route a mutation (or a stream open) was cut off on after it reached the
+        // worker: it may have run there, so it is sent again only to that same
+        // execution — a worker that restarted and re-adopted it — never to another.
+        let mut started_on: Option<RouteIdentity> = None;
         loop {
             let outcome = attempt(route.clone(), Arc::clone(&grant)).await;
             if !matches!(outcome, Attempt::RefreshRoute { .. }) {
@@ -300,20 +307,29 @@ impl<G: Send + Sync + 'static> RouteDriver<G> {
                 }
                 Attempt::Failed {
                     progress: Progress::NotStarted,
-                    ..
+                    error,
                 } if unreachable.patient() => {
                     unreachable.wait().await;
                     self.forget(&route.identity());
                     (route, grant) = self.fresh(resolver, sandbox).await?;
+                    if started_on.as_ref().is_some_and(|s| *s != route.identity()) {
+                        return Err(error);
+                    }
                 }
                 Attempt::Failed { error, progress } => {
                     if recovery.on_transport_failure(progress).is_err() {
                         return Err(error);
                     }
+                    if progress == Progress::Started && class != OperationClass::Read {
+                        started_on = Some(route.identity());
+                    }
                     if progress == Progress::NotStarted {
                         // It may have restarted under a new address: resolve afresh.
                         self.forget(&route.identity());
                         (route, grant) = self.fresh(resolver, sandbox).await?;
+                        if started_on.as_ref().is_some_and(|s| *s != route.identity()) {
+                            return Err(error);
+                        }
                     }
                 }
                 Attempt::RefreshRoute { reason, .. } => {

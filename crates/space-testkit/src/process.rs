@@ -93,6 +93,22 @@ pub fn pids_naming(needle: &str) -> Vec<i32> {
         .collect()
 }
 
+/// Every process whose environment holds `entry` (`NAME=value`, exactly): what a
+/// process tree was started with reaches every descendant that kept its environment,
+/// wherever it was reparented.
+pub fn pids_with_env(entry: &str) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|e| e == entry.as_bytes()))
+        })
+        .collect()
+}
+
 /// The PID of a live process (zombies excluded: a killed worker stays one until its
 /// supervisor reaps it) each of whose `words` is one of its arguments, or, for a path,
 /// the start of one (a data dir names every worker's dir below it).

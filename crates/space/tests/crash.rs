@@ -8,6 +8,8 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use space_client::{Client, Options};
+use space_identity::SandboxId;
 use space_testkit::cluster as support;
 use support::{Cluster, can_run_jails, find_pid, jail_pids_of, kill9};
 
@@ -836,4 +838,41 @@ fn a_migration_that_loses_both_ends_starts_again_where_the_files_are() {
             && now["execution"]["worker"] == "w1"
     });
     assert_eq!(get(&c, &id, "/root/f"), "acknowledged", "files lost");
+}
+
+/// A write through the edge whose worker dies after writing the file and before
+/// answering: the edge kept the (small) body, and the write carries an idempotency
+/// key, so the edge sends it again — once, to the same execution, which the restarted
+/// worker re-adopted — and the caller gets its answer instead of a 502.
+#[test]
+fn a_write_whose_worker_dies_before_answering_is_sent_again_to_the_same_execution() {
+    if !can_run_jails() {
+        return;
+    }
+    let crash = CrashPoints::new(&["worker.write.done"]);
+    let c = crash.start();
+    let id = c.create(&["--worker", "w1"]);
+    let before = c.sandbox(&id)["execution"].clone();
+    let old_pid = c.worker_pid("w1");
+    let sandbox: SandboxId = id.parse().unwrap();
+    let edge = Client::with_options(
+        &c.url,
+        &c.admin_key,
+        Options {
+            direct: false,
+            ..Options::default()
+        },
+    );
+    crash.arm("worker.write.done");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let written = rt.block_on(edge.write_file(&sandbox, "/root/f", &b"once"[..]));
+    assert!(crash.fired("worker.write.done"), "the worker did not die");
+    written.expect("the write is answered");
+    wait_restarted(&c, "w1", old_pid);
+    assert_eq!(get(&c, &id, "/root/f"), "once");
+    // Still the same execution: re-adopted, not replaced.
+    assert_eq!(c.sandbox(&id)["execution"], before);
 }

@@ -153,8 +153,17 @@ pub(crate) async fn write(
             *b = back;
         }
         match sent {
-            // A transport failure after bytes of the body left is never retried: the
-            // worker may have the file already.
+            // A body kept whole here can be sent again: the class decides (a write with
+            // an idempotency key, once, to the same execution — its worker killed and
+            // back with it re-adopted; see `RouteDriver::drive`).
+            Err(e) if !untouched && kept.is_some() => Attempt::Failed {
+                progress: Progress::Started,
+                error: ControlError::BadGateway(format!(
+                    "worker unreachable during the upload: {e}"
+                )),
+            },
+            // A streamed body cut off after bytes of it left is never sent again: it is
+            // gone, and the worker may have the file already.
             Err(e) if !untouched => Attempt::Done(Err(ControlError::BadGateway(format!(
                 "worker unreachable during the upload: {e}"
             )))),

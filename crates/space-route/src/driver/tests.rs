@@ -153,9 +153,12 @@ async fn a_repair_that_resolved_late_does_not_evict_a_newer_route_a_concurrent_r
         let (plane, driver) = (Arc::clone(&plane), Arc::clone(&driver));
         async move {
             driver
-                .drive(&*plane, &sandbox(), OperationClass::Read, |r, _| async move {
-                    worker_serving(2, &r)
-                })
+                .drive(
+                    &*plane,
+                    &sandbox(),
+                    OperationClass::Read,
+                    |r, _| async move { worker_serving(2, &r) },
+                )
                 .await
         }
     });
@@ -190,9 +193,12 @@ async fn concurrent_refreshes_of_one_sandbox_share_one_resolve() {
             let (plane, driver) = (Arc::clone(&plane), Arc::clone(&driver));
             tokio::spawn(async move {
                 driver
-                    .drive(&*plane, &sandbox(), OperationClass::Read, |r, _| async move {
-                        worker_serving(2, &r)
-                    })
+                    .drive(
+                        &*plane,
+                        &sandbox(),
+                        OperationClass::Read,
+                        |r, _| async move { worker_serving(2, &r) },
+                    )
                     .await
             })
         })
@@ -212,7 +218,10 @@ async fn a_refresh_route_gets_exactly_one_rebuilt_attempt_and_a_second_one_is_an
     // The sandbox keeps moving: every route the attempt gets is already stale.
     let result = driver
         .drive(&plane, &sandbox(), OperationClass::Read, |r, _| {
-            assert!(attempts.fetch_add(1, Ordering::SeqCst) < 5, "attempts go on");
+            assert!(
+                attempts.fetch_add(1, Ordering::SeqCst) < 5,
+                "attempts go on"
+            );
             plane.moves_to(generation_of(&r) + 1);
             async move { worker_serving(0, &r) }
         })
@@ -232,8 +241,7 @@ async fn a_refresh_route_gets_exactly_one_rebuilt_attempt_and_a_second_one_is_an
 }
 
 #[tokio::test]
-async fn a_repair_that_resolves_the_rejected_route_again_is_an_error_without_a_second_attempt()
-{
+async fn a_repair_that_resolves_the_rejected_route_again_is_an_error_without_a_second_attempt() {
     let plane = Plane::at(1);
     let driver = warmed(&plane).await;
     let attempts = AtomicUsize::new(0);
@@ -262,9 +270,12 @@ async fn the_repair_asks_with_the_rebuilt_flag_and_keeps_the_entrys_original_exp
     lock(&driver.routes).insert(first.route, Arc::new(1), first.until, now());
     plane.moves_to(2);
     let got = driver
-        .drive(&plane, &sandbox(), OperationClass::Read, |r, _| async move {
-            worker_serving(2, &r)
-        })
+        .drive(
+            &plane,
+            &sandbox(),
+            OperationClass::Read,
+            |r, _| async move { worker_serving(2, &r) },
+        )
         .await;
     assert_eq!(got, Ok(2));
     // The only resolve was the repair's, flagged; the plane gave it an hour, the
@@ -322,11 +333,19 @@ async fn a_worker_refusing_connections_is_waited_for_within_the_patience_and_no_
         .await
         .expect("the wait is bounded");
     assert_eq!(got, Err(Failure::Worker("refused")));
-    assert!(start.elapsed() <= Duration::from_secs(2), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() <= Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
     // Each pause resolved afresh; after the budget, the one transport retry.
     let n = attempts.load(Ordering::SeqCst);
     assert!(n >= 5, "{n} attempts");
-    assert_eq!(plane.resolves.load(Ordering::SeqCst), n, "one warm-up, one per retry");
+    assert_eq!(
+        plane.resolves.load(Ordering::SeqCst),
+        n,
+        "one warm-up, one per retry"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -363,7 +382,10 @@ async fn a_started_mutation_without_an_idempotency_key_is_never_retried() {
     };
     let got = driver
         .drive(&plane, &sandbox(), class, |_, _| {
-            assert!(attempts.fetch_add(1, Ordering::SeqCst) < 5, "attempts go on");
+            assert!(
+                attempts.fetch_add(1, Ordering::SeqCst) < 5,
+                "attempts go on"
+            );
             async {
                 Attempt::<u64, _>::Failed {
                     error: Failure::Worker("cut"),
@@ -383,7 +405,10 @@ async fn a_read_cut_short_is_retried_once_on_the_same_route() {
     let attempts = AtomicUsize::new(0);
     let got = driver
         .drive(&plane, &sandbox(), OperationClass::Read, |r, _| {
-            assert!(attempts.fetch_add(1, Ordering::SeqCst) < 5, "attempts go on");
+            assert!(
+                attempts.fetch_add(1, Ordering::SeqCst) < 5,
+                "attempts go on"
+            );
             assert_eq!(generation_of(&r), 1);
             async {
                 Attempt::<u64, _>::Failed {
@@ -442,4 +467,64 @@ fn settling_an_attempt_takes_each_outcome_as_final() {
         progress: Progress::NotStarted,
     };
     assert_eq!(failed.settle(), Err(Failure::Worker("refused")));
+}
+
+/// A keyed mutation cut off after it reached the worker, whose worker then refuses
+/// connections (killed, restarting) for `refusals` attempts, while the control plane
+/// names generation `after` from the cut on. Returns the result and the generations
+/// the attempts went to.
+async fn cut_off_then_restarted(refusals: usize, after: u64) -> (Result<u64, Failure>, Vec<u64>) {
+    let plane = Plane::at(1);
+    let driver = warmed(&plane).await;
+    let sent = Mutex::new(Vec::new());
+    let class = OperationClass::Mutation {
+        idempotency_key: true,
+    };
+    let got = driver
+        .drive(&plane, &sandbox(), class, |r, _| {
+            let n = {
+                let mut sent = lock(&sent);
+                sent.push(generation_of(&r));
+                sent.len()
+            };
+            assert!(n < 50, "attempts go on");
+            let plane = &plane;
+            async move {
+                if n == 1 {
+                    plane.moves_to(after);
+                    Attempt::Failed {
+                        error: Failure::Worker("cut"),
+                        progress: Progress::Started,
+                    }
+                } else if n <= 1 + refusals {
+                    Attempt::Failed {
+                        error: Failure::Worker("refused"),
+                        progress: Progress::NotStarted,
+                    }
+                } else {
+                    worker_serving(1, &r)
+                }
+            }
+        })
+        .await;
+    let sent = lock(&sent).clone();
+    (got, sent)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_mutation_cut_off_by_its_workers_death_is_sent_again_only_to_the_same_execution() {
+    // The worker comes back with the execution re-adopted: the operation is served
+    // there (its idempotency key lets the worker tell a repeat).
+    let (got, sent) = cut_off_then_restarted(3, 1).await;
+    assert_eq!(got, Ok(1));
+    assert!(sent.iter().all(|g| *g == 1), "{sent:?}");
+    // The sandbox was started again as another execution meanwhile: the mutation may
+    // have run on the first, so it is not sent to the second.
+    let (got, sent) = cut_off_then_restarted(3, 2).await;
+    assert_eq!(got, Err(Failure::Worker("refused")));
+    assert!(!sent.contains(&2), "{sent:?}");
+    // Also when the worker answers the very next attempt's connection refused (no wait).
+    let (got, sent) = cut_off_then_restarted(1, 2).await;
+    assert_eq!(got, Err(Failure::Worker("refused")));
+    assert!(!sent.contains(&2), "{sent:?}");
 }

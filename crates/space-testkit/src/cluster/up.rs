@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::http::http;
 use crate::bin::workspace_bins;
-use crate::process::{first_line, kill9, pid_of, pids_naming, stop, wait_exit};
+use crate::process::{first_line, kill9, pid_of, pids_naming, pids_with_env, stop, wait_exit};
 use crate::wait::wait_for;
 
 /// Warm jails per worker in test clusters: enough that creates in tests go through
@@ -46,6 +46,9 @@ pub struct Cluster {
     /// The admin API key.
     pub admin_key: String,
     env: Vec<(String, String)>,
+    /// The workers' cgroup parents, as seen once they were up: the clean-up of a
+    /// failed test kills what is left in them.
+    cgroups: Vec<String>,
 }
 
 impl Cluster {
@@ -66,6 +69,7 @@ impl Cluster {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            cgroups: Vec::new(),
         };
         c.boot();
         c
@@ -93,6 +97,9 @@ impl Cluster {
             .env("SPACE_WARM_POOL", TEST_WARM_POOL)
             // No standby sandboxes unless a test asks: creates stay where tests put them.
             .env("SPACE_STANDBY", "0")
+            // Marks every process of this cluster, bridges and jails included, for the
+            // clean-up of a test that failed with a worker crashed (see `Drop`).
+            .env(MARK, self.data_dir())
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -109,6 +116,11 @@ impl Cluster {
             .trim()
             .to_owned();
         self.wait_for_workers(2);
+        for parent in cgroup_parents(&pids_naming(&self.data_dir().display().to_string())) {
+            if !self.cgroups.contains(&parent) {
+                self.cgroups.push(parent);
+            }
+        }
     }
 
     /// Waits until `n` workers are registered and active.
@@ -305,9 +317,69 @@ fn metric(base: &str, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The environment variable naming, in every process of a cluster, its data dir.
+const MARK: &str = "SPACE_TEST_CLUSTER";
+
+/// The cgroup parents (`--cgroup-parent`) of the running processes among `pids`.
+fn cgroup_parents(pids: &[i32]) -> Vec<String> {
+    let mut out = Vec::new();
+    for pid in pids {
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        for w in args.windows(2) {
+            if w[0] == b"--cgroup-parent" {
+                if let Ok(p) = std::str::from_utf8(w[1]) {
+                    if !p.is_empty() && !p.contains('/') && !out.iter().any(|o| o == p) {
+                        out.push(p.to_owned());
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Kills every process in the cgroups below `parent` (each hierarchy of
+/// `/sys/fs/cgroup`, and the unified one), thawing a frozen one first: a frozen task
+/// dies of SIGKILL only once thawed.
+fn kill_cgroups_below(parent: &str) {
+    let mut roots = vec![std::path::PathBuf::from("/sys/fs/cgroup")];
+    if let Ok(dir) = std::fs::read_dir("/sys/fs/cgroup") {
+        roots.extend(dir.flatten().map(|e| e.path()));
+    }
+    for root in roots {
+        let Ok(groups) = std::fs::read_dir(root.join(parent)) else {
+            continue;
+        };
+        for g in groups.flatten().filter(|g| g.path().is_dir()) {
+            let _ = std::fs::write(g.path().join("freezer.state"), "THAWED");
+            let _ = std::fs::write(g.path().join("cgroup.freeze"), "0");
+            if let Ok(procs) = std::fs::read_to_string(g.path().join("cgroup.procs")) {
+                for pid in procs.lines().filter_map(|l| l.parse().ok()) {
+                    kill9(pid);
+                }
+            }
+        }
+    }
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
+        let data = self.data_dir();
         self.stop();
+        // A worker that crashed (a crash point, a kill) leaves jails and bridges that
+        // no worker stopped when the test failed before it was back: nothing of this
+        // cluster outlives it — bridges carry the cluster's mark in their environment,
+        // jails are found by their workers' cgroups.
+        let mark = format!("{MARK}={}", data.display());
+        for pid in pids_with_env(&mark) {
+            kill9(pid);
+        }
+        for parent in &self.cgroups {
+            kill_cgroups_below(parent);
+        }
         // A worker that crashed keeps its disk volume mounted (its jails may live on,
         // and its next start uses it): detached here, so that the data dir can go.
         if let Ok(workers) = std::fs::read_dir(self.data_dir().join("workers")) {

@@ -83,7 +83,12 @@ pub(crate) async fn write_file(
                 // answered from the record without reading its body.
                 let run = move || async move {
                     match write(&slot, path, body).await {
-                        Ok(resp) => with_execution(resp, &slot),
+                        Ok(resp) => {
+                            // Written and not yet answered: a worker killed here leaves
+                            // its caller without the answer of a write that was done.
+                            space_http::crash::crash_point("worker.write.done");
+                            with_execution(resp, &slot)
+                        }
                         Err(r) => r.into_response(),
                     }
                 };
