@@ -320,8 +320,17 @@ impl<G: Send + Sync + 'static> RouteDriver<G> {
                     if recovery.on_transport_failure(progress).is_err() {
                         return Err(error);
                     }
-                    if progress == Progress::Started && class != OperationClass::Read {
-                        started_on = Some(route.identity());
+                    if progress == Progress::Started {
+                        if class != OperationClass::Read {
+                            started_on = Some(route.identity());
+                        }
+                        // A connection that broke is often a worker dying: its listening
+                        // socket may still take a connection for a moment, which would
+                        // break the retry too. After a pause it refuses (and is waited
+                        // for) or it is back.
+                        if unreachable.patient() {
+                            unreachable.wait().await;
+                        }
                     }
                     if progress == Progress::NotStarted {
                         // It may have restarted under a new address: resolve afresh.
