@@ -426,7 +426,7 @@ async fn stream(c: &Ctx, sbx: &SandboxId) -> Outcome {
                         String::from_utf8_lossy(&out)
                     )));
                 }
-                Err(Error::Stream(m)) if m.contains("(4001)") => {
+                Err(Error::Closed { code: 4001, .. }) => {
                     return Err(Outcome::StreamReplaced);
                 }
                 Err(e) => return Err(Outcome::Failed(format!("stream: {e}"))),
