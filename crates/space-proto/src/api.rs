@@ -690,12 +690,49 @@ pub struct UpdateBody {
     pub update: Update,
 }
 
+/// What an update came to at the worker (`UpdateAck.state`; on the wire its lowercase
+/// name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum AckState {
+    /// The execution runs (an install, a resume or an unfreeze).
+    Running,
+    /// The execution is frozen in place.
+    Paused,
+    /// The execution is retired (a tombstone is kept).
+    Retired,
+    /// A bundle or a layer is installed.
+    Installed,
+    /// The install failed (`message` says why).
+    Failed,
+}
+
+impl AckState {
+    /// Its wire form.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Paused => "paused",
+            Self::Retired => "retired",
+            Self::Installed => "installed",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+impl std::fmt::Display for AckState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The worker's acknowledgement, sent only after the update is durable.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct UpdateAck {
-    /// `running`, `paused`, `retired`, `installed` (bundle) or `failed`.
-    pub state: String,
+    /// What the update came to.
+    pub state: AckState,
     /// For a failed install, why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,

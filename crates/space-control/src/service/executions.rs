@@ -2,7 +2,7 @@
 //! resuming it in place, stopping a sandbox, retiring an execution.
 
 use space_identity::ExecutionId;
-use space_proto::api::Update;
+use space_proto::api::{AckState, Update};
 use space_store::{ExecutionRecord, ExecutionState, SandboxRecord, SandboxState, WorkerRecord};
 
 use super::channel::install_of;
@@ -46,7 +46,7 @@ impl ControlPlane {
                 .reported_warm(worker, ready);
         }
         match outcome {
-            Ok(ack) if ack.state == "running" => {
+            Ok(ack) if ack.state == AckState::Running => {
                 // This worker holds the sandbox's files from now on (the one before it
                 // drops its copy only when its execution is retired, after this).
                 self.store
@@ -82,7 +82,7 @@ impl ControlPlane {
                     )
                     .await;
                 let why = match other {
-                    Ok(ack) => ack.message.unwrap_or(ack.state),
+                    Ok(ack) => ack.message.unwrap_or_else(|| ack.state.to_string()),
                     Err(e) => e.to_string(),
                 };
                 tracing::warn!(sandbox = %s.id, generation = exe.generation.get(), worker = %worker, reason = %why, "execution failed to start");
@@ -159,7 +159,11 @@ impl ControlPlane {
             }
         };
         let ack = self.deliver(&w, update).await?;
-        let expected = if pause { "paused" } else { "running" };
+        let expected = if pause {
+            AckState::Paused
+        } else {
+            AckState::Running
+        };
         if ack.state != expected {
             return Err(ControlError::BadGateway(format!(
                 "worker answered {}",

@@ -113,3 +113,29 @@ fn a_421_body_gives_its_refresh_reason_and_anything_else_not_running() {
         assert_eq!(refresh_reason(unknown), RefreshReason::NotRunning);
     }
 }
+
+#[test]
+fn an_ack_state_travels_as_the_lowercase_name_it_always_had_and_nothing_else_parses() {
+    for (state, text) in [
+        (AckState::Running, "running"),
+        (AckState::Paused, "paused"),
+        (AckState::Retired, "retired"),
+        (AckState::Installed, "installed"),
+        (AckState::Failed, "failed"),
+    ] {
+        assert_eq!(state.as_str(), text);
+        let ack = UpdateAck {
+            state,
+            message: None,
+            bundle_version: 3,
+            warm_ready: None,
+        };
+        let json = serde_json::to_string(&ack).unwrap();
+        assert_eq!(json, format!(r#"{{"state":"{text}","bundle_version":3}}"#));
+        assert_eq!(serde_json::from_str::<UpdateAck>(&json).unwrap(), ack);
+    }
+    for bad in ["Running", "stopped", ""] {
+        let json = format!(r#"{{"state":"{bad}","bundle_version":3}}"#);
+        assert!(serde_json::from_str::<UpdateAck>(&json).is_err(), "{bad}");
+    }
+}

@@ -7,8 +7,8 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use space_identity::{Execution, SandboxId, SignedKeyBundle};
 use space_proto::api::{
-    InstallExecution, SignedUpdate, UPDATE_CLOCK_SKEW_SECS, UPDATE_MAX_AGE_SECS, Update, UpdateAck,
-    UpdateBody,
+    AckState, InstallExecution, SignedUpdate, UPDATE_CLOCK_SKEW_SECS, UPDATE_MAX_AGE_SECS, Update,
+    UpdateAck, UpdateBody,
 };
 
 use super::launch;
@@ -243,9 +243,9 @@ fn bundle_version(worker: &Worker) -> u64 {
         .unwrap_or(0)
 }
 
-fn ack(worker: &Worker, state: &str, message: Option<String>) -> UpdateAck {
+fn ack(worker: &Worker, state: AckState, message: Option<String>) -> UpdateAck {
     UpdateAck {
-        state: state.to_owned(),
+        state,
         message,
         bundle_version: bundle_version(worker),
         warm_ready: Some(u32::try_from(worker.warm.ready()).unwrap_or(u32::MAX)),
@@ -282,7 +282,7 @@ pub async fn apply(
                     .map_err(|e| internal(e.to_string()))?;
                 *worker.keys.write().map_err(|_| internal("poisoned"))? = Some(staged);
             }
-            Ok(ack(worker, "installed", None))
+            Ok(ack(worker, AckState::Installed, None))
         }
         Update::Retire {
             sandbox,
@@ -295,7 +295,7 @@ pub async fn apply(
                 id: execution_id,
             };
             retire_local(worker, &sandbox, execution).await;
-            Ok(ack(worker, "retired", None))
+            Ok(ack(worker, AckState::Retired, None))
         }
         Update::Install(install) => {
             let _turn = worker.lock_sandbox(&install.sandbox).await;
@@ -362,9 +362,9 @@ pub(crate) async fn freeze(
         worker.set_snapshot_frozen(sandbox, execution.generation, false);
     }
     let (from, to, done) = if pause {
-        (RecordState::Running, RecordState::Paused, "paused")
+        (RecordState::Running, RecordState::Paused, AckState::Paused)
     } else {
-        (RecordState::Paused, RecordState::Running, "running")
+        (RecordState::Paused, RecordState::Running, AckState::Running)
     };
     if slot.record.state == to {
         return Ok(ack(worker, done, None));
@@ -504,9 +504,9 @@ async fn install_execution(
             let r = &slot.record;
             if r.execution() == i.execution() {
                 let state = match r.state {
-                    RecordState::Running | RecordState::Paused => "running",
-                    RecordState::Retired => "retired",
-                    _ => "failed",
+                    RecordState::Running | RecordState::Paused => AckState::Running,
+                    RecordState::Retired => AckState::Retired,
+                    _ => AckState::Failed,
                 };
                 return Ok(ack(worker, state, None));
             }
@@ -593,7 +593,7 @@ async fn install_execution(
             super::agent_watch::watch_agent(worker, &record);
             worker.put_slot(record, Some(pool));
             worker.metrics.launched();
-            Ok(ack(worker, "running", None))
+            Ok(ack(worker, AckState::Running, None))
         }
         Err(e) => {
             record.state = RecordState::Failed;
@@ -601,7 +601,7 @@ async fn install_execution(
             let _ = worker.records.put(&record);
             worker.put_slot(record, None);
             tracing::warn!(sandbox = %i.sandbox, generation = i.generation.get(), error = %e, "launch failed");
-            Ok(ack(worker, "failed", Some(e.to_string())))
+            Ok(ack(worker, AckState::Failed, Some(e.to_string())))
         }
     }
 }

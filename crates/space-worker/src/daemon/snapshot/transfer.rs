@@ -152,7 +152,7 @@ pub async fn keep(
     .await;
     match result {
         Ok(Ok(())) => Ok(UpdateAck {
-            state: "installed".into(),
+            state: space_proto::api::AckState::Installed,
             message: None,
             warm_ready: None,
             bundle_version: w
