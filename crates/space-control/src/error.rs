@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use space_identity::{DenyReason, RecoveryError};
+pub use space_proto::codes::ErrorCode;
 use space_store::StoreError;
 
 /// An error of the control plane's service or of the edge.
@@ -183,138 +184,9 @@ impl ControlError {
     }
 }
 
-macro_rules! codes {
-    ($($(#[$doc:meta])* $variant:ident => $text:literal,)+) => {
-        /// The stable codes of error answers (`{"error": code, …}`).
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-        pub enum ErrorCode {
-            $($(#[$doc])* $variant,)+
-        }
-
-        impl ErrorCode {
-            /// Every code.
-            pub const ALL: &'static [ErrorCode] = &[$(ErrorCode::$variant,)+];
-
-            /// Its wire form.
-            pub const fn as_str(self) -> &'static str {
-                match self {
-                    $(ErrorCode::$variant => $text,)+
-                }
-            }
-        }
-    };
-}
-
-codes! {
-    /// Malformed input.
-    BadRequest => "bad_request",
-    /// Limits out of range.
-    InvalidLimits => "invalid_limits",
-    /// No valid key.
-    Unauthorized => "unauthorized",
-    /// Not allowed.
-    Forbidden => "forbidden",
-    /// A capability denied, with its reason.
-    Deny => "deny",
-    /// Nothing there (for this caller).
-    NotFound => "not_found",
-    /// In conflict with the state.
-    Conflict => "conflict",
-    /// No running execution.
-    NotRunning => "not_running",
-    /// Paused (a worker's answer while its sandbox is frozen).
-    Paused => "paused",
-    /// A stored snapshot that fails its digest.
-    SnapshotCorrupt => "snapshot_corrupt",
-    /// Over a size limit.
-    TooLarge => "too_large",
-    /// Over the tenant's sandbox quota.
-    QuotaExceeded => "quota_exceeded",
-    /// A transition outlasted the wait.
-    Transitioning => "transitioning",
-    /// Not available now.
-    Unavailable => "unavailable",
-    /// A stale route that could not be recovered.
-    RouteUnavailable => "route_unavailable",
-    /// A worker or control plane failed.
-    BadGateway => "bad_gateway",
-    /// An answer from another execution.
-    WrongExecution => "wrong_execution",
-    /// Our own failure.
-    Internal => "internal",
-    /// Not served by a standalone edge.
-    NotHere => "not_here",
-}
-
-impl ErrorCode {
-    /// The code the edge passes on for `code`, read from another daemon's error
-    /// answer: the codes a client of the edge may act on are kept, any other (or an
-    /// unknown one) becomes `bad_gateway`. The one map for every relayed answer.
-    pub fn relayed(code: &str) -> Self {
-        const KEPT: [ErrorCode; 9] = [
-            ErrorCode::BadRequest,
-            ErrorCode::Unauthorized,
-            ErrorCode::Forbidden,
-            ErrorCode::Deny,
-            ErrorCode::NotFound,
-            ErrorCode::Conflict,
-            ErrorCode::NotRunning,
-            ErrorCode::Paused,
-            ErrorCode::Transitioning,
-        ];
-        KEPT.into_iter()
-            .find(|c| c.as_str() == code)
-            .unwrap_or(ErrorCode::BadGateway)
-    }
-}
-
-impl std::fmt::Display for ErrorCode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_code_has_its_own_wire_form() {
-        let mut seen = std::collections::BTreeSet::new();
-        for c in ErrorCode::ALL {
-            assert!(seen.insert(c.as_str()), "{c:?} repeats {}", c.as_str());
-        }
-    }
-
-    #[test]
-    fn a_relayed_answer_keeps_the_codes_a_client_acts_on_and_hides_the_rest() {
-        for kept in [
-            "bad_request",
-            "unauthorized",
-            "forbidden",
-            "deny",
-            "not_found",
-            "conflict",
-            "not_running",
-            "paused",
-            "transitioning",
-        ] {
-            assert_eq!(ErrorCode::relayed(kept).as_str(), kept);
-        }
-        for hidden in [
-            "internal",
-            "quota_exceeded",
-            "refresh_route",
-            "",
-            "NOT_FOUND",
-        ] {
-            assert_eq!(
-                ErrorCode::relayed(hidden),
-                ErrorCode::BadGateway,
-                "{hidden}"
-            );
-        }
-    }
 
     #[test]
     fn a_recovery_that_was_denied_stays_a_deny_and_any_other_is_a_lost_route() {

@@ -11,6 +11,7 @@
 pub mod api;
 pub mod client;
 pub mod codec;
+pub mod codes;
 pub mod frame;
 pub mod guest;
 #[cfg(feature = "openapi")]

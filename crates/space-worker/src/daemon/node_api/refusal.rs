@@ -6,6 +6,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use space_identity::{DenyReason, RefreshReason};
 use space_proto::api::ErrorBody;
+use space_proto::codes::WorkerCode;
 use space_proto::guest::{ErrorKind, WireError};
 
 use crate::daemon::snapshot::transfer::TransferError;
@@ -116,70 +117,94 @@ fn update_status(e: &UpdateError) -> StatusCode {
 }
 
 /// The status and code of an agent's refusal.
-fn agent_status(kind: ErrorKind) -> (StatusCode, &'static str) {
+fn agent_status(kind: ErrorKind) -> (StatusCode, WorkerCode) {
     match kind {
-        ErrorKind::NotFound => (StatusCode::NOT_FOUND, "not_found"),
-        ErrorKind::PermissionDenied => (StatusCode::FORBIDDEN, "permission_denied"),
-        ErrorKind::IsADirectory => (StatusCode::BAD_REQUEST, "is_a_directory"),
-        ErrorKind::NotADirectory => (StatusCode::BAD_REQUEST, "not_a_directory"),
-        ErrorKind::AlreadyExists => (StatusCode::CONFLICT, "already_exists"),
-        ErrorKind::InvalidArgument => (StatusCode::BAD_REQUEST, "invalid_argument"),
-        ErrorKind::Busy => (StatusCode::SERVICE_UNAVAILABLE, "busy"),
-        ErrorKind::NoSpace => (StatusCode::INSUFFICIENT_STORAGE, "no_space"),
-        _ => (StatusCode::BAD_GATEWAY, "agent"),
+        ErrorKind::NotFound => (StatusCode::NOT_FOUND, WorkerCode::NotFound),
+        ErrorKind::PermissionDenied => (StatusCode::FORBIDDEN, WorkerCode::PermissionDenied),
+        ErrorKind::IsADirectory => (StatusCode::BAD_REQUEST, WorkerCode::IsADirectory),
+        ErrorKind::NotADirectory => (StatusCode::BAD_REQUEST, WorkerCode::NotADirectory),
+        ErrorKind::AlreadyExists => (StatusCode::CONFLICT, WorkerCode::AlreadyExists),
+        ErrorKind::InvalidArgument => (StatusCode::BAD_REQUEST, WorkerCode::InvalidArgument),
+        ErrorKind::Busy => (StatusCode::SERVICE_UNAVAILABLE, WorkerCode::Busy),
+        ErrorKind::NoSpace => (StatusCode::INSUFFICIENT_STORAGE, WorkerCode::NoSpace),
+        _ => (StatusCode::BAD_GATEWAY, WorkerCode::Agent),
     }
 }
 
 impl Refusal {
     /// Status, code, message and reason: the whole answer.
-    fn parts(&self) -> (StatusCode, &'static str, String, Option<&'static str>) {
+    fn parts(&self) -> (StatusCode, WorkerCode, String, Option<&'static str>) {
         use StatusCode as S;
         match self {
             Self::NoCapability => (
                 S::UNAUTHORIZED,
-                "unauthorized",
+                WorkerCode::Unauthorized,
                 "a SpaceCap capability is required".into(),
                 None,
             ),
             Self::UnparseableCapability(r) => (
                 S::UNAUTHORIZED,
-                "unauthorized",
+                WorkerCode::Unauthorized,
                 "unparseable capability".into(),
                 Some(r.as_str()),
             ),
-            Self::Deny(r) => (S::FORBIDDEN, "deny", "denied".into(), Some(r.as_str())),
+            Self::Deny(r) => (
+                S::FORBIDDEN,
+                WorkerCode::Deny,
+                "denied".into(),
+                Some(r.as_str()),
+            ),
             Self::RefreshRoute(stale) => (
                 S::MISDIRECTED_REQUEST,
-                "refresh_route",
+                WorkerCode::RefreshRoute,
                 stale.message().into(),
                 Some(stale.reason()),
             ),
             Self::Paused => (
                 S::CONFLICT,
-                "paused",
+                WorkerCode::Paused,
                 "the sandbox is paused; resume it first".into(),
                 None,
             ),
-            Self::NoRoute => (S::NOT_FOUND, "not_found", "no such route".into(), None),
-            Self::BadRequest(m) => (S::BAD_REQUEST, "bad_request", m.clone(), None),
-            Self::TooLarge(m) => (S::PAYLOAD_TOO_LARGE, "too_large", m.clone(), None),
-            Self::BodyTimeout(m) => (S::REQUEST_TIMEOUT, "body_timeout", m.clone(), None),
-            Self::IncompleteBody(m) => (S::BAD_REQUEST, "incomplete_body", m.clone(), None),
+            Self::NoRoute => (
+                S::NOT_FOUND,
+                WorkerCode::NotFound,
+                "no such route".into(),
+                None,
+            ),
+            Self::BadRequest(m) => (S::BAD_REQUEST, WorkerCode::BadRequest, m.clone(), None),
+            Self::TooLarge(m) => (S::PAYLOAD_TOO_LARGE, WorkerCode::TooLarge, m.clone(), None),
+            Self::BodyTimeout(m) => (S::REQUEST_TIMEOUT, WorkerCode::BodyTimeout, m.clone(), None),
+            Self::IncompleteBody(m) => {
+                (S::BAD_REQUEST, WorkerCode::IncompleteBody, m.clone(), None)
+            }
             Self::RangeNotSatisfiable { size } => (
                 S::RANGE_NOT_SATISFIABLE,
-                "range_not_satisfiable",
+                WorkerCode::RangeNotSatisfiable,
                 format!("the range selects nothing of this {size}-byte file"),
                 None,
             ),
-            Self::Bridge(m) => (S::BAD_GATEWAY, "bridge", m.clone(), None),
+            Self::Bridge(m) => (S::BAD_GATEWAY, WorkerCode::Bridge, m.clone(), None),
             Self::Agent(e) => {
                 let (status, code) = agent_status(e.kind);
                 (status, code, e.message.clone(), None)
             }
-            Self::ReplayUnavailable(m) => (S::CONFLICT, "replay_unavailable", m.clone(), None),
-            Self::AnswerLost(m) => (S::BAD_GATEWAY, "answer_failed", m.clone(), None),
-            Self::Internal(m) => (S::INTERNAL_SERVER_ERROR, "internal", m.clone(), None),
-            Self::Update(e) => (update_status(e), "update_refused", e.to_string(), None),
+            Self::ReplayUnavailable(m) => {
+                (S::CONFLICT, WorkerCode::ReplayUnavailable, m.clone(), None)
+            }
+            Self::AnswerLost(m) => (S::BAD_GATEWAY, WorkerCode::AnswerFailed, m.clone(), None),
+            Self::Internal(m) => (
+                S::INTERNAL_SERVER_ERROR,
+                WorkerCode::Internal,
+                m.clone(),
+                None,
+            ),
+            Self::Update(e) => (
+                update_status(e),
+                WorkerCode::UpdateRefused,
+                e.to_string(),
+                None,
+            ),
         }
     }
 
@@ -203,7 +228,7 @@ impl IntoResponse for Refusal {
         let mut resp = (
             status,
             Json(ErrorBody {
-                error: code.to_owned(),
+                error: code.as_str().to_owned(),
                 message,
                 reason: reason.map(str::to_owned),
             }),
