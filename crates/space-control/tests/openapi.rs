@@ -164,3 +164,25 @@ fn the_checked_in_edge_document_is_the_generated_one() {
          `SPACE_BLESS=1 cargo test -p space-control --test openapi` and commit it"
     );
 }
+
+/// `docs/api.md` is written from the document: every route the edge serves is named
+/// there as `METHOD /path` (a path parameter may be spelled as its meaning, e.g.
+/// `{key_id}` for `{id}`).
+#[test]
+fn every_route_of_the_document_is_named_in_docs_api_md() {
+    let doc: serde_json::Value = serde_json::from_str(&api::document_json()).unwrap();
+    let api_md = include_str!("../../../docs/api.md").replace("{key_id}", "{id}");
+    let mut missing = Vec::new();
+    for (method, path) in operations(&doc) {
+        let named = [format!("`{method} {path}`"), format!("`{method} {path}?")]
+            .iter()
+            .any(|n| api_md.contains(n.as_str()));
+        if !named {
+            missing.push(format!("{method} {path}"));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/api.md does not name: {missing:#?}"
+    );
+}

@@ -69,7 +69,7 @@ fn every_route_docs_api_md_lists_for_workers_is_in_the_document() {
     let doc: serde_json::Value = serde_json::from_str(&document_json()).unwrap();
     let has = |method: &str, path: &str| doc["paths"][path][method].is_object();
     // docs/api.md section 3 (direct mode) and the worker's rows of section 4.
-    for (method, path) in [
+    let listed = [
         ("post", "/v1/sandboxes/{id}/exec"),
         ("get", "/v1/sandboxes/{id}/files"),
         ("put", "/v1/sandboxes/{id}/files"),
@@ -85,8 +85,19 @@ fn every_route_docs_api_md_lists_for_workers_is_in_the_document() {
         ("post", "/internal/v1/updates"),
         ("post", "/internal/v1/snapshot"),
         ("post", "/internal/v1/layers"),
-    ] {
+    ];
+    for (method, path) in listed {
         assert!(has(method, path), "{method} {path} is not in the document");
+    }
+    // And nothing else: a new worker route is added to the list above and to
+    // docs/api.md.
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            assert!(
+                listed.contains(&(method.as_str(), path.as_str())),
+                "{method} {path} is served but not listed (nor in docs/api.md)"
+            );
+        }
     }
     let api_md = include_str!("../../../../../../docs/api.md");
     for path in [
