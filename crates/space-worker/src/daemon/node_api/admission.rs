@@ -176,20 +176,46 @@ async fn wait_unpaused(w: &Worker, mut slot: Arc<Slot>) -> Result<Arc<Slot>, Ref
 /// transition. Past it, the request is admitted as things stand.
 const ADOPTION_WAIT: Duration = Duration::from_secs(10);
 
-/// Holds every sandbox request while a restarted worker re-adopts what it ran (see
+/// Holds a sandbox request while a restarted worker re-adopts what it ran (see
 /// [`crate::daemon::readiness::Readiness::adopted`]): before that, the execution a
 /// capability names is in the records but has no bridge, and a 421 would send the
 /// caller's one rebuilt attempt to the very same route — which the control plane
-/// still names, rightly, since the execution lives on.
+/// still names, rightly, since the execution lives on. Only a request whose
+/// capability is authentic (signed by an installed key, in its validity) for a
+/// sandbox this worker holds is held: anything else is answered at once, as
+/// admission words it, so that the wait cannot be used to hold connections.
 pub(crate) async fn held_while_adopting(
     State(w): State<Arc<Worker>>,
+    Path(id): Path<String>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    if !w.readiness.adopted(ADOPTION_WAIT).await {
+    let adopting = !w.readiness.adopted(Duration::ZERO).await;
+    if adopting && authentic(&w, req.headers(), &id) && !w.readiness.adopted(ADOPTION_WAIT).await {
         tracing::warn!("a sandbox request waited 10 s for the start-up reconciliation");
     }
     next.run(req).await
+}
+
+/// Whether the request's capability passed the comparator's checks up to and
+/// including its signature and times, for a sandbox recorded here: its verdict is an
+/// allow, a stale route, or a denial for what it asks (purpose, access, port), not for
+/// what it is.
+fn authentic(w: &Worker, headers: &HeaderMap, id: &str) -> bool {
+    let Ok(asked) = SandboxRequest::parse(headers, id, Access::FsRead) else {
+        return false;
+    };
+    match asked.verdict(w).0 {
+        Verdict::Allow | Verdict::RefreshRoute { .. } => true,
+        Verdict::Deny { reason } => matches!(
+            reason,
+            DenyReason::WrongPurpose
+                | DenyReason::AccessDenied
+                | DenyReason::WrongPort
+                | DenyReason::WrongProtocol
+                | DenyReason::PortNotExposed
+        ),
+    }
 }
 
 /// Admits the capability of an exec or file request before its body is read (the

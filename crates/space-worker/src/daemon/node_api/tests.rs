@@ -545,3 +545,82 @@ async fn an_install_that_needs_the_sandboxs_files_where_they_are_not_is_refused_
         "a refused install left a record"
     );
 }
+
+/// A read of `route`'s file `/root/x` with `token`.
+fn read_request(route: &Route, token: Option<&Token>) -> Request<Body> {
+    let mut req = Request::get(format!(
+        "/v1/sandboxes/{}/files?path=/root/x",
+        route.sandbox
+    ));
+    if let Some(token) = token {
+        req = req.header(
+            header::AUTHORIZATION,
+            format!("SpaceCap {}", token.to_text()),
+        );
+    }
+    req.body(Body::empty()).unwrap()
+}
+
+/// While a restarted worker re-adopts its executions, requests with an authentic
+/// capability wait for it — and nothing else does: a request without a capability,
+/// with a forged or an expired one, or for a sandbox this worker never held, is
+/// answered at once (else anyone could hold the worker's connections for the wait).
+#[tokio::test]
+async fn while_a_restarted_worker_adopts_only_requests_with_an_authentic_capability_wait() {
+    let f = Fixture::new();
+    let route = f.hold(1, 1, RecordState::Retired);
+    f.worker.readiness.adopting();
+    let at_once = std::time::Duration::from_secs(3);
+    let now = Timestamp::from_unix_secs(now_secs());
+    let expired = CapabilityBuilder::control(&f.keys, &route)
+        .times(now.minus_secs(600), now.minus_secs(540))
+        .sign(&f.keys);
+    let stranger = space_testkit::route(2, 1, ME);
+    let foreign = f.capability(&stranger);
+    let mut forged = f.capability(&route).to_text();
+    forged.pop();
+    forged.push(if forged.ends_with('A') { 'B' } else { 'A' });
+    let forged = Token::from_text(&forged).unwrap();
+    for (what, req, status) in [
+        (
+            "no capability",
+            read_request(&route, None),
+            StatusCode::UNAUTHORIZED,
+        ),
+        (
+            "forged",
+            read_request(&route, Some(&forged)),
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "expired",
+            read_request(&route, Some(&expired)),
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "never held",
+            read_request(&stranger, Some(&foreign)),
+            StatusCode::FORBIDDEN,
+        ),
+    ] {
+        let resp = tokio::time::timeout(at_once, f.send(req))
+            .await
+            .unwrap_or_else(|_| panic!("{what}: held for the adoption"));
+        assert_eq!(resp.status(), status, "{what}");
+    }
+    // An authentic one waits, and is answered once the adoption is over.
+    let token = f.capability(&route);
+    let worker = Arc::clone(&f.worker);
+    let waiting = tokio::spawn(async move {
+        super::router(worker)
+            .oneshot(read_request(&route, Some(&token)))
+            .await
+            .unwrap()
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "an authentic request was not held");
+    f.worker.readiness.adoption_over();
+    let (status, e) = refusal(waiting.await.unwrap()).await;
+    assert_eq!(status, StatusCode::MISDIRECTED_REQUEST);
+    assert_eq!(e.reason.as_deref(), Some("retired"));
+}
