@@ -341,7 +341,13 @@ impl<G: Send + Sync + 'static> RouteDriver<G> {
                         }
                     }
                 }
-                Attempt::RefreshRoute { reason, .. } => {
+                Attempt::RefreshRoute { reason, answer } => {
+                    // The operation may have run on the execution it was cut off on:
+                    // never sent to the one that replaced it.
+                    if started_on.is_some() {
+                        resolver.observe(Event::RefreshFailed { reason });
+                        return Err(answer);
+                    }
                     let used = route.identity();
                     // Admission rejects before forwarding: a RefreshRoute always comes
                     // before the guest saw anything.

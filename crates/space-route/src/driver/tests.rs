@@ -470,9 +470,9 @@ fn settling_an_attempt_takes_each_outcome_as_final() {
 }
 
 /// A keyed mutation cut off after it reached the worker, whose worker then refuses
-/// connections (killed, restarting) for `refusals` attempts, while the control plane
-/// names generation `after` from the cut on. Returns the result and the generations
-/// the attempts went to.
+/// connections (killed, restarting) for `refusals` attempts and then serves generation
+/// `after`, which the control plane names from the cut on. Returns the result and the
+/// generations the attempts went to.
 async fn cut_off_then_restarted(refusals: usize, after: u64) -> (Result<u64, Failure>, Vec<u64>) {
     let plane = Plane::at(1);
     let driver = warmed(&plane).await;
@@ -502,7 +502,7 @@ async fn cut_off_then_restarted(refusals: usize, after: u64) -> (Result<u64, Fai
                         progress: Progress::NotStarted,
                     }
                 } else {
-                    worker_serving(1, &r)
+                    worker_serving(after, &r)
                 }
             }
         })
@@ -527,4 +527,9 @@ async fn a_mutation_cut_off_by_its_workers_death_is_sent_again_only_to_the_same_
     let (got, sent) = cut_off_then_restarted(1, 2).await;
     assert_eq!(got, Err(Failure::Worker("refused")));
     assert!(!sent.contains(&2), "{sent:?}");
+    // And when the worker is back at once but no longer runs that execution (its
+    // answer is a RefreshRoute): the refusal, no rebuilt attempt on the new one.
+    let (got, sent) = cut_off_then_restarted(0, 2).await;
+    assert_eq!(got, Err(Failure::Worker("421")));
+    assert_eq!(sent, [1, 1], "one attempt, one retry on the same route");
 }
