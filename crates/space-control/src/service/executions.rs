@@ -48,10 +48,12 @@ impl ControlPlane {
         match outcome {
             Ok(ack) if ack.state == AckState::Running => {
                 // This worker holds the sandbox's files from now on (the one before it
-                // drops its copy only when its execution is retired, after this).
-                self.store
-                    .kv_set(&layer_key(&s.id), worker.as_str())
-                    .await?;
+                // drops its copy only when its execution is retired, after this). A
+                // hint for the reconciler: failing to write it fails nothing else.
+                let noted = self.store.kv_set(&layer_key(&s.id), worker.as_str()).await;
+                if let Err(e) = noted {
+                    tracing::warn!(sandbox = %s.id, error = %e, "could not record where the sandbox's files are");
+                }
                 let now = now_secs() as i64;
                 self.store
                     .set_execution_state(
