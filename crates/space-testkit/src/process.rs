@@ -111,17 +111,34 @@ pub fn pids_with_env(entry: &str) -> Vec<i32> {
 
 /// The PID of a live process (zombies excluded: a killed worker stays one until its
 /// supervisor reaps it) each of whose `words` is one of its arguments, or, for a path,
-/// the start of one (a data dir names every worker's dir below it).
+/// the start of one (a data dir names every worker's dir below it). A match whose
+/// parent matches too is left out: it is a child forked and not yet exec'd (it still
+/// shows its parent's arguments for a moment, then becomes another program or exits).
 pub fn find_pid(words: &[&str]) -> Option<i32> {
-    processes().into_iter().find_map(|(pid, args)| {
-        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .is_ok_and(|st| st.contains(") Z "));
-        let matches = |w: &&str| {
-            args.iter()
-                .any(|a| a == w || (w.starts_with('/') && a.starts_with(w)))
-        };
-        (!zombie && words.iter().all(matches)).then_some(pid)
-    })
+    let found: Vec<i32> = processes()
+        .into_iter()
+        .filter_map(|(pid, args)| {
+            let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|st| st.contains(") Z "));
+            let matches = |w: &&str| {
+                args.iter()
+                    .any(|a| a == w || (w.starts_with('/') && a.starts_with(w)))
+            };
+            (!zombie && words.iter().all(matches)).then_some(pid)
+        })
+        .collect();
+    found
+        .iter()
+        .copied()
+        .find(|pid| parent_of(*pid).is_none_or(|p| !found.contains(&p)))
+}
+
+/// The parent of `pid`, from `/proc/PID/stat` (its fourth field, after the command
+/// name in parentheses, which may itself hold spaces or parentheses).
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Like [`find_pid`], panicking when there is none.
