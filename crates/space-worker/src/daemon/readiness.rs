@@ -61,6 +61,11 @@ impl Readiness {
         self.adopting.send_replace(false);
     }
 
+    /// Whether a start-up reconciliation is under way now (one atomic read; no wait).
+    pub fn is_adopting(&self) -> bool {
+        *self.adopting.borrow()
+    }
+
     /// Waits (woken by [`Readiness::adoption_over`], not polling) until no start-up
     /// reconciliation is under way, for at most `within`; `false` when it still is.
     pub async fn adopted(&self, within: Duration) -> bool {
@@ -97,8 +102,10 @@ mod tests {
     async fn requests_wait_for_the_end_of_a_start_up_reconciliation_and_no_longer() {
         let r = std::sync::Arc::new(Readiness::default());
         // No reconciliation under way (a worker built without one): nothing waits.
+        assert!(!r.is_adopting());
         assert!(r.adopted(Duration::ZERO).await);
         r.adopting();
+        assert!(r.is_adopting());
         assert!(!r.adopted(Duration::from_millis(20)).await);
         let waiter = {
             let r = std::sync::Arc::clone(&r);

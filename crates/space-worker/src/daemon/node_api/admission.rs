@@ -190,8 +190,12 @@ pub(crate) async fn held_while_adopting(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let adopting = !w.readiness.adopted(Duration::ZERO).await;
-    if adopting && authentic(&w, req.headers(), &id) && !w.readiness.adopted(ADOPTION_WAIT).await {
+    // The request path pays one read of a flag: nothing is verified or waited for
+    // unless a reconciliation is under way.
+    if w.readiness.is_adopting()
+        && authentic(&w, req.headers(), &id)
+        && !w.readiness.adopted(ADOPTION_WAIT).await
+    {
         tracing::warn!("a sandbox request waited 10 s for the start-up reconciliation");
     }
     next.run(req).await
