@@ -36,6 +36,37 @@ use crate::substrate::jail::{JailConfig, JailDriver};
 /// This worker's ID.
 const ME: &str = "w1";
 
+/// A worker on records of its own in `data`, never enrolled: no jail, bridge or agent
+/// is ever started (its binaries are the test process, never run). `tag` names its
+/// cgroup parent.
+pub(super) fn bare_worker(data: &tempfile::TempDir, tag: &str) -> Arc<Worker> {
+    let exe = std::env::current_exe().unwrap();
+    let config = WorkerConfig {
+        id: space_testkit::worker(ME),
+        control_url: "http://127.0.0.1:9".into(),
+        enroll_secret: "unused".into(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        advertise_url: None,
+        data_dir: data.path().to_path_buf(),
+        capacity: 4,
+        binaries: Binaries {
+            agent: exe.clone(),
+            bridge: exe.clone(),
+        },
+        jail_binary: exe.clone(),
+        cgroup_parent: format!("space-{tag}-test-{}", std::process::id()),
+        warm_pool: 0,
+        userns: None,
+        limits: Default::default(),
+    };
+    let records = Records::open(&data.path().join("records.db")).unwrap();
+    let mut jail = JailConfig::new(&exe);
+    jail.userns = None;
+    jail.cgroup_parent = config.cgroup_parent.clone();
+    let substrate = Arc::new(JailDriver::new(jail).unwrap());
+    Worker::assemble(&config, "http://127.0.0.1:1".into(), records, substrate).unwrap()
+}
+
 /// A worker on records of its own, enrolled with the test kit's trust anchor and
 /// holding a bundle (the kit's keys, valid an hour either side of now).
 struct Fixture {
@@ -47,33 +78,7 @@ struct Fixture {
 impl Fixture {
     fn new() -> Self {
         let data = tempfile::tempdir().unwrap();
-        // Never run: no request here reaches a jail, a bridge or an agent.
-        let exe = std::env::current_exe().unwrap();
-        let config = WorkerConfig {
-            id: space_testkit::worker(ME),
-            control_url: "http://127.0.0.1:9".into(),
-            enroll_secret: "unused".into(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            advertise_url: None,
-            data_dir: data.path().to_path_buf(),
-            capacity: 4,
-            binaries: Binaries {
-                agent: exe.clone(),
-                bridge: exe.clone(),
-            },
-            jail_binary: exe.clone(),
-            cgroup_parent: format!("space-node-api-test-{}", std::process::id()),
-            warm_pool: 0,
-            userns: None,
-            limits: Default::default(),
-        };
-        let records = Records::open(&data.path().join("records.db")).unwrap();
-        let mut jail = JailConfig::new(&exe);
-        jail.userns = None;
-        jail.cgroup_parent = config.cgroup_parent.clone();
-        let substrate = Arc::new(JailDriver::new(jail).unwrap());
-        let worker =
-            Worker::assemble(&config, "http://127.0.0.1:1".into(), records, substrate).unwrap();
+        let worker = bare_worker(&data, "node-api");
         let keys = TestKeys::new();
         worker
             .set_enrollment(keys.anchor.anchor(), "credential")

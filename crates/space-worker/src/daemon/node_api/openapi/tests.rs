@@ -10,40 +10,12 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use tower::ServiceExt as _;
 
-use crate::daemon::config::WorkerConfig;
-use crate::daemon::launch::Binaries;
 use crate::daemon::node_api::{document_json, router};
-use crate::daemon::records::Records;
 use crate::daemon::state::Worker;
-use crate::substrate::jail::{JailConfig, JailDriver};
 
 /// A worker on records of its own; no jail, bridge or agent is ever started.
 fn worker(data: &tempfile::TempDir) -> Arc<Worker> {
-    let exe = std::env::current_exe().unwrap();
-    let config = WorkerConfig {
-        id: space_testkit::worker("w1"),
-        control_url: "http://127.0.0.1:9".into(),
-        enroll_secret: "unused".into(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        advertise_url: None,
-        data_dir: data.path().to_path_buf(),
-        capacity: 4,
-        binaries: Binaries {
-            agent: exe.clone(),
-            bridge: exe.clone(),
-        },
-        jail_binary: exe.clone(),
-        cgroup_parent: format!("space-openapi-test-{}", std::process::id()),
-        warm_pool: 0,
-        userns: None,
-        limits: Default::default(),
-    };
-    let records = Records::open(&data.path().join("records.db")).unwrap();
-    let mut jail = JailConfig::new(&exe);
-    jail.userns = None;
-    jail.cgroup_parent = config.cgroup_parent.clone();
-    let substrate = Arc::new(JailDriver::new(jail).unwrap());
-    Worker::assemble(&config, "http://127.0.0.1:1".into(), records, substrate).unwrap()
+    super::super::tests::bare_worker(data, "openapi")
 }
 
 #[tokio::test]
