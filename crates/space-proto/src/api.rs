@@ -6,6 +6,8 @@
 
 use std::collections::BTreeMap;
 
+pub mod ports;
+
 use serde::{Deserialize, Serialize};
 use space_identity::{
     Access, Execution, ExecutionId, Generation, Placement, PodUid, Protocol, Purpose,
@@ -523,6 +525,10 @@ pub struct InstallExecution {
     /// otherwise, rather than start the sandbox empty.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub needs_layer: bool,
+    /// The sandbox's exposed service ports, by port: netgtw admits a connection only
+    /// to one of these, with its protocol.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<ports::ExposedPort>,
 }
 
 impl InstallExecution {
@@ -614,6 +620,21 @@ pub enum Update {
         digest: String,
         /// Its length.
         size: u64,
+    },
+    /// The sandbox's exposed service ports are now `ports` (by port), for this
+    /// execution; netgtw closes connections to a port no longer listed.
+    Ports {
+        /// Sandbox.
+        #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::SandboxIdSchema))]
+        sandbox: SandboxId,
+        /// Generation.
+        #[cfg_attr(feature = "openapi", schema(value_type = u64))]
+        generation: Generation,
+        /// Execution ID.
+        #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::ExecutionIdSchema))]
+        execution_id: ExecutionId,
+        /// Every exposed port.
+        ports: Vec<ports::ExposedPort>,
     },
     /// Install a signed key bundle (base64url).
     Bundle {

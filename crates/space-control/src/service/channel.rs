@@ -240,5 +240,6 @@ pub(super) fn install_of(s: &SandboxRecord, exe: &ExecutionRecord) -> InstallExe
         // A sandbox's first execution starts empty; every later one continues its
         // files, which must be on the worker (kept there, or sent before the install).
         needs_layer: exe.generation > Generation::FIRST,
+        ports: Vec::new(),
     }
 }

@@ -86,6 +86,9 @@ pub struct ExecutionRecord {
     /// The sandbox's environment, for every process.
     #[serde(default)]
     pub env: std::collections::BTreeMap<String, String>,
+    /// The sandbox's exposed service ports (trusted state netgtw compares with).
+    #[serde(default)]
+    pub ports: Vec<space_proto::api::ports::ExposedPort>,
     /// Unix seconds of the last change.
     pub updated_at: i64,
 }
@@ -471,6 +474,7 @@ mod tests {
             handle: None,
             bridge: None,
             env: Default::default(),
+            ports: Vec::new(),
             updated_at: 100,
         }
     }

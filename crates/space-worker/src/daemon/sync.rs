@@ -35,6 +35,7 @@ pub async fn reconcile(
             | Update::Pause { .. }
             | Update::Resume { .. }
             | Update::Unfreeze { .. }
+            | Update::Ports { .. }
             | Update::Snapshot { .. }
             | Update::Layer { .. } => {
                 updates::apply(worker, body, update)

@@ -338,11 +338,69 @@ pub async fn apply(
             };
             freeze(worker, &sandbox, execution, false).await
         }
+        Update::Ports {
+            sandbox,
+            generation,
+            execution_id,
+            ports,
+        } => {
+            let _turn = worker.lock_sandbox(&sandbox).await;
+            let execution = Execution {
+                generation,
+                id: execution_id,
+            };
+            set_ports(worker, &sandbox, execution, ports)
+        }
         // These carry or return an archive: they have their own endpoints.
         Update::Snapshot { .. } | Update::Layer { .. } => {
             Err(invalid("this update has its own endpoint"))
         }
     }
+}
+
+/// Replaces the exposed ports of a live execution: persisted, then in effect (netgtw
+/// closes connections to a port no longer listed when the slot changes).
+fn set_ports(
+    worker: &Arc<Worker>,
+    sandbox: &SandboxId,
+    execution: Execution,
+    mut ports: Vec<space_proto::api::ports::ExposedPort>,
+) -> Result<UpdateAck, UpdateError> {
+    let slot = worker
+        .slot(sandbox)
+        .filter(|s| s.record.execution() == execution)
+        .ok_or_else(|| conflict("no such execution on this worker"))?;
+    if matches!(
+        slot.record.state,
+        RecordState::Retired | RecordState::Failed
+    ) {
+        return Err(conflict(format!("execution is {:?}", slot.record.state)));
+    }
+    ports.sort_by_key(|p| p.port);
+    ports.dedup_by_key(|p| p.port);
+    if ports.len() > space_proto::api::ports::MAX_PORTS_PER_SANDBOX {
+        return Err(invalid("too many ports"));
+    }
+    if ports.iter().any(|p| p.port == 0) {
+        return Err(invalid("port 0 cannot be exposed"));
+    }
+    let state = match slot.record.state {
+        RecordState::Paused => AckState::Paused,
+        RecordState::Starting => AckState::Installed,
+        _ => AckState::Running,
+    };
+    if slot.record.ports == ports {
+        return Ok(ack(worker, state, None));
+    }
+    let mut record = slot.record.clone();
+    record.ports = ports;
+    record.updated_at = now_secs() as i64;
+    worker
+        .records
+        .put(&record)
+        .map_err(|e| internal(e.to_string()))?;
+    worker.put_slot(record, slot.pool.clone());
+    Ok(ack(worker, state, None))
 }
 
 /// Pauses (freezes) or resumes (thaws) an execution in place: the same execution, so
@@ -444,6 +502,7 @@ async fn retire_execution(
         handle: None,
         bridge: None,
         env: Default::default(),
+        ports: Vec::new(),
         updated_at: 0,
     });
     if tomb.execution_id != execution_id {
@@ -546,6 +605,7 @@ async fn install_execution(
         handle: None,
         bridge: None,
         env: i.env.clone(),
+        ports: i.ports.clone(),
         updated_at: now_secs() as i64,
     };
     put_record(worker, &record).await.map_err(internal)?;

@@ -132,6 +132,7 @@ impl Fixture {
             handle: None,
             bridge: Some(bridge.clone()),
             env: Default::default(),
+            ports: Vec::new(),
             updated_at: now_secs() as i64,
         };
         self.worker.records.put(&record).unwrap();
@@ -535,6 +536,7 @@ async fn an_install_that_needs_the_sandboxs_files_where_they_are_not_is_refused_
         env: Default::default(),
         limits: space_proto::api::Limits::default(),
         needs_layer: true,
+        ports: Vec::new(),
     };
     let body = f.update(1, Update::Install(install));
     let req = Request::post("/internal/v1/updates")
