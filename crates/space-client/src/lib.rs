@@ -1,8 +1,9 @@
 //! The Rust SDK of SPACE.
 //!
 //! A [`Client`] holds the edge's URL and an API key. Lifecycle calls (create, get, list,
-//! delete, pause, resume, migrate) go to the edge. Sandbox-scoped operations (exec and
-//! files) go, by default, straight to the worker that serves the sandbox — **direct
+//! delete, pause, resume, migrate) go to the edge, and so do service ports (expose,
+//! list, close, links, and TCP tunnels: [`Client::connect_port`]). Sandbox-scoped
+//! operations (exec and files) go, by default, straight to the worker that serves the sandbox — **direct
 //! mode**: the client asks the edge for a capability once, caches the route it names
 //! until shortly before it expires, and sends each operation to that worker's node-api
 //! with `Authorization: SpaceCap …`. The worker admits every request against its own
@@ -624,9 +625,13 @@ fn decode<T: DeserializeOwned>(a: &Answer) -> Result<T, Error> {
 
 mod files;
 mod platform;
+mod ports;
 mod routes;
 mod streams;
 pub use files::{ByteRange, READ_FILE_MAX, RangeRead};
+pub use ports::{MAX_CONNECT_HEAD, PortCredential, PortTunnel};
+pub use space_identity::Protocol;
+pub use space_proto::api::ports::{ExposePort, PortList, PortView};
 pub use streams::{
     ExecEvent, ExecInput, ExecOutput, ExecStream, Terminal, TerminalEvent, TerminalInput,
     TerminalOutput, WatchStream,
