@@ -3,12 +3,12 @@
 //! A [`Client`] holds the edge's URL and an API key. Lifecycle calls (create, get, list,
 //! delete, pause, resume, migrate) go to the edge, and so do service ports (expose,
 //! list, close, links, and TCP tunnels: [`Client::connect_port`]). Sandbox-scoped
-//! operations (exec and files) go, by default, straight to the worker that serves the sandbox — **direct
-//! mode**: the client asks the edge for a capability once, caches the route it names
-//! until shortly before it expires, and sends each operation to that worker's node-api
-//! with `Authorization: SpaceCap …`. The worker admits every request against its own
-//! record of the execution, exactly as it does for the edge, so direct mode gives up no
-//! check; it only takes the edge's hop off the path.
+//! operations (exec and files) go, by default, straight to the worker that serves the
+//! sandbox — **direct mode**: the client asks the edge for a capability once, caches
+//! the route it names until shortly before it expires, and sends each operation to
+//! that worker's node-api with `Authorization: SpaceCap …`. The worker admits every
+//! request against its own record of the execution, exactly as it does for the edge,
+//! so direct mode gives up no check; it only takes the edge's hop off the path.
 //!
 //! A worker that no longer serves the execution a capability names answers 421
 //! (RefreshRoute). The client then follows `IDENTITY.md` §4 as the edge does, with the
