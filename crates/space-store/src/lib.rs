@@ -1,5 +1,6 @@
 //! The control plane's durable store: tenants, API keys, workers, sandboxes, their
-//! executions, signing keys, key bundles and a few settings.
+//! executions, signing keys, key bundles, exposed service ports with their one-time
+//! links, and a few settings.
 //!
 //! Two backends behind one enum: SQLite for the embedded single-machine default and
 //! PostgreSQL when several control-plane replicas share state. Both run the same SQL
@@ -30,8 +31,9 @@ use space_identity::{ExecutionId, Generation, PodUid, SandboxId, Substrate, Work
 pub use error::StoreError;
 pub use postgres::PgStore;
 pub use records::{
-    ApiKeyRecord, Claim, ExecutionRecord, ExecutionState, KeyState, ParseStateError, SandboxLimits,
-    SandboxRecord, SandboxState, SigningKeyRecord, Tenant, WorkerRecord, WorkerState,
+    ApiKeyRecord, Claim, ExecutionRecord, ExecutionState, KeyState, ParseStateError, PortRecord,
+    SandboxLimits, SandboxRecord, SandboxState, SigningKeyRecord, Tenant, WorkerRecord,
+    WorkerState,
 };
 pub use sqlite::SqliteStore;
 
@@ -345,6 +347,70 @@ impl Store {
     /// The newest bundle and its version, if any was stored.
     pub async fn latest_bundle(&self) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
         dispatch!(self.latest_bundle())
+    }
+
+    /// Exposes a port, or re-exposes it: an existing (sandbox, port) row gets the new
+    /// protocol, publicity, token hash and creation time. `Ok(true)` when the port was
+    /// not exposed before. Every one-time link of the port is deleted in the same
+    /// write, so a replaced token is not reachable through an old link. `NotFound` if
+    /// the sandbox does not exist.
+    pub async fn upsert_port(&self, port: &PortRecord) -> Result<bool, StoreError> {
+        dispatch!(self.upsert_port(port))
+    }
+
+    /// A sandbox's exposed ports, by port.
+    pub async fn list_ports(&self, sandbox: &SandboxId) -> Result<Vec<PortRecord>, StoreError> {
+        dispatch!(self.list_ports(sandbox))
+    }
+
+    /// One exposed port; `None` if it is not exposed.
+    pub async fn get_port(
+        &self,
+        sandbox: &SandboxId,
+        port: u16,
+    ) -> Result<Option<PortRecord>, StoreError> {
+        dispatch!(self.get_port(sandbox, port))
+    }
+
+    /// Closes a port and deletes its links; `Ok(true)` if it was exposed.
+    pub async fn delete_port(&self, sandbox: &SandboxId, port: u16) -> Result<bool, StoreError> {
+        dispatch!(self.delete_port(sandbox, port))
+    }
+
+    /// Closes every port of a sandbox (when it is deleted) and deletes their links;
+    /// the number of ports closed.
+    pub async fn delete_ports(&self, sandbox: &SandboxId) -> Result<u64, StoreError> {
+        dispatch!(self.delete_ports(sandbox))
+    }
+
+    /// Stores a one-time link to an exposed port, by the hash of its code (64
+    /// lowercase hex digits), usable until `expires_at` (inclusive). `NotFound` if the
+    /// port is not exposed, `Conflict` if the code hash exists.
+    pub async fn insert_port_link(
+        &self,
+        code_hash: &str,
+        sandbox: &SandboxId,
+        port: u16,
+        expires_at: i64,
+    ) -> Result<(), StoreError> {
+        dispatch!(self.insert_port_link(code_hash, sandbox, port, expires_at))
+    }
+
+    /// Uses a one-time link: deletes it and returns the port it leads to. `None` for
+    /// an unknown link, one taken already, or one that expired (`expires_at < now`;
+    /// deleted all the same). One atomic statement: of concurrent takers, also on
+    /// other replicas, at most one gets it.
+    pub async fn take_port_link(
+        &self,
+        code_hash: &str,
+        now: i64,
+    ) -> Result<Option<(SandboxId, u16)>, StoreError> {
+        dispatch!(self.take_port_link(code_hash, now))
+    }
+
+    /// Deletes the links that expired before `now`; how many.
+    pub async fn purge_port_links(&self, now: i64) -> Result<u64, StoreError> {
+        dispatch!(self.purge_port_links(now))
     }
 
     /// A setting (such as the trust-anchor seed).

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use space_identity::{ExecutionId, Generation, SandboxId, Substrate, WorkerId};
 
 use crate::error::StoreError;
-use crate::records::{ExecutionRecord, ExecutionState};
+use crate::records::{ExecutionRecord, ExecutionState, PortRecord};
 use crate::sql;
 
 /// Refuses a database migrated by a newer build: its schema may mean something this
@@ -126,4 +126,55 @@ pub(crate) fn bundle_outcome(changed: u64, version: u64) -> Result<(), StoreErro
 
 pub(crate) fn bundle_version(v: i64) -> Result<u64, StoreError> {
     u64::try_from(v).map_err(|_| StoreError::Backend(format!("stored bundle version {v}")))
+}
+
+/// Longest protocol name a port record may carry (the caller's are `http` and `tcp`).
+const MAX_PROTOCOL_LEN: usize = 16;
+
+/// Refuses a port record the caller should never have built: port 0, an empty or
+/// overlong protocol, a token hash that is not 64 lowercase hex digits.
+pub(crate) fn check_port(p: &PortRecord) -> Result<(), StoreError> {
+    check_port_number(p.port)?;
+    if p.protocol.is_empty() || p.protocol.len() > MAX_PROTOCOL_LEN {
+        return Err(StoreError::Backend(format!(
+            "port protocol {:?} is empty or longer than {MAX_PROTOCOL_LEN} bytes",
+            p.protocol
+        )));
+    }
+    check_hash("port token hash", &p.token_hash)
+}
+
+pub(crate) fn check_port_number(port: u16) -> Result<(), StoreError> {
+    if port == 0 {
+        Err(StoreError::Backend("port 0 cannot be exposed".into()))
+    } else {
+        Ok(())
+    }
+}
+
+/// A BLAKE3 hash as the store keeps it: 64 lowercase hex digits.
+pub(crate) fn check_hash(what: &str, hash: &str) -> Result<(), StoreError> {
+    if hash.len() == 64 && hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        Ok(())
+    } else {
+        Err(StoreError::Backend(format!(
+            "{what} is not 64 lowercase hex digits"
+        )))
+    }
+}
+
+/// How many times an upsert retries when the row it found vanished before it could
+/// replace it (a concurrent delete, PostgreSQL only): each retry means another
+/// writer got in between, so a few suffice.
+pub(crate) const UPSERT_ATTEMPTS: usize = 4;
+
+pub(crate) fn upsert_gave_up(sandbox: &str, port: u16) -> StoreError {
+    StoreError::Conflict(format!(
+        "port {port} of sandbox {sandbox} kept changing while it was exposed"
+    ))
+}
+
+/// A link's verdict: past `expires_at` it leads nowhere (it was deleted all the same).
+pub(crate) fn live_link<T>(target: T, expires_at: i64, now: i64) -> Option<T> {
+    (expires_at >= now).then_some(target)
 }

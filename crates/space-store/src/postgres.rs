@@ -20,6 +20,7 @@ use crate::outcomes;
 mod error;
 mod listen;
 mod pool;
+mod ports;
 use crate::records::{
     ApiKeyRecord, Claim, ExecutionRecord, ExecutionState, KeyState, SandboxRecord, SandboxState,
     SigningKeyRecord, Tenant, WorkerRecord, WorkerState,

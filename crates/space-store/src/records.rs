@@ -271,6 +271,24 @@ impl fmt::Debug for SigningKeyRecord {
     }
 }
 
+/// One exposed service port of a sandbox. The store keeps only the hash of the port's
+/// access token, so a leaked database opens no port.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortRecord {
+    /// The sandbox exposing it.
+    pub sandbox: SandboxId,
+    /// The port inside the sandbox, 1–65535.
+    pub port: u16,
+    /// `http` or `tcp` (the caller validates it).
+    pub protocol: String,
+    /// Whether it is reachable without credentials.
+    pub public: bool,
+    /// Lowercase hex BLAKE3 hash of the port's access token.
+    pub token_hash: String,
+    /// Unix seconds it was (last) exposed.
+    pub created_at: i64,
+}
+
 /// What a tenant's create stamps on a standby sandbox it claims.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Claim {

@@ -11,7 +11,8 @@ use space_identity::Generation;
 
 use crate::error::StoreError;
 use crate::records::{
-    ApiKeyRecord, ExecutionRecord, SandboxRecord, SigningKeyRecord, Tenant, WorkerRecord,
+    ApiKeyRecord, ExecutionRecord, PortRecord, SandboxRecord, SigningKeyRecord, Tenant,
+    WorkerRecord,
 };
 
 /// Column access by position, with the primitive types the schema uses.
@@ -149,6 +150,36 @@ pub(crate) fn signing_key(r: &impl Cols) -> Result<SigningKeyRecord, StoreError>
         not_before: r.int(4)?,
         not_after: r.int(5)?,
     })
+}
+
+/// Columns of `service_ports`, in the order [`port`] reads them.
+pub(crate) const PORT_COLUMNS: &str = "sandbox_id, port, protocol, public, token_hash, created_at";
+
+pub(crate) fn port(r: &impl Cols) -> Result<PortRecord, StoreError> {
+    Ok(PortRecord {
+        sandbox: parsed("sandbox id", r.text(0)?)?,
+        port: port_number(r.int(1)?)?,
+        protocol: r.text(2)?,
+        public: r.boolean(3)?,
+        token_hash: r.text(4)?,
+        created_at: r.int(5)?,
+    })
+}
+
+/// A stored port number: 1–65535.
+pub(crate) fn port_number(value: i64) -> Result<u16, StoreError> {
+    match unsigned::<u16>("port", value)? {
+        0 => Err(corrupt("port", "0 is out of range")),
+        p => Ok(p),
+    }
+}
+
+/// What a taken link leads to: its sandbox and port, read back from the row.
+pub(crate) fn link_target(
+    sandbox: String,
+    port: i64,
+) -> Result<(space_identity::SandboxId, u16), StoreError> {
+    Ok((parsed("sandbox id", sandbox)?, port_number(port)?))
 }
 
 /// Sandbox metadata and environment as the JSON text both databases store.

@@ -181,6 +181,50 @@ CREATE TABLE update_sequences (
         sqlite: "ALTER TABLE sandboxes ADD COLUMN limits TEXT;",
         postgres: "ALTER TABLE sandboxes ADD COLUMN limits TEXT;",
     },
+    Migration {
+        version: 4,
+        name: "service ports and one-time links",
+        sqlite: r#"
+CREATE TABLE service_ports (
+    sandbox_id TEXT NOT NULL REFERENCES sandboxes (id),
+    port INTEGER NOT NULL CHECK (port BETWEEN 1 AND 65535),
+    protocol TEXT NOT NULL,
+    public INTEGER NOT NULL,
+    token_hash TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (sandbox_id, port)
+);
+CREATE TABLE port_links (
+    code_hash TEXT PRIMARY KEY,
+    sandbox_id TEXT NOT NULL,
+    port INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    FOREIGN KEY (sandbox_id, port) REFERENCES service_ports (sandbox_id, port)
+);
+CREATE INDEX port_links_by_port ON port_links (sandbox_id, port);
+CREATE INDEX port_links_by_expiry ON port_links (expires_at);
+"#,
+        postgres: r#"
+CREATE TABLE service_ports (
+    sandbox_id TEXT NOT NULL REFERENCES sandboxes (id),
+    port BIGINT NOT NULL CHECK (port BETWEEN 1 AND 65535),
+    protocol TEXT NOT NULL,
+    public BOOLEAN NOT NULL,
+    token_hash TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    PRIMARY KEY (sandbox_id, port)
+);
+CREATE TABLE port_links (
+    code_hash TEXT PRIMARY KEY,
+    sandbox_id TEXT NOT NULL,
+    port BIGINT NOT NULL,
+    expires_at BIGINT NOT NULL,
+    FOREIGN KEY (sandbox_id, port) REFERENCES service_ports (sandbox_id, port)
+);
+CREATE INDEX port_links_by_port ON port_links (sandbox_id, port);
+CREATE INDEX port_links_by_expiry ON port_links (expires_at);
+"#,
+    },
 ];
 
 /// The newest schema version this build knows.
@@ -278,6 +322,30 @@ pub(crate) const KV_GET: &str = "SELECT value FROM kv WHERE name = $1";
 pub(crate) const KV_SET: &str = "INSERT INTO kv (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = excluded.value";
 pub(crate) const KV_INSERT_IF_ABSENT: &str =
     "INSERT INTO kv (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING";
+
+/// A new port of sandbox `$1`; a row that exists already is left alone (changed 0),
+/// and [`REPLACE_PORT`] then replaces it. Two statements rather than one upsert so the
+/// caller learns, in the common dialect, whether the port was new.
+pub(crate) const INSERT_PORT: &str = "INSERT INTO service_ports (sandbox_id, port, protocol, public, token_hash, created_at) \
+     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (sandbox_id, port) DO NOTHING";
+pub(crate) const REPLACE_PORT: &str = "UPDATE service_ports SET protocol = $3, public = $4, token_hash = $5, created_at = $6 \
+     WHERE sandbox_id = $1 AND port = $2";
+pub(crate) const DELETE_PORT: &str =
+    "DELETE FROM service_ports WHERE sandbox_id = $1 AND port = $2";
+pub(crate) const DELETE_PORTS: &str = "DELETE FROM service_ports WHERE sandbox_id = $1";
+
+pub(crate) const INSERT_PORT_LINK: &str =
+    "INSERT INTO port_links (code_hash, sandbox_id, port, expires_at) VALUES ($1, $2, $3, $4)";
+pub(crate) const DELETE_PORT_LINKS_OF_PORT: &str =
+    "DELETE FROM port_links WHERE sandbox_id = $1 AND port = $2";
+pub(crate) const DELETE_PORT_LINKS_OF_SANDBOX: &str =
+    "DELETE FROM port_links WHERE sandbox_id = $1";
+/// Takes a link whole in one statement: of two callers racing for one code, the
+/// second finds the row gone (the first's delete holds its lock until commit), so a
+/// link is used at most once. An expired link is deleted too; the caller refuses it.
+pub(crate) const TAKE_PORT_LINK: &str =
+    "DELETE FROM port_links WHERE code_hash = $1 RETURNING sandbox_id, port, expires_at";
+pub(crate) const PURGE_PORT_LINKS: &str = "DELETE FROM port_links WHERE expires_at < $1";
 
 /// Hands the oldest running sandbox of the standby tenant `$1` to tenant `$2`, with
 /// its creation time, expiry and metadata (`$3`–`$5`); returns its row. `lock` is

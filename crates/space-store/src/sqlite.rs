@@ -31,6 +31,7 @@ use crate::rows::{self, Cols, to_sql_int};
 use crate::sql::{self, MIGRATIONS};
 
 mod helpers;
+mod ports;
 mod workers;
 mod writer;
 

@@ -5,6 +5,7 @@
 
 mod executions;
 mod fixture;
+mod ports;
 mod records;
 mod workers;
 
@@ -60,4 +61,13 @@ conformance!(
     workers::enrolling_a_taken_worker_id_needs_the_credential_it_holds,
     workers::update_sequences_start_at_1_only_grow_per_worker_and_survive_reopening,
     workers::two_control_planes_reserving_update_sequences_never_share_one,
+    ports::exposing_a_port_again_replaces_it_and_deletes_its_links,
+    ports::a_port_of_a_missing_sandbox_or_a_malformed_port_is_refused,
+    ports::ports_are_listed_by_port_and_scoped_to_their_sandbox,
+    ports::deleting_a_port_returns_true_once_then_false_and_deletes_its_links,
+    ports::deleting_a_sandboxs_ports_leaves_other_sandboxes_ports_and_links,
+    ports::a_taken_link_cannot_be_taken_again,
+    ports::an_expired_link_is_not_taken_and_is_gone_after,
+    ports::two_edges_taking_one_link_at_once_only_one_gets_it,
+    ports::purging_links_removes_only_the_expired_ones,
 );

@@ -10,13 +10,28 @@ use crate::fixture::{self, Fixture, NOW, sandbox, sandbox_id, tenant, worker, wo
 pub async fn migrations_are_idempotent_and_reopening_a_store_keeps_its_data(f: &Fixture) {
     let store = f.open().await;
     let versions = store.schema_versions().await.unwrap();
-    assert_eq!(versions, vec![1, 2, 3]);
+    assert_eq!(versions, vec![1, 2, 3, 4]);
     store.migrate().await.unwrap();
     store.migrate().await.unwrap();
     assert_eq!(store.schema_versions().await.unwrap(), versions);
 
     store.create_tenant(&tenant("ten_keep")).await.unwrap();
     store.kv_set("trust-anchor", "seed").await.unwrap();
+    // A row in the newest migration's tables, to be found after the reopen.
+    let sbx = fixture::with_sandbox(&store, 1).await;
+    let port = space_store::PortRecord {
+        sandbox: sbx,
+        port: 8080,
+        protocol: "http".into(),
+        public: false,
+        token_hash: "ab".repeat(32),
+        created_at: NOW,
+    };
+    store.upsert_port(&port).await.unwrap();
+    store
+        .insert_port_link(&"cd".repeat(32), &sbx, 8080, NOW + 300)
+        .await
+        .unwrap();
     drop(store);
 
     // A reopen runs the migrations again over the existing schema.
@@ -29,6 +44,14 @@ pub async fn migrations_are_idempotent_and_reopening_a_store_keeps_its_data(f: &
     assert_eq!(
         reopened.kv_get("trust-anchor").await.unwrap().as_deref(),
         Some("seed")
+    );
+    assert_eq!(reopened.list_ports(&sbx).await.unwrap(), vec![port]);
+    assert_eq!(
+        reopened
+            .take_port_link(&"cd".repeat(32), NOW)
+            .await
+            .unwrap(),
+        Some((sbx, 8080))
     );
 }
 
