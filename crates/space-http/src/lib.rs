@@ -15,6 +15,7 @@ mod body;
 mod client;
 pub mod crash;
 pub mod private_dir;
+pub mod proxy;
 mod server;
 pub mod stream;
 

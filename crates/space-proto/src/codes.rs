@@ -128,6 +128,12 @@ codes! {
     Internal => "internal",
     /// A control update refused.
     UpdateRefused => "update_refused",
+    /// Nothing accepts connections on the service port inside the sandbox.
+    PortClosed => "port_closed",
+    /// A request on a service-port connection bound to another sandbox or port.
+    Misdirected => "misdirected",
+    /// This worker cannot do it (service ports on a rootless worker).
+    Unsupported => "unsupported",
     /// The agent: permission denied.
     PermissionDenied => "permission_denied",
     /// The agent: a directory where a file was expected.

@@ -96,3 +96,75 @@ pub const NETGTW_PORT_HEADER: &str = "space-port";
 pub const NETGTW_PROTOCOL_HEADER: &str = "space-protocol";
 /// The `Upgrade` token of a netgtw tunnel.
 pub const NETGTW_UPGRADE: &str = "space-netgtw";
+
+/// The port and sandbox a service-port host name `{port}-{sandbox}.{domain}[:edge
+/// port]` names. With `domain`, the rest of the name must be exactly it (ASCII case
+/// ignored); without, any rest is accepted (netgtw, which does not know the edge's
+/// domain, only compares what the name says).
+pub fn port_host(host: &str, domain: Option<&str>) -> Option<(u16, space_identity::SandboxId)> {
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    };
+    let (label, rest) = name.split_once('.')?;
+    if let Some(domain) = domain {
+        if !rest.eq_ignore_ascii_case(domain) {
+            return None;
+        }
+    }
+    let (port, sandbox) = label.split_once('-')?;
+    if port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let port: u16 = port.parse().ok().filter(|p| *p != 0)?;
+    // IDs are lowercase; a browser may send the name in another case.
+    let sandbox = sandbox.to_ascii_lowercase().parse().ok()?;
+    Some((port, sandbox))
+}
+
+/// The URL of `port` of `sandbox` at an edge reached as `edge_host` (`host:port`)
+/// with service-port domain `domain`.
+pub fn port_url(
+    port: u16,
+    sandbox: &space_identity::SandboxId,
+    domain: &str,
+    edge_port: u16,
+) -> String {
+    format!("http://{port}-{sandbox}.{domain}:{edge_port}/")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SBX: &str = "sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa";
+
+    #[test]
+    fn a_port_host_names_its_port_and_sandbox() {
+        let Ok(id) = SBX.parse::<space_identity::SandboxId>() else {
+            // The fixture's spelling is not an ID: nothing else here can be checked.
+            panic!("{SBX} is not a sandbox id");
+        };
+        let host = format!("8000-{id}.localhost:7070");
+        assert_eq!(port_host(&host, Some("localhost")), Some((8000, id)));
+        assert_eq!(port_host(&host, None), Some((8000, id)));
+        let upper = format!("8000-{}.LOCALHOST", id.to_string().to_uppercase());
+        assert_eq!(port_host(&upper, Some("localhost")), Some((8000, id)));
+    }
+
+    #[test]
+    fn names_that_are_not_port_hosts_name_nothing() {
+        let id: space_identity::SandboxId = SBX.parse().expect("id");
+        for host in [
+            "localhost:7070".to_owned(),
+            format!("8000-{id}.example.com"),
+            format!("0-{id}.localhost"),
+            format!("65536-{id}.localhost"),
+            format!("+80-{id}.localhost"),
+            format!("8000-{id}x.localhost"),
+            format!("8000{id}.localhost"),
+        ] {
+            assert_eq!(port_host(&host, Some("localhost")), None, "{host}");
+        }
+    }
+}

@@ -36,6 +36,55 @@ pub struct StateLabels {
     pub state: &'static str,
 }
 
+/// Labels of a service port's traffic at netgtw.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PortLabels {
+    /// Sandbox.
+    pub sandbox: String,
+    /// Port.
+    pub port: u16,
+}
+
+/// Labels of a service port's bytes.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PortBytesLabels {
+    /// Sandbox.
+    pub sandbox: String,
+    /// Port.
+    pub port: u16,
+    /// `to_sandbox` or `from_sandbox`.
+    pub direction: &'static str,
+}
+
+/// Labels of a refused service-port connection or request.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PortRefusalLabels {
+    /// Sandbox (as the request named it).
+    pub sandbox: String,
+    /// Port.
+    pub port: u16,
+    /// Reason code.
+    pub reason: String,
+}
+
+/// The byte counters of one service port (a connection into the sandbox writes to
+/// it, reads from it).
+#[derive(Debug, Clone)]
+pub struct PortBytes {
+    to_sandbox: Counter,
+    from_sandbox: Counter,
+}
+
+impl space_http::proxy::Count for PortBytes {
+    fn read(&self, n: u64) {
+        self.from_sandbox.inc_by(n);
+    }
+
+    fn written(&self, n: u64) {
+        self.to_sandbox.inc_by(n);
+    }
+}
+
 /// The worker's metrics (`space_worker_*`).
 #[derive(Debug)]
 pub struct WorkerMetrics {
@@ -54,6 +103,12 @@ pub struct WorkerMetrics {
     sandboxes: Family<StateLabels, Gauge>,
     /// Warm jails ready (set when scraped).
     warm_ready: Gauge,
+    /// Service-port connections netgtw opened into a sandbox.
+    port_connections: Family<PortLabels, Counter>,
+    /// Service-port bytes through netgtw.
+    port_bytes: Family<PortBytesLabels, Counter>,
+    /// Service-port connections and requests netgtw refused.
+    port_refusals: Family<PortRefusalLabels, Counter>,
 }
 
 impl Default for WorkerMetrics {
@@ -68,6 +123,24 @@ impl Default for WorkerMetrics {
         let warm_activations = Counter::default();
         let sandboxes = Family::<StateLabels, Gauge>::default();
         let warm_ready = Gauge::default();
+        let port_connections = Family::<PortLabels, Counter>::default();
+        let port_bytes = Family::<PortBytesLabels, Counter>::default();
+        let port_refusals = Family::<PortRefusalLabels, Counter>::default();
+        registry.register(
+            "space_worker_port_connections",
+            "Service-port connections netgtw opened into a sandbox, by sandbox and port",
+            port_connections.clone(),
+        );
+        registry.register(
+            "space_worker_port_bytes",
+            "Service-port bytes through netgtw, by sandbox, port and direction",
+            port_bytes.clone(),
+        );
+        registry.register(
+            "space_worker_port_refusals",
+            "Service-port connections and requests netgtw refused, by sandbox, port and reason",
+            port_refusals.clone(),
+        );
         registry.register(
             "space_worker_admissions",
             "Capability admissions by verdict and reason",
@@ -112,6 +185,9 @@ impl Default for WorkerMetrics {
             warm_activations,
             sandboxes,
             warm_ready,
+            port_connections,
+            port_bytes,
+            port_refusals,
         }
     }
 }
@@ -137,6 +213,71 @@ impl WorkerMetrics {
     /// Counts a launch that a warm jail served (also counted by [`Self::launched`]).
     pub fn warm_activation(&self) {
         self.warm_activations.inc();
+    }
+
+    /// Counts a connection netgtw opened to `port` of `sandbox`.
+    pub fn port_connected(&self, sandbox: &space_identity::SandboxId, port: u16) {
+        self.port_connections
+            .get_or_create(&PortLabels {
+                sandbox: sandbox.to_string(),
+                port,
+            })
+            .inc();
+    }
+
+    /// The byte counters of a sandbox's port, counted as traffic flows.
+    pub fn port_bytes(&self, sandbox: &space_identity::SandboxId, port: u16) -> PortBytes {
+        let counter = |direction| {
+            self.port_bytes
+                .get_or_create(&PortBytesLabels {
+                    sandbox: sandbox.to_string(),
+                    port,
+                    direction,
+                })
+                .clone()
+        };
+        PortBytes {
+            to_sandbox: counter("to_sandbox"),
+            from_sandbox: counter("from_sandbox"),
+        }
+    }
+
+    /// Counts a refused service-port connection or request; `sandbox` only when it
+    /// is one held here (`-` otherwise: a caller cannot grow the label set with
+    /// names of its own).
+    pub fn port_refused(
+        &self,
+        sandbox: Option<&space_identity::SandboxId>,
+        port: u16,
+        reason: &str,
+    ) {
+        let sandbox = sandbox.map_or_else(|| "-".to_owned(), ToString::to_string);
+        self.port_refusals
+            .get_or_create(&PortRefusalLabels {
+                sandbox,
+                port,
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Drops the port series of a sandbox that no longer runs here (its counters
+    /// would otherwise stay for the worker's life).
+    pub fn forget_ports(&self, sandbox: &space_identity::SandboxId, ports: &[u16]) {
+        let sandbox = sandbox.to_string();
+        for &port in ports {
+            self.port_connections.remove(&PortLabels {
+                sandbox: sandbox.clone(),
+                port,
+            });
+            for direction in ["to_sandbox", "from_sandbox"] {
+                self.port_bytes.remove(&PortBytesLabels {
+                    sandbox: sandbox.clone(),
+                    port,
+                    direction,
+                });
+            }
+        }
     }
 
     /// Counts a launched execution.

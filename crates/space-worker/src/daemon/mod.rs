@@ -34,6 +34,7 @@ pub mod launch;
 pub mod limits;
 pub mod lock;
 pub mod metrics;
+pub mod netgtw;
 pub mod node_api;
 pub mod readiness;
 pub mod records;

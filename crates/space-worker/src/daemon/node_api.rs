@@ -29,6 +29,7 @@ pub(crate) mod exec;
 pub(crate) mod files;
 pub(crate) mod idempotency;
 pub(crate) mod metrics;
+pub(crate) mod netgtw;
 pub(crate) mod openapi;
 pub(crate) mod probes;
 pub(crate) mod refusal;
@@ -94,7 +95,8 @@ fn routes(worker: Option<&Arc<Worker>>) -> OpenApiRouter<NodeApi> {
         .routes(routes!(files::list_files))
         .routes(routes!(streams::terminal))
         .routes(routes!(streams::watch))
-        .routes(routes!(streams::exec_stream));
+        .routes(routes!(streams::exec_stream))
+        .routes(routes!(netgtw::open));
     let sandboxes = match worker {
         Some(w) => sandboxes.route_layer(axum::middleware::from_fn_with_state(
             Arc::clone(w),

@@ -98,6 +98,9 @@ pub struct Worker {
     /// requests for them wait as long as a transition may take, not the 2 s a pause
     /// gets. Cleared when the execution is thawed or retired.
     pub snapshot_frozen: Mutex<std::collections::HashSet<(SandboxId, Generation)>>,
+    /// netgtw tunnels open per sandbox (bounded by
+    /// [`super::netgtw::MAX_TUNNELS_PER_SANDBOX`]).
+    pub tunnels: Mutex<HashMap<SandboxId, usize>>,
     /// Updates of one sandbox apply one at a time, in arrival order (see
     /// [`Worker::lock_sandbox`]); updates of different sandboxes run side by side.
     /// Work that must see no update under way — the startup sweep, key bundles,
@@ -234,6 +237,7 @@ impl Worker {
             slots: RwLock::new(HashMap::new()),
             slot_changes: tokio::sync::watch::Sender::new(0),
             snapshot_frozen: Mutex::new(Default::default()),
+            tunnels: Mutex::new(HashMap::new()),
             update_lock: tokio::sync::RwLock::new(()),
             sandbox_locks: Mutex::new(HashMap::new()),
             metrics: WorkerMetrics::default(),

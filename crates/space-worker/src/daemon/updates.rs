@@ -529,6 +529,10 @@ async fn retire_execution(
         }
     }
     worker.metrics.retired();
+    if let Some(r) = &existing {
+        let ports: Vec<u16> = r.ports.iter().map(|p| p.port).collect();
+        worker.metrics.forget_ports(sandbox, &ports);
+    }
     if let Some(r) = existing {
         let layer = if r.state == RecordState::Starting && !drop_kept_layer {
             launch::Layer::Keep

@@ -306,6 +306,14 @@ pub trait Substrate: Send + Sync {
     /// Usage and liveness.
     fn stats(&self, handle: &SandboxHandle) -> Result<SandboxStats, SubstrateError>;
 
+    /// A TCP socket (IPv4, non-blocking, not connected) inside the execution's
+    /// network namespace, for netgtw to connect to a port on the sandbox's loopback.
+    /// Blocking: call it off the async runtime.
+    fn service_socket(
+        &self,
+        handle: &SandboxHandle,
+    ) -> Result<std::os::fd::OwnedFd, SubstrateError>;
+
     /// The init's exit code once it has exited (reaping it), `None` while it runs.
     fn try_wait(&self, handle: &SandboxHandle) -> Result<Option<i32>, SubstrateError>;
 }

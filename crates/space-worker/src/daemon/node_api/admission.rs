@@ -9,7 +9,9 @@ use std::time::Duration;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Method, header};
 use axum::response::Response;
-use space_identity::{Access, DenyReason, Endpoint, Operation, SandboxId, Token, Verdict};
+use space_identity::{
+    Access, DenyReason, Endpoint, Operation, SandboxId, ServicePort, StreamPhase, Token, Verdict,
+};
 
 use super::refusal::{Refusal, Stale};
 use crate::daemon::records::RecordState;
@@ -90,6 +92,46 @@ impl Admitted {
 /// route or when the sandbox's execution is not running here.
 pub(crate) fn admit(w: &Worker, req: SandboxRequest) -> Result<Admitted, Refusal> {
     let (verdict, slot) = req.verdict(w);
+    admitted(w, req.sandbox, verdict, slot)
+}
+
+/// Admission of a service-port connection at netgtw (`IDENTITY.md` §3): the
+/// capability must be for service ports, name `requested` (port and protocol) and the
+/// sandbox the path names, which must expose that port in this worker's trusted
+/// record; then the identity comparison, and the same wait as requests when paused.
+pub(crate) async fn admit_service_port(
+    w: &Worker,
+    headers: &HeaderMap,
+    id: &str,
+    requested: ServicePort,
+) -> Result<Admitted, Refusal> {
+    let req = SandboxRequest::parse(headers, id, Access::ServicePort)?;
+    let exposed = w.slot(&req.sandbox).is_some_and(|s| {
+        s.record
+            .ports
+            .iter()
+            .any(|p| p.port == requested.port && p.protocol == requested.protocol)
+    });
+    let op = Operation {
+        path_sandbox: &req.sandbox,
+        bound_sandbox: Some(&req.sandbox),
+        endpoint: Endpoint::ServicePort {
+            requested,
+            exposed,
+            phase: StreamPhase::Open,
+        },
+    };
+    let (verdict, slot) = w.admit(req.token.as_bytes(), &op);
+    admitted(w, req.sandbox, verdict, slot)?.unpaused(w).await
+}
+
+/// What a verdict comes to: an admitted request, or its refusal (counted either way).
+fn admitted(
+    w: &Worker,
+    sandbox: SandboxId,
+    verdict: Verdict,
+    slot: Option<Arc<Slot>>,
+) -> Result<Admitted, Refusal> {
     w.metrics.admitted(&verdict);
     match verdict {
         Verdict::Allow => {}
@@ -99,10 +141,7 @@ pub(crate) fn admit(w: &Worker, req: SandboxRequest) -> Result<Admitted, Refusal
         Verdict::Deny { reason } => return Err(Refusal::Deny(reason)),
     }
     match slot {
-        Some(slot) if slot.pool.is_some() => Ok(Admitted {
-            sandbox: req.sandbox,
-            slot,
-        }),
+        Some(slot) if slot.pool.is_some() => Ok(Admitted { sandbox, slot }),
         _ => Err(Refusal::RefreshRoute(Stale::NotRunning)),
     }
 }

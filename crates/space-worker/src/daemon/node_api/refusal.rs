@@ -51,6 +51,10 @@ pub(crate) enum Refusal {
     AnswerLost(String),
     /// This worker failed (500 `internal`).
     Internal(String),
+    /// Nothing accepts connections on the service port (502 `port_closed`).
+    PortClosed(String),
+    /// This worker cannot serve it (503 `unsupported`).
+    Unsupported(String),
     /// A signed update, its delivery, or a layer transfer was refused
     /// (`update_refused`; the status by the error).
     Update(UpdateError),
@@ -196,6 +200,13 @@ impl Refusal {
             Self::Internal(m) => (
                 S::INTERNAL_SERVER_ERROR,
                 WorkerCode::Internal,
+                m.clone(),
+                None,
+            ),
+            Self::PortClosed(m) => (S::BAD_GATEWAY, WorkerCode::PortClosed, m.clone(), None),
+            Self::Unsupported(m) => (
+                S::SERVICE_UNAVAILABLE,
+                WorkerCode::Unsupported,
                 m.clone(),
                 None,
             ),

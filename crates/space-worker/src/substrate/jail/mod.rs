@@ -21,6 +21,7 @@
 pub mod cgroup;
 pub mod disk;
 pub mod log;
+pub mod netns;
 mod spawn;
 pub mod sweep;
 pub mod template;
@@ -727,6 +728,10 @@ impl Substrate for JailDriver {
             cgroup: handle.cgroups.stats()?,
             running: handle.init.is_alive(),
         })
+    }
+
+    fn service_socket(&self, handle: &SandboxHandle) -> Result<OwnedFd, SubstrateError> {
+        netns::tcp_socket_in(&handle.init)
     }
 
     fn try_wait(&self, handle: &SandboxHandle) -> Result<Option<i32>, SubstrateError> {

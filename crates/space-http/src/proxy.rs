@@ -1,0 +1,305 @@
+//! Reverse proxying of HTTP/1.1 for service ports, as the edge and netgtw both do it:
+//! a request forwarded on a backend connection, a WebSocket upgrade bridged once both
+//! sides agreed to it, hop-by-hop headers dropped, and the bytes to and from a backend
+//! counted.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use hyper::body::{Body, Incoming};
+use hyper::client::conn::http1::SendRequest;
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::watch;
+
+/// Largest response head a backend may send (a hostile server's headers are bounded).
+pub const MAX_BACKEND_HEAD: usize = 64 << 10;
+
+/// What an `Upgrade` header asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpgradeAsk {
+    /// No upgrade.
+    None,
+    /// `websocket`.
+    WebSocket,
+    /// Anything else (named).
+    Other(String),
+}
+
+/// What `headers` ask to upgrade to.
+pub fn upgrade_asked(headers: &HeaderMap) -> UpgradeAsk {
+    let Some(v) = headers.get(header::UPGRADE) else {
+        return UpgradeAsk::None;
+    };
+    match v.to_str() {
+        Ok(s) if s.trim().eq_ignore_ascii_case("websocket") => UpgradeAsk::WebSocket,
+        Ok(s) => UpgradeAsk::Other(s.trim().chars().take(64).collect()),
+        Err(_) => UpgradeAsk::Other("(not text)".into()),
+    }
+}
+
+/// Headers that describe one hop, not the message (RFC 9110 §7.6.1), and are never
+/// passed on; `Upgrade` goes on only with a WebSocket upgrade (with `Connection:
+/// upgrade`).
+fn strip_hop_headers(headers: &mut HeaderMap, websocket: bool) {
+    // Headers named in `Connection` are hop-by-hop too.
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        if !(websocket && name == header::UPGRADE) {
+            headers.remove(name);
+        }
+    }
+    for name in [
+        header::CONNECTION,
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+    ] {
+        headers.remove(name);
+    }
+    headers.remove("keep-alive");
+    headers.remove("proxy-connection");
+    if websocket {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    }
+}
+
+/// An HTTP/1.1 client connection over `io` (a socket into a sandbox, a tunnel to a
+/// worker), its driver spawned: it ends when the connection does.
+pub async fn backend<B, I>(io: I) -> Result<SendRequest<B>, hyper::Error>
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let (sender, conn) = hyper::client::conn::http1::Builder::new()
+        .max_buf_size(MAX_BACKEND_HEAD.max(8192))
+        .handshake(TokioIo::new(io))
+        .await?;
+    tokio::spawn(async move {
+        let _ = conn.with_upgrades().await;
+    });
+    Ok(sender)
+}
+
+/// How a forwarded request went.
+#[derive(Debug)]
+pub enum Forwarded {
+    /// The backend's answer (for an upgrade that got no 101, marked `Connection:
+    /// close`: the connection it came on ends after it).
+    Answer(Response<Incoming>),
+    /// A WebSocket upgrade both sides agreed to: the 101 to return; the two upgraded
+    /// streams are bridged by a spawned task until either ends or `stop` fires.
+    Upgraded(Response<Incoming>),
+}
+
+/// Forwards `req` on `sender` (hop-by-hop headers dropped). A WebSocket upgrade the
+/// backend accepts (101) is bridged: the client's side of `req` and the backend's are
+/// copied both ways until either closes or `stop` becomes true.
+pub async fn forward<B>(
+    sender: &mut SendRequest<B>,
+    mut req: Request<B>,
+    stop: watch::Receiver<bool>,
+) -> Result<Forwarded, hyper::Error>
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let websocket = upgrade_asked(req.headers()) == UpgradeAsk::WebSocket;
+    let client_side = websocket.then(|| hyper::upgrade::on(&mut req));
+    strip_hop_headers(req.headers_mut(), websocket);
+    sender.ready().await?;
+    let mut resp = sender.send_request(req).await?;
+    let Some(client_side) = client_side else {
+        strip_hop_headers(resp.headers_mut(), false);
+        return Ok(Forwarded::Answer(resp));
+    };
+    if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+        strip_hop_headers(resp.headers_mut(), false);
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return Ok(Forwarded::Answer(resp));
+    }
+    let backend_side = hyper::upgrade::on(&mut resp);
+    tokio::spawn(async move {
+        let (Ok(client), Ok(backend)) = (client_side.await, backend_side.await) else {
+            return;
+        };
+        bridge(TokioIo::new(client), TokioIo::new(backend), stop).await;
+    });
+    Ok(Forwarded::Upgraded(resp))
+}
+
+/// Copies `a` ↔ `b` until either ends or `stop` becomes true; the bytes each way.
+pub async fn bridge<A, B>(mut a: A, mut b: B, mut stop: watch::Receiver<bool>) -> (u64, u64)
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    tokio::select! {
+        r = tokio::io::copy_bidirectional(&mut a, &mut b) => r.unwrap_or((0, 0)),
+        _ = stop.wait_for(|s| *s) => (0, 0),
+    }
+}
+
+/// A JSON error answer `{"error", "message"}`; with `close`, the connection it goes
+/// on ends after it.
+pub fn refusal<B: From<Bytes>>(
+    status: StatusCode,
+    code: &str,
+    message: &str,
+    close: bool,
+) -> Response<B> {
+    let body = serde_json::json!({ "error": code, "message": message }).to_string();
+    let mut resp = Response::new(B::from(Bytes::from(body)));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if close {
+        h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
+}
+
+/// Where a [`Counted`] stream adds its traffic.
+pub trait Count: Unpin {
+    /// `n` bytes were read from the stream.
+    fn read(&self, n: u64);
+    /// `n` bytes were written to it.
+    fn written(&self, n: u64);
+}
+
+/// Bytes read from and written to a stream.
+#[derive(Debug, Default)]
+pub struct ByteCounts {
+    /// Read from it.
+    pub read: AtomicU64,
+    /// Written to it.
+    pub written: AtomicU64,
+}
+
+impl Count for Arc<ByteCounts> {
+    fn read(&self, n: u64) {
+        self.read.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn written(&self, n: u64) {
+        self.written.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// A stream whose traffic is counted as it flows.
+#[derive(Debug)]
+pub struct Counted<S, C> {
+    inner: S,
+    counts: C,
+}
+
+impl<S, C> Counted<S, C> {
+    /// `inner`, counted into `counts`.
+    pub fn new(inner: S, counts: C) -> Self {
+        Self { inner, counts }
+    }
+}
+
+impl<S: AsyncRead + Unpin, C: Count> AsyncRead for Counted<S, C> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let n = buf.filled().len().saturating_sub(before) as u64;
+        if n > 0 {
+            self.counts.read(n);
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin, C: Count> AsyncWrite for Counted<S, C> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = &r {
+            self.counts.written(*n as u64);
+        }
+        r
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_headers_and_the_ones_connection_names_are_dropped() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(
+            header::PROXY_AUTHORIZATION,
+            HeaderValue::from_static("Basic x"),
+        );
+        h.insert(header::UPGRADE, HeaderValue::from_static("h2c"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_headers(&mut h, false);
+        let names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["x-kept"]);
+    }
+
+    #[test]
+    fn a_websocket_upgrade_keeps_only_its_own_upgrade_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("WebSocket"));
+        assert_eq!(upgrade_asked(&h), UpgradeAsk::WebSocket);
+        strip_hop_headers(&mut h, true);
+        assert_eq!(h[header::UPGRADE], "websocket");
+        assert_eq!(h[header::CONNECTION], "upgrade");
+    }
+
+    #[test]
+    fn an_upgrade_to_anything_else_is_named() {
+        let mut h = HeaderMap::new();
+        h.insert(header::UPGRADE, HeaderValue::from_static("h2c"));
+        assert_eq!(upgrade_asked(&h), UpgradeAsk::Other("h2c".into()));
+        assert_eq!(upgrade_asked(&HeaderMap::new()), UpgradeAsk::None);
+    }
+}
