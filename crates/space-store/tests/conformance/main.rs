@@ -70,4 +70,5 @@ conformance!(
     ports::an_expired_link_is_not_taken_and_is_gone_after,
     ports::two_edges_taking_one_link_at_once_only_one_gets_it,
     ports::purging_links_removes_only_the_expired_ones,
+    ports::two_control_planes_exposing_one_port_at_once_see_it_new_only_once,
 );

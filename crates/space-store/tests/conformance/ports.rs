@@ -103,13 +103,19 @@ pub async fn ports_are_listed_by_port_and_scoped_to_their_sandbox(f: &Fixture) {
     let store = f.open().await;
     let a = with_sandbox(&store, 1).await;
     let b = with_sandbox(&store, 2).await;
+    // Exposed out of order, the later a port the higher its number: by port is
+    // neither by insertion nor by time.
+    let exposed = |p: u16| PortRecord {
+        created_at: NOW - i64::from(p),
+        ..port(a, p)
+    };
     for p in [8080, 22, 65535, 3000] {
-        store.upsert_port(&port(a, p)).await.unwrap();
+        store.upsert_port(&exposed(p)).await.unwrap();
     }
     store.upsert_port(&port(b, 80)).await.unwrap();
     assert_eq!(
         store.list_ports(&a).await.unwrap(),
-        vec![port(a, 22), port(a, 3000), port(a, 8080), port(a, 65535)]
+        vec![exposed(22), exposed(3000), exposed(8080), exposed(65535)]
     );
     assert_eq!(store.list_ports(&b).await.unwrap(), vec![port(b, 80)]);
     assert_eq!(store.list_ports(&sandbox_id(3)).await.unwrap(), vec![]);
@@ -265,5 +271,36 @@ pub async fn purging_links_removes_only_the_expired_ones(f: &Fixture) {
     assert_eq!(
         store.take_port_link(&hash(3), NOW).await.unwrap(),
         Some((sbx, 8080))
+    );
+}
+
+pub async fn two_control_planes_exposing_one_port_at_once_see_it_new_only_once(f: &Fixture) {
+    const PORTS: u16 = 30;
+    let plane_a = f.open().await;
+    let plane_b = f.open().await;
+    let sbx = with_sandbox(&plane_a, 1).await;
+    let mut races = Vec::new();
+    for p in 1..=PORTS {
+        let exposers = [(plane_a.clone(), 1), (plane_b.clone(), 2)].map(|(plane, n)| {
+            let record = PortRecord {
+                token_hash: hash(u64::from(p) * 10 + n),
+                ..port(sbx, p)
+            };
+            tokio::spawn(async move { plane.upsert_port(&record).await.expect("upsert") })
+        });
+        races.push(exposers);
+    }
+    for (i, [first, second]) in races.into_iter().enumerate() {
+        let new = [first.await.expect("task"), second.await.expect("task")];
+        assert_eq!(
+            new.iter().filter(|n| **n).count(),
+            1,
+            "port {}: {new:?}",
+            i + 1
+        );
+    }
+    assert_eq!(
+        plane_b.list_ports(&sbx).await.unwrap().len(),
+        usize::from(PORTS)
     );
 }
