@@ -34,6 +34,7 @@ mod forward;
 mod internal;
 mod lifecycle;
 pub mod openapi;
+mod ports;
 mod probes;
 mod request;
 
@@ -55,6 +56,9 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(lifecycle::resume))
         .routes(routes!(lifecycle::migrate))
         .routes(routes!(lifecycle::snapshot))
+        .routes(routes!(ports::expose, ports::list))
+        .routes(routes!(ports::close))
+        .routes(routes!(ports::link))
         .routes(routes!(account::create_tenant))
         .routes(routes!(account::create_key))
         .routes(routes!(account::revoke_key))
@@ -126,6 +130,11 @@ pub fn router(state: AppState) -> Router {
             request::authenticate_first,
         ))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
+        // Service-port traffic never reaches the API (nor its key check).
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::edge::ports::entry,
+        ))
         .with_state(state)
 }
 
@@ -168,6 +177,10 @@ pub fn edge_router(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(
             state.clone(),
             request::authenticate_first,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::edge::ports::entry,
         ))
         .with_state(state)
 }

@@ -92,6 +92,12 @@ pub enum ControlError {
     /// The store failed, or a record it was asked for is missing or conflicts.
     #[error("{}", store_message(.0))]
     Store(#[from] StoreError),
+    /// The sandbox does not expose this service port.
+    #[error("port {0} of this sandbox is not exposed (POST /v1/sandboxes/{{id}}/ports)")]
+    PortNotExposed(u16),
+    /// A request on a service-port connection that another sandbox or port holds.
+    #[error("{0}")]
+    Misdirected(String),
     /// A control-plane operation asked of a standalone edge.
     #[error("served by the control plane, not this edge")]
     NotHere,
@@ -169,6 +175,8 @@ impl ControlError {
             Self::WrongExecution => ErrorCode::WrongExecution,
             Self::Internal(_) | Self::Store(_) => ErrorCode::Internal,
             Self::NotHere => ErrorCode::NotHere,
+            Self::PortNotExposed(_) => ErrorCode::PortNotExposed,
+            Self::Misdirected(_) => ErrorCode::Misdirected,
             Self::Relayed(r) => r.code,
         }
     }

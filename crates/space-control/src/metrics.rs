@@ -56,6 +56,17 @@ pub struct Metrics {
     pub rebuilt_added: Histogram,
     /// Answers whose execution was not the one of the route used (never expected).
     pub wrong_execution: Counter,
+    /// Service-port requests the edge refused, by reason.
+    port_refusals: Family<ReasonLabels, Counter>,
+    /// Tunnels the edge opened to workers' netgtw.
+    port_tunnels: Counter,
+}
+
+/// Labels of a refusal.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// Its code.
+    pub reason: String,
 }
 
 impl Default for Metrics {
@@ -119,8 +130,22 @@ impl Default for Metrics {
             "Worker answers naming another execution than the route the edge used",
             wrong_execution.clone(),
         );
+        let port_refusals = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "space_edge_port_refusals",
+            "Service-port requests the edge refused, by reason (netgtw counts its own per sandbox and port)",
+            port_refusals.clone(),
+        );
+        let port_tunnels = Counter::default();
+        registry.register(
+            "space_edge_port_tunnels",
+            "Tunnels opened to workers' netgtw for service-port traffic",
+            port_tunnels.clone(),
+        );
         Self {
             registry,
+            port_refusals,
+            port_tunnels,
             transition_timeouts,
             rebuilt_added,
             wrong_execution,
@@ -141,6 +166,20 @@ impl Metrics {
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+
+    /// Counts a refused service-port request.
+    pub fn port_refused(&self, reason: &str) {
+        self.port_refusals
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts a tunnel opened to a netgtw.
+    pub fn port_opened(&self) {
+        self.port_tunnels.inc();
     }
 
     /// Records one request.

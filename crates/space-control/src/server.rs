@@ -26,6 +26,8 @@ pub struct ControlConfig {
     pub database_url: Option<String>,
     /// Standby sandboxes to keep ready for creates to claim (0: none).
     pub standby: usize,
+    /// Domain of service-port URLs (`{port}-{sandbox}.{domain}`).
+    pub domain: String,
 }
 
 impl ControlConfig {
@@ -40,6 +42,20 @@ impl ControlConfig {
         }
         if self.data_dir.as_os_str().is_empty() {
             return Err("--data-dir must not be empty".into());
+        }
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        };
+        if self.domain.len() > 200 || !self.domain.split('.').all(label_ok) {
+            return Err(format!(
+                "--domain must be a lowercase DNS name (such as localhost or sandboxes.example.com), got {:?}",
+                self.domain
+            ));
         }
         if self.standby > 1000 {
             return Err("--standby must be at most 1000".into());
@@ -185,6 +201,10 @@ pub async fn serve(config: ControlConfig) -> Result<ServerHandle, String> {
         .await
         .map_err(|e| format!("listen on {}: {e}", config.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    cp.set_port_urls(crate::service::PortUrls {
+        domain: config.domain.clone(),
+        edge_port: addr.port(),
+    });
     let state = AppState {
         cp: Some(Arc::clone(&cp)),
         edge: Edge::new(Authority::Local(Arc::clone(&cp))),
@@ -257,6 +277,9 @@ fn spawn_background(cp: Arc<ControlPlane>, mut stop: watch::Receiver<bool>) -> J
             }
             if let Err(e) = cp.retire_old_keys().await {
                 tracing::warn!(error = %e, "key retirement failed");
+            }
+            if let Err(e) = cp.store.purge_port_links(crate::now_secs() as i64).await {
+                tracing::warn!(error = %e, "expired port links not purged");
             }
             if let Err(e) = cp.reload_keys().await {
                 tracing::warn!(error = %e, "key reload failed");

@@ -12,6 +12,7 @@
 //! - `executions`: start, pause and resume, stop, retire; `transitions`: one
 //!   operation per sandbox at a time and its lease; `snapshots`: snapshots and
 //!   migrations; `arrivals`: rebuilt attempts let in before a freeze;
+//! - `ports`: service ports, their tokens, links and cookies;
 //! - `capabilities`: waiting for a settled sandbox, issuing a capability;
 //! - `reconcile`: background work (interrupted transitions, TTLs, gauges).
 
@@ -23,6 +24,7 @@ mod keys;
 mod load;
 mod placing;
 mod plane;
+mod ports;
 mod quota;
 mod reconcile;
 mod sandboxes;
@@ -36,4 +38,5 @@ pub use plane::{
     CAPABILITY_LIFETIME_SECS, ControlPlane, DEFAULT_TRANSITION_WAIT, MAX_TRANSITION_WAIT,
     MAX_TTL_SECS, STANDBY_PER_WORKER, STANDBY_TENANT,
 };
+pub use ports::{COOKIE_LIFETIME_SECS, PortUrls, cookie_valid, secret_matches};
 pub use sandboxes::api_state;

@@ -22,8 +22,8 @@ pub mod stream;
 pub use body::{FileBody, HashingFile, ReqBody, spool_body};
 pub use client::HttpClient;
 pub use server::{
-    DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEAD, ServeLimits, run_to_end,
-    serve_until, serve_with,
+    Connection, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEAD, ServeLimits,
+    run_to_end, serve_until, serve_with,
 };
 
 /// Largest answer body read from a peer (a snapshot archive is the largest).

@@ -147,16 +147,97 @@ where
     Ok(Forwarded::Upgraded(resp))
 }
 
+/// Completes once `stop` becomes true; never if its sender goes away without
+/// setting it.
+pub async fn stopped(mut stop: watch::Receiver<bool>) {
+    if stop.wait_for(|s| *s).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// Copies `a` ↔ `b` until either ends or `stop` becomes true; the bytes each way.
-pub async fn bridge<A, B>(mut a: A, mut b: B, mut stop: watch::Receiver<bool>) -> (u64, u64)
+pub async fn bridge<A, B>(mut a: A, mut b: B, stop: watch::Receiver<bool>) -> (u64, u64)
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
 {
     tokio::select! {
         r = tokio::io::copy_bidirectional(&mut a, &mut b) => r.unwrap_or((0, 0)),
-        _ = stop.wait_for(|s| *s) => (0, 0),
+        () = stopped(stop) => (0, 0),
     }
+}
+
+/// Why [`open_upgrade`] got no upgraded connection.
+#[derive(Debug)]
+pub enum UpgradeRefused {
+    /// Nothing reached the peer (connection refused, bad URL).
+    Unreachable(String),
+    /// The peer answered without upgrading: its status and (bounded) body.
+    Answered(StatusCode, Bytes),
+    /// The connection failed after the request was sent.
+    Failed(String),
+}
+
+/// Largest error body read from a peer that refused an upgrade.
+const MAX_REFUSAL_BODY: usize = 64 << 10;
+
+/// `POST {base}{path}` with `headers` on a new connection to `base` (`http://host:port`),
+/// asking to upgrade to `protocol`; the upgraded connection once the peer answers 101.
+pub async fn open_upgrade(
+    base: &str,
+    path: &str,
+    protocol: &'static str,
+    headers: &[(&str, &str)],
+    timeout: std::time::Duration,
+) -> Result<hyper::upgrade::Upgraded, UpgradeRefused> {
+    use http_body_util::BodyExt as _;
+    let authority = base
+        .strip_prefix("http://")
+        .map(|a| a.trim_end_matches('/'))
+        .ok_or_else(|| UpgradeRefused::Unreachable(format!("not an http:// URL: {base}")))?;
+    let tcp = match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(authority)).await {
+        Ok(Ok(t)) => t,
+        Ok(Err(e)) => return Err(UpgradeRefused::Unreachable(format!("{authority}: {e}"))),
+        Err(_) => {
+            return Err(UpgradeRefused::Unreachable(format!(
+                "{authority}: timed out"
+            )));
+        }
+    };
+    let _ = tcp.set_nodelay(true);
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake::<_, http_body_util::Empty<Bytes>>(TokioIo::new(tcp))
+            .await
+            .map_err(|e| UpgradeRefused::Failed(e.to_string()))?;
+    tokio::spawn(async move {
+        let _ = conn.with_upgrades().await;
+    });
+    let mut req = Request::post(path)
+        .header(header::HOST, authority)
+        .header(header::CONNECTION, "upgrade")
+        .header(header::UPGRADE, protocol);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req
+        .body(http_body_util::Empty::new())
+        .map_err(|e| UpgradeRefused::Unreachable(format!("request: {e}")))?;
+    let resp = tokio::time::timeout(timeout, sender.send_request(req))
+        .await
+        .map_err(|_| UpgradeRefused::Failed("no answer in time".into()))?
+        .map_err(|e| UpgradeRefused::Failed(e.to_string()))?;
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        return hyper::upgrade::on(resp)
+            .await
+            .map_err(|e| UpgradeRefused::Failed(e.to_string()));
+    }
+    let status = resp.status();
+    let limited = http_body_util::Limited::new(resp.into_body(), MAX_REFUSAL_BODY);
+    let body = match tokio::time::timeout(timeout, limited.collect()).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        _ => Bytes::new(),
+    };
+    Err(UpgradeRefused::Answered(status, body))
 }
 
 /// A JSON error answer `{"error", "message"}`; with `close`, the connection it goes

@@ -27,6 +27,28 @@ pub async fn run_to_end(
     }
 }
 
+/// The connection a request came on, in every request's extensions (see
+/// [`serve_with`]): lets a handler keep something for the connection's life (the
+/// edge binds a kept-alive service-port connection to one sandbox, port and backend)
+/// — dropped when the connection ends.
+#[derive(Clone, Debug)]
+pub struct Connection {
+    /// Unique among this process's connections.
+    pub id: u64,
+    /// What a handler keeps for it.
+    pub kept: Arc<tokio::sync::Mutex<Option<Box<dyn std::any::Any + Send>>>>,
+}
+
+impl Connection {
+    fn new() -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        Self {
+            id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            kept: Arc::default(),
+        }
+    }
+}
+
 /// Limits every listener of the platform applies (see [`serve_with`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServeLimits {
@@ -113,7 +135,6 @@ pub async fn serve_with(
     limits: ServeLimits,
 ) -> std::io::Result<()> {
     use hyper_util::rt::TokioTimer;
-    use hyper_util::service::TowerToHyperService;
 
     let max = limits
         .max_connections
@@ -151,8 +172,15 @@ pub async fn serve_with(
             continue;
         };
         let _ = tcp.set_nodelay(true);
+        let connection = Connection::new();
+        let app = app.clone();
+        let service = hyper::service::service_fn(move |mut req: hyper::Request<_>| {
+            req.extensions_mut().insert(connection.clone());
+            let mut app = app.clone();
+            async move { tower_service::Service::call(&mut app, req.map(axum::body::Body::new)).await }
+        });
         let conn = builder
-            .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(app.clone()))
+            .serve_connection(TokioIo::new(tcp), service)
             .with_upgrades();
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {

@@ -70,6 +70,12 @@ codes! {
     Internal => "internal",
     /// Not served by a standalone edge.
     NotHere => "not_here",
+    /// The sandbox does not expose that service port.
+    PortNotExposed => "port_not_exposed",
+    /// Nothing accepts connections on the service port inside the sandbox.
+    PortClosed => "port_closed",
+    /// A request on a service-port connection bound to another sandbox or port.
+    Misdirected => "misdirected",
 }
 
 impl ErrorCode {
@@ -77,7 +83,7 @@ impl ErrorCode {
     /// answer: the codes a client of the edge may act on are kept, any other (or an
     /// unknown one) becomes `bad_gateway`. The one map for every relayed answer.
     pub fn relayed(code: &str) -> Self {
-        const KEPT: [ErrorCode; 9] = [
+        const KEPT: [ErrorCode; 12] = [
             ErrorCode::BadRequest,
             ErrorCode::Unauthorized,
             ErrorCode::Forbidden,
@@ -87,6 +93,9 @@ impl ErrorCode {
             ErrorCode::NotRunning,
             ErrorCode::Paused,
             ErrorCode::Transitioning,
+            ErrorCode::PortNotExposed,
+            ErrorCode::PortClosed,
+            ErrorCode::Misdirected,
         ];
         KEPT.into_iter()
             .find(|c| c.as_str() == code)

@@ -44,6 +44,7 @@ pub async fn control(a: ControlArgs) -> Result<(), String> {
         data_dir: a.data_dir,
         database_url: a.database_url,
         standby: a.standby,
+        domain: a.domain.clone(),
     })
     .await?;
     lock.record(Some(&format!("http://{}", handle.addr)))?;

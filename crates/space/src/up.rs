@@ -45,6 +45,7 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
         data_dir: data_dir.clone(),
         database_url: None,
         standby: a.standby(),
+        domain: a.domain.clone(),
     })
     .await?;
     let url = format!("http://{}", handle.addr);

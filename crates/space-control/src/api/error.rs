@@ -28,6 +28,8 @@ pub fn status(e: &ControlError) -> StatusCode {
         E::BadGateway(_) | E::WrongExecution => StatusCode::BAD_GATEWAY,
         E::Internal(_) | E::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
         E::NotHere => StatusCode::NOT_IMPLEMENTED,
+        E::PortNotExposed(_) => StatusCode::NOT_FOUND,
+        E::Misdirected(_) => StatusCode::MISDIRECTED_REQUEST,
         E::Relayed(r) => StatusCode::from_u16(r.status).unwrap_or(StatusCode::BAD_GATEWAY),
     }
 }

@@ -224,6 +224,11 @@ error_responses!(
     /// A file write forwarded to the worker.
     FileWrite: [BAD_REQUEST, UNAUTHORIZED, DENY, NOT_FOUND, BODY_TIMEOUT, CONFLICT, BAD_GATEWAY, UNAVAILABLE, NO_SPACE]
 );
+const PORT_NOT_EXPOSED: (u16, &str) = (404, "`not_found` (no such sandbox) or `port_not_exposed`");
+error_responses!(
+    /// A change of a sandbox's service ports.
+    PortChange: [BAD_REQUEST, UNAUTHORIZED, PORT_NOT_EXPOSED, CONFLICT, INTERNAL]
+);
 error_responses!(
     /// An admin-only create.
     AdminOnly: [BAD_REQUEST, UNAUTHORIZED, FORBIDDEN, INTERNAL]

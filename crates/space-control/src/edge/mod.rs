@@ -26,6 +26,7 @@ use crate::http::HttpClient;
 pub mod authority;
 pub(crate) mod files;
 pub mod forward;
+pub mod ports;
 mod routes;
 pub mod streams;
 

@@ -144,6 +144,15 @@ impl ControlPlane {
         if matches!(s.state, SandboxState::Stopped) {
             return Err(ControlError::Conflict("the sandbox is stopped".into()));
         }
+        // A service-port capability only for a port exposed with that protocol.
+        if let Some(sp) = service_port {
+            let exposed = self.port(&s.id, sp.port).await?;
+            if exposed.protocol != sp.protocol.as_str() {
+                return Err(ControlError::Deny {
+                    reason: space_identity::DenyReason::WrongProtocol,
+                });
+            }
+        }
         // Only an execution its worker acknowledged as running gets capabilities.
         let exe = self.running_execution(&s.id).await?;
         let worker = self.store.get_worker(&exe.worker).await?;

@@ -227,7 +227,11 @@ impl ControlPlane {
 }
 
 /// What a worker must run for execution `exe` of sandbox `s`.
-pub(super) fn install_of(s: &SandboxRecord, exe: &ExecutionRecord) -> InstallExecution {
+pub(super) fn install_of(
+    s: &SandboxRecord,
+    exe: &ExecutionRecord,
+    ports: Vec<space_proto::api::ports::ExposedPort>,
+) -> InstallExecution {
     InstallExecution {
         sandbox: s.id,
         generation: exe.generation,
@@ -240,6 +244,6 @@ pub(super) fn install_of(s: &SandboxRecord, exe: &ExecutionRecord) -> InstallExe
         // A sandbox's first execution starts empty; every later one continues its
         // files, which must be on the worker (kept there, or sent before the install).
         needs_layer: exe.generation > Generation::FIRST,
-        ports: Vec::new(),
+        ports,
     }
 }

@@ -38,7 +38,10 @@ impl ControlPlane {
                 now,
             )
             .await?;
-        let outcome = self.deliver(w, Update::Install(install_of(s, &exe))).await;
+        let ports = self.exposed_ports(&s.id).await?;
+        let outcome = self
+            .deliver(w, Update::Install(install_of(s, &exe, ports)))
+            .await;
         if let Some(ready) = outcome.as_ref().ok().and_then(|a| a.warm_ready) {
             self.load
                 .lock()
@@ -101,6 +104,8 @@ impl ControlPlane {
         self.store
             .set_sandbox_state(&s.id, SandboxState::Stopped, None)
             .await?;
+        // A stopped sandbox serves no port again: its tokens, links and cookies go.
+        self.store.delete_ports(&s.id).await?;
         if let Some(exe) = self.store.current_execution(&s.id).await? {
             self.retire(&exe).await?;
         } else if let Some(last) = self

@@ -68,6 +68,10 @@ pub struct ControlPlane {
     pub(super) transition_wait: Duration,
     /// Rebuilt attempts' capabilities: a freeze lets them arrive first.
     pub(super) arrivals: Arrivals,
+    /// Where service-port URLs point.
+    pub(super) port_urls: std::sync::RwLock<super::ports::PortUrls>,
+    /// The key of one-time links' cookies (loaded from the store on first use).
+    pub(super) cookie_key: std::sync::OnceLock<[u8; 32]>,
 }
 
 /// The tenant that owns standby sandboxes until a create claims one. Tenant IDs that
@@ -119,6 +123,8 @@ impl ControlPlane {
                 .map_or(DEFAULT_TRANSITION_WAIT, Duration::from_millis)
                 .min(MAX_TRANSITION_WAIT),
             arrivals: Arrivals::from_env(),
+            port_urls: std::sync::RwLock::default(),
+            cookie_key: std::sync::OnceLock::new(),
         }))
     }
 }

@@ -119,7 +119,8 @@ impl ControlPlane {
             let Ok(s) = self.store.get_sandbox(&exe.sandbox).await else {
                 continue;
             };
-            updates.push(Update::Install(install_of(&s, &exe)));
+            let ports = self.exposed_ports(&s.id).await?;
+            updates.push(Update::Install(install_of(&s, &exe, ports)));
         }
         self.sign_updates(&w.id, updates).await
     }

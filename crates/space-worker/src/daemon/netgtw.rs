@@ -205,7 +205,11 @@ impl Tunnel {
                 }
                 tokio::select! {
                     _ = lease.wait_for(|replaced| *replaced) => {}
-                    r = changes.changed() => if r.is_err() { return },
+                    r = changes.changed() => if r.is_err() {
+                        // The worker is going away: so is the tunnel.
+                        let _ = tx.send(true);
+                        return;
+                    },
                     () = tx.closed() => return,
                 }
             }
@@ -213,7 +217,7 @@ impl Tunnel {
         rx
     }
 
-    async fn serve_http(self, client: hyper::upgrade::Upgraded, mut stop: watch::Receiver<bool>) {
+    async fn serve_http(self, client: hyper::upgrade::Upgraded, stop: watch::Receiver<bool>) {
         let gate = Arc::new(Gate {
             worker: Arc::clone(&self.worker),
             slot: Arc::clone(&self.slot),
@@ -236,7 +240,7 @@ impl Tunnel {
         tokio::select! {
             _ = conn => {}
             // The execution is gone: the tunnel ends now, not after the request.
-            _ = stop.wait_for(|s| *s) => {}
+            () = proxy::stopped(stop) => {}
         }
     }
 }

@@ -147,6 +147,17 @@ async fn readopt(worker: &Arc<Worker>, i: &space_proto::api::InstallExecution) -
             .as_ref()
             .is_some_and(|h| worker.substrate.hold_userns(h).unwrap_or(false));
     if alive {
+        // The control plane's list is newer than this record where they differ: a
+        // ports update missed while this worker was down.
+        let mut r = r.clone();
+        if r.ports != i.ports {
+            r.ports = i.ports.clone();
+            r.updated_at = now_secs() as i64;
+            if let Err(e) = worker.records.put(&r) {
+                tracing::warn!(sandbox = %r.sandbox, error = %e, "cannot record the sandbox's ports");
+            }
+        }
+        let r = &r;
         if let Some(b) = &r.bridge {
             let pool = Arc::new(AgentPool::new(
                 launch::bridge_target(b, &activation_of(r)),
