@@ -65,6 +65,10 @@ pub enum Command {
         #[arg(long)]
         recursive: bool,
     },
+    /// Service ports of a sandbox: expose one (HTTP or TCP) at a URL through the
+    /// edge, list, close, browser links, a local TCP forward.
+    #[command(subcommand)]
+    Port(PortCmd),
     /// List workers.
     Workers,
     /// Signing keys.
@@ -99,6 +103,10 @@ pub struct UpArgs {
     /// `space worker --no-userns`).
     #[arg(long, env = "SPACE_NO_USERNS")]
     pub no_userns: bool,
+    /// Domain of service-port URLs, `{port}-{sandbox}.{domain}` (`localhost` works in
+    /// a browser without DNS; elsewhere a wildcard DNS name pointing at the edge).
+    #[arg(long, env = "SPACE_DOMAIN", default_value = "localhost")]
+    pub domain: String,
 }
 
 impl UpArgs {
@@ -124,6 +132,9 @@ pub struct ControlArgs {
     /// Sandboxes kept running, unowned, for creates to claim (0 turns it off).
     #[arg(long, env = "SPACE_STANDBY", default_value_t = 0)]
     pub standby: usize,
+    /// Domain of service-port URLs, `{port}-{sandbox}.{domain}`.
+    #[arg(long, env = "SPACE_DOMAIN", default_value = "localhost")]
+    pub domain: String,
 }
 
 /// `space worker`.
@@ -332,6 +343,71 @@ pub enum FsCmd {
     },
 }
 
+/// `space port …`.
+#[derive(Debug, Subcommand)]
+pub enum PortCmd {
+    /// Expose a port of a sandbox (a server listening on its loopback) through the
+    /// edge; prints its URL, then its access token and a one-time browser link.
+    /// Exposing it again replaces it (and its token).
+    Expose {
+        /// Sandbox ID.
+        id: String,
+        /// The port inside the sandbox.
+        #[arg(value_parser = port_number)]
+        port: u16,
+        /// A raw TCP port (reach it with `space port forward`) rather than HTTP.
+        #[arg(long)]
+        tcp: bool,
+        /// Anyone with the URL may connect (default: only the API key or the port's
+        /// token).
+        #[arg(long)]
+        public: bool,
+    },
+    /// List the exposed ports of a sandbox.
+    Ls {
+        /// Sandbox ID.
+        id: String,
+    },
+    /// Close an exposed port.
+    Rm {
+        /// Sandbox ID.
+        id: String,
+        /// The port inside the sandbox.
+        #[arg(value_parser = port_number)]
+        port: u16,
+    },
+    /// Print a new one-time browser link to an exposed port (it sets the port's token
+    /// as a cookie and redirects to its URL).
+    Link {
+        /// Sandbox ID.
+        id: String,
+        /// The port inside the sandbox.
+        #[arg(value_parser = port_number)]
+        port: u16,
+    },
+    /// Forward a local TCP address to an exposed port, through the edge, until
+    /// Ctrl-C (each local connection is a tunnel of its own; at most 256 at once).
+    Forward {
+        /// Sandbox ID.
+        id: String,
+        /// The port inside the sandbox.
+        #[arg(value_parser = port_number)]
+        port: u16,
+        /// Local address to listen on (port 0: any free port; the first line printed
+        /// names the one taken).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        local: std::net::SocketAddr,
+    },
+}
+
+/// A port inside a sandbox: 1–65535.
+fn port_number(s: &str) -> Result<u16, String> {
+    match s.parse::<u16>() {
+        Ok(0) | Err(_) => Err(format!("{s:?} is not a port (1-65535)")),
+        Ok(p) => Ok(p),
+    }
+}
+
 /// `space keys …`.
 #[derive(Debug, Subcommand)]
 pub enum KeysCmd {
@@ -349,6 +425,83 @@ mod tests {
             Command::Up(a) => a,
             other => panic!("{other:?}"),
         }
+    }
+
+    fn port(args: &[&str]) -> Result<PortCmd, clap::Error> {
+        let argv = ["space", "port"].iter().chain(args).copied();
+        Cli::try_parse_from(argv).map(|c| match c.command {
+            Command::Port(p) => p,
+            other => panic!("{other:?}"),
+        })
+    }
+
+    #[test]
+    fn port_expose_is_http_and_private_unless_told_otherwise() {
+        match port(&["expose", "sbx_x", "8000"]).expect("parses") {
+            PortCmd::Expose {
+                id,
+                port,
+                tcp,
+                public,
+            } => assert_eq!(
+                (id.as_str(), port, tcp, public),
+                ("sbx_x", 8000, false, false)
+            ),
+            other => panic!("{other:?}"),
+        }
+        match port(&["expose", "sbx_x", "5432", "--tcp", "--public"]).expect("parses") {
+            PortCmd::Expose { tcp, public, .. } => assert!(tcp && public),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_port_outside_1_to_65535_is_refused_by_every_port_command() {
+        for bad in ["0", "65536", "99999999", "http"] {
+            for cmd in ["expose", "rm", "link", "forward"] {
+                let e = port(&[cmd, "sbx_x", bad]).expect_err(bad);
+                assert_eq!(
+                    e.kind(),
+                    clap::error::ErrorKind::ValueValidation,
+                    "{cmd} {bad}"
+                );
+            }
+        }
+        // A leading dash reads as a flag: refused too.
+        assert!(port(&["expose", "sbx_x", "-1"]).is_err());
+        assert!(port(&["expose", "sbx_x", "65535"]).is_ok());
+        assert!(port(&["expose", "sbx_x", "1"]).is_ok());
+    }
+
+    #[test]
+    fn port_forward_listens_on_a_free_loopback_port_unless_given_an_address() {
+        match port(&["forward", "sbx_x", "6379"]).expect("parses") {
+            PortCmd::Forward { local, port, .. } => {
+                assert_eq!((local.to_string().as_str(), port), ("127.0.0.1:0", 6379));
+            }
+            other => panic!("{other:?}"),
+        }
+        match port(&["forward", "sbx_x", "6379", "--local", "127.0.0.1:16379"]).expect("parses") {
+            PortCmd::Forward { local, .. } => assert_eq!(local.to_string(), "127.0.0.1:16379"),
+            other => panic!("{other:?}"),
+        }
+        assert!(port(&["forward", "sbx_x", "6379", "--local", "localhost"]).is_err());
+    }
+
+    #[test]
+    fn port_ls_rm_and_link_take_their_arguments_and_nothing_more() {
+        assert!(matches!(port(&["ls", "sbx_x"]), Ok(PortCmd::Ls { id }) if id == "sbx_x"));
+        assert!(matches!(
+            port(&["rm", "sbx_x", "80"]),
+            Ok(PortCmd::Rm { port: 80, .. })
+        ));
+        assert!(matches!(
+            port(&["link", "sbx_x", "80"]),
+            Ok(PortCmd::Link { port: 80, .. })
+        ));
+        assert!(port(&["rm", "sbx_x"]).is_err());
+        assert!(port(&["ls", "sbx_x", "80"]).is_err());
+        assert!(port(&["link", "sbx_x", "80", "--tcp"]).is_err());
     }
 
     #[test]

@@ -1,6 +1,6 @@
-//! The client commands: sandboxes, exec, files, workers, keys — every call made with
-//! the SDK (`space_client`) through the edge, which recovers routes on its side.
-//! Errors take one form (`errors`).
+//! The client commands: sandboxes, exec, files, ports (`ports`), workers, keys — every
+//! call made with the SDK (`space_client`) through the edge, which recovers routes on
+//! its side. Errors take one form (`errors`).
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -13,6 +13,7 @@ use space_proto::api::MAX_EXEC_STDIN;
 use crate::args::{Cli, Command, FsCmd, KeysCmd, SandboxCmd};
 
 pub(crate) mod errors;
+mod ports;
 
 /// The SDK through the edge at `cli.url` with the API key.
 fn client(cli: &Cli) -> Result<Client, String> {
@@ -412,6 +413,7 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
                 );
             }
         }
+        Command::Port(p) => return ports::run(&c, cli, url, p).await,
         Command::Term { sandbox } => {
             return crate::streams::term(&c, url, &sandbox_id(sandbox)?).await;
         }
