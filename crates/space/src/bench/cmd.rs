@@ -2,7 +2,7 @@
 
 use clap::{Args, Subcommand};
 
-use super::soak;
+use super::{p10, soak};
 
 /// `space bench …`.
 #[derive(Debug, Subcommand)]
@@ -27,10 +27,20 @@ pub enum BenchCmd {
     P7(P7Args),
     /// P8: streams of execution N closed after N+1 is installed.
     P8(Strict),
+    /// P10: HTTP (latency, requests per second) and TCP (throughput) to servers in a
+    /// sandbox through edge + netgtw, against the same client inside the sandbox's
+    /// network namespace.
+    P10(Strict),
+    /// A server P10 runs inside a sandbox.
+    #[command(hide = true)]
+    Serve(p10::serve::ServeArgs),
+    /// P10's load client: prints one JSON line.
+    #[command(hide = true)]
+    Load(p10::load::LoadArgs),
     /// Files: a 50 MiB put and get through the edge against a host `cp` of the same
     /// file into and out of the same filesystem (target ≤ 3 ×).
     Files(Strict),
-    /// P1–P8, then the soak's short form: one table.
+    /// P1–P8 and P10, then the soak's short form: one table.
     All(P7Args),
 }
 

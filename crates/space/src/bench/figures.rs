@@ -1,7 +1,7 @@
 //! `space bench p1` … `p8` and `all`: which figures run on which platform, and the
 //! exit code.
 //!
-//! P1 and P2 need no platform. P3–P6 and P8 share one `space up` with the defaults
+//! P1 and P2 need no platform. P3–P6, P8 and P10 share one `space up` with the defaults
 //! (two workers, 16 warm jails and 16 standby sandboxes per worker), P4 first while
 //! the machine is quiet and the pools full. P7 starts its own (one worker, no pools),
 //! so that nothing but the idle sandboxes is counted. `all` then runs the soak's short
@@ -10,7 +10,7 @@
 use super::cmd::BenchCmd;
 use super::platform::{Platform, PlatformOptions};
 use super::row::{Row, print_table};
-use super::{p1_p2, p3, p4, p5_p6, p7, p8, soak};
+use super::{p1_p2, p3, p4, p5_p6, p7, p8, p10, soak};
 
 /// The pools of the platform P3–P8 run on: the defaults of `space up`.
 fn pools() -> (usize, usize) {
@@ -98,6 +98,9 @@ async fn platform_figures(which: &[&str]) -> Vec<Row> {
     if which.contains(&"P8") {
         rows.extend(rows_or_failed("P8", p8::run(&p, warm, standby).await));
     }
+    if which.contains(&"P10") {
+        rows.extend(rows_or_failed("P10", p10::run(&p).await));
+    }
     p.stop().await;
     rows
 }
@@ -106,6 +109,7 @@ async fn platform_figures(which: &[&str]) -> Vec<Row> {
 pub async fn run(cmd: &BenchCmd, json: bool) -> Result<i32, String> {
     let (rows, strict, soak_passed) = match cmd {
         BenchCmd::Soak(_) => return Err("the soak is not a figure".into()),
+        BenchCmd::Serve(_) | BenchCmd::Load(_) => return Err("not a figure".into()),
         BenchCmd::P1(s) => (cpu_figures(true, false).await?, s.strict, true),
         BenchCmd::P2(s) => (cpu_figures(false, true).await?, s.strict, true),
         BenchCmd::P3(s) => (platform_figures(&["P3"]).await, s.strict, true),
@@ -114,6 +118,7 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> Result<i32, String> {
         BenchCmd::P6(s) => (platform_figures(&["P6"]).await, s.strict, true),
         BenchCmd::P8(s) => (platform_figures(&["P8"]).await, s.strict, true),
         BenchCmd::Files(s) => (platform_figures(&["files"]).await, s.strict, true),
+        BenchCmd::P10(s) => (platform_figures(&["P10"]).await, s.strict, true),
         BenchCmd::P7(a) => (
             rows_or_failed("P7", p7::run(a.sandboxes).await),
             a.strict,
@@ -121,10 +126,8 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> Result<i32, String> {
         ),
         BenchCmd::All(a) => {
             let mut rows = cpu_figures(true, true).await?;
-            rows.extend(platform_figures(&["P3", "P4", "P5", "P6", "P8"]).await);
+            rows.extend(platform_figures(&["P3", "P4", "P5", "P6", "P8", "P10"]).await);
             rows.extend(rows_or_failed("P7", p7::run(a.sandboxes).await));
-            // In QUALITY.md's order: P1 … P8.
-            rows.sort_by(|x, y| x.id.cmp(&y.id));
             eprintln!("P9: the soak's short form");
             let args = soak::SoakArgs::short();
             let passed = match soak::run(&args).await {
@@ -137,11 +140,20 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> Result<i32, String> {
                     false
                 }
             };
+            // In QUALITY.md's order: P1 … P10 (P10 after P9, not after P1).
+            rows.sort_by_key(|r| figure_order(&r.id));
             (rows, a.strict, passed)
         }
     };
     print_table(&rows, json);
     Ok(exit_code(&rows, strict, soak_passed))
+}
+
+/// Where a row of figure `id` goes in the table: by the figure's number, then by
+/// name (`files`, anything unnumbered, last).
+fn figure_order(id: &str) -> (u32, String) {
+    let n = id.strip_prefix('P').and_then(|n| n.parse().ok());
+    (n.unwrap_or(u32::MAX), id.to_owned())
 }
 
 /// 1 when a figure could not be measured or the soak failed; with `strict`, also when
@@ -155,6 +167,13 @@ fn exit_code(rows: &[Row], strict: bool, soak_passed: bool) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_are_ordered_by_figure_number_so_p10_comes_after_p9() {
+        let mut ids = vec!["P10", "P9", "P1", "P3", "P2", "P10", "P8"];
+        ids.sort_by_key(|id| figure_order(id));
+        assert_eq!(ids, ["P1", "P2", "P3", "P8", "P9", "P10", "P10"]);
+    }
 
     #[test]
     fn a_missed_target_fails_the_run_only_with_strict() {

@@ -6,6 +6,7 @@
 pub mod cmd;
 mod figures;
 pub mod files;
+pub mod p10;
 pub mod p1_p2;
 pub mod p3;
 pub mod p4;
@@ -28,6 +29,8 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> Result<i32, String> {
             print_table(&report.rows(), json);
             Ok(if report.passed() { 0 } else { 1 })
         }
+        BenchCmd::Serve(a) => p10::serve::run(a).await.map(|()| 0),
+        BenchCmd::Load(a) => p10::load::run(a).await,
         figure => figures::run(figure, json).await,
     }
 }
