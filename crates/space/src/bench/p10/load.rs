@@ -548,9 +548,20 @@ mod tests {
         addr
     }
 
+    /// What a [`canned`] server does after its one answer on a connection.
+    #[derive(Clone, Copy, PartialEq)]
+    enum After {
+        /// Closes the connection.
+        Close,
+        /// Reads once more, then closes.
+        ReadOnce,
+        /// Holds the connection open, reading nothing, for 30 s.
+        Hold,
+    }
+
     /// A server that answers each connection once with `answer` after reading a
-    /// request head, then closes it (or keeps reading, with `keep`).
-    async fn canned(answer: &'static [u8], keep: bool) -> SocketAddr {
+    /// request head, then does `after`.
+    async fn canned(answer: &'static [u8], after: After) -> SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         tokio::spawn(async move {
@@ -566,8 +577,12 @@ mod tests {
                         }
                     }
                     let _ = s.write_all(answer).await;
-                    if keep {
-                        let _ = s.read(&mut chunk).await;
+                    match after {
+                        After::Close => {}
+                        After::ReadOnce => {
+                            let _ = s.read(&mut chunk).await;
+                        }
+                        After::Hold => tokio::time::sleep(Duration::from_secs(30)).await,
                     }
                 });
             }
@@ -589,7 +604,7 @@ mod tests {
     async fn an_answer_that_closes_is_followed_by_a_new_connection() {
         let addr = canned(
             b"HTTP/1.0 200 OK\r\nContent-Length: 13\r\n\r\nhello, world\n",
-            false,
+            After::Close,
         )
         .await;
         let mut c = HttpConnection::new(addr, "x", "/", None).expect("client");
@@ -620,11 +635,30 @@ mod tests {
                 "over 1 MiB",
             ),
         ] {
-            let addr = canned(answer, true).await;
+            let addr = canned(answer, After::ReadOnce).await;
             let mut c = HttpConnection::new(addr, "x", "/", None).expect("client");
             let e = c.get().await.expect_err("a failure");
             assert!(e.contains(says), "{e:?} should say {says:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn an_answer_marked_close_is_never_followed_on_its_connection() {
+        // The server keeps the socket open after saying it closes: a client that
+        // sent its next request there would wait for an answer that never comes.
+        let addr = canned(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 13\r\nConnection: close\r\n\r\nhello, world\n",
+            After::Hold,
+        )
+        .await;
+        let mut c = HttpConnection::new(addr, "x", "/", None).expect("client");
+        for _ in 0..3 {
+            tokio::time::timeout(Duration::from_secs(2), c.get())
+                .await
+                .expect("an answer within 2 s")
+                .expect("answer");
+        }
+        assert_eq!(c.connects, 3);
     }
 
     #[test]

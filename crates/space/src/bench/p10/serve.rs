@@ -246,9 +246,14 @@ mod tests {
         addr
     }
 
+    /// Everything the server sends until it closes (a server that never closes
+    /// fails the test after 5 s).
     async fn read_to_end(s: &mut TcpStream) -> Vec<u8> {
         let mut out = Vec::new();
-        s.read_to_end(&mut out).await.expect("read");
+        tokio::time::timeout(std::time::Duration::from_secs(5), s.read_to_end(&mut out))
+            .await
+            .expect("the server did not close the connection within 5 s")
+            .expect("read");
         out
     }
 
