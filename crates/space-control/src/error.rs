@@ -95,6 +95,11 @@ pub enum ControlError {
     /// The sandbox does not expose this service port.
     #[error("port {0} of this sandbox is not exposed (POST /v1/sandboxes/{{id}}/ports)")]
     PortNotExposed(u16),
+    /// A private service port reached without a credential that opens it.
+    #[error(
+        "port {0} of this sandbox is private: send the owner's API key (Authorization: Bearer), the port's token (X-Space-Port-Token), or open a one-time link (POST /v1/sandboxes/{{id}}/ports/{0}/links)"
+    )]
+    PortPrivate(u16),
     /// A request on a service-port connection that another sandbox or port holds.
     #[error("{0}")]
     Misdirected(String),
@@ -176,6 +181,7 @@ impl ControlError {
             Self::Internal(_) | Self::Store(_) => ErrorCode::Internal,
             Self::NotHere => ErrorCode::NotHere,
             Self::PortNotExposed(_) => ErrorCode::PortNotExposed,
+            Self::PortPrivate(_) => ErrorCode::Unauthorized,
             Self::Misdirected(_) => ErrorCode::Misdirected,
             Self::Relayed(r) => r.code,
         }

@@ -88,14 +88,29 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     I: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
+    Ok(backend_watched(io).await?.0)
+}
+
+/// [`backend`], and a receiver that completes when the connection has ended.
+pub async fn backend_watched<B, I>(
+    io: I,
+) -> Result<(SendRequest<B>, tokio::sync::oneshot::Receiver<()>), hyper::Error>
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
     let (sender, conn) = hyper::client::conn::http1::Builder::new()
         .max_buf_size(MAX_BACKEND_HEAD.max(8192))
         .handshake(TokioIo::new(io))
         .await?;
+    let (ended, on_end) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let _ = conn.with_upgrades().await;
+        let _ = ended.send(());
     });
-    Ok(sender)
+    Ok((sender, on_end))
 }
 
 /// How a forwarded request went.

@@ -37,6 +37,7 @@ pub struct Connection {
     pub id: u64,
     /// What a handler keeps for it.
     pub kept: Arc<tokio::sync::Mutex<Option<Box<dyn std::any::Any + Send>>>>,
+    close: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Connection {
@@ -45,7 +46,13 @@ impl Connection {
         Self {
             id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             kept: Arc::default(),
+            close: Arc::new(tokio::sync::watch::Sender::new(false)),
         }
+    }
+
+    /// Ends the connection now, whatever it is doing (what it was bound to is gone).
+    pub fn close(&self) {
+        self.close.send_replace(true);
     }
 }
 
@@ -173,6 +180,7 @@ pub async fn serve_with(
         };
         let _ = tcp.set_nodelay(true);
         let connection = Connection::new();
+        let mut closed = connection.close.subscribe();
         let app = app.clone();
         let service = hyper::service::service_fn(move |mut req: hyper::Request<_>| {
             req.extensions_mut().insert(connection.clone());
@@ -188,6 +196,8 @@ pub async fn serve_with(
             let mut conn = std::pin::pin!(conn);
             tokio::select! {
                 _ = conn.as_mut() => return,
+                // Dropped: the client sees the connection end.
+                _ = closed.wait_for(|c| *c) => return,
                 _ = stop.wait_for(|s| *s) => {}
             }
             conn.as_mut().graceful_shutdown();

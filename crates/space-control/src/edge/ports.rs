@@ -12,8 +12,9 @@
 //! (421) and the connection closed — and to one tunnel into that sandbox's worker
 //! (netgtw, with a `service_port` capability for this port and protocol), reused
 //! while it stays open. netgtw closes the tunnel when the execution it was admitted
-//! for is replaced; the next request opens a new one to the new execution, so the
-//! same URL follows the sandbox.
+//! for is replaced, and the client's connection closes with it; the client's next
+//! connection opens a new tunnel to the new execution, so the same URL follows the
+//! sandbox.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -217,7 +218,7 @@ async fn authorize(
         if secret_matches(token.trim(), &p.token_hash) {
             return Ok(Credential::Token);
         }
-        return Err(ControlError::Unauthorized);
+        return Err(ControlError::PortPrivate(p.port));
     }
     if let Some(key) = headers
         .get(header::AUTHORIZATION)
@@ -235,7 +236,7 @@ async fn authorize(
             return Ok(Credential::Cookie);
         }
     }
-    Err(ControlError::Unauthorized)
+    Err(ControlError::PortPrivate(p.port))
 }
 
 /// `req` with the credential that let it in (and netgtw's routing headers) taken off.
@@ -263,6 +264,8 @@ struct Session {
     /// The credential header values that passed at `checked_at`, and which one it was.
     presented: Vec<Option<HeaderValue>>,
     used: Credential,
+    /// Set before a WebSocket upgrade is forwarded.
+    upgrading: Arc<std::sync::atomic::AtomicBool>,
 }
 
 fn presented(headers: &HeaderMap) -> Vec<Option<HeaderValue>> {
@@ -353,9 +356,25 @@ async fn serve_checked(
         Some(s) => s,
         None => {
             let (upgraded, execution) = open_tunnel(cp, t, Protocol::Http).await?;
-            let sender = proxy::backend::<Body, _>(TokioIo::new(upgraded))
+            let (sender, ended) = proxy::backend_watched::<Body, _>(TokioIo::new(upgraded))
                 .await
                 .map_err(|e| ControlError::BadGateway(format!("netgtw: {e}")))?;
+            // The client's connection lives as long as its tunnel: netgtw ends the
+            // tunnel when the execution is replaced, and the client's kept-alive
+            // connection to it ends with it (its next request opens a new one, which
+            // reaches the new execution).
+            // (Not after a WebSocket upgrade: the tunnel's HTTP connection ends by
+            // handing its bytes to the upgrade, and the client's has ended the same way.)
+            let upgrading = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            if let Some(c) = connection.clone() {
+                let upgrading = Arc::clone(&upgrading);
+                tokio::spawn(async move {
+                    let _ = ended.await;
+                    if !upgrading.load(std::sync::atomic::Ordering::SeqCst) {
+                        c.close();
+                    }
+                });
+            }
             Box::new(Session {
                 target: t,
                 execution,
@@ -364,6 +383,7 @@ async fn serve_checked(
                 checked_at: Instant::now(),
                 presented: checked.clone(),
                 used,
+                upgrading,
             })
         }
     };
@@ -372,6 +392,9 @@ async fn serve_checked(
         s.checked_at = Instant::now();
         s.presented = checked;
         s.used = used;
+    }
+    if proxy::upgrade_asked(req.headers()) == UpgradeAsk::WebSocket {
+        s.upgrading.store(true, std::sync::atomic::Ordering::SeqCst);
     }
     let (_never, stop) = watch::channel(false);
     let forwarded = proxy::forward(&mut s.sender, req, stop).await;

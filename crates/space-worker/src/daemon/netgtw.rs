@@ -369,3 +369,6 @@ impl Gate {
             })
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -38,7 +38,7 @@ pub mod streams;
 pub(crate) mod updates;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use idempotency::{IDEMPOTENCY_MAX_BYTES, IDEMPOTENCY_MAX_ENTRIES, IdempotencyCache};
 

@@ -39,7 +39,7 @@ const ME: &str = "w1";
 /// A worker on records of its own in `data`, never enrolled: no jail, bridge or agent
 /// is ever started (its binaries are the test process, never run). `tag` names its
 /// cgroup parent.
-pub(super) fn bare_worker(data: &tempfile::TempDir, tag: &str) -> Arc<Worker> {
+pub(crate) fn bare_worker(data: &tempfile::TempDir, tag: &str) -> Arc<Worker> {
     let exe = std::env::current_exe().unwrap();
     let config = WorkerConfig {
         id: space_testkit::worker(ME),
