@@ -144,10 +144,15 @@ where
     let mut resp = sender.send_request(req).await?;
     let Some(client_side) = client_side else {
         strip_hop_headers(resp.headers_mut(), false);
+        // Whether this hop's connection stays open is this hop's business: an
+        // HTTP/1.0 server closing after each answer does not end the tunnel (the next
+        // request gets a new connection to the server behind it).
+        *resp.version_mut() = hyper::Version::HTTP_11;
         return Ok(Forwarded::Answer(resp));
     };
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         strip_hop_headers(resp.headers_mut(), false);
+        *resp.version_mut() = hyper::Version::HTTP_11;
         resp.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
         return Ok(Forwarded::Answer(resp));
@@ -161,6 +166,11 @@ where
     });
     Ok(Forwarded::Upgraded(resp))
 }
+
+/// Each direction of a [`bridge`] moves up to this much per read and write (tokio's
+/// default, 8 KiB, cost a tunnel most of its throughput: measured 695 MiB/s through
+/// edge + netgtw against 4430 MiB/s direct).
+pub const BRIDGE_BUFFER: usize = 256 << 10;
 
 /// Completes once `stop` becomes true; never if its sender goes away without
 /// setting it.
@@ -177,7 +187,9 @@ where
     B: AsyncRead + AsyncWrite + Unpin,
 {
     tokio::select! {
-        r = tokio::io::copy_bidirectional(&mut a, &mut b) => r.unwrap_or((0, 0)),
+        r = tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, BRIDGE_BUFFER, BRIDGE_BUFFER) => {
+            r.unwrap_or((0, 0))
+        }
         () = stopped(stop) => (0, 0),
     }
 }

@@ -59,6 +59,9 @@ pub struct Edge {
     authority: Authority,
     http: HttpClient,
     routes: RouteDriver<Grant>,
+    /// Service-port capabilities by sandbox, port and protocol, reused until shortly
+    /// before they expire (see `ports`).
+    port_grants: ports::PortGrants,
 }
 
 impl Edge {
@@ -68,6 +71,7 @@ impl Edge {
             authority,
             http: HttpClient::new(Duration::from_secs(300)),
             routes: RouteDriver::new(ROUTES),
+            port_grants: ports::PortGrants::default(),
         })
     }
 
@@ -79,5 +83,6 @@ impl Edge {
     /// Drops every cached route (tests, key rotation).
     pub fn clear(&self) {
         self.routes.clear();
+        self.port_grants.clear();
     }
 }

@@ -48,6 +48,55 @@ const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// credential presented) before it reads them again.
 const RECHECK_AFTER: Duration = Duration::from_secs(1);
 
+/// Service-port capabilities kept for reuse, at most this many.
+const PORT_GRANTS: usize = 10_000;
+
+/// Renew a kept service-port capability this long before it expires.
+const GRANT_MARGIN_SECS: u64 = 10;
+
+/// Service-port capabilities the edge issued, by sandbox, port and protocol: opening
+/// a tunnel costs a capability only when none is kept (a client that opens a
+/// connection per request, as HTTP/1.0 ones do, would otherwise pay store reads and
+/// a signature every time). Dropped when a worker refuses one.
+#[derive(Debug, Default)]
+pub(crate) struct PortGrants {
+    kept: std::sync::Mutex<
+        std::collections::HashMap<(SandboxId, u16, Protocol), space_proto::api::CapabilityResponse>,
+    >,
+}
+
+impl PortGrants {
+    fn get(
+        &self,
+        key: &(SandboxId, u16, Protocol),
+    ) -> Option<space_proto::api::CapabilityResponse> {
+        let kept = self.kept.lock().ok()?;
+        let cap = kept.get(key)?;
+        (cap.expires_at > crate::now_secs() + GRANT_MARGIN_SECS).then(|| cap.clone())
+    }
+
+    fn put(&self, key: (SandboxId, u16, Protocol), cap: space_proto::api::CapabilityResponse) {
+        if let Ok(mut kept) = self.kept.lock() {
+            if kept.len() >= PORT_GRANTS {
+                kept.clear();
+            }
+            kept.insert(key, cap);
+        }
+    }
+
+    fn forget(&self, key: &(SandboxId, u16, Protocol)) {
+        if let Ok(mut kept) = self.kept.lock() {
+            kept.remove(key);
+        }
+    }
+
+    pub(crate) fn clear(&self) {
+        if let Ok(mut kept) = self.kept.lock() {
+            kept.clear();
+        }
+    }
+}
+
 /// What a service-port request names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Target {
@@ -156,7 +205,7 @@ pub async fn entry(State(st): State<AppState>, req: Request, next: Next) -> Resp
     let domain = cp.port_urls().domain;
     match target(&req, &domain) {
         Ok(None) => next.run(req).await,
-        Ok(Some(t)) => serve(&cp, t, req).await,
+        Ok(Some(t)) => serve(&cp, &st.edge.port_grants, t, req).await,
         Err(e) => {
             cp.metrics.port_refused("bad_request");
             refused(&e, true)
@@ -279,8 +328,8 @@ fn presented(headers: &HeaderMap) -> Vec<Option<HeaderValue>> {
     .collect()
 }
 
-async fn serve(cp: &Arc<ControlPlane>, t: Target, req: Request) -> Response {
-    match serve_checked(cp, t, req).await {
+async fn serve(cp: &Arc<ControlPlane>, grants: &PortGrants, t: Target, req: Request) -> Response {
+    match serve_checked(cp, grants, t, req).await {
         Ok(resp) => resp,
         Err(e) => {
             cp.metrics.port_refused(e.code().as_str());
@@ -291,6 +340,7 @@ async fn serve(cp: &Arc<ControlPlane>, t: Target, req: Request) -> Response {
 
 async fn serve_checked(
     cp: &Arc<ControlPlane>,
+    grants: &PortGrants,
     t: Target,
     mut req: Request,
 ) -> Result<Response, ControlError> {
@@ -350,12 +400,12 @@ async fn serve_checked(
     let checked = presented(req.headers());
     strip_credential(&mut req, used);
     if t.connect {
-        return connect_tcp(cp, t, req).await;
+        return connect_tcp(cp, grants, t, req).await;
     }
     let mut s = match session.take().filter(|s| !s.sender.is_closed()) {
         Some(s) => s,
         None => {
-            let (upgraded, execution) = open_tunnel(cp, t, Protocol::Http).await?;
+            let (upgraded, execution) = open_tunnel(cp, grants, t, Protocol::Http).await?;
             let (sender, ended) = proxy::backend_watched::<Body, _>(TokioIo::new(upgraded))
                 .await
                 .map_err(|e| ControlError::BadGateway(format!("netgtw: {e}")))?;
@@ -414,10 +464,11 @@ async fn serve_checked(
 /// A `CONNECT`: a raw tunnel to a `tcp` port, once the worker's netgtw admitted it.
 async fn connect_tcp(
     cp: &Arc<ControlPlane>,
+    grants: &PortGrants,
     t: Target,
     mut req: Request,
 ) -> Result<Response, ControlError> {
-    let (upgraded, _) = open_tunnel(cp, t, Protocol::Tcp).await?;
+    let (upgraded, _) = open_tunnel(cp, grants, t, Protocol::Tcp).await?;
     let client = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
         if let Ok(client) = client.await {
@@ -434,21 +485,30 @@ async fn connect_tcp(
 /// the expose failed) is pushed again, once.
 async fn open_tunnel(
     cp: &Arc<ControlPlane>,
+    grants: &PortGrants,
     t: Target,
     protocol: Protocol,
 ) -> Result<(hyper::upgrade::Upgraded, Execution), ControlError> {
     let mut last = None;
+    let key = (t.sandbox, t.port, protocol);
     for attempt in 0..2 {
-        let s = cp.store.get_sandbox(&t.sandbox).await?;
-        let s = cp.settled_record(s, cp.transition_wait()).await?;
-        let cap = cp
-            .issue_capability(
-                &s,
-                AccessSet::of(&[Access::ServicePort]),
-                Purpose::ServicePort,
-                Some((t.port, protocol)),
-            )
-            .await?;
+        let cap = match grants.get(&key).filter(|_| attempt == 0) {
+            Some(cap) => cap,
+            None => {
+                let s = cp.store.get_sandbox(&t.sandbox).await?;
+                let s = cp.settled_record(s, cp.transition_wait()).await?;
+                let cap = cp
+                    .issue_capability(
+                        &s,
+                        AccessSet::of(&[Access::ServicePort]),
+                        Purpose::ServicePort,
+                        Some((t.port, protocol)),
+                    )
+                    .await?;
+                grants.put(key, cap.clone());
+                cap
+            }
+        };
         let auth = format!("SpaceCap {}", cap.token);
         let port = t.port.to_string();
         let path = format!("/v1/sandboxes/{}/netgtw", t.sandbox);
@@ -475,6 +535,7 @@ async fn open_tunnel(
                 return Ok((up, execution));
             }
             Err(UpgradeRefused::Answered(status, body)) => {
+                grants.forget(&key);
                 let body: Option<ErrorBody> = serde_json::from_slice(&body).ok();
                 let not_exposed = body
                     .as_ref()

@@ -189,7 +189,7 @@ pub struct SandboxHandle {
     /// returned. Connections to [`SandboxHandle::socket_path`] carry this PID in
     /// their peer credentials.
     pub agent: Option<ProcessIdentity>,
-    /// The agent's Unix socket on the host (`<data>/run/<sandbox>/agent.sock`).
+    /// The agent's Unix socket on the host (`<data>/run/<sandbox>/agent-<exe>.sock`).
     pub socket_path: PathBuf,
     /// Inode of the socket file, so that destroying this execution never removes
     /// a socket a later execution of the same sandbox bound at the same path.

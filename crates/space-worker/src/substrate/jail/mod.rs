@@ -7,7 +7,8 @@
 //! ```text
 //! templates/default/                  skeleton of the default template
 //! sandboxes/<sandbox>.<execution>/    upper/ work/ root/ jail.log
-//! run/<sandbox>/agent.sock            the agent's socket (dir 0700, never inside a jail)
+//! run/<sandbox>/agent-<exe>.sock      the agent's socket (dir 0700, never inside a jail;
+//!                                     `<exe>`: the execution ID's last 8 characters)
 //! run/warm_<random>/agent.sock        the same, of a jail launched warm (see [`warm`])
 //! ```
 //!
@@ -133,12 +134,18 @@ impl Layout {
     fn new(data_dir: &Path, key: &ExecutionKey) -> Self {
         let sandbox_dir = data_dir.join("sandboxes").join(key.dir_name());
         let run_dir = data_dir.join("run").join(&key.sandbox_id);
+        // A socket name per execution: two executions of a sandbox on one worker (a
+        // resume from a snapshot in place, a restart) shared `agent.sock`, and the
+        // old one's teardown — comparing the socket's inode, then removing the path —
+        // could remove the socket the new one had just bound there. (Not a directory
+        // per execution: the path must stay within the 108 bytes of a socket address.)
+        let short: String = key.execution_id.chars().rev().take(8).collect();
         Self {
             upper: sandbox_dir.join("upper"),
             work: sandbox_dir.join("work"),
             root: sandbox_dir.join("root"),
             log: sandbox_dir.join("jail.log"),
-            socket: run_dir.join("agent.sock"),
+            socket: run_dir.join(format!("agent-{short}.sock")),
             run_dir,
             sandbox_dir,
         }
