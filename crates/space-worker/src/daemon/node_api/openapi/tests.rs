@@ -50,6 +50,7 @@ fn every_route_docs_api_md_lists_for_workers_is_in_the_document() {
         ("get", "/v1/sandboxes/{id}/terminal"),
         ("get", "/v1/sandboxes/{id}/watch"),
         ("get", "/v1/sandboxes/{id}/exec/stream"),
+        ("post", "/v1/sandboxes/{id}/netgtw"),
         ("get", "/healthz"),
         ("get", "/readyz"),
         ("get", "/metrics"),
