@@ -394,6 +394,17 @@ fn a_tunnel_reaches_the_port_inside_the_sandboxs_namespace_never_the_hosts() {
     }
 }
 
+/// What is presented, and the refusal it must get: what, the capability, the port
+/// and protocol asked, the status and the reason.
+type Case = (
+    &'static str,
+    Option<Token>,
+    u16,
+    &'static str,
+    u16,
+    &'static str,
+);
+
 #[test]
 fn a_capability_for_another_port_protocol_purpose_or_sandbox_is_denied_before_any_connection() {
     if !can_enter_namespaces() {
@@ -403,7 +414,7 @@ fn a_capability_for_another_port_protocol_purpose_or_sandbox_is_denied_before_an
     let g = Gateway::start(http, echo, &[(http, Protocol::Http), (echo, Protocol::Tcp)]);
     let sandbox = g.route.sandbox.to_string();
     let for_http = g.capability(&g.route, http, Protocol::Http);
-    let cases: Vec<(&str, Option<Token>, u16, &str, u16, &str)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "a token for one port at another",
             Some(for_http.clone()),
