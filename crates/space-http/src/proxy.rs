@@ -79,6 +79,23 @@ fn strip_hop_headers(headers: &mut HeaderMap, websocket: bool) {
     }
 }
 
+/// Whether the server closes its connection after `resp`.
+fn answer_closes(resp: &Response<Incoming>) -> bool {
+    let connection = |token: &str| {
+        resp.headers()
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case(token))
+    };
+    if resp.version() == hyper::Version::HTTP_10 {
+        !connection("keep-alive")
+    } else {
+        connection("close")
+    }
+}
+
 /// An HTTP/1.1 client connection over `io` (a socket into a sandbox, a tunnel to a
 /// worker), its driver spawned: it ends when the connection does.
 pub async fn backend<B, I>(io: I) -> Result<SendRequest<B>, hyper::Error>
@@ -119,6 +136,9 @@ pub enum Forwarded {
     /// The backend's answer (for an upgrade that got no 101, marked `Connection:
     /// close`: the connection it came on ends after it).
     Answer(Response<Incoming>),
+    /// The server's answer, after which it ends its connection (HTTP/1.0 without
+    /// keep-alive, or `Connection: close`): the next request needs a new one.
+    Last(Response<Incoming>),
     /// A WebSocket upgrade both sides agreed to: the 101 to return; the two upgraded
     /// streams are bridged by a spawned task until either ends or `stop` fires.
     Upgraded(Response<Incoming>),
@@ -143,12 +163,17 @@ where
     sender.ready().await?;
     let mut resp = sender.send_request(req).await?;
     let Some(client_side) = client_side else {
+        let last = answer_closes(&resp);
         strip_hop_headers(resp.headers_mut(), false);
         // Whether this hop's connection stays open is this hop's business: an
         // HTTP/1.0 server closing after each answer does not end the tunnel (the next
         // request gets a new connection to the server behind it).
         *resp.version_mut() = hyper::Version::HTTP_11;
-        return Ok(Forwarded::Answer(resp));
+        return Ok(if last {
+            Forwarded::Last(resp)
+        } else {
+            Forwarded::Answer(resp)
+        });
     };
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         strip_hop_headers(resp.headers_mut(), false);

@@ -453,7 +453,9 @@ async fn serve_checked(
         **k = Some(s);
     }
     match forwarded {
-        Ok(Forwarded::Answer(resp) | Forwarded::Upgraded(resp)) => Ok(resp.map(Body::new)),
+        Ok(Forwarded::Answer(resp) | Forwarded::Last(resp) | Forwarded::Upgraded(resp)) => {
+            Ok(resp.map(Body::new))
+        }
         Err(e) => Err(ControlError::BadGateway(format!(
             "the connection to execution {} ended: {e}",
             execution.id

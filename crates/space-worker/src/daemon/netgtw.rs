@@ -320,9 +320,15 @@ impl Gate {
             },
         };
         let forwarded = proxy::forward(&mut sender, req, self.stop.clone()).await;
-        *backend = Some(sender);
+        // Not kept after an answer the server closes its connection on: the next
+        // request opens a new one rather than find this one dead.
+        if matches!(forwarded, Ok(Forwarded::Answer(_))) {
+            *backend = Some(sender);
+        }
         match forwarded {
-            Ok(Forwarded::Answer(resp) | Forwarded::Upgraded(resp)) => resp.map(Either::Left),
+            Ok(Forwarded::Answer(resp) | Forwarded::Last(resp) | Forwarded::Upgraded(resp)) => {
+                resp.map(Either::Left)
+            }
             Err(e) => self.refuse(
                 StatusCode::BAD_GATEWAY,
                 "port_closed",

@@ -235,6 +235,8 @@ async fn prepare(edge: &space_client::Client) -> Result<(SandboxId, i32), String
 struct Measured {
     direct: HttpReport,
     proxied: HttpReport,
+    /// Through two relays that only copy bytes.
+    floor: HttpReport,
     python_direct: HttpReport,
     python_proxied: HttpReport,
     tcp_direct: TcpReport,
@@ -272,6 +274,9 @@ async fn measure(p: &Platform, id: SandboxId, pid: i32) -> Result<Measured, Stri
         .await
         .map_err(|e| format!("HTTP through the edge: {e}"))?;
 
+    eprintln!("P10: HTTP through two byte-copying relays in the sandbox's namespace (the floor)");
+    let floor = relayed(pid, &local(HTTP_PORT)).await?;
+
     eprintln!("P10: HTTP to python's http.server, direct, then through edge + netgtw");
     let args = http_args(&local(PYTHON_PORT), &local(PYTHON_PORT), "/hello.txt");
     let python_direct: HttpReport = load(Some(pid), &args, None)
@@ -296,11 +301,59 @@ async fn measure(p: &Platform, id: SandboxId, pid: i32) -> Result<Measured, Stri
     Ok(Measured {
         direct,
         proxied,
+        floor,
         python_direct,
         python_proxied,
         tcp_direct,
         tcp_proxied,
     })
+}
+
+/// Ports of the two relays inside the sandbox's network namespace.
+const RELAY_PORTS: [u16; 2] = [18081, 18082];
+
+/// The bench server measured through two relays that copy bytes and do nothing else
+/// (`space bench serve relay`, in the sandbox's network namespace): the least two
+/// hops in a row cost on this machine, whatever they do.
+async fn relayed(pid: i32, server: &str) -> Result<HttpReport, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
+    let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
+    let [first, second] = RELAY_PORTS.map(|p| format!("127.0.0.1:{p}"));
+    let mut relays = Vec::new();
+    for (i, (listen, to)) in [(&first, &second), (&second, &server.to_owned())]
+        .into_iter()
+        .enumerate()
+    {
+        let ready = dir.path().join(format!("relay-{i}.ready"));
+        let child = Command::new(nsenter().ok_or("no nsenter")?)
+            .arg(format!("--net=/proc/{pid}/ns/net"))
+            .arg("--")
+            .arg(&exe)
+            .args([
+                "bench", "serve", "relay", "--listen", listen, "--to", to, "--ready",
+            ])
+            .arg(&ready)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("relay: {e}"))?;
+        relays.push(child);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !ready.exists() {
+            if std::time::Instant::now() > deadline {
+                return Err("a relay did not start".into());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+    let args = http_args(&first, server, "/");
+    let report = load(Some(pid), &args, None)
+        .await
+        .map_err(|e| format!("HTTP through two relays: {e}"));
+    drop(relays);
+    report
 }
 
 /// P10 on `p`.
@@ -368,6 +421,13 @@ fn rows(m: &Measured) -> Vec<Row> {
         .pass(latency <= 2.0),
         Row::new(
             "P10",
+            "HTTP, 1 connection, through two relays that only copy bytes (the floor of two hops)",
+            format!("{}; {}", http_text(&m.floor), rps_text(&m.floor)),
+            "(information)",
+        )
+        .ratio(m.floor.p50_ms / d.p50_ms),
+        Row::new(
+            "P10",
             "HTTP, 16 keep-alive connections, direct (baseline)",
             rps_text(d),
             "-",
@@ -433,6 +493,7 @@ mod tests {
         Measured {
             direct: report(0.1, 10_000.0, 0),
             proxied,
+            floor: report(0.15, 8000.0, 0),
             python_direct: report(1.0, 1000.0, 0),
             python_proxied: report(5.0, 200.0, 0),
             tcp_direct: TcpReport {

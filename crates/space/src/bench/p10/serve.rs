@@ -35,6 +35,9 @@ pub enum ServeKind {
     Http,
     /// A byte sink answering each frame with its count.
     Tcp,
+    /// A relay copying bytes to `--to` and back, nothing else: two of them in a row
+    /// are the least any path with two hops (edge, netgtw) can cost.
+    Relay,
 }
 
 /// `space bench serve`.
@@ -48,6 +51,9 @@ pub struct ServeArgs {
     /// A file created once the server listens.
     #[arg(long)]
     pub ready: Option<PathBuf>,
+    /// Where a relay copies to.
+    #[arg(long)]
+    pub to: Option<SocketAddr>,
 }
 
 /// Runs the server of `a` until the process is killed.
@@ -58,7 +64,28 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
     if let Some(ready) = &a.ready {
         std::fs::write(ready, b"").map_err(|e| format!("{}: {e}", ready.display()))?;
     }
+    if a.kind == ServeKind::Relay {
+        let to = a.to.ok_or("a relay needs --to")?;
+        return relay(listener, to).await;
+    }
     serve(listener, a.kind).await
+}
+
+/// Copies every accepted connection to a new one to `to` and back, until either ends.
+pub async fn relay(listener: TcpListener, to: SocketAddr) -> Result<(), String> {
+    loop {
+        let (mut client, _) = listener
+            .accept()
+            .await
+            .map_err(|e| format!("accept: {e}"))?;
+        let _ = client.set_nodelay(true);
+        tokio::spawn(async move {
+            if let Ok(mut server) = TcpStream::connect(to).await {
+                let _ = server.set_nodelay(true);
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+            }
+        });
+    }
 }
 
 /// Serves `kind` on `listener`, a task per connection.
@@ -73,6 +100,8 @@ pub async fn serve(listener: TcpListener, kind: ServeKind) -> Result<(), String>
             let _ = match kind {
                 ServeKind::Http => http_connection(stream).await,
                 ServeKind::Tcp => sink_connection(stream).await,
+                // `run` relays before it serves.
+                ServeKind::Relay => Ok(()),
             };
         });
     }
