@@ -576,6 +576,25 @@ fn link_code(req: &Request) -> Option<String> {
     })
 }
 
+/// Where a used link sends the browser: the same path, if it is one on this host
+/// (`//other.example` would send it elsewhere), without the link's code.
+fn link_location(path: &str, query: &str) -> String {
+    let rest: Vec<&str> = query
+        .split('&')
+        .filter(|kv| !kv.is_empty() && kv.split_once('=').is_none_or(|(k, _)| k != LINK_PARAM))
+        .collect();
+    let path = if path.starts_with('/') && !path.starts_with("//") && !path.contains('\\') {
+        path
+    } else {
+        "/"
+    };
+    if rest.is_empty() {
+        path.to_owned()
+    } else {
+        format!("{path}?{}", rest.join("&"))
+    }
+}
+
 /// A one-time link: its code is used up, a cookie for this port is set, and the
 /// browser is sent to the same URL without the code.
 async fn open_link(
@@ -591,15 +610,7 @@ async fn open_link(
     if sandbox != t.sandbox || port != t.port {
         return Err(ControlError::Unauthorized);
     }
-    let rest: Vec<&str> = query
-        .split('&')
-        .filter(|kv| !kv.is_empty() && kv.split_once('=').is_none_or(|(k, _)| k != LINK_PARAM))
-        .collect();
-    let location = if rest.is_empty() {
-        path.to_owned()
-    } else {
-        format!("{path}?{}", rest.join("&"))
-    };
+    let location = link_location(path, query);
     let cookie = format!(
         "{PORT_COOKIE}={value}; Path=/; Max-Age={}; HttpOnly; SameSite=Lax",
         crate::service::COOKIE_LIFETIME_SECS
@@ -622,6 +633,22 @@ async fn open_link(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_link_redirects_only_to_a_path_on_the_same_host() {
+        for (path, want) in [
+            ("/app", "/app"),
+            ("//evil.example/x", "/"),
+            ("/\\evil.example", "/"),
+            ("", "/"),
+        ] {
+            assert_eq!(
+                link_location(path, "space_link=spl_x&a=1"),
+                format!("{want}?a=1")
+            );
+        }
+        assert_eq!(link_location("/", "space_link=spl_x"), "/");
+    }
 
     #[test]
     fn only_the_ports_cookie_is_taken_off() {
