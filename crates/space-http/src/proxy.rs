@@ -219,6 +219,92 @@ where
     }
 }
 
+/// The TCP socket under an upgraded connection, and the bytes read past the answer's
+/// head (to be passed on first), when it is one.
+pub fn raw_tcp(
+    up: hyper::upgrade::Upgraded,
+) -> Result<(tokio::net::TcpStream, Bytes), hyper::upgrade::Upgraded> {
+    up.downcast::<TokioIo<tokio::net::TcpStream>>()
+        .map(|p| (p.io.into_inner(), p.read_buf))
+}
+
+/// Most bytes one `splice(2)` moves.
+const SPLICE_CHUNK: usize = 1 << 20;
+
+/// Copies `a` ↔ `b` kernel to kernel (`splice(2)` through a pipe per direction: the
+/// bytes never enter user space) after writing `a_first` to `b` and `b_first` to `a`,
+/// until both directions have ended (each end's write side is shut when the other end
+/// stops sending) or `stop` becomes true. `counted(to_b, to_a)` is told the bytes as
+/// they go.
+pub async fn splice_bridge(
+    a: tokio::net::TcpStream,
+    a_first: Bytes,
+    b: tokio::net::TcpStream,
+    b_first: Bytes,
+    stop: watch::Receiver<bool>,
+    counted: impl Fn(u64, u64),
+) {
+    use tokio::io::AsyncWriteExt as _;
+    let (mut a, mut b) = (a, b);
+    if (!a_first.is_empty() && b.write_all(&a_first).await.is_err())
+        || (!b_first.is_empty() && a.write_all(&b_first).await.is_err())
+    {
+        return;
+    }
+    counted(a_first.len() as u64, b_first.len() as u64);
+    let both = async {
+        tokio::join!(
+            one_way(&a, &b, |n| counted(n, 0)),
+            one_way(&b, &a, |n| counted(0, n))
+        )
+    };
+    tokio::select! {
+        _ = both => {}
+        () = stopped(stop) => {}
+    }
+}
+
+/// One direction of [`splice_bridge`]: `from` → pipe → `to` until `from` ends (then
+/// `to`'s write side is shut).
+async fn one_way(
+    from: &tokio::net::TcpStream,
+    to: &tokio::net::TcpStream,
+    count: impl Fn(u64),
+) -> std::io::Result<()> {
+    use rustix::pipe::{PipeFlags, SpliceFlags, pipe_with, splice};
+    use tokio::io::Interest;
+    let (pipe_r, pipe_w) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
+    let flags = SpliceFlags::MOVE | SpliceFlags::NONBLOCK;
+    loop {
+        let n = loop {
+            from.readable().await?;
+            match from.try_io(Interest::READABLE, || {
+                splice(from, None, &pipe_w, None, SPLICE_CHUNK, flags).map_err(Into::into)
+            }) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        };
+        if n == 0 {
+            let _ = rustix::net::shutdown(to, rustix::net::Shutdown::Write);
+            return Ok(());
+        }
+        let mut left = n;
+        while left > 0 {
+            to.writable().await?;
+            match to.try_io(Interest::WRITABLE, || {
+                splice(&pipe_r, None, to, None, left, flags).map_err(Into::into)
+            }) {
+                Ok(m) => left -= m,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+        count(n as u64);
+    }
+}
+
 /// Why [`open_upgrade`] got no upgraded connection.
 #[derive(Debug)]
 pub enum UpgradeRefused {
@@ -396,6 +482,54 @@ impl<S: AsyncWrite + Unpin, C: Count> AsyncWrite for Counted<S, C> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_spliced_bridge_carries_both_ways_the_first_bytes_first_and_ends_with_both_sides() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let pair = || async {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = l.local_addr().unwrap();
+            let (near, far) = tokio::join!(tokio::net::TcpStream::connect(addr), l.accept());
+            (near.unwrap(), far.unwrap().0)
+        };
+        let ((mut client, a), (b, mut server)) = (pair().await, pair().await);
+        let counts = Arc::new(ByteCounts::default());
+        let c = Arc::clone(&counts);
+        let (_keep, stop) = watch::channel(false);
+        let bridge = tokio::spawn(async move {
+            splice_bridge(
+                a,
+                Bytes::from_static(b"early:"),
+                b,
+                Bytes::new(),
+                stop,
+                move |x, y| {
+                    c.written.fetch_add(x, Ordering::Relaxed);
+                    c.read.fetch_add(y, Ordering::Relaxed);
+                },
+            )
+            .await;
+        });
+        let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        let sent = big.clone();
+        let writer = tokio::spawn(async move {
+            client.write_all(&sent).await.unwrap();
+            client.shutdown().await.unwrap();
+            let mut back = Vec::new();
+            client.read_to_end(&mut back).await.unwrap();
+            back
+        });
+        let mut got = Vec::new();
+        server.read_to_end(&mut got).await.unwrap();
+        assert_eq!(&got[..6], b"early:");
+        assert!(got[6..] == big[..], "the bytes arrived changed");
+        server.write_all(b"answer").await.unwrap();
+        server.shutdown().await.unwrap();
+        assert_eq!(writer.await.unwrap(), b"answer");
+        bridge.await.unwrap();
+        assert_eq!(counts.written.load(Ordering::Relaxed), 6 + big.len() as u64);
+        assert_eq!(counts.read.load(Ordering::Relaxed), 6);
+    }
 
     #[test]
     fn hop_headers_and_the_ones_connection_names_are_dropped() {

@@ -473,9 +473,30 @@ async fn connect_tcp(
     let (upgraded, _) = open_tunnel(cp, grants, t, Protocol::Tcp).await?;
     let client = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
-        if let Ok(client) = client.await {
-            let (_never, stop) = watch::channel(false);
-            proxy::bridge(TokioIo::new(client), TokioIo::new(upgraded), stop).await;
+        let Ok(client) = client.await else {
+            return;
+        };
+        let (_never, stop) = watch::channel(false);
+        // Kernel to kernel when both are plain TCP connections (they are, here).
+        let (client, client_early) = match proxy::raw_tcp(client) {
+            Ok(parts) => parts,
+            Err(client) => {
+                proxy::bridge(TokioIo::new(client), TokioIo::new(upgraded), stop).await;
+                return;
+            }
+        };
+        match proxy::raw_tcp(upgraded) {
+            Ok((tunnel, tunnel_early)) => {
+                proxy::splice_bridge(client, client_early, tunnel, tunnel_early, stop, |_, _| {})
+                    .await;
+            }
+            Err(tunnel) => {
+                use tokio::io::AsyncWriteExt as _;
+                let mut tunnel = TokioIo::new(tunnel);
+                if tunnel.write_all(&client_early).await.is_ok() {
+                    proxy::bridge(client, tunnel, stop).await;
+                }
+            }
         }
     });
     Ok(StatusCode::OK.into_response())

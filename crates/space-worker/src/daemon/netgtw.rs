@@ -181,10 +181,29 @@ impl Tunnel {
     pub(crate) async fn run(self, client: hyper::upgrade::Upgraded) {
         let stop = self.stop_signal();
         match self.port.protocol {
-            Protocol::Tcp => {
-                let backend = Counted::new(self.first, self.counts.clone());
-                proxy::bridge(TokioIo::new(client), backend, stop).await;
-            }
+            Protocol::Tcp => match proxy::raw_tcp(client) {
+                // Kernel to kernel between the two sockets.
+                Ok((client, early)) => {
+                    let counts = self.counts.clone();
+                    proxy::splice_bridge(
+                        client,
+                        early,
+                        self.first,
+                        Bytes::new(),
+                        stop,
+                        |to, from| {
+                            use space_http::proxy::Count as _;
+                            counts.written(to);
+                            counts.read(from);
+                        },
+                    )
+                    .await;
+                }
+                Err(client) => {
+                    let backend = Counted::new(self.first, self.counts.clone());
+                    proxy::bridge(TokioIo::new(client), backend, stop).await;
+                }
+            },
             Protocol::Http => self.serve_http(client, stop).await,
         }
     }
