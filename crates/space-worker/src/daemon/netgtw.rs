@@ -378,7 +378,7 @@ impl Gate {
                         s
                     }
                     Err(r) => {
-                        return Err(self.refuse(r.status(), "port_closed", &format!("{r:?}")));
+                        return Err(self.refuse(r.status(), r.code(), &r.message()));
                     }
                 }
             }

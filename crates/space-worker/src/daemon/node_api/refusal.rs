@@ -224,6 +224,16 @@ impl Refusal {
         self.parts().0
     }
 
+    /// The text this refusal is answered with.
+    pub(crate) fn message(&self) -> String {
+        self.parts().2
+    }
+
+    /// Its code.
+    pub(crate) fn code(&self) -> &'static str {
+        self.parts().1.as_str()
+    }
+
     /// The answer, with `Connection: close`: for a request whose body is left unread.
     pub(crate) fn closing(self) -> Response {
         let mut resp = self.into_response();
