@@ -313,21 +313,41 @@ mod tests {
         #[test]
         fn a_deny_rule_always_beats_the_same_allow_rule(
             p in arb_policy(), r in arb_rule(), n in arb_name(), ip in arb_ip(), port: u16,
+            kind in 0u8..3, len in 0u8..=128,
         ) {
+            // A rule built to match `n` or `ip`, so every case exercises the rule.
+            let derived = match (kind, n.as_str().split_once('.')) {
+                (0, _) | (1, None) => Rule::Name(n.clone()),
+                (1, Some((_, parent))) => Rule::Wildcard(DnsName::parse(parent).unwrap()),
+                _ => {
+                    let ip = crate::canonical(ip);
+                    let max = if ip.is_ipv4() { 32 } else { 128 };
+                    let len = len.min(max);
+                    let net = format!("{ip}/{max}").parse::<crate::IpNet>().unwrap();
+                    let bits = match net.addr() {
+                        IpAddr::V4(v4) => IpAddr::V4((u32::from(v4) & u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0)).into()),
+                        IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0)).into()),
+                    };
+                    Rule::Net(crate::IpNet::new(bits, len).unwrap())
+                }
+            };
+            prop_assert!(derived.matches_name(&n) || derived.matches_addr(ip));
             let mut allow = p.allow().to_vec();
-            allow.push(r.clone());
+            allow.extend([r.clone(), derived.clone()]);
             let mut deny = p.deny().to_vec();
-            deny.push(r.clone());
+            deny.extend([r.clone(), derived.clone()]);
             let p = Policy::new(NetworkMode::Egress, allow, deny).unwrap();
             let g = GlobalDeny::defaults();
-            if r.matches_name(&n) {
-                let refused_by_sandbox = matches!(decide_name(&p, &n), Decision::Deny { by: Layer::Sandbox, .. });
-                prop_assert!(refused_by_sandbox);
-                prop_assert!(!decide_named(&p, &g, &n, ip, port).is_allow());
-            }
-            if r.matches_addr(ip) {
-                prop_assert!(!decide_addr(&p, &g, ip, port).is_allow());
-                prop_assert!(!decide_named(&p, &g, &n, ip, port).is_allow());
+            for rule in [&r, &derived] {
+                if rule.matches_name(&n) {
+                    let refused_by_sandbox = matches!(decide_name(&p, &n), Decision::Deny { by: Layer::Sandbox, .. });
+                    prop_assert!(refused_by_sandbox);
+                    prop_assert!(!decide_named(&p, &g, &n, ip, port).is_allow());
+                }
+                if rule.matches_addr(ip) {
+                    prop_assert!(!decide_addr(&p, &g, ip, port).is_allow());
+                    prop_assert!(!decide_named(&p, &g, &n, ip, port).is_allow());
+                }
             }
         }
 

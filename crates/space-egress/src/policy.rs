@@ -489,4 +489,36 @@ mod tests {
         assert!(err.contains("allow has more than 256 rules"), "{err}");
         assert!(Policy::parse(NetworkMode::Egress, &[] as &[&str], &list(257)).is_err());
     }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_rule_text_never_panics_and_a_parsed_rule_round_trips(text in "\\PC{0,300}") {
+            if let Ok(rule) = Rule::parse(&text) {
+                proptest::prop_assert_eq!(Rule::parse(&rule.to_string()), Ok(rule));
+            }
+        }
+
+        #[test]
+        fn rule_shaped_text_round_trips(text in "(\\*\\.)?[a-zA-Z0-9-]{1,12}(\\.[a-zA-Z0-9-]{1,12}){0,3}\\.?|[0-9a-f:.]{1,40}(/[0-9]{1,3})?") {
+            if let Ok(rule) = Rule::parse(&text) {
+                proptest::prop_assert_eq!(Rule::parse(&rule.to_string()), Ok(rule));
+            }
+        }
+
+        #[test]
+        fn arbitrary_policy_json_never_panics(
+            mode in "none|egress|\\PC{0,8}",
+            allow in proptest::collection::vec("\\PC{0,40}", 0..8),
+            extra in proptest::option::of("[a-z]{1,8}"),
+        ) {
+            let mut value = serde_json::json!({"mode": mode, "allow": allow, "deny": allow});
+            if let Some(field) = extra {
+                value[field] = serde_json::json!(1);
+            }
+            if let Ok(policy) = serde_json::from_value::<Policy>(value) {
+                let back = serde_json::to_string(&policy).unwrap();
+                proptest::prop_assert_eq!(serde_json::from_str::<Policy>(&back).unwrap(), policy);
+            }
+        }
+    }
 }
