@@ -145,6 +145,30 @@ impl GlobalDeny {
             .map(|found| format!("{via} of {found}"))
     }
 
+    /// Networks refused to every sandbox on every port, whatever the operator allows
+    /// (for a packet filter's first set).
+    pub fn always_denied(&self) -> impl Iterator<Item = IpNet> + '_ {
+        self.fixed.iter().map(|e| e.net)
+    }
+
+    /// The platform's listeners (a port of `None`: every port), refused after
+    /// [`GlobalDeny::always_denied`].
+    pub fn listeners(&self) -> &[Listener] {
+        &self.listeners
+    }
+
+    /// Private ranges the operator allows: a packet filter accepts them after the two
+    /// sets above and before [`GlobalDeny::private`].
+    pub fn allowed_private(&self) -> &[IpNet] {
+        &self.allowed_private
+    }
+
+    /// The private ranges, refused unless [`GlobalDeny::allowed_private`] let the
+    /// address through.
+    pub fn private(&self) -> impl Iterator<Item = IpNet> + '_ {
+        self.private.iter().map(|e| e.net)
+    }
+
     fn check_direct(&self, ip: IpAddr, port: u16) -> Option<String> {
         if let Some(entry) = self.fixed.iter().find(|e| e.net.contains(ip)) {
             return Some(format!("{} ({})", entry.net, entry.what));
@@ -164,14 +188,24 @@ impl GlobalDeny {
     }
 }
 
+/// IPv6 prefixes that carry an IPv4 address a translator would reach: NAT64
+/// `64:ff9b::/96`, IPv4-translated `::ffff:0:0:0/96` (both in the low 32 bits) and
+/// 6to4 `2002::/16` (bits 16–48). A packet filter that cannot look inside them may
+/// refuse them whole; [`GlobalDeny::check`] judges the embedded address.
+pub fn translation_prefixes() -> [IpNet; 3] {
+    [
+        IpNet::v6([0x64, 0xff9b, 0, 0, 0, 0, 0, 0], 96),
+        IpNet::v6([0, 0, 0, 0, 0xffff, 0, 0, 0], 96),
+        IpNet::v6([0x2002, 0, 0, 0, 0, 0, 0, 0], 16),
+    ]
+}
+
 /// The IPv4 address a translator would reach for `ip`, and the translation's name.
 fn embedded_v4(ip: IpAddr) -> Option<(Ipv4Addr, &'static str)> {
     let IpAddr::V6(v6) = ip else { return None };
     let bits = u128::from(v6);
     let low32 = Ipv4Addr::from((bits & 0xffff_ffff) as u32);
-    let nat64 = IpNet::v6([0x64, 0xff9b, 0, 0, 0, 0, 0, 0], 96);
-    let siit = IpNet::v6([0, 0, 0, 0, 0xffff, 0, 0, 0], 96);
-    let six_to_four = IpNet::v6([0x2002, 0, 0, 0, 0, 0, 0, 0], 16);
+    let [nat64, siit, six_to_four] = translation_prefixes();
     if nat64.contains(ip) {
         Some((low32, "64:ff9b::/96 (NAT64)"))
     } else if siit.contains(ip) {
@@ -309,6 +343,7 @@ impl fmt::Display for Listener {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use std::net::Ipv6Addr;
 
     fn ip(text: &str) -> IpAddr {
@@ -531,5 +566,39 @@ mod tests {
             b.build().unwrap_err(),
             GlobalError::TooMany("host addresses")
         );
+    }
+
+    proptest! {
+        #[test]
+        fn the_layers_in_packet_filter_order_agree_with_check(
+            raw in prop_oneof![
+                any::<[u8; 4]>().prop_map(IpAddr::from),
+                any::<[u8; 16]>().prop_map(IpAddr::from),
+                (
+                    prop::sample::select(vec![[10u8, 20], [10, 21], [172, 16], [172, 24], [192, 168], [100, 64]]),
+                    any::<[u8; 2]>(),
+                )
+                    .prop_map(|(p, b)| IpAddr::from([p[0], p[1], b[0], b[1]])),
+            ],
+            port: u16,
+        ) {
+            let g = GlobalDeny::builder()
+                .allow_private(net("10.20.0.0/16"))
+                .allow_private(net("172.16.0.0/13"))
+                .host_address(ip("10.20.0.1"))
+                .listener("203.0.113.9:7070".parse().unwrap())
+                .build()
+                .unwrap();
+            let addr = canonical(raw);
+            // The order a packet filter applies: drop, drop, accept, drop.
+            let dropped_first = g.always_denied().any(|n| n.contains(addr))
+                || g.listeners().iter().any(|l| canonical(l.addr) == addr && l.port.is_none_or(|p| p == port));
+            let layered = dropped_first
+                || (!g.allowed_private().iter().any(|n| n.contains(addr)) && g.private().any(|n| n.contains(addr)));
+            let translated = translation_prefixes().iter().any(|n| n.contains(addr));
+            if !translated {
+                prop_assert_eq!(layered, g.check(raw, port).is_some(), "{}", raw);
+            }
+        }
     }
 }

@@ -49,7 +49,10 @@ pub use decide::{
     ADDRESS_NOT_ALLOWED, Decision, Layer, MODE_NONE, NAME_NOT_ALLOWED, decide_addr, decide_name,
     decide_named,
 };
-pub use global::{GlobalDeny, GlobalDenyBuilder, GlobalError, Listener, MAX_OPERATOR_ENTRIES};
+pub use global::{
+    GlobalDeny, GlobalDenyBuilder, GlobalError, Listener, MAX_OPERATOR_ENTRIES,
+    translation_prefixes,
+};
 pub use net::{IpNet, NetError, canonical};
 pub use policy::{
     DnsName, MAX_LABEL, MAX_NAME, MAX_RULE_TEXT, MAX_RULES, NameError, NetworkMode, Policy,

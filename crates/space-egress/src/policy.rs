@@ -283,6 +283,23 @@ impl Policy {
     pub fn deny(&self) -> &[Rule] {
         &self.deny
     }
+
+    /// The address rules of the allow list (for a packet filter's sets).
+    pub fn allowed_networks(&self) -> impl Iterator<Item = IpNet> + '_ {
+        networks(&self.allow)
+    }
+
+    /// The address rules of the deny list.
+    pub fn denied_networks(&self) -> impl Iterator<Item = IpNet> + '_ {
+        networks(&self.deny)
+    }
+}
+
+fn networks(rules: &[Rule]) -> impl Iterator<Item = IpNet> + '_ {
+    rules.iter().filter_map(|r| match r {
+        Rule::Net(net) => Some(*net),
+        Rule::Name(_) | Rule::Wildcard(_) => None,
+    })
 }
 
 fn parse_list<'a>(
@@ -445,6 +462,9 @@ mod tests {
         let policy: Policy = serde_json::from_str(json).unwrap();
         assert_eq!(policy.mode, NetworkMode::Egress);
         assert_eq!(policy.allow().len(), 4);
+        let nets: Vec<String> = policy.allowed_networks().map(|n| n.to_string()).collect();
+        assert_eq!(nets, ["203.0.113.0/24", "2001:db8::/32"]);
+        assert_eq!(policy.denied_networks().count(), 0);
         assert_eq!(
             serde_json::to_string(&policy).unwrap(),
             r#"{"mode":"egress","allow":["pypi.org","*.githubusercontent.com","203.0.113.0/24","2001:db8::/32"],"deny":["evil.pypi.org"]}"#
