@@ -240,6 +240,8 @@ struct Measured {
     python_direct: HttpReport,
     python_proxied: HttpReport,
     tcp_direct: TcpReport,
+    /// Through two relays that only splice bytes.
+    tcp_floor: TcpReport,
     tcp_proxied: TcpReport,
 }
 
@@ -293,6 +295,7 @@ async fn measure(p: &Platform, id: SandboxId, pid: i32) -> Result<Measured, Stri
     let tcp_direct: TcpReport = load(Some(pid), &args, None)
         .await
         .map_err(|e| format!("direct TCP: {e}"))?;
+    let tcp_floor = relayed_tcp(pid, &local(TCP_PORT)).await?;
     let tunnel = format!("{id}:{TCP_PORT}");
     let args = ["tcp", "--connect", edge, "--tunnel", &tunnel, "--mib", &mib].map(str::to_owned);
     let tcp_proxied: TcpReport = load(None, &args, key)
@@ -305,6 +308,7 @@ async fn measure(p: &Platform, id: SandboxId, pid: i32) -> Result<Measured, Stri
         python_direct,
         python_proxied,
         tcp_direct,
+        tcp_floor,
         tcp_proxied,
     })
 }
@@ -349,9 +353,53 @@ async fn relayed(pid: i32, server: &str) -> Result<HttpReport, String> {
         }
     }
     let args = http_args(&first, server, "/");
-    let report = load(Some(pid), &args, None)
+    let http = load(Some(pid), &args, None)
         .await
         .map_err(|e| format!("HTTP through two relays: {e}"));
+    drop(relays);
+    http
+}
+
+/// The TCP sink measured through two relays that splice bytes and do nothing else.
+async fn relayed_tcp(pid: i32, sink: &str) -> Result<TcpReport, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
+    let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
+    let [first, second] = RELAY_PORTS.map(|p| format!("127.0.0.1:{}", p + 10));
+    let mut relays = Vec::new();
+    for (i, (listen, to)) in [(&first, &second), (&second, &sink.to_owned())]
+        .into_iter()
+        .enumerate()
+    {
+        let ready = dir.path().join(format!("relay-{i}.ready"));
+        relays.push(
+            Command::new(nsenter().ok_or("no nsenter")?)
+                .arg(format!("--net=/proc/{pid}/ns/net"))
+                .arg("--")
+                .arg(&exe)
+                .args([
+                    "bench", "serve", "relay", "--listen", listen, "--to", to, "--ready",
+                ])
+                .arg(&ready)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| format!("relay: {e}"))?,
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !ready.exists() {
+            if std::time::Instant::now() > deadline {
+                return Err("a relay did not start".into());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+    let mib = TCP_MIB.to_string();
+    let args = ["tcp", "--connect", &first, "--mib", &mib].map(str::to_owned);
+    let report = load(Some(pid), &args, None)
+        .await
+        .map_err(|e| format!("TCP through two relays: {e}"));
     drop(relays);
     report
 }
@@ -461,6 +509,13 @@ fn rows(m: &Measured) -> Vec<Row> {
         ),
         Row::new(
             "P10",
+            "TCP, 256 MiB through two relays that only splice bytes (the floor of two hops)",
+            format!("{:.0} MiB/s", m.tcp_floor.mib_per_s),
+            "(information)",
+        )
+        .ratio(m.tcp_floor.mib_per_s / td.mib_per_s),
+        Row::new(
+            "P10",
             "TCP, 256 MiB through a CONNECT tunnel, edge + netgtw",
             format!("{:.0} MiB/s", tx.mib_per_s),
             "≥ 50 % of direct",
@@ -500,6 +555,10 @@ mod tests {
                 mib_per_s: 2000.0,
                 bytes: 256 << 20,
             },
+            tcp_floor: TcpReport {
+                mib_per_s: 1500.0,
+                bytes: 256 << 20,
+            },
             tcp_proxied: TcpReport {
                 mib_per_s: tcp_proxied,
                 bytes: 256 << 20,
@@ -520,7 +579,9 @@ mod tests {
                 None,
                 Some(true),
                 None,
+                None,
                 Some(true),
+                None,
                 None,
                 None,
                 None,
@@ -534,7 +595,9 @@ mod tests {
                 None,
                 Some(false),
                 None,
+                None,
                 Some(false),
+                None,
                 None,
                 None,
                 None,
@@ -542,18 +605,20 @@ mod tests {
             ]
         );
         assert_eq!(missed[1].ratio.map(|r| (r * 100.0).round()), Some(210.0));
-        // python's rows are information: a ratio, no verdict.
-        assert_eq!(met[5].ratio, Some(5.0));
+        // python's rows and the floors are information: a ratio, no verdict.
+        assert_eq!(met[6].ratio, Some(5.0));
+        assert_eq!(met[2].ratio.map(|r| (r * 100.0).round()), Some(150.0));
+        assert_eq!(met[8].ratio, Some(0.75));
     }
 
     #[test]
     fn failed_requests_fail_the_throughput_row_whatever_its_rate() {
         let r = rows(&measured(report(0.1, 20_000.0, 3), 2000.0));
-        assert_eq!(r[3].pass, Some(false));
+        assert_eq!(r[4].pass, Some(false));
         assert!(
-            r[3].measured.contains("3 failed: status 502"),
+            r[4].measured.contains("3 failed: status 502"),
             "{}",
-            r[3].measured
+            r[4].measured
         );
     }
 

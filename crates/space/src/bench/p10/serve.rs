@@ -74,15 +74,25 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
 /// Copies every accepted connection to a new one to `to` and back, until either ends.
 pub async fn relay(listener: TcpListener, to: SocketAddr) -> Result<(), String> {
     loop {
-        let (mut client, _) = listener
+        let (client, _) = listener
             .accept()
             .await
             .map_err(|e| format!("accept: {e}"))?;
         let _ = client.set_nodelay(true);
         tokio::spawn(async move {
-            if let Ok(mut server) = TcpStream::connect(to).await {
+            if let Ok(server) = TcpStream::connect(to).await {
                 let _ = server.set_nodelay(true);
-                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                // As the platform's tunnels copy: kernel to kernel.
+                let (_keep, stop) = tokio::sync::watch::channel(false);
+                space_http::proxy::splice_bridge(
+                    client,
+                    bytes::Bytes::new(),
+                    server,
+                    bytes::Bytes::new(),
+                    stop,
+                    |_, _| {},
+                )
+                .await;
             }
         });
     }
