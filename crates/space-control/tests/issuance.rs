@@ -144,16 +144,31 @@ async fn issuer_refuses_invalid_access_and_port_combinations() {
         .await
         .is_err()
     );
-    assert!(
-        cp.issue_capability(
-            &s,
-            port,
-            Purpose::ServicePort,
-            Some((8080, space_identity::Protocol::Http))
-        )
+    // Only for a port the sandbox exposes, with its protocol.
+    let issue =
+        |protocol| cp.issue_capability(&s, port, Purpose::ServicePort, Some((8080, protocol)));
+    assert!(matches!(
+        issue(space_identity::Protocol::Http).await,
+        Err(space_control::error::ControlError::PortNotExposed(8080))
+    ));
+    cp.store
+        .upsert_port(&space_store::PortRecord {
+            sandbox: s.id,
+            port: 8080,
+            protocol: "http".into(),
+            public: false,
+            token_hash: blake3::hash(b"spt_test").to_hex().to_string(),
+            created_at: now(),
+        })
         .await
-        .is_ok()
-    );
+        .unwrap();
+    assert!(issue(space_identity::Protocol::Http).await.is_ok());
+    assert!(matches!(
+        issue(space_identity::Protocol::Tcp).await,
+        Err(space_control::error::ControlError::Deny {
+            reason: space_identity::DenyReason::WrongProtocol
+        })
+    ));
 }
 
 #[tokio::test]

@@ -51,7 +51,7 @@ fn requested(req: &Request) -> Result<ServicePort, Refusal> {
 /// `space-protocol`: a tunnel to that port inside the sandbox, once the capability
 /// (purpose `service_port`, naming this port and protocol) is admitted against the
 /// sandbox's record, which must expose the port. `101` and then the tunnel's bytes.
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/netgtw", tag = "sandbox", params(space_proto::openapi::SandboxPath, ("space-port" = u16, Header, description = "The port inside the sandbox"), ("space-protocol" = String, Header, description = "`http` or `tcp`: what the capability grants")), responses((status = 101, description = "The tunnel: raw bytes for `tcp`, HTTP/1.1 requests (each checked) for `http`"), (status = 502, description = "Nothing accepts connections on the port (`port_closed`)", body = space_proto::api::ErrorBody), super::openapi::Operation), security(("capability" = [])))]
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/netgtw", tag = "netgtw", params(space_proto::openapi::SandboxPath, ("space-port" = u16, Header, description = "The port inside the sandbox"), ("space-protocol" = String, Header, description = "`http` or `tcp`: what the capability grants")), responses((status = 101, description = "The tunnel: raw bytes for `tcp`, HTTP/1.1 requests (each checked) for `http`"), (status = 502, description = "Nothing accepts connections on the port (`port_closed`)", body = space_proto::api::ErrorBody), super::openapi::Operation), security(("capability" = [])))]
 pub async fn open(
     State(w): State<Arc<Worker>>,
     Path(id): Path<String>,
