@@ -2,4 +2,5 @@
 //! driver), with the node API and runtime records to come.
 
 pub mod daemon;
+pub mod egress;
 pub mod substrate;
