@@ -84,9 +84,8 @@ pub fn run(program: &str, args: &[&str], stdin: Option<&[u8]>) -> Result<(), Com
 /// worker's start-up check).
 pub fn on_path(program: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|path| {
-        std::env::split_paths(&path).any(|dir| {
-            std::fs::metadata(dir.join(program)).is_ok_and(|m| m.is_file())
-        })
+        std::env::split_paths(&path)
+            .any(|dir| std::fs::metadata(dir.join(program)).is_ok_and(|m| m.is_file()))
     })
 }
 
@@ -98,15 +97,27 @@ mod unit {
     fn a_failing_command_is_named_with_its_stderr() {
         let err = run("sh", &["-c", "echo nope >&2; exit 3"], None).unwrap_err();
         let text = err.to_string();
-        assert!(text.starts_with("`sh -c echo nope >&2; exit 3` failed"), "{text}");
+        assert!(
+            text.starts_with("`sh -c echo nope >&2; exit 3` failed"),
+            "{text}"
+        );
         assert_eq!(err.stderr(), Some("nope"));
     }
 
     #[test]
     fn stdin_reaches_the_command_and_stderr_is_cut_at_the_bound() {
-        run("sh", &["-c", "read line; test \"$line\" = hello"], Some(b"hello\n")).unwrap();
-        let err = run("sh", &["-c", "head -c 100000 /dev/zero | tr '\\0' x >&2; exit 1"], None)
-            .unwrap_err();
+        run(
+            "sh",
+            &["-c", "read line; test \"$line\" = hello"],
+            Some(b"hello\n"),
+        )
+        .unwrap();
+        let err = run(
+            "sh",
+            &["-c", "head -c 100000 /dev/zero | tr '\\0' x >&2; exit 1"],
+            None,
+        )
+        .unwrap_err();
         assert_eq!(err.stderr().map(str::len), Some(MAX_STDERR as usize));
     }
 

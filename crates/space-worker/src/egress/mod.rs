@@ -14,6 +14,6 @@ pub mod nft;
 pub mod veth;
 
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 mod nft_tests;
+#[cfg(test)]
+mod tests;

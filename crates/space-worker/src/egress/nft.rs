@@ -212,9 +212,30 @@ pub fn render(r: &Ruleset<'_>) -> Result<String, NftError> {
             .iter()
             .filter_map(|&(a, p)| p.map(|p| format!("{a} . {p}"))),
     );
-    declare(&mut out, "set", "always_denied", "ipv4_addr", true, &elements(disjoint_v4(g.always_denied())));
-    declare(&mut out, "set", "listener_addrs", "ipv4_addr", false, &listener_addrs);
-    declare(&mut out, "set", "listener_ports", "ipv4_addr . inet_service", false, &listener_ports);
+    declare(
+        &mut out,
+        "set",
+        "always_denied",
+        "ipv4_addr",
+        true,
+        &elements(disjoint_v4(g.always_denied())),
+    );
+    declare(
+        &mut out,
+        "set",
+        "listener_addrs",
+        "ipv4_addr",
+        false,
+        &listener_addrs,
+    );
+    declare(
+        &mut out,
+        "set",
+        "listener_ports",
+        "ipv4_addr . inet_service",
+        false,
+        &listener_ports,
+    );
     declare(
         &mut out,
         "set",
@@ -223,7 +244,14 @@ pub fn render(r: &Ruleset<'_>) -> Result<String, NftError> {
         true,
         &elements(disjoint_v4(g.allowed_private().iter().copied())),
     );
-    declare(&mut out, "set", "private", "ipv4_addr", true, &elements(disjoint_v4(g.private())));
+    declare(
+        &mut out,
+        "set",
+        "private",
+        "ipv4_addr",
+        true,
+        &elements(disjoint_v4(g.private())),
+    );
 
     // Per-sandbox chains before the maps that name them.
     for s in r.sandboxes {
@@ -231,7 +259,11 @@ pub fn render(r: &Ruleset<'_>) -> Result<String, NftError> {
     }
     for (map, prefix) in [("input_links", "input"), ("forward_links", "forward")] {
         let items = elements(r.sandboxes.iter().map(|s| {
-            format!("\"{}\" : goto {prefix}_{:x}", s.pair.host_link(), s.pair.index())
+            format!(
+                "\"{}\" : goto {prefix}_{:x}",
+                s.pair.host_link(),
+                s.pair.index()
+            )
         }));
         declare(&mut out, "map", map, "ifname : verdict", false, &items);
     }
@@ -340,7 +372,10 @@ pub fn remove(table: &TableName) -> Result<(), NftError> {
 pub fn table_exists(table: &TableName) -> Result<bool, NftError> {
     match run("nft", &["list", "table", "inet", table.as_str()], None) {
         Ok(()) => Ok(true),
-        Err(e) if e.stderr().is_some_and(|s| s.contains("No such file or directory")) => {
+        Err(e)
+            if e.stderr()
+                .is_some_and(|s| s.contains("No such file or directory")) =>
+        {
             Ok(false)
         }
         Err(e) => Err(e.into()),

@@ -72,7 +72,10 @@ impl Fixture {
 /// The lines of chain `name`, trimmed, without its braces.
 fn chain<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
     let start = format!("\tchain {name} {{");
-    let body = &text[text.find(&start).unwrap_or_else(|| panic!("no chain {name}")) + start.len()..];
+    let body = &text[text
+        .find(&start)
+        .unwrap_or_else(|| panic!("no chain {name}"))
+        + start.len()..];
     body.lines()
         .map(str::trim)
         .skip(1)
@@ -84,7 +87,12 @@ fn three() -> Fixture {
     Fixture::new(vec![
         policy(
             NetworkMode::Egress,
-            &["198.51.100.0/24", "pypi.org", "198.51.100.7", "2001:db8::/32"],
+            &[
+                "198.51.100.0/24",
+                "pypi.org",
+                "198.51.100.7",
+                "2001:db8::/32",
+            ],
             &["198.51.100.128/25", "2001:db8:1::/48"],
         ),
         policy(NetworkMode::Egress, &[], &["203.0.113.0/24"]),
@@ -165,11 +173,18 @@ fn a_sandbox_reaches_only_the_proxy_and_resolver_ports_of_its_own_host_side() {
     );
     assert_eq!(
         chain(&text, "input"),
-        ["type filter hook input priority filter; policy accept;", "iifname \"sxht-*\" goto sandbox_input"]
+        [
+            "type filter hook input priority filter; policy accept;",
+            "iifname \"sxht-*\" goto sandbox_input"
+        ]
     );
     assert_eq!(
         chain(&text, "sandbox_input"),
-        ["meta nfproto != ipv4 drop", "iifname vmap @input_links", "drop"]
+        [
+            "meta nfproto != ipv4 drop",
+            "iifname vmap @input_links",
+            "drop"
+        ]
     );
 }
 
@@ -246,8 +261,13 @@ fn the_global_layers_come_in_packet_filter_order_without_overlaps() {
     assert!(text.contains("elements = { 203.0.113.9 }"));
     assert!(text.contains("elements = { 192.0.2.20 . 7070 }"));
     assert!(text.contains("\tset allowed_private {\n\t\ttype ipv4_addr\n\t\tflags interval\n\t\telements = { 10.20.0.0/16 }"));
-    assert!(text.contains("elements = { 10.0.0.0/8, 100.64.0.0/10, 172.16.0.0/12, 192.168.0.0/16 }"));
-    assert!(!text.contains("2001:db8"), "IPv6 rules and listeners are left out");
+    assert!(
+        text.contains("elements = { 10.0.0.0/8, 100.64.0.0/10, 172.16.0.0/12, 192.168.0.0/16 }")
+    );
+    assert!(
+        !text.contains("2001:db8"),
+        "IPv6 rules and listeners are left out"
+    );
 }
 
 #[test]
@@ -260,7 +280,10 @@ fn empty_sets_and_maps_are_declared_without_elements() {
 #[test]
 fn a_foreign_link_a_duplicate_an_address_outside_the_block_or_a_zero_port_is_refused() {
     let mut f = three();
-    f.pairs[1] = LinkNames::new("x").unwrap().pair(&DEFAULT_BLOCK, 1).unwrap();
+    f.pairs[1] = LinkNames::new("x")
+        .unwrap()
+        .pair(&DEFAULT_BLOCK, 1)
+        .unwrap();
     assert!(matches!(f.render(), Err(NftError::ForeignLink(l)) if l == "sxhx-1"));
     let mut f = three();
     f.pairs[1] = f.pairs[0].clone();
@@ -270,7 +293,10 @@ fn a_foreign_link_a_duplicate_an_address_outside_the_block_or_a_zero_port_is_ref
     f.pairs[1] = f.links.pair(&other, 1).unwrap();
     assert!(matches!(f.render(), Err(NftError::OutsideBlock { .. })));
     let f = three();
-    let attached = [Attached { pair: &f.pairs[0], policy: &f.policies[0] }];
+    let attached = [Attached {
+        pair: &f.pairs[0],
+        policy: &f.policies[0],
+    }];
     let err = render(&Ruleset {
         table: &f.table,
         links: &f.links,
@@ -286,13 +312,14 @@ fn a_foreign_link_a_duplicate_an_address_outside_the_block_or_a_zero_port_is_ref
 #[test]
 fn worker_table_names_are_checked() {
     assert_eq!(TableName::shared().as_str(), "space_egress");
-    assert_eq!(TableName::for_worker("w_2").unwrap().as_str(), "space_egress_w_2");
+    assert_eq!(
+        TableName::for_worker("w_2").unwrap().as_str(),
+        "space_egress_w_2"
+    );
     for bad in ["", "w 1", "w;1", "w-1", &"w".repeat(33)] {
-        assert!(matches!(TableName::for_worker(bad), Err(NftError::BadWorkerName(_))), "{bad:?}");
+        assert!(
+            matches!(TableName::for_worker(bad), Err(NftError::BadWorkerName(_))),
+            "{bad:?}"
+        );
     }
-}
-
-#[test]
-fn print_table_for_inspection() {
-    std::fs::write("/tmp/hn/table.nft", three().render().unwrap()).unwrap();
 }

@@ -46,10 +46,7 @@ pub enum VethError {
     #[error("the process shares the worker's network namespace: no link is attached to it")]
     HostNamespace,
     #[error("{context}: {source}")]
-    Io {
-        context: String,
-        source: io::Error,
-    },
+    Io { context: String, source: io::Error },
     #[error(transparent)]
     Command(#[from] CommandError),
 }
@@ -237,15 +234,29 @@ fn configure(pair: &Pair, netns: &str) -> Result<(), VethError> {
     )?;
     run("ip", &["addr", "add", &host_cidr, "dev", host], None)?;
     write_sysctl(&format!("/proc/sys/net/ipv4/conf/{host}/forwarding"), true)?;
-    write_sysctl(&format!("/proc/sys/net/ipv6/conf/{host}/disable_ipv6"), false)?;
+    write_sysctl(
+        &format!("/proc/sys/net/ipv6/conf/{host}/disable_ipv6"),
+        false,
+    )?;
     run("ip", &["link", "set", "dev", host, "up"], None)?;
     let inside = |args: &[&str]| {
-        let argv: Vec<&str> = [net.as_str(), "ip"].into_iter().chain(args.iter().copied()).collect();
+        let argv: Vec<&str> = [net.as_str(), "ip"]
+            .into_iter()
+            .chain(args.iter().copied())
+            .collect();
         run("nsenter", &argv, None)
     };
     inside(&["addr", "add", &sandbox_cidr, "dev", SANDBOX_LINK])?;
     inside(&["link", "set", "dev", SANDBOX_LINK, "up"])?;
-    inside(&["route", "replace", "default", "via", &gateway, "dev", SANDBOX_LINK])?;
+    inside(&[
+        "route",
+        "replace",
+        "default",
+        "via",
+        &gateway,
+        "dev",
+        SANDBOX_LINK,
+    ])?;
     Ok(())
 }
 
@@ -316,7 +327,14 @@ mod unit {
         assert!(!plain.owns("sxhh1-1f"));
         assert!(tagged.owns("sxhh1-1f"));
         assert!(!tagged.owns("sxh-1f"));
-        for junk in ["sxh-", "sxh-01", "sxh-1F", "sxh-1f ", "eth0", "sxh-100000000"] {
+        for junk in [
+            "sxh-",
+            "sxh-01",
+            "sxh-1F",
+            "sxh-1f ",
+            "eth0",
+            "sxh-100000000",
+        ] {
             assert!(!plain.owns(junk), "{junk}");
         }
         assert_eq!(plain.wildcard(), "sxh-*");
