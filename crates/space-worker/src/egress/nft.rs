@@ -342,15 +342,16 @@ fn sandbox_chains(out: &mut String, s: &Attached<'_>, ports: HostPorts) {
         if !denied.is_empty() {
             let _ = writeln!(out, "\t\tip daddr {{ {denied} }} drop");
         }
+        // An empty allow list allows every address the denies let through. Otherwise
+        // only address rules allow: with names alone, nothing passes here (HTTP and TLS
+        // go through the proxy, which judges names).
+        let allowed = elements(disjoint_v4(s.policy.allowed_networks()));
         if s.policy.allow().is_empty() {
-            out.push_str("\t\taccept\n");
-        } else {
-            // Name rules never allow an address: with names alone, nothing passes here
-            // (HTTP and TLS go through the proxy, which judges names).
-            let allowed = elements(disjoint_v4(s.policy.allowed_networks()));
-            if !allowed.is_empty() {
-                let _ = writeln!(out, "\t\tip daddr {{ {allowed} }} accept");
-            }
+            out.push_str("\t\taccept\n\t}\n");
+            return;
+        }
+        if !allowed.is_empty() {
+            let _ = writeln!(out, "\t\tip daddr {{ {allowed} }} accept");
         }
     }
     out.push_str("\t\tdrop\n\t}\n");

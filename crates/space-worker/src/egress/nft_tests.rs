@@ -136,7 +136,6 @@ fn an_empty_allow_list_accepts_everything_past_the_denies() {
             "jump global_deny",
             "ip daddr { 203.0.113.0/24 } drop",
             "accept",
-            "drop",
         ]
     );
 }
