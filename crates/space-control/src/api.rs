@@ -132,7 +132,7 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         // Service-port traffic never reaches the API (nor its key check).
         .layer(middleware::from_fn_with_state(
-            state.clone(),
+            std::sync::Arc::clone(&state.edge),
             crate::edge::ports::entry,
         ))
         .with_state(state)
@@ -179,7 +179,7 @@ pub fn edge_router(state: AppState) -> Router {
             request::authenticate_first,
         ))
         .layer(middleware::from_fn_with_state(
-            state.clone(),
+            std::sync::Arc::clone(&state.edge),
             crate::edge::ports::entry,
         ))
         .with_state(state)

@@ -24,6 +24,7 @@ mod keys;
 mod load;
 mod placing;
 mod plane;
+mod port_urls;
 mod ports;
 mod quota;
 mod reconcile;

@@ -13,7 +13,10 @@ use space_proto::api::MAX_EXEC_STDIN;
 use crate::args::{Cli, Command, FsCmd, KeysCmd, SandboxCmd};
 
 pub(crate) mod errors;
+mod output;
 mod ports;
+
+use output::{print_json, sandbox_id, table};
 
 /// The SDK through the edge at `cli.url` with the API key.
 fn client(cli: &Cli) -> Result<Client, String> {
@@ -28,11 +31,6 @@ fn client(cli: &Cli) -> Result<Client, String> {
         timeout: Duration::from_secs(600),
     };
     Ok(Client::with_options(&cli.url, &key, options))
-}
-
-/// A sandbox ID from the command line.
-pub(crate) fn sandbox_id(id: &str) -> Result<SandboxId, String> {
-    id.parse().map_err(|_| errors::no_such_sandbox())
 }
 
 fn worker_id(id: &str) -> Result<WorkerId, String> {
@@ -101,33 +99,6 @@ fn parse_env(pairs: &[String]) -> Result<Option<BTreeMap<String, String>>, Strin
     Ok((!env.is_empty()).then_some(env))
 }
 
-/// Prints rows as aligned columns.
-fn table(headers: &[&str], rows: &[Vec<String>]) {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            widths[i] = widths[i].max(c.chars().count());
-        }
-    }
-    let line = |cells: Vec<String>| {
-        let parts: Vec<String> = cells
-            .iter()
-            .enumerate()
-            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
-            .collect();
-        parts.join("  ").trim_end().to_owned()
-    };
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(
-        out,
-        "{}",
-        line(headers.iter().map(|h| h.to_string()).collect())
-    );
-    for r in rows {
-        let _ = writeln!(out, "{}", line(r.clone()));
-    }
-}
-
 /// Shows `label`, the step the control plane reports for sandbox `id` (archiving,
 /// transferring, starting, retiring) and the elapsed time on a terminal's stderr
 /// while `work` runs.
@@ -192,10 +163,6 @@ fn sandbox_row(s: &Sandbox) -> Vec<String> {
         worker,
         s.created_at.clone(),
     ]
-}
-
-fn print_json(v: &impl serde::Serialize) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
 /// Runs a client command; returns the process exit code.

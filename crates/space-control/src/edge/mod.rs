@@ -26,6 +26,7 @@ use crate::http::HttpClient;
 pub mod authority;
 pub(crate) mod files;
 pub mod forward;
+mod port_grants;
 pub mod ports;
 mod routes;
 pub mod streams;
@@ -61,7 +62,7 @@ pub struct Edge {
     routes: RouteDriver<Grant>,
     /// Service-port capabilities by sandbox, port and protocol, reused until shortly
     /// before they expire (see `ports`).
-    port_grants: ports::PortGrants,
+    port_grants: port_grants::PortGrants,
 }
 
 impl Edge {
@@ -71,7 +72,7 @@ impl Edge {
             authority,
             http: HttpClient::new(Duration::from_secs(300)),
             routes: RouteDriver::new(ROUTES),
-            port_grants: ports::PortGrants::default(),
+            port_grants: port_grants::PortGrants::default(),
         })
     }
 

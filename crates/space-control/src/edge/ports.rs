@@ -36,8 +36,8 @@ use space_proto::api::ports::{
 use space_store::PortRecord;
 use tokio::sync::watch;
 
-use super::Authority;
-use crate::api::AppState;
+use super::port_grants::PortGrants;
+use super::{Authority, Edge};
 use crate::error::ControlError;
 use crate::service::{ControlPlane, secret_matches};
 
@@ -48,55 +48,6 @@ const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// credential presented) before it reads them again.
 const RECHECK_AFTER: Duration = Duration::from_secs(1);
 
-/// Service-port capabilities kept for reuse, at most this many.
-const PORT_GRANTS: usize = 10_000;
-
-/// Renew a kept service-port capability this long before it expires.
-const GRANT_MARGIN_SECS: u64 = 10;
-
-/// Service-port capabilities the edge issued, by sandbox, port and protocol: opening
-/// a tunnel costs a capability only when none is kept (a client that opens a
-/// connection per request, as HTTP/1.0 ones do, would otherwise pay store reads and
-/// a signature every time). Dropped when a worker refuses one.
-#[derive(Debug, Default)]
-pub(crate) struct PortGrants {
-    kept: std::sync::Mutex<
-        std::collections::HashMap<(SandboxId, u16, Protocol), space_proto::api::CapabilityResponse>,
-    >,
-}
-
-impl PortGrants {
-    fn get(
-        &self,
-        key: &(SandboxId, u16, Protocol),
-    ) -> Option<space_proto::api::CapabilityResponse> {
-        let kept = self.kept.lock().ok()?;
-        let cap = kept.get(key)?;
-        (cap.expires_at > crate::now_secs() + GRANT_MARGIN_SECS).then(|| cap.clone())
-    }
-
-    fn put(&self, key: (SandboxId, u16, Protocol), cap: space_proto::api::CapabilityResponse) {
-        if let Ok(mut kept) = self.kept.lock() {
-            if kept.len() >= PORT_GRANTS {
-                kept.clear();
-            }
-            kept.insert(key, cap);
-        }
-    }
-
-    fn forget(&self, key: &(SandboxId, u16, Protocol)) {
-        if let Ok(mut kept) = self.kept.lock() {
-            kept.remove(key);
-        }
-    }
-
-    pub(crate) fn clear(&self) {
-        if let Ok(mut kept) = self.kept.lock() {
-            kept.clear();
-        }
-    }
-}
-
 /// What a service-port request names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Target {
@@ -105,24 +56,13 @@ pub(crate) struct Target {
     connect: bool,
 }
 
-fn refused(e: &ControlError, close: bool) -> Response {
-    let mut resp = e.clone_answer();
+fn refused(e: ControlError, close: bool) -> Response {
+    let mut resp = e.into_response();
     if close {
         resp.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     resp
-}
-
-impl ControlError {
-    /// This error's answer (without consuming it).
-    fn clone_answer(&self) -> Response {
-        (
-            crate::api::error::status(self),
-            axum::Json(crate::api::error::body(self)),
-        )
-            .into_response()
-    }
 }
 
 /// What `req` names, if it is service-port traffic; a malformed naming is an error.
@@ -185,8 +125,8 @@ pub(crate) fn target(req: &Request, domain: &str) -> Result<Option<Target>, Cont
 
 /// The middleware in front of the whole API: service-port traffic is served here,
 /// everything else goes on.
-pub async fn entry(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    let cp = match &st.edge.authority {
+pub async fn entry(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Response {
+    let cp = match &edge.authority {
         Authority::Local(cp) => Arc::clone(cp),
         Authority::Remote { .. } => {
             // Without the store a standalone edge cannot check ports or tokens.
@@ -194,7 +134,7 @@ pub async fn entry(State(st): State<AppState>, req: Request, next: Next) -> Resp
             return match target(&req, domain) {
                 Ok(None) => next.run(req).await,
                 Ok(Some(_)) | Err(_) => refused(
-                    &ControlError::BadRequest(
+                    ControlError::BadRequest(
                         "service ports are served by the edge of `space up` or `space control`, not by a standalone `space edge`".into(),
                     ),
                     true,
@@ -205,10 +145,10 @@ pub async fn entry(State(st): State<AppState>, req: Request, next: Next) -> Resp
     let domain = cp.port_urls().domain;
     match target(&req, &domain) {
         Ok(None) => next.run(req).await,
-        Ok(Some(t)) => serve(&cp, &st.edge.port_grants, t, req).await,
+        Ok(Some(t)) => serve(&cp, &edge.port_grants, t, req).await,
         Err(e) => {
             cp.metrics.port_refused("bad_request");
-            refused(&e, true)
+            refused(e, true)
         }
     }
 }
@@ -333,7 +273,7 @@ async fn serve(cp: &Arc<ControlPlane>, grants: &PortGrants, t: Target, req: Requ
         Ok(resp) => resp,
         Err(e) => {
             cp.metrics.port_refused(e.code().as_str());
-            refused(&e, true)
+            refused(e, true)
         }
     }
 }

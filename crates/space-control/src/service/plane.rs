@@ -69,7 +69,7 @@ pub struct ControlPlane {
     /// Rebuilt attempts' capabilities: a freeze lets them arrive first.
     pub(super) arrivals: Arrivals,
     /// Where service-port URLs point.
-    pub(super) port_urls: std::sync::RwLock<super::ports::PortUrls>,
+    pub(super) port_urls: std::sync::RwLock<super::port_urls::PortUrls>,
     /// The key of one-time links' cookies (loaded from the store on first use).
     pub(super) cookie_key: std::sync::OnceLock<[u8; 32]>,
 }

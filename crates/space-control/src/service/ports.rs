@@ -19,30 +19,12 @@ use space_proto::api::ports::{
 use space_store::{ExecutionState, PortRecord, SandboxRecord, SandboxState};
 
 use super::plane::ControlPlane;
+pub use super::port_urls::PortUrls;
 use crate::error::ControlError;
 use crate::{now_secs, random_bytes};
 
 /// How long a cookie set by a one-time link lets a browser in (a day).
 pub const COOKIE_LIFETIME_SECS: u64 = 24 * 3600;
-
-/// How the control plane writes port URLs: the edge's domain for service ports and
-/// the port the edge listens on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PortUrls {
-    /// `localhost` unless configured.
-    pub domain: String,
-    /// The edge's port.
-    pub edge_port: u16,
-}
-
-impl Default for PortUrls {
-    fn default() -> Self {
-        Self {
-            domain: "localhost".into(),
-            edge_port: 7070,
-        }
-    }
-}
 
 /// Lowercase hex BLAKE3 of a secret.
 pub fn secret_hash(secret: &str) -> String {

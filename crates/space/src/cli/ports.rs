@@ -12,7 +12,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use super::{errors, print_json, sandbox_id, table};
+use super::errors;
+use super::output::{print_json, sandbox_id, table};
 use crate::args::{Cli, PortCmd};
 
 /// Local connections `space port forward` tunnels at once; more are closed.
