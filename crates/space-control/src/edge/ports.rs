@@ -234,11 +234,16 @@ fn strip_credential(req: &mut Request, used: Credential) {
     h.remove(PORT_TOKEN_HEADER);
     h.remove(SANDBOX_HEADER);
     h.remove(PORT_HEADER);
-    match used {
-        Credential::ApiKey => {
-            h.remove(header::AUTHORIZATION);
-        }
-        Credential::Cookie | Credential::Token | Credential::Public => {}
+    // The key that let it in, and any other platform API key the client sent along
+    // (one that opened nothing still must not reach the sandbox's server); an
+    // `Authorization` of the application's own goes on.
+    let platform_key = h
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|k| crate::auth::parse_key(k.trim()).is_some());
+    if used == Credential::ApiKey || platform_key {
+        h.remove(header::AUTHORIZATION);
     }
     drop_cookie(h, PORT_COOKIE);
 }
@@ -609,6 +614,31 @@ mod tests {
             );
         }
         assert_eq!(link_location("/", "space_link=spl_x"), "/");
+    }
+
+    #[test]
+    fn a_platform_api_key_never_reaches_the_sandbox_whatever_opened_the_port() {
+        let key = crate::auth::issue_key().text;
+        for used in [Credential::Token, Credential::Cookie, Credential::Public] {
+            let mut req = Request::new(Body::empty());
+            req.headers_mut().insert(
+                header::AUTHORIZATION,
+                HeaderValue::from_str(&format!("Bearer {key}")).unwrap(),
+            );
+            strip_credential(&mut req, used);
+            assert!(
+                req.headers().get(header::AUTHORIZATION).is_none(),
+                "{used:?}"
+            );
+        }
+        // The application's own credential goes on when it did not open the port.
+        let mut req = Request::new(Body::empty());
+        req.headers_mut().insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Basic dXNlcjpwYXNz"),
+        );
+        strip_credential(&mut req, Credential::Token);
+        assert_eq!(req.headers()[header::AUTHORIZATION], "Basic dXNlcjpwYXNz");
     }
 
     #[test]
