@@ -313,9 +313,10 @@ async fn serve_checked(
         }
     }
     // What was checked on this connection within the last second stands.
-    let fresh = session.as_ref().is_some_and(|s| {
-        s.checked_at.elapsed() < RECHECK_AFTER && s.presented == presented(req.headers())
-    });
+    let checked = presented(req.headers());
+    let fresh = session
+        .as_ref()
+        .is_some_and(|s| s.checked_at.elapsed() < RECHECK_AFTER && s.presented == checked);
     let (record, used) = if let Some(s) = session.as_ref().filter(|_| fresh) {
         (s.record.clone(), s.used)
     } else {
@@ -342,7 +343,6 @@ async fn serve_checked(
             reason: DenyReason::WrongProtocol,
         });
     }
-    let checked = presented(req.headers());
     strip_credential(&mut req, used);
     if t.connect {
         return connect_tcp(cp, grants, t, req).await;
@@ -391,8 +391,7 @@ async fn serve_checked(
     if proxy::upgrade_asked(req.headers()) == UpgradeAsk::WebSocket {
         s.upgrading.store(true, std::sync::atomic::Ordering::SeqCst);
     }
-    let (_never, stop) = watch::channel(false);
-    let forwarded = proxy::forward(&mut s.sender, req, stop).await;
+    let forwarded = proxy::forward(&mut s.sender, req, never_stops()).await;
     let execution = s.execution;
     if let Some(k) = kept.as_mut() {
         **k = Some(s);
@@ -408,6 +407,13 @@ async fn serve_checked(
     }
 }
 
+/// A stop signal that never fires (its sender is gone: see `proxy::stopped`): what
+/// ends the edge's bridges is netgtw ending the tunnel. One for the process, cloned.
+fn never_stops() -> watch::Receiver<bool> {
+    static NEVER: std::sync::OnceLock<watch::Receiver<bool>> = std::sync::OnceLock::new();
+    NEVER.get_or_init(|| watch::channel(false).1).clone()
+}
+
 /// A `CONNECT`: a raw tunnel to a `tcp` port, once the worker's netgtw admitted it.
 async fn connect_tcp(
     cp: &Arc<ControlPlane>,
@@ -421,7 +427,7 @@ async fn connect_tcp(
         let Ok(client) = client.await else {
             return;
         };
-        let (_never, stop) = watch::channel(false);
+        let stop = never_stops();
         // Kernel to kernel when both are plain TCP connections (they are, here).
         let (client, client_early) = match proxy::raw_tcp(client) {
             Ok(parts) => parts,

@@ -313,95 +313,81 @@ async fn measure(p: &Platform, id: SandboxId, pid: i32) -> Result<Measured, Stri
     })
 }
 
-/// Ports of the two relays inside the sandbox's network namespace.
-const RELAY_PORTS: [u16; 2] = [18081, 18082];
+/// First ports of the HTTP and the TCP relays inside the sandbox's network namespace
+/// (each pair takes the port and the next).
+const RELAY_PORTS: [u16; 2] = [18081, 18091];
 
-/// The bench server measured through two relays that copy bytes and do nothing else
-/// (`space bench serve relay`, in the sandbox's network namespace): the least two
-/// hops in a row cost on this machine, whatever they do.
-async fn relayed(pid: i32, server: &str) -> Result<HttpReport, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
-    let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
-    let [first, second] = RELAY_PORTS.map(|p| format!("127.0.0.1:{p}"));
-    let mut relays = Vec::new();
-    for (i, (listen, to)) in [(&first, &second), (&second, &server.to_owned())]
-        .into_iter()
-        .enumerate()
-    {
-        let ready = dir.path().join(format!("relay-{i}.ready"));
-        let child = Command::new(nsenter().ok_or("no nsenter")?)
-            .arg(format!("--net=/proc/{pid}/ns/net"))
-            .arg("--")
-            .arg(&exe)
-            .args([
-                "bench", "serve", "relay", "--listen", listen, "--to", to, "--ready",
-            ])
-            .arg(&ready)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("relay: {e}"))?;
-        relays.push(child);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !ready.exists() {
-            if std::time::Instant::now() > deadline {
-                return Err("a relay did not start".into());
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-    }
-    let args = http_args(&first, server, "/");
-    let http = load(Some(pid), &args, None)
-        .await
-        .map_err(|e| format!("HTTP through two relays: {e}"));
-    drop(relays);
-    http
+/// Two relays in a row in the network namespace of `pid` (`space bench serve relay`,
+/// which splices bytes and does nothing else), the first listening on
+/// `127.0.0.1:{base}`, the second on `base + 1`, forwarding to `to`: the least two hops
+/// in a row cost on this machine, whatever they do. Killed when dropped.
+struct Relays {
+    _children: Vec<tokio::process::Child>,
+    _dir: tempfile::TempDir,
+    /// Where a client connects.
+    first: String,
 }
 
-/// The TCP sink measured through two relays that splice bytes and do nothing else.
-async fn relayed_tcp(pid: i32, sink: &str) -> Result<TcpReport, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
-    let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
-    let [first, second] = RELAY_PORTS.map(|p| format!("127.0.0.1:{}", p + 10));
-    let mut relays = Vec::new();
-    for (i, (listen, to)) in [(&first, &second), (&second, &sink.to_owned())]
-        .into_iter()
-        .enumerate()
-    {
-        let ready = dir.path().join(format!("relay-{i}.ready"));
-        relays.push(
-            Command::new(nsenter().ok_or("no nsenter")?)
-                .arg(format!("--net=/proc/{pid}/ns/net"))
-                .arg("--")
-                .arg(&exe)
-                .args([
-                    "bench", "serve", "relay", "--listen", listen, "--to", to, "--ready",
-                ])
-                .arg(&ready)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .kill_on_drop(true)
-                .spawn()
-                .map_err(|e| format!("relay: {e}"))?,
-        );
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !ready.exists() {
-            if std::time::Instant::now() > deadline {
-                return Err("a relay did not start".into());
+impl Relays {
+    async fn start(pid: i32, base: u16, to: &str) -> Result<Self, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
+        let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
+        let first = format!("127.0.0.1:{base}");
+        let second = format!("127.0.0.1:{}", base + 1);
+        let mut children = Vec::new();
+        for (i, (listen, to)) in [(&first, second.as_str()), (&second, to)]
+            .into_iter()
+            .enumerate()
+        {
+            let ready = dir.path().join(format!("relay-{i}.ready"));
+            children.push(
+                Command::new(nsenter().ok_or("no nsenter")?)
+                    .arg(format!("--net=/proc/{pid}/ns/net"))
+                    .arg("--")
+                    .arg(&exe)
+                    .args([
+                        "bench", "serve", "relay", "--listen", listen, "--to", to, "--ready",
+                    ])
+                    .arg(&ready)
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .kill_on_drop(true)
+                    .spawn()
+                    .map_err(|e| format!("relay: {e}"))?,
+            );
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while !ready.exists() {
+                if std::time::Instant::now() > deadline {
+                    return Err("a relay did not start".into());
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
+        Ok(Self {
+            _children: children,
+            _dir: dir,
+            first,
+        })
     }
-    let mib = TCP_MIB.to_string();
-    let args = ["tcp", "--connect", &first, "--mib", &mib].map(str::to_owned);
-    let report = load(Some(pid), &args, None)
+}
+
+/// The bench server through [`Relays`].
+async fn relayed(pid: i32, server: &str) -> Result<HttpReport, String> {
+    let relays = Relays::start(pid, RELAY_PORTS[0], server).await?;
+    load(Some(pid), &http_args(&relays.first, server, "/"), None)
         .await
-        .map_err(|e| format!("TCP through two relays: {e}"));
-    drop(relays);
-    report
+        .map_err(|e| format!("HTTP through two relays: {e}"))
+}
+
+/// The TCP sink through [`Relays`].
+async fn relayed_tcp(pid: i32, sink: &str) -> Result<TcpReport, String> {
+    let relays = Relays::start(pid, RELAY_PORTS[1], sink).await?;
+    let mib = TCP_MIB.to_string();
+    let args = ["tcp", "--connect", &relays.first, "--mib", &mib].map(str::to_owned);
+    load(Some(pid), &args, None)
+        .await
+        .map_err(|e| format!("TCP through two relays: {e}"))
 }
 
 /// P10 on `p`.
