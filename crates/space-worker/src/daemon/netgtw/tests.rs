@@ -10,15 +10,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use space_identity::{
-    DenyReason, KeyBundle, KeyUses, Protocol, Purpose, Route, ServicePort, Timestamp, Token,
-};
+use space_identity::{DenyReason, Protocol, Purpose, Route, ServicePort, Timestamp, Token};
 use space_proto::api::Update;
 use space_proto::api::ports::ExposedPort;
 use space_testkit::{CapabilityBuilder, TestKeys};
 
 use crate::daemon::launch;
-use crate::daemon::node_api::tests::bare_worker;
+use crate::daemon::node_api::tests::{bare_worker, enroll};
 use crate::daemon::records::{BridgeRecord, ExecutionRecord, RecordState};
 use crate::daemon::state::{AgentPool, Worker, activation_of, now_secs};
 use crate::substrate::jail::cgroup::CgroupSet;
@@ -138,37 +136,7 @@ impl Gateway {
         let data = tempfile::tempdir().unwrap();
         let worker = bare_worker(&data, "netgtw");
         let keys = TestKeys::new();
-        worker
-            .set_enrollment(keys.anchor.anchor(), "credential")
-            .unwrap();
-        let now = Timestamp::from_unix_secs(now_secs());
-        let bundle = keys
-            .anchor
-            .sign(&KeyBundle {
-                version: 1,
-                issued_at: now,
-                keys: vec![
-                    keys.control.bundle_key(
-                        KeyUses::only(Purpose::Control),
-                        now.minus_secs(3600),
-                        now.plus_secs(3600),
-                    ),
-                    keys.service_port.bundle_key(
-                        KeyUses::only(Purpose::ServicePort),
-                        now.minus_secs(3600),
-                        now.plus_secs(3600),
-                    ),
-                ],
-            })
-            .unwrap();
-        worker
-            .keys
-            .write()
-            .unwrap()
-            .as_mut()
-            .unwrap()
-            .install(&bundle)
-            .unwrap();
+        enroll(&worker, &keys, &[Purpose::Control, Purpose::ServicePort]);
         let route = space_testkit::route(1, 1, ME);
         let handle = SandboxHandle {
             key: ExecutionKey::new(route.sandbox.to_string(), route.execution.id.to_string()),

@@ -67,6 +67,41 @@ pub(crate) fn bare_worker(data: &tempfile::TempDir, tag: &str) -> Arc<Worker> {
     Worker::assemble(&config, "http://127.0.0.1:1".into(), records, substrate).unwrap()
 }
 
+/// Enrolls `worker` with `keys`' trust anchor and installs a bundle of `keys`' signing
+/// keys for `purposes` (the control key for `control`, the service-port key for
+/// `service_port`), valid an hour either side of now.
+pub(crate) fn enroll(worker: &Worker, keys: &TestKeys, purposes: &[Purpose]) {
+    worker
+        .set_enrollment(keys.anchor.anchor(), "credential")
+        .unwrap();
+    let now = Timestamp::from_unix_secs(now_secs());
+    let bundle = keys
+        .anchor
+        .sign(&KeyBundle {
+            version: 1,
+            issued_at: now,
+            keys: purposes
+                .iter()
+                .map(|&p| {
+                    let signer = match p {
+                        Purpose::Control => &keys.control,
+                        Purpose::ServicePort => &keys.service_port,
+                    };
+                    signer.bundle_key(KeyUses::only(p), now.minus_secs(3600), now.plus_secs(3600))
+                })
+                .collect(),
+        })
+        .unwrap();
+    worker
+        .keys
+        .write()
+        .unwrap()
+        .as_mut()
+        .unwrap()
+        .install(&bundle)
+        .unwrap();
+}
+
 /// A worker on records of its own, enrolled with the test kit's trust anchor and
 /// holding a bundle (the kit's keys, valid an hour either side of now).
 struct Fixture {
@@ -80,30 +115,7 @@ impl Fixture {
         let data = tempfile::tempdir().unwrap();
         let worker = bare_worker(&data, "node-api");
         let keys = TestKeys::new();
-        worker
-            .set_enrollment(keys.anchor.anchor(), "credential")
-            .unwrap();
-        let now = Timestamp::from_unix_secs(now_secs());
-        let bundle = keys
-            .anchor
-            .sign(&KeyBundle {
-                version: 1,
-                issued_at: now,
-                keys: vec![keys.control.bundle_key(
-                    KeyUses::only(Purpose::Control),
-                    now.minus_secs(3600),
-                    now.plus_secs(3600),
-                )],
-            })
-            .unwrap();
-        worker
-            .keys
-            .write()
-            .unwrap()
-            .as_mut()
-            .unwrap()
-            .install(&bundle)
-            .unwrap();
+        enroll(&worker, &keys, &[Purpose::Control]);
         Self {
             worker,
             keys,
