@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 pub mod ports;
 
 use serde::{Deserialize, Serialize};
+pub use space_egress::{NetworkMode, Policy};
 use space_identity::{
     Access, Execution, ExecutionId, Generation, Placement, PodUid, Protocol, Purpose,
     RefreshReason, Route, SandboxId, Substrate, WorkerId,
@@ -94,6 +95,11 @@ pub struct CreateSandbox {
     /// Resource limits; what is left out takes the platform's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<LimitsRequest>,
+    /// Network policy (`{"mode": "none"|"egress", "allow": […], "deny": […]}`); left
+    /// out, the platform's default (`none` unless the operator chose otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::NetworkSchema>))]
+    pub network: Option<Policy>,
 }
 
 /// `limits` of `POST /v1/sandboxes`: each one positive and at most the platform's
@@ -189,6 +195,10 @@ pub struct Sandbox {
     /// Its resource limits, the same for every execution.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<LimitsView>,
+    /// Its network policy, the same for every execution (mode `none`: loopback only).
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::NetworkSchema))]
+    pub network: Policy,
 }
 
 /// `POST /v1/sandboxes/{id}/exec`.
@@ -529,6 +539,16 @@ pub struct InstallExecution {
     /// to one of these, with its protocol.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<ports::ExposedPort>,
+    /// The sandbox's network policy: in mode `egress` the worker gives the execution
+    /// its link and rules before its first process starts.
+    #[serde(default, skip_serializing_if = "is_no_network")]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::NetworkSchema))]
+    pub network: Policy,
+}
+
+/// Whether a policy is the default one (mode `none`, no rules): left out of an install.
+fn is_no_network(p: &Policy) -> bool {
+    *p == Policy::none()
 }
 
 impl InstallExecution {
@@ -635,6 +655,22 @@ pub enum Update {
         execution_id: ExecutionId,
         /// Every exposed port.
         ports: Vec<ports::ExposedPort>,
+    },
+    /// The sandbox's network policy is now `network`, for this execution: new
+    /// connections and DNS questions are judged by it (established ones are kept).
+    Network {
+        /// Sandbox.
+        #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::SandboxIdSchema))]
+        sandbox: SandboxId,
+        /// Generation.
+        #[cfg_attr(feature = "openapi", schema(value_type = u64))]
+        generation: Generation,
+        /// Execution ID.
+        #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::ExecutionIdSchema))]
+        execution_id: ExecutionId,
+        /// The policy.
+        #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::NetworkSchema))]
+        network: Policy,
     },
     /// Install a signed key bundle (base64url).
     Bundle {

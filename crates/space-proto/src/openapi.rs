@@ -15,7 +15,9 @@ use std::collections::BTreeMap;
 
 use space_identity::{Access, ExecutionId, Protocol, Purpose, SandboxId, Substrate};
 use utoipa::openapi::response::{Response, ResponseBuilder};
-use utoipa::openapi::schema::{ObjectBuilder, Schema, SchemaType, Type};
+use utoipa::openapi::schema::{
+    AdditionalProperties, ArrayBuilder, ObjectBuilder, Schema, SchemaType, Type,
+};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, schema::SchemaFormat};
 use utoipa::{IntoParams, PartialSchema, ToSchema};
 
@@ -195,6 +197,35 @@ schema!(
         &Access::ALL.map(Access::as_str)
     )
 );
+
+schema!(
+    /// [`crate::api::Policy`]: a sandbox's network policy.
+    NetworkSchema,
+    "Network",
+    ObjectBuilder::new()
+        .schema_type(SchemaType::Type(Type::Object))
+        .description(Some(
+            "A sandbox's network policy. Mode `none`: loopback only. Mode `egress`: \
+             outbound connections and DNS, judged by `deny` (always first), then \
+             `allow` (empty: everything not denied) and the operator's global deny \
+             list. A rule is a name (`pypi.org`), a wildcard (`*.example.com`: names \
+             strictly below it) or an address or network (`203.0.113.0/24`); at most \
+             256 per list.",
+        ))
+        .property("mode", one_of("Network mode.", &["none", "egress"]))
+        .required("mode")
+        .property("allow", rules("Rules that allow."))
+        .property("deny", rules("Rules that refuse; they beat `allow`."))
+        .additional_properties(Some(AdditionalProperties::FreeForm(false)))
+        .into()
+);
+
+fn rules(description: &str) -> ArrayBuilder {
+    ArrayBuilder::new()
+        .description(Some(description))
+        .items(ObjectBuilder::new().schema_type(SchemaType::Type(Type::String)))
+        .max_items(Some(256))
+}
 
 schema!(
     /// [`Purpose`]'s text forms.

@@ -69,6 +69,7 @@ impl ControlPlane {
             limits: Some(api::LimitsView::from(&crate::limits::of_store(
                 s.limits.as_ref(),
             ))),
+            network: space_proto::api::Policy::none(),
         }
     }
 

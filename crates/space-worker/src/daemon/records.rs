@@ -89,6 +89,10 @@ pub struct ExecutionRecord {
     /// The sandbox's exposed service ports (trusted state netgtw compares with).
     #[serde(default)]
     pub ports: Vec<space_proto::api::ports::ExposedPort>,
+    /// The sandbox's network policy (mode `egress`: the execution has a link and
+    /// rules).
+    #[serde(default)]
+    pub network: space_proto::api::Policy,
     /// Unix seconds of the last change.
     pub updated_at: i64,
 }
@@ -475,6 +479,7 @@ mod tests {
             bridge: None,
             env: Default::default(),
             ports: Vec::new(),
+            network: space_proto::api::Policy::none(),
             updated_at: 100,
         }
     }

@@ -36,6 +36,7 @@ pub async fn reconcile(
             | Update::Resume { .. }
             | Update::Unfreeze { .. }
             | Update::Ports { .. }
+            | Update::Network { .. }
             | Update::Snapshot { .. }
             | Update::Layer { .. } => {
                 updates::apply(worker, body, update)

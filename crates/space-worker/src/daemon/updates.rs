@@ -351,6 +351,19 @@ pub async fn apply(
             };
             set_ports(worker, &sandbox, execution, ports)
         }
+        Update::Network {
+            sandbox,
+            generation,
+            execution_id,
+            network,
+        } => {
+            let _turn = worker.lock_sandbox(&sandbox).await;
+            let execution = Execution {
+                generation,
+                id: execution_id,
+            };
+            set_network(worker, &sandbox, execution, network).await
+        }
         // These carry or return an archive: they have their own endpoints.
         Update::Snapshot { .. } | Update::Layer { .. } => {
             Err(invalid("this update has its own endpoint"))
@@ -399,6 +412,41 @@ fn set_ports(
         .records
         .put(&record)
         .map_err(|e| internal(e.to_string()))?;
+    worker.put_slot(record, slot.pool.clone());
+    Ok(ack(worker, state, None))
+}
+
+/// Replaces the network policy of a live execution: persisted, then in effect (the
+/// worker's rules and its proxy and resolver judge new connections by it; established
+/// ones are kept).
+async fn set_network(
+    worker: &Arc<Worker>,
+    sandbox: &SandboxId,
+    execution: Execution,
+    network: space_proto::api::Policy,
+) -> Result<UpdateAck, UpdateError> {
+    let slot = worker
+        .slot(sandbox)
+        .filter(|s| s.record.execution() == execution)
+        .ok_or_else(|| conflict("no such execution on this worker"))?;
+    if matches!(
+        slot.record.state,
+        RecordState::Retired | RecordState::Failed
+    ) {
+        return Err(conflict(format!("execution is {:?}", slot.record.state)));
+    }
+    let state = match slot.record.state {
+        RecordState::Paused => AckState::Paused,
+        RecordState::Starting => AckState::Installed,
+        _ => AckState::Running,
+    };
+    if slot.record.network == network {
+        return Ok(ack(worker, state, None));
+    }
+    let mut record = slot.record.clone();
+    record.network = network;
+    record.updated_at = now_secs() as i64;
+    put_record(worker, &record).await.map_err(internal)?;
     worker.put_slot(record, slot.pool.clone());
     Ok(ack(worker, state, None))
 }
@@ -503,6 +551,7 @@ async fn retire_execution(
         bridge: None,
         env: Default::default(),
         ports: Vec::new(),
+        network: space_proto::api::Policy::none(),
         updated_at: 0,
     });
     if tomb.execution_id != execution_id {
@@ -610,6 +659,7 @@ async fn install_execution(
         bridge: None,
         env: i.env.clone(),
         ports: i.ports.clone(),
+        network: i.network.clone(),
         updated_at: now_secs() as i64,
     };
     put_record(worker, &record).await.map_err(internal)?;

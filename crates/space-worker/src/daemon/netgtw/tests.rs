@@ -176,6 +176,7 @@ impl Gateway {
                 .iter()
                 .map(|&(port, protocol)| ExposedPort { port, protocol })
                 .collect(),
+            network: space_proto::api::Policy::none(),
             updated_at: now_secs() as i64,
         };
         worker.records.put(&record).unwrap();

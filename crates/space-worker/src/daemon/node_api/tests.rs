@@ -145,6 +145,7 @@ impl Fixture {
             bridge: Some(bridge.clone()),
             env: Default::default(),
             ports: Vec::new(),
+            network: space_proto::api::Policy::none(),
             updated_at: now_secs() as i64,
         };
         self.worker.records.put(&record).unwrap();
@@ -549,6 +550,7 @@ async fn an_install_that_needs_the_sandboxs_files_where_they_are_not_is_refused_
         limits: space_proto::api::Limits::default(),
         needs_layer: true,
         ports: Vec::new(),
+        network: space_proto::api::Policy::none(),
     };
     let body = f.update(1, Update::Install(install));
     let req = Request::post("/internal/v1/updates")
