@@ -31,8 +31,8 @@ use space_identity::{ExecutionId, Generation, PodUid, SandboxId, Substrate, Work
 pub use error::StoreError;
 pub use postgres::PgStore;
 pub use records::{
-    ApiKeyRecord, Claim, ExecutionRecord, ExecutionState, KeyState, ParseStateError, PortRecord,
-    SandboxLimits, SandboxRecord, SandboxState, SigningKeyRecord, Tenant, WorkerRecord,
+    ApiKeyRecord, Claim, ExecutionRecord, ExecutionState, KeyState, ParseStateError, Policy,
+    PortRecord, SandboxLimits, SandboxRecord, SandboxState, SigningKeyRecord, Tenant, WorkerRecord,
     WorkerState,
 };
 pub use sqlite::SqliteStore;
@@ -206,6 +206,13 @@ impl Store {
         let done = dispatch!(self.set_sandbox_state(id, state, expected));
         changes::notify(id);
         done
+    }
+
+    /// Replaces a sandbox's network policy (what its every later execution is given).
+    /// `Conflict` if the sandbox is stopped (its policy stays as it was), `NotFound`
+    /// if absent.
+    pub async fn set_network(&self, id: &SandboxId, network: &Policy) -> Result<(), StoreError> {
+        dispatch!(self.set_network(id, network))
     }
 
     /// Hands one running sandbox of the standby tenant `standby` (the oldest) to

@@ -47,6 +47,20 @@ pub(crate) fn no_generation(sandbox_exists: bool, sandbox: &str) -> StoreError {
     }
 }
 
+/// After an update of a sandbox row guarded by "not stopped": changed → done; a
+/// stopped sandbox → `Conflict`; none → `NotFound`.
+pub(crate) fn live_sandbox_outcome(
+    changed: u64,
+    found: bool,
+    sandbox: &str,
+) -> Result<(), StoreError> {
+    if changed > 0 {
+        Ok(())
+    } else {
+        Err(no_generation(found, sandbox))
+    }
+}
+
 pub(crate) fn new_execution(
     sandbox: SandboxId,
     generation: i64,

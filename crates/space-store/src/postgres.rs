@@ -333,6 +333,7 @@ impl PgStore {
     pub async fn create_sandbox(&self, s: &SandboxRecord) -> Result<(), StoreError> {
         let (metadata, env) = rows::sandbox_json(s)?;
         let limits = rows::limits_json(s)?;
+        let network = rows::network_json(&s.network)?;
         let generation = to_sql_int("generation", s.generation.get())?;
         let id = s.id.to_string();
         let params: Params = &[
@@ -346,8 +347,24 @@ impl PgStore {
             &env,
             &generation,
             &limits,
+            &network,
         ];
         self.exec(sql::INSERT_SANDBOX, params).await.map(drop)
+    }
+
+    /// See [`crate::Store::set_network`].
+    pub async fn set_network(
+        &self,
+        id: &SandboxId,
+        network: &crate::records::Policy,
+    ) -> Result<(), StoreError> {
+        let id = id.to_string();
+        let network = rows::network_json(network)?;
+        let changed = self
+            .exec(sql::SET_SANDBOX_NETWORK, &[&id, &network])
+            .await?;
+        let found = changed > 0 || self.exists(sql::SANDBOX_EXISTS, &[&id]).await?;
+        outcomes::live_sandbox_outcome(changed, found, &id)
     }
 
     /// One sandbox.

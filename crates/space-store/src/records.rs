@@ -9,6 +9,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+pub use space_egress::Policy;
 use space_identity::{Execution, ExecutionId, Generation, PodUid, SandboxId, Substrate, WorkerId};
 
 /// A text form that is not one of an enum's variants.
@@ -191,6 +192,10 @@ pub struct SandboxRecord {
     /// were (the platform's defaults then apply).
     #[serde(default)]
     pub limits: Option<SandboxLimits>,
+    /// Its network policy, the same for every execution (a sandbox stored before
+    /// policies were reads as [`Policy::none`]: loopback only).
+    #[serde(default)]
+    pub network: Policy,
 }
 
 /// A sandbox's resource limits, as stored (a JSON column).

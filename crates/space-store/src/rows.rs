@@ -95,8 +95,7 @@ pub(crate) fn worker(r: &impl Cols) -> Result<WorkerRecord, StoreError> {
 }
 
 /// Columns of `sandboxes`, in the order [`sandbox`] reads them.
-pub(crate) const SANDBOX_COLUMNS: &str =
-    "id, tenant, template, state, created_at, expires_at, metadata, env, generation, limits";
+pub(crate) const SANDBOX_COLUMNS: &str = "id, tenant, template, state, created_at, expires_at, metadata, env, generation, limits, network";
 
 pub(crate) fn sandbox(r: &impl Cols) -> Result<SandboxRecord, StoreError> {
     let metadata = serde_json::from_str(&r.text(6)?).map_err(|e| corrupt("metadata", e))?;
@@ -116,6 +115,7 @@ pub(crate) fn sandbox(r: &impl Cols) -> Result<SandboxRecord, StoreError> {
             .opt_text(9)?
             .map(|t| serde_json::from_str(&t).map_err(|e| corrupt("limits", e)))
             .transpose()?,
+        network: serde_json::from_str(&r.text(10)?).map_err(|e| corrupt("network policy", e))?,
     })
 }
 
@@ -195,8 +195,30 @@ pub(crate) fn limits_json(s: &SandboxRecord) -> Result<Option<String>, StoreErro
     s.limits.as_ref().map(|l| to_json("limits", l)).transpose()
 }
 
+/// A network policy as the JSON text both databases store.
+pub(crate) fn network_json(p: &space_egress::Policy) -> Result<String, StoreError> {
+    to_json("network policy", p)
+}
+
 /// A JSON column's text; `what` names it in the error.
 pub(crate) fn to_json(what: &str, value: &impl serde::Serialize) -> Result<String, StoreError> {
     serde_json::to_string(value)
         .map_err(|e| StoreError::Backend(format!("{what} does not serialize: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_network_columns_default_is_the_json_of_the_none_policy() {
+        let none = network_json(&space_egress::Policy::none()).unwrap();
+        let step = crate::sql::MIGRATIONS
+            .iter()
+            .find(|m| m.version == 5)
+            .expect("migration 5");
+        for text in [step.sqlite, step.postgres] {
+            assert!(text.contains(&format!("DEFAULT '{none}'")), "{text}");
+        }
+    }
 }

@@ -225,6 +225,14 @@ CREATE INDEX port_links_by_port ON port_links (sandbox_id, port);
 CREATE INDEX port_links_by_expiry ON port_links (expires_at);
 "#,
     },
+    // The default is the JSON of `Policy::none()` (a unit test holds them together):
+    // every sandbox stored before this step had no network.
+    Migration {
+        version: 5,
+        name: "sandbox network policy",
+        sqlite: r#"ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{"mode":"none","allow":[],"deny":[]}';"#,
+        postgres: r#"ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{"mode":"none","allow":[],"deny":[]}';"#,
+    },
 ];
 
 /// The newest schema version this build knows.
@@ -270,8 +278,12 @@ pub(crate) const RESERVE_UPDATE_SEQ: &str = "INSERT INTO update_sequences (worke
 pub(crate) const SET_WORKER_STATE: &str = "UPDATE workers SET state = $2 WHERE id = $1";
 pub(crate) const TOUCH_WORKER: &str = "UPDATE workers SET last_seen = $2 WHERE id = $1";
 
-pub(crate) const INSERT_SANDBOX: &str = "INSERT INTO sandboxes (id, tenant, template, state, created_at, expires_at, metadata, env, generation, limits) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+pub(crate) const INSERT_SANDBOX: &str = "INSERT INTO sandboxes (id, tenant, template, state, created_at, expires_at, metadata, env, generation, limits, network) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
+/// Replaces the network policy of a sandbox that is not stopped (a stopped one keeps
+/// the policy it had: nothing runs under it again).
+pub(crate) const SET_SANDBOX_NETWORK: &str =
+    "UPDATE sandboxes SET network = $2 WHERE id = $1 AND state <> 'stopped'";
 /// Sandboxes of tenant `$1` that are not stopped (what its sandbox quota counts).
 pub(crate) const COUNT_LIVE_BY_TENANT: &str =
     "SELECT COUNT(*) FROM sandboxes WHERE tenant = $1 AND state <> 'stopped'";

@@ -289,6 +289,7 @@ impl SqliteStore {
     pub async fn create_sandbox(&self, s: &SandboxRecord) -> Result<(), StoreError> {
         let (metadata, env) = rows::sandbox_json(s)?;
         let limits = rows::limits_json(s)?;
+        let network = rows::network_json(&s.network)?;
         let generation = to_sql_int("generation", s.generation.get())?;
         let s = s.clone();
         self.call(move |c| {
@@ -304,8 +305,25 @@ impl SqliteStore {
                 &env,
                 &generation,
                 &limits,
+                &network,
             ];
             exec(c, sql::INSERT_SANDBOX, params).map(drop)
+        })
+        .await
+    }
+
+    /// See [`crate::Store::set_network`].
+    pub async fn set_network(
+        &self,
+        id: &SandboxId,
+        network: &crate::records::Policy,
+    ) -> Result<(), StoreError> {
+        let id = id.to_string();
+        let network = rows::network_json(network)?;
+        self.call(move |c| {
+            let changed = exec(c, sql::SET_SANDBOX_NETWORK, &[&id, &network])?;
+            let found = changed > 0 || exists(c, sql::SANDBOX_EXISTS, &[&id])?;
+            outcomes::live_sandbox_outcome(changed, found, &id)
         })
         .await
     }

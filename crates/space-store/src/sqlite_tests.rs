@@ -62,7 +62,7 @@ async fn a_row_with_an_unknown_state_is_an_error_not_a_guess() {
         c.execute_batch(
             "INSERT INTO tenants VALUES ('ten_a', 'a', 0);
              INSERT INTO sandboxes VALUES ('sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa', 'ten_a', 'default',
-                 'exploded', 0, NULL, 'null', '{}', 0, NULL);",
+                 'exploded', 0, NULL, 'null', '{}', 0, NULL, '{\"mode\":\"none\"}');",
         )
         .unwrap()
     });
@@ -151,4 +151,36 @@ async fn a_failed_write_in_a_group_commit_leaves_the_others_committed() {
         .query_row("SELECT count(*) FROM tenants", [], |r| r.get(0))
         .unwrap();
     assert_eq!(n, 41);
+}
+
+#[tokio::test]
+async fn a_sandbox_stored_before_network_policies_reads_as_none_after_the_migration() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.db");
+    {
+        // The database as a build that knew migrations 1 to 4 left it.
+        let c = Connection::open(&path).unwrap();
+        c.execute(sql::CREATE_MIGRATIONS_TABLE, []).unwrap();
+        for m in MIGRATIONS.iter().filter(|m| m.version <= 4) {
+            c.execute_batch(m.sqlite).unwrap();
+            c.execute(
+                &dollar_to_question(sql::RECORD_MIGRATION),
+                rusqlite::params![m.version, m.name],
+            )
+            .unwrap();
+        }
+        c.execute_batch(
+            "INSERT INTO tenants VALUES ('ten_a', 'a', 0);
+             INSERT INTO sandboxes (id, tenant, template, state, created_at, expires_at, metadata, env, generation, limits)
+                 VALUES ('sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa', 'ten_a', 'default', 'running', 0, NULL, 'null', '{}', 3, NULL);",
+        )
+        .unwrap();
+    }
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let store = SqliteStore::open(&path).await.unwrap();
+    assert_eq!(store.schema_versions().await.unwrap(), vec![1, 2, 3, 4, 5]);
+    let id: SandboxId = "sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa".parse().unwrap();
+    let s = store.get_sandbox(&id).await.unwrap();
+    assert_eq!(s.network, crate::records::Policy::none());
+    assert_eq!(s.generation, Generation(3));
 }

@@ -100,6 +100,43 @@ pub fn sandbox(n: u8, tenant: &str) -> SandboxRecord {
             cpu_millis: 1500,
             disk_bytes: 3 << 30,
         }),
+        // Every third sandbox has a network; the others are loopback only.
+        network: if n % 3 == 0 {
+            egress(
+                &["pypi.org", "*.githubusercontent.com", "203.0.113.0/24"],
+                &["10.0.0.0/8"],
+            )
+        } else {
+            space_store::Policy::none()
+        },
+    }
+}
+
+/// An `egress` policy with these rules.
+pub fn egress(allow: &[&str], deny: &[&str]) -> space_store::Policy {
+    space_store::Policy::parse(space_egress::NetworkMode::Egress, allow, deny).expect("policy")
+}
+
+impl Fixture {
+    /// Runs `sql` on the database directly, as another program (or an older build)
+    /// would, past the store.
+    pub async fn execute_raw(&self, sql: &str) {
+        match self {
+            Self::Sqlite(dir) => {
+                let c = rusqlite::Connection::open(dir.path().join("store.db")).expect("open");
+                c.execute_batch(sql).expect("raw SQL");
+            }
+            Self::Postgres(pg) => {
+                let (client, connection) =
+                    tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls)
+                        .await
+                        .expect("connect");
+                let conn = tokio::spawn(connection);
+                client.batch_execute(sql).await.expect("raw SQL");
+                drop(client);
+                let _ = conn.await;
+            }
+        }
     }
 }
 
