@@ -389,6 +389,11 @@ fn fail(stage: &'static str) -> impl Fn(std::io::Error) -> JailError {
 /// A directory opened for `*at` calls that need a real (not `O_PATH`) descriptor.
 const DIR_FLAGS: libc::c_int = libc::O_RDONLY | libc::O_DIRECTORY;
 
+/// The address `/etc/resolv.conf` names (the one AWS gives its resolver; any address
+/// would do, as the worker's rules send every DNS packet of a sandbox to the
+/// platform's resolver).
+pub const RESOLVER_ADDR: &str = "169.254.169.253";
+
 /// The synthesized `/etc`: enough for `id`, `whoami`, name resolution of
 /// `localhost` and the hostname; no `shadow`, no host keys, nothing of the host.
 pub fn etc_files(hostname: &str) -> Vec<(&'static str, String)> {
@@ -410,7 +415,10 @@ pub fn etc_files(hostname: &str) -> Vec<(&'static str, String)> {
             format!("127.0.0.1\tlocalhost\n::1\tlocalhost\n127.0.1.1\t{hostname}\n"),
         ),
         ("hostname", format!("{hostname}\n")),
-        ("resolv.conf", String::new()),
+        // The platform's resolver: every DNS packet from a sandbox with a network is
+        // answered by it, whatever address it was sent to; without one, lookups fail
+        // at once (no route).
+        ("resolv.conf", format!("nameserver {RESOLVER_ADDR}\n")),
         (
             "nsswitch.conf",
             "passwd: files\ngroup: files\nhosts: files dns\n".to_owned(),
@@ -435,7 +443,7 @@ mod tests {
         assert!(
             files
                 .iter()
-                .any(|(n, c)| *n == "resolv.conf" && c.is_empty())
+                .any(|(n, c)| *n == "resolv.conf" && c == "nameserver 169.254.169.253\n")
         );
     }
 

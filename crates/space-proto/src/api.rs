@@ -288,6 +288,34 @@ pub struct ExecResponse {
     pub execution_id: ExecutionId,
 }
 
+/// `GET /v1/sandboxes/{id}/events`: what the platform refused the sandbox recently
+/// (its network policy's refusals on its current execution), newest first.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EventList {
+    /// The events (at most 256 are kept per execution).
+    pub events: Vec<SandboxEvent>,
+}
+
+/// One event of a sandbox.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SandboxEvent {
+    /// RFC 3339, UTC.
+    pub at: String,
+    /// `network_refused`.
+    pub kind: String,
+    /// How it was asked for: `dns`, `http` or `tls`.
+    pub via: String,
+    /// The name or `address:port` asked for.
+    pub target: String,
+    /// Which list refused: `global` (the operator's), `sandbox` (its own deny list or
+    /// its allow list), `mode` (network off) or `proxy` (what the proxy cannot judge).
+    pub layer: String,
+    /// The rule that refused, or why.
+    pub rule: String,
+}
+
 /// One directory entry.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

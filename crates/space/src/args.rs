@@ -107,6 +107,26 @@ pub struct UpArgs {
     /// a browser without DNS; elsewhere a wildcard DNS name pointing at the edge).
     #[arg(long, env = "SPACE_DOMAIN", default_value = "localhost")]
     pub domain: String,
+    /// No egress on this worker: sandboxes in network mode `egress` are refused here.
+    #[arg(long, env = "SPACE_NO_EGRESS")]
+    pub no_egress: bool,
+    /// Egress slot: which `/12` of `240.0.0.0/4` sandbox links take their addresses
+    /// from, and the names of the links and the nftables table (workers sharing a
+    /// host take different slots; `space up` numbers its workers from this one).
+    #[arg(long, env = "SPACE_EGRESS_SLOT", default_value_t = 0)]
+    pub egress_slot: u8,
+    /// A network no sandbox reaches whatever its policy, on top of the defaults
+    /// (repeatable, or comma-separated in the variable).
+    #[arg(long, env = "SPACE_EGRESS_DENY", value_delimiter = ',')]
+    pub egress_deny: Vec<space_egress::IpNet>,
+    /// A private range (RFC 1918, ULA, shared address space) sandboxes may reach;
+    /// refused by default (repeatable).
+    #[arg(long, env = "SPACE_EGRESS_ALLOW_PRIVATE", value_delimiter = ',')]
+    pub egress_allow_private: Vec<space_egress::IpNet>,
+    /// DNS server the platform's resolver asks for sandboxes, `ADDR` or `ADDR:PORT`
+    /// (repeatable) [default: the host's /etc/resolv.conf].
+    #[arg(long, env = "SPACE_EGRESS_DNS", value_delimiter = ',', value_parser = parse_dns_server)]
+    pub egress_dns: Vec<std::net::SocketAddr>,
 }
 
 impl UpArgs {
@@ -183,6 +203,26 @@ pub struct WorkerArgs {
     /// How many such ranges (sandboxes with a user namespace at once, on this host).
     #[arg(long, default_value_t = space_worker::substrate::jail::uid_ranges::DEFAULT_SLOTS)]
     pub userns_ranges: u32,
+    /// No egress on this worker: sandboxes in network mode `egress` are refused here.
+    #[arg(long, env = "SPACE_NO_EGRESS")]
+    pub no_egress: bool,
+    /// Egress slot: which `/12` of `240.0.0.0/4` sandbox links take their addresses
+    /// from, and the names of the links and the nftables table (workers sharing a
+    /// host take different slots; `space up` numbers its workers from this one).
+    #[arg(long, env = "SPACE_EGRESS_SLOT", default_value_t = 0)]
+    pub egress_slot: u8,
+    /// A network no sandbox reaches whatever its policy, on top of the defaults
+    /// (repeatable, or comma-separated in the variable).
+    #[arg(long, env = "SPACE_EGRESS_DENY", value_delimiter = ',')]
+    pub egress_deny: Vec<space_egress::IpNet>,
+    /// A private range (RFC 1918, ULA, shared address space) sandboxes may reach;
+    /// refused by default (repeatable).
+    #[arg(long, env = "SPACE_EGRESS_ALLOW_PRIVATE", value_delimiter = ',')]
+    pub egress_allow_private: Vec<space_egress::IpNet>,
+    /// DNS server the platform's resolver asks for sandboxes, `ADDR` or `ADDR:PORT`
+    /// (repeatable) [default: the host's /etc/resolv.conf].
+    #[arg(long, env = "SPACE_EGRESS_DNS", value_delimiter = ',', value_parser = parse_dns_server)]
+    pub egress_dns: Vec<std::net::SocketAddr>,
     /// Directory holding spaced-guest, spaced-host and space-jail (default: next to
     /// this executable).
     #[arg(long, env = "SPACE_BIN_DIR")]
@@ -519,4 +559,14 @@ mod tests {
         assert_eq!((off.warm_pool, off.standby()), (0, 0));
         assert_eq!(up(&["--workers", "1", "--standby", "5"]).standby(), 5);
     }
+}
+
+/// A DNS server: an address, with port 53 unless one is given.
+fn parse_dns_server(text: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(a) = text.parse::<std::net::SocketAddr>() {
+        return Ok(a);
+    }
+    text.parse::<std::net::IpAddr>()
+        .map(|ip| std::net::SocketAddr::new(ip, 53))
+        .map_err(|_| format!("{text:?} is not an address or address:port"))
 }

@@ -133,6 +133,12 @@ pub async fn worker(a: WorkerArgs) -> Result<(), String> {
         cgroup_parent,
         warm_pool: a.warm_pool,
         limits: space_worker::daemon::limits::WorkerLimits::from_env(),
+        egress: (!a.no_egress).then(|| space_worker::daemon::config::EgressSettings {
+            slot: a.egress_slot,
+            deny: a.egress_deny.clone(),
+            allow_private: a.egress_allow_private.clone(),
+            dns: a.egress_dns.clone(),
+        }),
         userns: (!a.no_userns).then(
             || space_worker::substrate::jail::uid_ranges::UidRangeConfig {
                 first_id: a.userns_first_uid,

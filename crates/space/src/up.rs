@@ -85,6 +85,7 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
         if a.no_userns {
             args.push("--no-userns".into());
         }
+        args.extend(egress_args(&a, n - 1));
         supervisors.push(tokio::spawn(supervise(
             n as usize - 1,
             id,
@@ -232,4 +233,40 @@ async fn wait_or_kill(child: &mut Child) {
     {
         let _ = child.kill().await;
     }
+}
+
+/// The egress flags of worker `index` (from 0): its own slot, the rest as given.
+fn egress_args(a: &UpArgs, index: u32) -> Vec<String> {
+    if a.no_egress {
+        return vec!["--no-egress".into()];
+    }
+    let slot = u32::from(a.egress_slot) + index;
+    let mut args = vec!["--egress-slot".into(), slot.to_string()];
+    let lists = [
+        (
+            "--egress-deny",
+            a.egress_deny
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>(),
+        ),
+        (
+            "--egress-allow-private",
+            a.egress_allow_private
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+        ),
+        (
+            "--egress-dns",
+            a.egress_dns.iter().map(ToString::to_string).collect(),
+        ),
+    ];
+    for (flag, values) in lists {
+        for v in values {
+            args.push(flag.into());
+            args.push(v);
+        }
+    }
+    args
 }

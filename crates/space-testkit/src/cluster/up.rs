@@ -97,6 +97,9 @@ impl Cluster {
             .env("SPACE_WARM_POOL", TEST_WARM_POOL)
             // No standby sandboxes unless a test asks: creates stay where tests put them.
             .env("SPACE_STANDBY", "0")
+            // No egress unless a test asks (with a slot of its own): clusters of tests
+            // running side by side must not share links or a table.
+            .env("SPACE_NO_EGRESS", "1")
             // Marks every process of this cluster, bridges and jails included, for the
             // clean-up of a test that failed with a worker crashed (see `Drop`).
             .env(MARK, self.data_dir())

@@ -38,6 +38,24 @@ pub struct WorkerConfig {
     pub userns: Option<crate::substrate::jail::uid_ranges::UidRangeConfig>,
     /// Default and largest sandbox limits, disk volume size (see [`limits`]).
     pub limits: limits::WorkerLimits,
+    /// Egress for sandboxes in network mode `egress`; `None` (`--no-egress`): such
+    /// sandboxes are refused here.
+    pub egress: Option<EgressSettings>,
+}
+
+/// The operator's egress settings (`--egress-*`).
+#[derive(Debug, Clone, Default)]
+pub struct EgressSettings {
+    /// Which block of `240.0.0.0/4`, link names and table (workers sharing a host
+    /// take different slots).
+    pub slot: u8,
+    /// Networks refused to every sandbox on top of the defaults.
+    pub deny: Vec<space_egress::IpNet>,
+    /// Private ranges sandboxes may reach (refused by default).
+    pub allow_private: Vec<space_egress::IpNet>,
+    /// DNS servers the platform asks for sandboxes (default: the host's
+    /// `/etc/resolv.conf`).
+    pub dns: Vec<SocketAddr>,
 }
 
 /// Default size of the warm pool per worker. With the standby sandboxes `space up`

@@ -25,6 +25,7 @@ use super::state::Worker;
 
 pub(crate) mod admission;
 pub(crate) mod agent;
+pub(crate) mod events;
 pub(crate) mod exec;
 pub(crate) mod files;
 pub(crate) mod idempotency;
@@ -93,6 +94,7 @@ fn routes(worker: Option<&Arc<Worker>>) -> OpenApiRouter<NodeApi> {
             routes!(files::read_file, files::write_file, files::remove_file).map(admitted_first),
         )
         .routes(routes!(files::list_files))
+        .routes(routes!(events::events))
         .routes(routes!(streams::terminal))
         .routes(routes!(streams::watch))
         .routes(routes!(streams::exec_stream))

@@ -41,6 +41,10 @@ impl WorkerHandle {
     pub async fn shutdown(self, stop_sandboxes: bool) {
         if stop_sandboxes {
             self.worker.set_stopping();
+        } else if let Ok(egress) = self.worker.egress() {
+            // The sandboxes keep running, and their links and rules stay for the next
+            // run of this worker (which replaces them); the proxy and resolver end.
+            egress.stop_services();
         }
         let _ = self.stop.send(true);
         let _ = self.task.await;
@@ -48,6 +52,10 @@ impl WorkerHandle {
         let _ = tokio::task::spawn_blocking(move || worker.warm.shutdown(&worker.substrate)).await;
         if stop_sandboxes {
             self.worker.stop_all().await;
+            if let Ok(egress) = self.worker.egress() {
+                let egress = Arc::clone(egress);
+                let _ = tokio::task::spawn_blocking(move || egress.shutdown()).await;
+            }
             // Unmounted only once no jail holds a layer on it (else the next start uses it).
             let data_dir = self.worker.data_dir.clone();
             let _ = tokio::task::spawn_blocking(move || {
@@ -79,6 +87,9 @@ pub async fn run(config: WorkerConfig) -> Result<WorkerHandle, String> {
         .unwrap_or_else(|| format!("http://{addr}"));
     lock.record(Some(&url))?;
     let worker = Worker::open(&config, url.clone())?;
+    // Before anything is served: an install of a sandbox in mode `egress` needs it.
+    let egress = start_egress(&worker, &config, addr).await;
+    let _ = worker.egress.set(egress);
     // Until the reconciliation below re-adopted what ran before a restart, sandbox
     // requests wait (node-api serves from now on: the control plane pushes installs).
     worker.readiness.adopting();
@@ -297,4 +308,54 @@ async fn sync_list(
 /// The keys a worker trusts before it holds any bundle.
 pub fn empty_keys(anchor: VerifyingKey) -> InstalledKeys {
     InstalledKeys::new(anchor)
+}
+
+/// Starts the worker's egress, or says why it has none (sandboxes in mode `egress`
+/// are then refused with that reason).
+async fn start_egress(
+    worker: &Worker,
+    config: &WorkerConfig,
+    node_api: std::net::SocketAddr,
+) -> Result<Arc<crate::egress::manager::Egress>, String> {
+    use crate::egress::manager::{self, Egress, EgressConfig, Slot};
+    let Some(settings) = config.egress.clone() else {
+        return Err("the worker was started with --no-egress".into());
+    };
+    if let Some(why) = manager::unavailable(worker.substrate.is_rootless()) {
+        tracing::info!(reason = %why, "network mode egress is not available on this worker");
+        return Err(why);
+    }
+    let (slot, dns) = (settings.slot, settings.dns.clone());
+    let control = control_listener(&config.control_url);
+    let listeners: Vec<std::net::SocketAddr> = std::iter::once(node_api).chain(control).collect();
+    let global = tokio::task::spawn_blocking(move || {
+        manager::global_deny(&listeners, &settings.deny, &settings.allow_private)
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    let upstream = if dns.is_empty() {
+        let text = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+        crate::egress::services::host_nameservers(&text)
+    } else {
+        dns
+    };
+    let started = Egress::start(EgressConfig {
+        slot: Slot::new(slot),
+        global,
+        upstream,
+    })
+    .await
+    .map_err(|e| e.to_string());
+    if let Err(e) = &started {
+        tracing::warn!(error = %e, "network mode egress is not available on this worker");
+    }
+    started
+}
+
+/// The control plane's address, when its URL names one (a name is covered by the
+/// host's own addresses if it is local, and by nothing otherwise).
+fn control_listener(url: &str) -> Option<std::net::SocketAddr> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split('/').next()?;
+    authority.parse().ok()
 }

@@ -120,6 +120,9 @@ pub struct Worker {
     stopping: std::sync::atomic::AtomicBool,
     /// Default and largest sandbox limits.
     pub limits: super::limits::WorkerLimits,
+    /// Egress for sandboxes in network mode `egress`, or why there is none here (set
+    /// once at start, before any install is served).
+    pub egress: std::sync::OnceLock<Result<Arc<crate::egress::manager::Egress>, String>>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -249,6 +252,7 @@ impl Worker {
                 super::limits::substrate_limits(&config.limits.defaults),
             ),
             limits: config.limits,
+            egress: std::sync::OnceLock::new(),
         });
         // Keys persisted from before a restart: the worker comes back with what it
         // acknowledged, never with less.
@@ -482,10 +486,48 @@ impl Worker {
         let substrate = Arc::clone(&self.substrate);
         let data_dir = self.data_dir.clone();
         let (h, b) = (r.handle.clone(), r.bridge.clone());
+        let egress = self.egress().ok().cloned();
+        let (sandbox, execution) = (r.sandbox, r.execution());
         let _ = tokio::task::spawn_blocking(move || {
+            // The link first: nothing of this execution leaves once it is going away.
+            if let Some(e) = egress {
+                e.release(&sandbox, Some(execution));
+            }
             launch::teardown(&*substrate, &data_dir, h.as_ref(), b.as_ref(), layer);
         })
         .await;
+    }
+
+    /// The worker's egress, or why this worker has none.
+    pub fn egress(&self) -> Result<&Arc<crate::egress::manager::Egress>, String> {
+        match self.egress.get() {
+            Some(Ok(e)) => Ok(e),
+            Some(Err(why)) => Err(why.clone()),
+            None => Err("egress is not started yet".into()),
+        }
+    }
+
+    /// Gives a launched execution the network its record asks for (a link and rules
+    /// for mode `egress`; nothing for `none`), before its install is acknowledged.
+    pub async fn give_network(&self, r: &ExecutionRecord) -> Result<(), String> {
+        if r.network.mode == space_proto::api::NetworkMode::None {
+            if let Ok(e) = self.egress() {
+                let (e, sandbox) = (Arc::clone(e), r.sandbox);
+                let _ = tokio::task::spawn_blocking(move || e.release(&sandbox, None)).await;
+            }
+            return Ok(());
+        }
+        let egress = Arc::clone(self.egress()?);
+        let init = r
+            .handle
+            .as_ref()
+            .map(|h| h.init)
+            .ok_or("the execution has no jail to give a network to")?;
+        let (sandbox, execution, policy) = (r.sandbox, r.execution(), r.network.clone());
+        tokio::task::spawn_blocking(move || egress.apply(&sandbox, execution, &init, &policy))
+            .await
+            .map_err(|e| format!("egress task: {e}"))?
+            .map_err(|e| e.to_string())
     }
 
     /// Encodes a bundle for persistence.

@@ -147,15 +147,30 @@ async fn readopt(worker: &Arc<Worker>, i: &space_proto::api::InstallExecution) -
         && r.handle
             .as_ref()
             .is_some_and(|h| worker.substrate.hold_userns(h).unwrap_or(false));
+    let alive = alive
+        && {
+            // The links of the worker's previous run were removed when it started: the
+            // sandbox gets its network back before it is served again.
+            let mut r = r.clone();
+            r.network = i.network.clone();
+            match worker.give_network(&r).await {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(sandbox = %r.sandbox, error = %e, "cannot give the re-adopted sandbox its network");
+                    false
+                }
+            }
+        };
     if alive {
         // The control plane's list is newer than this record where they differ: a
         // ports update missed while this worker was down.
         let mut r = r.clone();
-        if r.ports != i.ports {
+        if r.ports != i.ports || r.network != i.network {
             r.ports = i.ports.clone();
+            r.network = i.network.clone();
             r.updated_at = now_secs() as i64;
             if let Err(e) = worker.records.put(&r) {
-                tracing::warn!(sandbox = %r.sandbox, error = %e, "cannot record the sandbox's ports");
+                tracing::warn!(sandbox = %r.sandbox, error = %e, "cannot record the sandbox's ports and network");
             }
         }
         let r = &r;

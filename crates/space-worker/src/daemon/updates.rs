@@ -446,6 +446,11 @@ async fn set_network(
     let mut record = slot.record.clone();
     record.network = network;
     record.updated_at = now_secs() as i64;
+    // In effect before it is recorded: a policy that cannot be applied (egress on a
+    // worker without it) is refused, and the sandbox keeps the one it had.
+    if record.handle.is_some() {
+        worker.give_network(&record).await.map_err(conflict)?;
+    }
     put_record(worker, &record).await.map_err(internal)?;
     worker.put_slot(record, slot.pool.clone());
     Ok(ack(worker, state, None))
@@ -696,6 +701,16 @@ async fn install_execution(
             record.handle = Some(handle);
             record.bridge = Some(bridge.clone());
             record.updated_at = now_secs() as i64;
+            // Its network before anyone can reach it: no process of the user's runs
+            // in the jail until the install is acknowledged.
+            if let Err(e) = worker.give_network(&record).await {
+                worker.teardown(&record, launch::Layer::Keep).await;
+                record.state = RecordState::Failed;
+                let _ = put_record(worker, &record).await;
+                worker.put_slot(record, None);
+                tracing::warn!(sandbox = %i.sandbox, generation = i.generation.get(), error = %e, "network failed");
+                return Ok(ack(worker, AckState::Failed, Some(e)));
+            }
             if let Err(e) = put_record(worker, &record).await {
                 worker.teardown(&record, launch::Layer::Keep).await;
                 return Err(internal(e));

@@ -10,10 +10,21 @@
 //! those ports of its own host-side address.
 
 pub mod command;
+pub mod manager;
+pub mod metrics;
 pub mod nft;
+pub mod proxy;
+pub mod resolver;
+pub mod services;
+pub mod tenant;
+pub mod upstream;
 pub mod veth;
 
 #[cfg(test)]
 mod nft_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+pub(crate) mod testnet;
+#[cfg(test)]
+mod proxy_tests;

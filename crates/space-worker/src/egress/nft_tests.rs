@@ -174,7 +174,9 @@ fn a_sandbox_reaches_only_the_proxy_and_resolver_ports_of_its_own_host_side() {
         chain(&text, "input"),
         [
             "type filter hook input priority filter; policy accept;",
-            "iifname \"sxht-*\" goto sandbox_input"
+            "iifname \"sxht-*\" goto sandbox_input",
+            // Nothing but a sandbox link reaches the proxy and the resolver.
+            "meta l4proto { tcp, udp } th dport { 3053, 3080, 3443 } drop"
         ]
     );
     assert_eq!(

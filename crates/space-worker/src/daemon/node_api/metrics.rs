@@ -15,6 +15,10 @@ pub(crate) async fn metrics(State(w): State<Arc<Worker>>) -> Response {
         .read()
         .map(|slots| slots.values().map(|s| s.record.state).collect())
         .unwrap_or_default();
-    let out = w.metrics.render(states, w.warm.ready());
+    let mut out = w.metrics.render(states, w.warm.ready());
+    if let Ok(egress) = w.egress() {
+        out =
+            crate::egress::metrics::splice(out, &crate::egress::metrics::render(&egress.tenants()));
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }

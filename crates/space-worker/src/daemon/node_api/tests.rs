@@ -58,6 +58,7 @@ pub(crate) fn bare_worker(data: &tempfile::TempDir, tag: &str) -> Arc<Worker> {
         warm_pool: 0,
         userns: None,
         limits: Default::default(),
+        egress: None,
     };
     let records = Records::open(&data.path().join("records.db")).unwrap();
     let mut jail = JailConfig::new(&exe);

@@ -3,8 +3,8 @@
 //! Copying `/usr` per data dir would cost seconds and gigabytes, so the template
 //! is a tiny lower dir holding the skeleton (empty mount points, the host's
 //! `/bin → usr/bin`-style links) plus a list of host directories the jail binds
-//! read-only over it. Nothing else of the host (no `/etc`, `/root`, `/home`,
-//! `/var`, the data dir) is in it.
+//! read-only over it, and the host's CA certificates (`/etc/ssl/certs`). Nothing else
+//! of the host (the rest of `/etc`, `/root`, `/home`, `/var`, the data dir) is in it.
 
 use std::fs;
 use std::io;
@@ -74,9 +74,13 @@ fn system_entries(host_root: &Path) -> Vec<(&'static str, Entry)> {
         .collect()
 }
 
+/// The host's CA certificates, bound read-only where programs look for them (TLS
+/// needs them once a sandbox has a network; the rest of `/etc` stays the host's).
+pub const CA_DIR: &str = "etc/ssl/certs";
+
 /// The binds the default template needs on this host (cheap: a few `lstat`s).
 pub fn default_binds(host_root: &Path) -> Vec<BindMount> {
-    system_entries(host_root)
+    let mut binds: Vec<BindMount> = system_entries(host_root)
         .into_iter()
         .filter_map(|(name, entry)| match entry {
             Entry::Bind(source) => Some(BindMount {
@@ -85,7 +89,15 @@ pub fn default_binds(host_root: &Path) -> Vec<BindMount> {
             }),
             Entry::Link(_) => None,
         })
-        .collect()
+        .collect();
+    let ca = host_root.join(CA_DIR);
+    if fs::symlink_metadata(&ca).is_ok_and(|m| m.is_dir()) {
+        binds.push(BindMount {
+            source: ca,
+            target: Path::new("/").join(CA_DIR),
+        });
+    }
+    binds
 }
 
 /// Writes the skeleton for `host_root`'s layout into the (new, empty) `dest`.
