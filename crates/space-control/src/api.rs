@@ -38,7 +38,9 @@ mod ports;
 mod probes;
 mod request;
 
-pub use request::{AppState, MAX_BODY, MAX_INTERNAL_BODY, OPENAPI_PATH, edge_only};
+pub use request::{
+    AppState, MAX_BODY, MAX_INTERNAL_BODY, MAX_NETWORK_BODY, OPENAPI_PATH, edge_only,
+};
 pub use space_http::serve_until;
 
 /// Every route of the control plane's router, each with its description.
@@ -56,6 +58,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(lifecycle::resume))
         .routes(routes!(lifecycle::migrate))
         .routes(routes!(lifecycle::snapshot))
+        .routes(routes!(lifecycle::set_network))
         .routes(routes!(ports::expose, ports::list))
         .routes(routes!(ports::close))
         .routes(routes!(ports::link))

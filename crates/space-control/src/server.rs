@@ -28,6 +28,8 @@ pub struct ControlConfig {
     pub standby: usize,
     /// Domain of service-port URLs (`{port}-{sandbox}.{domain}`).
     pub domain: String,
+    /// The network mode of a create that names no policy.
+    pub network_default: space_proto::api::NetworkMode,
 }
 
 impl ControlConfig {
@@ -212,6 +214,7 @@ pub async fn serve(config: ControlConfig) -> Result<ServerHandle, String> {
     let app = router(state);
     let (stop, mut stopped) = watch::channel(false);
     cp.set_standby_target(config.standby);
+    cp.set_default_network(config.network_default);
     let background = spawn_background(Arc::clone(&cp), stop.subscribe());
     let keeper = spawn_standby_keeper(Arc::clone(&cp), stop.subscribe());
     let task = tokio::spawn(async move {

@@ -12,7 +12,8 @@
 //! - `executions`: start, pause and resume, stop, retire; `transitions`: one
 //!   operation per sandbox at a time and its lease; `snapshots`: snapshots and
 //!   migrations; `arrivals`: rebuilt attempts let in before a freeze;
-//! - `ports`: service ports, their tokens, links and cookies;
+//! - `ports`: service ports, their tokens, links and cookies; `network`: the
+//!   default network policy, replacing a sandbox's and pushing it;
 //! - `capabilities`: waiting for a settled sandbox, issuing a capability;
 //! - `reconcile`: background work (interrupted transitions, TTLs, gauges).
 
@@ -22,6 +23,7 @@ mod channel;
 mod executions;
 mod keys;
 mod load;
+mod network;
 mod placing;
 mod plane;
 mod port_urls;
@@ -35,6 +37,7 @@ mod tenants;
 mod transitions;
 mod workers;
 
+pub use network::NetworkApplied;
 pub use plane::{
     CAPABILITY_LIFETIME_SECS, ControlPlane, DEFAULT_TRANSITION_WAIT, MAX_TRANSITION_WAIT,
     MAX_TTL_SECS, STANDBY_PER_WORKER, STANDBY_TENANT,

@@ -49,6 +49,7 @@ async fn sandbox_with_pending_execution(cp: &ControlPlane) -> SandboxRecord {
         env: Default::default(),
         generation: Generation(0),
         limits: None,
+        network: space_store::Policy::none(),
     };
     cp.store.create_sandbox(&s).await.unwrap();
     cp.store

@@ -72,6 +72,7 @@ impl Plane {
                 env: Default::default(),
                 generation: Generation(0),
                 limits: None,
+                network: space_store::Policy::none(),
             })
             .await
             .unwrap();

@@ -1,5 +1,5 @@
 //! The sandbox routes the control plane answers itself: create, list, read, delete,
-//! pause, resume, migrate, snapshot, and capability issuance.
+//! pause, resume, migrate, snapshot, the network policy, and capability issuance.
 
 use axum::Json;
 use axum::body::Bytes;
@@ -7,12 +7,12 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use space_identity::AccessSet;
-use space_proto::api::{CapabilityRequest, CapabilityResponse, CreateSandbox, Sandbox};
-use space_proto::openapi::SandboxPath;
+use space_proto::api::{CapabilityRequest, CapabilityResponse, CreateSandbox, Policy, Sandbox};
+use space_proto::openapi::{NetworkSchema, SandboxPath};
 
 use super::bodies::{MigrateRequest, ResumeRequest, SnapshotTaken};
 use super::openapi::{Change, Create, Issue, Listed, SandboxRead};
-use super::request::{AppState, caller, cp, owned_sandbox, parse};
+use super::request::{AppState, MAX_NETWORK_BODY, caller, cp, owned_sandbox, parse};
 use crate::error::ControlError;
 
 /// Create a sandbox.
@@ -33,11 +33,52 @@ pub(super) async fn create_sandbox(
     let req: CreateSandbox = if body.is_empty() {
         CreateSandbox::default()
     } else {
-        parse(&body)?
+        parse(&body).map_err(|e| network_error(&body).unwrap_or(e))?
     };
     let cp = cp(&st)?;
     let view = cp.create_sandbox(c, req).await?;
     Ok((StatusCode::CREATED, Json(view)).into_response())
+}
+
+/// Why a create's body that did not parse was refused, when its `network` is the
+/// cause: said as the policy's own error (`network: allow[1] "…": …`) rather than
+/// as a position in the body. Only read on that error path.
+fn network_error(body: &[u8]) -> Option<ControlError> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let network = value.get("network")?.clone();
+    let e = serde_json::from_value::<Option<Policy>>(network).err()?;
+    Some(ControlError::BadRequest(format!(
+        "invalid network policy: {e}"
+    )))
+}
+
+/// Replace the sandbox's network policy.
+///
+/// Stored first, then given to the worker of its current execution: new connections
+/// and DNS questions are judged by it (established ones are kept). Every later
+/// execution (restart, migration, resume, snapshot restore) gets it too.
+#[utoipa::path(patch, path = "/v1/sandboxes/{id}/network", tag = "sandboxes", params(SandboxPath),
+    request_body(content = NetworkSchema, description = "the whole policy: `{\"mode\": \"none\"|\"egress\", \"allow\": […], \"deny\": […]}`; at most 256 KiB"),
+    responses((status = 200, description = "the sandbox, `network` as stored and in effect", body = Sandbox), Change),
+    security(("api_key" = [])))]
+pub(super) async fn set_network(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: axum::body::Body,
+) -> Result<Response, ControlError> {
+    let (cp, s) = owned_sandbox(&st, &headers, &id).await?;
+    let body = axum::body::to_bytes(body, MAX_NETWORK_BODY)
+        .await
+        .map_err(|_| {
+            ControlError::TooLarge(format!(
+                "a network policy body is at most {} KiB",
+                MAX_NETWORK_BODY >> 10
+            ))
+        })?;
+    let policy: Policy = serde_json::from_slice(&body)
+        .map_err(|e| ControlError::BadRequest(format!("invalid network policy: {e}")))?;
+    Ok(Json(cp.set_network(&s, policy).await?).into_response())
 }
 
 /// List the caller's tenant's sandboxes, `stopped` ones included.

@@ -22,6 +22,10 @@ pub const MAX_BODY: usize = 64 << 20;
 /// those authenticate by what they carry, so what is read first is kept small.
 pub const MAX_INTERNAL_BODY: usize = 64 << 10;
 
+/// Largest body of `PATCH /v1/sandboxes/{id}/network`: two lists of 256 rules of at
+/// most 255 characters fit with room to spare.
+pub const MAX_NETWORK_BODY: usize = 256 << 10;
+
 /// The one `/v1/*` path served without an API key: the API's own description.
 pub const OPENAPI_PATH: &str = "/v1/openapi.json";
 

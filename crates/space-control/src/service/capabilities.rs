@@ -220,6 +220,7 @@ mod tests {
             env: BTreeMap::new(),
             generation: Generation(1),
             limits: None,
+            network: space_store::Policy::none(),
         }
     }
 

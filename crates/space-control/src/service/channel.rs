@@ -245,6 +245,6 @@ pub(super) fn install_of(
         // files, which must be on the worker (kept there, or sent before the install).
         needs_layer: exe.generation > Generation::FIRST,
         ports,
-        network: space_proto::api::Policy::none(),
+        network: s.network.clone(),
     }
 }

@@ -2,7 +2,7 @@
 //! resuming it in place, stopping a sandbox, retiring an execution.
 
 use space_identity::ExecutionId;
-use space_proto::api::{AckState, Update};
+use space_proto::api::{AckState, InstallExecution, Update};
 use space_store::{ExecutionRecord, ExecutionState, SandboxRecord, SandboxState, WorkerRecord};
 
 use super::channel::install_of;
@@ -39,9 +39,15 @@ impl ControlPlane {
             )
             .await?;
         let ports = self.exposed_ports(&s.id).await?;
-        let outcome = self
-            .deliver(w, Update::Install(install_of(s, &exe, ports)))
-            .await;
+        // The policy as stored now, after the allocation, not as `s` had it: a change
+        // stored before this read is in the install, one stored after it is pushed to
+        // this execution (it is current by then; see `push_network`).
+        let network = self.store.get_sandbox(&s.id).await?.network;
+        let install = InstallExecution {
+            network,
+            ..install_of(s, &exe, ports)
+        };
+        let outcome = self.deliver(w, Update::Install(install)).await;
         if let Some(ready) = outcome.as_ref().ok().and_then(|a| a.warm_ready) {
             self.load
                 .lock()

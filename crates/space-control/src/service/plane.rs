@@ -59,6 +59,8 @@ pub struct ControlPlane {
     pub(super) last_create: std::sync::Mutex<Option<std::time::Instant>>,
     /// Default and largest sandbox limits, and the per-tenant sandbox quota.
     pub(super) limits_policy: std::sync::RwLock<crate::limits::LimitsPolicy>,
+    /// The network mode of a create that names no policy (`none` unless set).
+    pub(super) network_default: std::sync::RwLock<space_proto::api::NetworkMode>,
     /// Per tenant, this process's creates between their quota check and their
     /// sandbox's row: counted with the store's live sandboxes, so a burst cannot pass
     /// the quota together (see [`QuotaHold`](super::quota::QuotaHold)).
@@ -112,6 +114,7 @@ impl ControlPlane {
             last_create: std::sync::Mutex::new(None),
             quota_pending: Arc::default(),
             limits_policy: std::sync::RwLock::new(crate::limits::LimitsPolicy::from_env()),
+            network_default: std::sync::RwLock::default(),
             reconcile_after_secs: std::env::var("SPACE_RECONCILE_AFTER_SECS")
                 .ok()
                 .and_then(|v| v.parse().ok())

@@ -69,7 +69,7 @@ impl ControlPlane {
             limits: Some(api::LimitsView::from(&crate::limits::of_store(
                 s.limits.as_ref(),
             ))),
-            network: space_proto::api::Policy::none(),
+            network: s.network.clone(),
         }
     }
 
@@ -127,6 +127,8 @@ impl ControlPlane {
         }
         let policy = self.limits_policy();
         let limits = policy.resolve(req.limits.as_ref())?;
+        // Validated as it was parsed (`space_egress::Policy`'s serde).
+        let network = req.network.unwrap_or_else(|| self.default_network());
         let mut quota_hold = None;
         if caller.tenant != STANDBY_TENANT {
             // Standby sandboxes belong to no tenant until claimed: they never count.
@@ -150,8 +152,12 @@ impl ControlPlane {
         // A standby sandbox is a default sandbox that already runs: claiming one is a
         // single write. Sandboxes with their own environment or a chosen worker are
         // started for the request.
-        // Standby sandboxes run with the default limits: other limits start their own.
-        let plain = env.is_empty() && req.worker.is_none() && limits == policy.defaults;
+        // Standby sandboxes run with the default limits and network: other limits or
+        // another policy start their own.
+        let plain = env.is_empty()
+            && req.worker.is_none()
+            && limits == policy.defaults
+            && network == self.default_network();
         if plain && caller.tenant != STANDBY_TENANT && self.standby_target() > 0 {
             let claim = space_store::Claim {
                 tenant: caller.tenant.clone(),
@@ -159,8 +165,18 @@ impl ControlPlane {
                 expires_at,
                 metadata: metadata.clone(),
             };
-            if let Some(s) = self.store.claim_standby(STANDBY_TENANT, &claim).await? {
+            if let Some(mut s) = self.store.claim_standby(STANDBY_TENANT, &claim).await? {
                 drop(quota_hold.take());
+                if s.network != network {
+                    // Started under another default (before a restart that changed
+                    // it): handed over only with the policy asked for; one whose
+                    // worker does not take it is stopped, not handed over.
+                    if let Err(e) = self.apply_network(&s.id, &network).await {
+                        let _ = self.delete_sandbox(&s).await;
+                        return Err(e);
+                    }
+                    s.network = network;
+                }
                 if pause_at_ttl {
                     self.store.kv_set(&ttl_pause_key(&s.id), "pause").await?;
                 }
@@ -182,6 +198,7 @@ impl ControlPlane {
             env,
             generation: Generation::NONE,
             limits: Some(crate::limits::to_store(&limits)),
+            network,
         };
         let _busy = self.transition(record.id)?;
         self.store.create_sandbox(&record).await?;
