@@ -1,7 +1,7 @@
 //! The Rust SDK of SPACE.
 //!
 //! A [`Client`] holds the edge's URL and an API key. Lifecycle calls (create, get, list,
-//! delete, pause, resume, migrate) go to the edge, and so do service ports (expose,
+//! delete, pause, resume, migrate, the network policy) go to the edge, and so do service ports (expose,
 //! list, close, links, and TCP tunnels: [`Client::connect_port`]). Sandbox-scoped
 //! operations (exec and files) go, by default, straight to the worker that serves the
 //! sandbox — **direct mode**: the client asks the edge for a capability once, caches
@@ -45,7 +45,8 @@ pub use space_identity::OperationClass;
 use space_identity::{Progress, RecoveryError, Route, SandboxId, WorkerId};
 use space_proto::api::{CapabilityResponse, ErrorBody};
 pub use space_proto::api::{
-    CreateSandbox, ExecRequest, ExecResponse, FileEntry, Sandbox, SandboxState, WorkerView,
+    CreateSandbox, ExecRequest, ExecResponse, FileEntry, NetworkMode, Policy, Sandbox,
+    SandboxState, WorkerView,
 };
 use space_route::RouteDriver;
 
@@ -309,7 +310,19 @@ impl Client {
 
     // ---- lifecycle (edge) -------------------------------------------------------------
 
-    /// Creates a sandbox.
+    /// Creates a sandbox. Its network policy is `req.network` (`None`: the platform's
+    /// default, loopback only unless the operator chose otherwise), as its limits
+    /// are `req.limits`:
+    ///
+    /// ```no_run
+    /// # async fn demo(client: &space_client::Client) -> Result<(), space_client::Error> {
+    /// use space_client::{CreateSandbox, NetworkMode, Policy};
+    /// let network = Policy::parse(NetworkMode::Egress, &["pypi.org", "*.pythonhosted.org"], &[] as &[&str])
+    ///     .expect("valid rules");
+    /// let req = CreateSandbox { network: Some(network), ..Default::default() };
+    /// let sandbox = client.create_sandbox(&req).await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn create_sandbox(&self, req: &CreateSandbox) -> Result<Sandbox, Error> {
         decode(&self.edge_json(Method::POST, "/v1/sandboxes", req).await?)
     }
@@ -364,6 +377,15 @@ impl Client {
         let body = serde_json::json!({ "worker": worker });
         let path = format!("/v1/sandboxes/{id}/resume");
         decode(&self.edge_json(Method::POST, &path, &body).await?)
+    }
+
+    /// Replaces a sandbox's network policy (`PATCH /v1/sandboxes/{id}/network`): new
+    /// connections of its running execution are judged by it once the answer comes,
+    /// and every later execution gets it. A worker that did not take it is an
+    /// [`Error::Api`] `bad_gateway` (the policy is stored: send it again).
+    pub async fn set_network(&self, id: &SandboxId, policy: &Policy) -> Result<Sandbox, Error> {
+        let path = format!("/v1/sandboxes/{id}/network");
+        decode(&self.edge_json(Method::PATCH, &path, policy).await?)
     }
 
     /// Moves a sandbox to `worker` as a new execution.

@@ -486,3 +486,42 @@ async fn a_standby_sandbox_started_under_another_default_is_handed_over_with_the
     assert_eq!(pushed.len(), 1);
     assert_eq!((pushed[0].0, &pushed[0].3), (id, &policy(egress)));
 }
+
+#[tokio::test]
+async fn the_sdk_creates_with_a_policy_and_replaces_it_through_the_edge() {
+    let p = Plane::start().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(api::serve_until(
+        listener,
+        p.router(),
+        std::future::pending(),
+    ));
+    let client = space_client::Client::new(&url, &p.key);
+
+    let allow = Policy::parse(NetworkMode::Egress, &["pypi.org"], &["10.0.0.0/8"]).unwrap();
+    let req = space_client::CreateSandbox {
+        network: Some(allow.clone()),
+        ..Default::default()
+    };
+    let created = client.create_sandbox(&req).await.unwrap();
+    assert_eq!(created.network, allow);
+    assert_eq!(p.worker.installs()[0].network, allow);
+
+    let changed = client
+        .set_network(&created.id, &Policy::none())
+        .await
+        .unwrap();
+    assert_eq!(changed.network, Policy::none());
+    assert_eq!(
+        client.sandbox(&created.id).await.unwrap().network,
+        Policy::none()
+    );
+    assert_eq!(p.worker.network_updates()[0].3, Policy::none());
+
+    let err = client
+        .set_network(&SandboxId::from_bytes([7; 16]), &allow)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("not_found"));
+}
