@@ -107,6 +107,11 @@ pub struct UpArgs {
     /// a browser without DNS; elsewhere a wildcard DNS name pointing at the edge).
     #[arg(long, env = "SPACE_DOMAIN", default_value = "localhost")]
     pub domain: String,
+    /// Network mode of a sandbox created without a policy: `none` (loopback only) or
+    /// `egress` (outbound connections under the global deny list; a create's
+    /// `network`, or `space sandbox create --net`, chooses otherwise).
+    #[arg(long, env = "SPACE_NETWORK_DEFAULT", default_value = "none", value_parser = network_mode())]
+    pub network_default: space_proto::api::NetworkMode,
     /// No egress on this worker: sandboxes in network mode `egress` are refused here.
     #[arg(long, env = "SPACE_NO_EGRESS")]
     pub no_egress: bool,
@@ -155,6 +160,11 @@ pub struct ControlArgs {
     /// Domain of service-port URLs, `{port}-{sandbox}.{domain}`.
     #[arg(long, env = "SPACE_DOMAIN", default_value = "localhost")]
     pub domain: String,
+    /// Network mode of a sandbox created without a policy: `none` (loopback only) or
+    /// `egress` (outbound connections under the global deny list; a create's
+    /// `network`, or `space sandbox create --net`, chooses otherwise).
+    #[arg(long, env = "SPACE_NETWORK_DEFAULT", default_value = "none", value_parser = network_mode())]
+    pub network_default: space_proto::api::NetworkMode,
 }
 
 /// `space worker`.
@@ -272,6 +282,37 @@ pub enum SandboxCmd {
         /// Disk limit in MiB for the sandbox's files.
         #[arg(long)]
         disk_mib: Option<u64>,
+        /// Network: `none` (loopback only, the platform's default unless its operator
+        /// chose otherwise) or `egress` (outbound connections under `--allow` and
+        /// `--deny`).
+        #[arg(long, value_parser = network_mode())]
+        net: Option<space_proto::api::NetworkMode>,
+        /// With `--net egress`: a name (`pypi.org`), a wildcard (`*.example.com`) or an
+        /// address or network (`203.0.113.0/24`) it may reach (repeatable; none:
+        /// everything not denied).
+        #[arg(long = "allow", value_name = "RULE")]
+        allow: Vec<String>,
+        /// With `--net egress`: a name, wildcard, address or network it may not reach,
+        /// whatever `--allow` says (repeatable).
+        #[arg(long = "deny", value_name = "RULE")]
+        deny: Vec<String>,
+    },
+    /// Show a sandbox's network policy, or replace it with `--net` (and `--allow`,
+    /// `--deny`): new connections of its running execution follow the new policy, and
+    /// so does every later execution.
+    Network {
+        /// Sandbox ID.
+        id: String,
+        /// `none` (loopback only) or `egress`; without it the policy is shown.
+        #[arg(long, value_parser = network_mode())]
+        net: Option<space_proto::api::NetworkMode>,
+        /// With `--net egress`: a rule it may reach (repeatable; none: everything not
+        /// denied).
+        #[arg(long = "allow", value_name = "RULE")]
+        allow: Vec<String>,
+        /// With `--net egress`: a rule it may not reach (repeatable).
+        #[arg(long = "deny", value_name = "RULE")]
+        deny: Vec<String>,
     },
     /// List sandboxes.
     List,
@@ -440,6 +481,16 @@ pub enum PortCmd {
     },
 }
 
+/// `none` or `egress`.
+fn network_mode() -> impl clap::builder::TypedValueParser<Value = space_proto::api::NetworkMode> {
+    use clap::builder::TypedValueParser as _;
+    use space_proto::api::NetworkMode;
+    clap::builder::PossibleValuesParser::new(["none", "egress"]).map(|s| match s.as_str() {
+        "egress" => NetworkMode::Egress,
+        _ => NetworkMode::None,
+    })
+}
+
 /// A port inside a sandbox: 1–65535.
 fn port_number(s: &str) -> Result<u16, String> {
     match s.parse::<u16>() {
@@ -542,6 +593,129 @@ mod tests {
         assert!(port(&["rm", "sbx_x"]).is_err());
         assert!(port(&["ls", "sbx_x", "80"]).is_err());
         assert!(port(&["link", "sbx_x", "80", "--tcp"]).is_err());
+    }
+
+    fn sandbox(args: &[&str]) -> Result<SandboxCmd, clap::Error> {
+        let argv = ["space", "sandbox"].iter().chain(args).copied();
+        Cli::try_parse_from(argv).map(|c| match c.command {
+            Command::Sandbox(s) => s,
+            other => panic!("{other:?}"),
+        })
+    }
+
+    #[test]
+    fn sandbox_create_takes_net_and_repeated_allow_and_deny_rules() {
+        use space_proto::api::NetworkMode;
+        let argv = [
+            "create",
+            "--net",
+            "egress",
+            "--allow",
+            "pypi.org",
+            "--allow",
+            "*.github.com",
+            "--deny",
+            "10.0.0.0/8",
+        ];
+        match sandbox(&argv).expect("parses") {
+            SandboxCmd::Create {
+                net, allow, deny, ..
+            } => {
+                assert_eq!(net, Some(NetworkMode::Egress));
+                assert_eq!(allow, ["pypi.org", "*.github.com"]);
+                assert_eq!(deny, ["10.0.0.0/8"]);
+            }
+            other => panic!("{other:?}"),
+        }
+        match sandbox(&["create"]).expect("parses") {
+            SandboxCmd::Create {
+                net, allow, deny, ..
+            } => assert!(net.is_none() && allow.is_empty() && deny.is_empty()),
+            other => panic!("{other:?}"),
+        }
+        match sandbox(&["create", "--net", "none"]).expect("parses") {
+            SandboxCmd::Create { net, .. } => assert_eq!(net, Some(NetworkMode::None)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn net_is_none_or_egress_and_nothing_else() {
+        for bad in ["on", "Egress", "", "full"] {
+            for cmd in [
+                &["create", "--net", bad][..],
+                &["network", "sbx_x", "--net", bad],
+            ] {
+                let e = sandbox(cmd).expect_err(bad);
+                assert_eq!(e.kind(), clap::error::ErrorKind::InvalidValue, "{cmd:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn sandbox_network_shows_without_net_and_replaces_with_it() {
+        use space_proto::api::NetworkMode;
+        match sandbox(&["network", "sbx_x"]).expect("parses") {
+            SandboxCmd::Network {
+                id,
+                net,
+                allow,
+                deny,
+            } => {
+                assert_eq!(id, "sbx_x");
+                assert!(net.is_none() && allow.is_empty() && deny.is_empty());
+            }
+            other => panic!("{other:?}"),
+        }
+        let argv = [
+            "network",
+            "sbx_x",
+            "--net",
+            "egress",
+            "--deny",
+            "evil.example",
+        ];
+        match sandbox(&argv).expect("parses") {
+            SandboxCmd::Network { net, deny, .. } => {
+                assert_eq!(
+                    (net, deny),
+                    (Some(NetworkMode::Egress), vec!["evil.example".to_owned()])
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(sandbox(&["network"]).is_err(), "the sandbox is required");
+    }
+
+    #[test]
+    fn the_control_plane_gives_creates_no_network_unless_told_otherwise() {
+        use space_proto::api::NetworkMode;
+        if std::env::var_os("SPACE_NETWORK_DEFAULT").is_some() {
+            eprintln!("SKIPPED: SPACE_NETWORK_DEFAULT set in the environment");
+            return;
+        }
+        assert_eq!(up(&[]).network_default, NetworkMode::None);
+        assert_eq!(
+            up(&["--network-default", "egress"]).network_default,
+            NetworkMode::Egress
+        );
+        let control = |args: &[&str]| {
+            let argv = ["space", "control"].iter().chain(args).copied();
+            match Cli::try_parse_from(argv).map(|c| c.command) {
+                Ok(Command::Control(a)) => Ok(a.network_default),
+                Ok(other) => panic!("{other:?}"),
+                Err(e) => Err(e.kind()),
+            }
+        };
+        assert_eq!(control(&[]), Ok(NetworkMode::None));
+        assert_eq!(
+            control(&["--network-default", "egress"]),
+            Ok(NetworkMode::Egress)
+        );
+        assert_eq!(
+            control(&["--network-default", "open"]),
+            Err(clap::error::ErrorKind::InvalidValue)
+        );
     }
 
     #[test]

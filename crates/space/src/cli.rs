@@ -1,6 +1,7 @@
-//! The client commands: sandboxes, exec, files, ports (`ports`), workers, keys — every
-//! call made with the SDK (`space_client`) through the edge, which recovers routes on
-//! its side. Errors take one form (`errors`).
+//! The client commands: sandboxes (their network policy: `network`), exec, files,
+//! ports (`ports`), workers, keys — every call made with the SDK (`space_client`)
+//! through the edge, which recovers routes on its side. Errors take one form
+//! (`errors`).
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -13,6 +14,7 @@ use space_proto::api::MAX_EXEC_STDIN;
 use crate::args::{Cli, Command, FsCmd, KeysCmd, SandboxCmd};
 
 pub(crate) mod errors;
+mod network;
 mod output;
 mod ports;
 
@@ -181,6 +183,9 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
             cpus,
             pids,
             disk_mib,
+            net,
+            allow,
+            deny,
         }) => {
             let limits = space_proto::api::LimitsRequest {
                 memory_mib: *memory_mib,
@@ -200,6 +205,7 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
                     None => None,
                 },
                 limits: (limits != space_proto::api::LimitsRequest::default()).then_some(limits),
+                network: network::from_flags(*net, allow, deny)?,
                 ..CreateSandbox::default()
             };
             let s = c.create_sandbox(&req).await.map_err(sdk)?;
@@ -223,6 +229,17 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
         Command::Sandbox(SandboxCmd::Get { id }) => {
             let s = c.sandbox(&sandbox_id(id)?).await.map_err(sdk)?;
             show(cli, &s);
+            if !cli.json {
+                println!("{}", network::line(&s.id, &s.network));
+            }
+        }
+        Command::Sandbox(SandboxCmd::Network {
+            id,
+            net,
+            allow,
+            deny,
+        }) => {
+            return network::run(&c, cli, url, id, *net, allow, deny).await;
         }
         Command::Sandbox(SandboxCmd::Pause { id }) => {
             let s = c.pause(&sandbox_id(id)?).await.map_err(sdk)?;

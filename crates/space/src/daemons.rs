@@ -45,6 +45,7 @@ pub async fn control(a: ControlArgs) -> Result<(), String> {
         database_url: a.database_url,
         standby: a.standby,
         domain: a.domain.clone(),
+        network_default: a.network_default,
     })
     .await?;
     lock.record(Some(&format!("http://{}", handle.addr)))?;

@@ -46,6 +46,7 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
         database_url: None,
         standby: a.standby(),
         domain: a.domain.clone(),
+        network_default: a.network_default,
     })
     .await?;
     let url = format!("http://{}", handle.addr);
