@@ -17,7 +17,7 @@ use space_egress::{NAME_NOT_ALLOWED, Policy};
 use space_identity::SandboxId;
 
 use super::services::{Services, ServicesConfig};
-use super::tenant::{PairDirectory, Tenant};
+use super::tenant::{CounterSnapshot, PairDirectory, Tenant};
 use super::testnet::{
     Peer, Sandbox, Scope, TableGuard, TestHost, apply, global, policy, require_tools, sandbox_with,
 };
@@ -355,6 +355,19 @@ impl World {
         self.sandbox.peer.ask(line)
     }
 
+    /// The counters once `settled` holds of them (within 2 s): the proxy counts a write
+    /// just after the kernel took it, which the client can see first.
+    fn counters_once(&self, settled: impl Fn(&CounterSnapshot) -> bool) -> CounterSnapshot {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            let c = self.tenant.counters();
+            if settled(&c) || std::time::Instant::now() > deadline {
+                return c;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
     fn gateway(&self) -> Ipv4Addr {
         self.sandbox.pair.host_addr()
     }
@@ -388,7 +401,7 @@ fn an_allowed_name_is_reached_by_name_over_http() {
         "200 hostA a.test /p",
         "the request reaches A with its Host and path"
     );
-    let c = w.tenant.counters();
+    let c = w.counters_once(|c| c.bytes_in > 20);
     assert_eq!((c.http_connections, c.dns_questions), (1, 1));
     assert!(c.bytes_out > 20 && c.bytes_in > 20, "{c:?}");
     assert!(w.refusals().is_empty());
@@ -412,7 +425,7 @@ fn an_allowed_name_is_reached_over_tls_by_its_sni_with_a_test_ca() {
             super::proxy::NO_SNI
         )]
     );
-    let c = w.tenant.counters();
+    let c = w.counters_once(|c| c.bytes_in > 100);
     assert_eq!(c.tls_connections, 2);
     assert!(c.bytes_out > 100 && c.bytes_in > 100, "{c:?}");
 }
