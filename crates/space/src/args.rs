@@ -506,6 +506,16 @@ pub enum KeysCmd {
     Rotate,
 }
 
+/// A DNS server: an address, with port 53 unless one is given.
+fn parse_dns_server(text: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(a) = text.parse::<std::net::SocketAddr>() {
+        return Ok(a);
+    }
+    text.parse::<std::net::IpAddr>()
+        .map(|ip| std::net::SocketAddr::new(ip, 53))
+        .map_err(|_| format!("{text:?} is not an address or address:port"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -516,6 +526,40 @@ mod tests {
             Command::Up(a) => a,
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn egress_flags_of_up_take_lists_and_a_dns_server_without_a_port_takes_53() {
+        let a = up(&[
+            "--egress-slot",
+            "7",
+            "--egress-deny",
+            "203.0.113.0/24",
+            "--egress-deny",
+            "198.51.100.7",
+            "--egress-allow-private",
+            "10.1.0.0/16",
+            "--egress-dns",
+            "127.0.0.53",
+            "--egress-dns",
+            "127.0.0.1:5353",
+        ]);
+        assert!(!a.no_egress);
+        assert_eq!(a.egress_slot, 7);
+        assert_eq!(a.egress_deny.len(), 2);
+        assert_eq!(a.egress_allow_private.len(), 1);
+        assert_eq!(
+            a.egress_dns,
+            [
+                "127.0.0.53:53".parse::<std::net::SocketAddr>().unwrap(),
+                "127.0.0.1:5353".parse().unwrap()
+            ]
+        );
+        assert!(up(&["--no-egress"]).no_egress);
+        let bad = ["space", "up", "--egress-dns", "resolver.example"];
+        assert!(Cli::try_parse_from(bad).is_err());
+        let bad = ["space", "up", "--egress-deny", "300.1.2.3/8"];
+        assert!(Cli::try_parse_from(bad).is_err());
     }
 
     fn port(args: &[&str]) -> Result<PortCmd, clap::Error> {
@@ -733,14 +777,4 @@ mod tests {
         assert_eq!((off.warm_pool, off.standby()), (0, 0));
         assert_eq!(up(&["--workers", "1", "--standby", "5"]).standby(), 5);
     }
-}
-
-/// A DNS server: an address, with port 53 unless one is given.
-fn parse_dns_server(text: &str) -> Result<std::net::SocketAddr, String> {
-    if let Ok(a) = text.parse::<std::net::SocketAddr>() {
-        return Ok(a);
-    }
-    text.parse::<std::net::IpAddr>()
-        .map(|ip| std::net::SocketAddr::new(ip, 53))
-        .map_err(|_| format!("{text:?} is not an address or address:port"))
 }

@@ -23,6 +23,12 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
     if a.workers == 0 || a.workers > 64 {
         return Err("--workers must be 1 to 64".into());
     }
+    if !a.no_egress && u32::from(a.egress_slot) + a.workers - 1 > 255 {
+        return Err(format!(
+            "--egress-slot {} leaves no slot for {} workers (slots are 0 to 255, one per worker)",
+            a.egress_slot, a.workers
+        ));
+    }
     let stop = shutdown_signal();
     // The data directory holds every secret of the platform: created 0700, and
     // refused when others can read it (the control plane checks its files).
@@ -270,4 +276,30 @@ fn egress_args(a: &UpArgs, index: u32) -> Vec<String> {
         }
     }
     args
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::args::{Cli, Command};
+
+    fn up(args: &[&str]) -> UpArgs {
+        let argv = ["space", "up"].iter().chain(args).copied();
+        match Cli::try_parse_from(argv).expect("parses").command {
+            Command::Up(a) => a,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_worker_takes_its_own_egress_slot_and_every_list() {
+        let a = up(&["--egress-slot", "4", "--egress-deny", "203.0.113.0/24"]);
+        assert_eq!(
+            egress_args(&a, 1),
+            ["--egress-slot", "5", "--egress-deny", "203.0.113.0/24"]
+        );
+        assert_eq!(egress_args(&up(&["--no-egress"]), 0), ["--no-egress"]);
+    }
 }

@@ -31,6 +31,9 @@ pub enum BenchCmd {
     /// sandbox through edge + netgtw, against the same client inside the sandbox's
     /// network namespace.
     P10(Strict),
+    /// Issue 15: 50 concurrent creates in network mode egress, and TCP from a sandbox
+    /// to a host outside it through NAT and through the SNI proxy, against the host.
+    Egress(Strict),
     /// A server P10 runs inside a sandbox.
     #[command(hide = true)]
     Serve(p10::serve::ServeArgs),

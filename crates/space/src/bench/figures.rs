@@ -119,6 +119,11 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> Result<i32, String> {
         BenchCmd::P8(s) => (platform_figures(&["P8"]).await, s.strict, true),
         BenchCmd::Files(s) => (platform_figures(&["files"]).await, s.strict, true),
         BenchCmd::P10(s) => (platform_figures(&["P10"]).await, s.strict, true),
+        BenchCmd::Egress(s) => (
+            rows_or_failed("egress", super::egress::run().await),
+            s.strict,
+            true,
+        ),
         BenchCmd::P7(a) => (
             rows_or_failed("P7", p7::run(a.sandboxes).await),
             a.strict,

@@ -98,6 +98,10 @@ pub struct TcpLoad {
     /// MiB pushed in the timed frame.
     #[arg(long, default_value_t = 256)]
     pub mib: u64,
+    /// Send a TLS ClientHello naming this server first (through the egress proxy,
+    /// which judges its SNI, to a `tls-sink`).
+    #[arg(long)]
+    pub sni: Option<String>,
     /// API key for the tunnel.
     #[arg(long, env = KEY_ENV, hide_env_values = true)]
     pub key: Option<String>,
@@ -503,6 +507,37 @@ where
     })
 }
 
+/// A TLS 1.2-framed ClientHello whose only extension is `server_name` = `name`.
+pub fn client_hello(name: &str) -> Result<Vec<u8>, String> {
+    let host = name.as_bytes();
+    if host.is_empty() || host.len() > 253 {
+        return Err(format!("--sni {name:?}: 1 to 253 bytes"));
+    }
+    let u16_of = |n: usize| (n as u16).to_be_bytes();
+    let mut sni = Vec::new();
+    sni.extend(u16_of(host.len() + 3));
+    sni.push(0);
+    sni.extend(u16_of(host.len()));
+    sni.extend(host);
+    let mut extensions = vec![0, 0];
+    extensions.extend(u16_of(sni.len()));
+    extensions.extend(sni);
+    // Version, random, no session, one suite (TLS_AES_128_GCM_SHA256), no compression.
+    let mut body = vec![3, 3];
+    body.extend([7u8; 32]);
+    body.push(0);
+    body.extend([0, 2, 0x13, 0x01, 1, 0]);
+    body.extend(u16_of(extensions.len()));
+    body.extend(extensions);
+    let mut handshake = vec![1];
+    handshake.extend(&(body.len() as u32).to_be_bytes()[1..]);
+    handshake.extend(body);
+    let mut record = vec![22, 3, 1];
+    record.extend(u16_of(handshake.len()));
+    record.extend(handshake);
+    Ok(record)
+}
+
 async fn tcp(t: &TcpLoad) -> Result<TcpReport, String> {
     if t.mib == 0 || t.mib > 1 << 20 {
         return Err("--mib must be 1 to 1048576".into());
@@ -510,10 +545,15 @@ async fn tcp(t: &TcpLoad) -> Result<TcpReport, String> {
     let bytes = t.mib << 20;
     match &t.tunnel {
         None => {
-            let s = TcpStream::connect(t.connect)
+            let mut s = TcpStream::connect(t.connect)
                 .await
                 .map_err(|e| format!("connect to {}: {e}", t.connect))?;
             let _ = s.set_nodelay(true);
+            if let Some(name) = &t.sni {
+                s.write_all(&client_hello(name)?)
+                    .await
+                    .map_err(|e| format!("send the ClientHello: {e}"))?;
+            }
             warm_and_push(s, bytes).await
         }
         Some(target) => {
@@ -540,6 +580,16 @@ mod tests {
     use super::super::serve::{ServeKind, serve};
     use super::*;
     use tokio::net::TcpListener;
+
+    #[test]
+    fn the_client_hello_names_the_server_as_the_egress_proxy_reads_it() {
+        let hello = client_hello("sink.bench").expect("a ClientHello");
+        assert_eq!(
+            space_egress::sniff::tls_sni(&hello),
+            space_egress::sniff::Sniff::Complete("sink.bench".into())
+        );
+        assert!(client_hello("").is_err());
+    }
 
     async fn server(kind: ServeKind) -> SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");

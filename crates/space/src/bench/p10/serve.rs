@@ -38,6 +38,9 @@ pub enum ServeKind {
     /// A relay copying bytes to `--to` and back, nothing else: two of them in a row
     /// are the least any path with two hops (edge, netgtw) can cost.
     Relay,
+    /// The sink after one TLS record (the ClientHello a client sends through the
+    /// egress proxy, which judges its SNI).
+    TlsSink,
 }
 
 /// `space bench serve`.
@@ -110,6 +113,7 @@ pub async fn serve(listener: TcpListener, kind: ServeKind) -> Result<(), String>
             let _ = match kind {
                 ServeKind::Http => http_connection(stream).await,
                 ServeKind::Tcp => sink_connection(stream).await,
+                ServeKind::TlsSink => tls_sink_connection(stream).await,
                 // `run` relays before it serves.
                 ServeKind::Relay => Ok(()),
             };
@@ -242,6 +246,25 @@ where
             return Ok(());
         }
     }
+}
+
+/// Largest TLS record: 16 KiB of plaintext and its overhead.
+const MAX_TLS_RECORD: usize = (16 << 10) + 2048;
+
+/// One TLS record skipped, then a sink connection.
+async fn tls_sink_connection(mut stream: TcpStream) -> std::io::Result<()> {
+    let mut head = [0u8; 5];
+    stream.read_exact(&mut head).await?;
+    let len = usize::from(u16::from_be_bytes([head[3], head[4]]));
+    if head[0] != 22 || len > MAX_TLS_RECORD {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "not a TLS handshake record",
+        ));
+    }
+    let mut record = vec![0u8; len];
+    stream.read_exact(&mut record).await?;
+    sink_connection(stream).await
 }
 
 /// One sink connection: frames counted until the client closes.

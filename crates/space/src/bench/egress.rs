@@ -1,0 +1,424 @@
+//! Issue 15's figures: sandbox creates in network mode `egress` (P4's burst), and TCP
+//! throughput from a sandbox to a host outside it — through the worker's NAT (an
+//! address rule) and through its SNI proxy (a name rule) — against the same transfer
+//! from the host, in one run.
+//!
+//! The "outside host" is a network namespace this bench creates, linked to the host by
+//! a veth with the TEST-NET-2 pair `198.51.100.254/31` (routed only into it, checked
+//! before any traffic), running this executable's sink (`space bench serve tcp` and
+//! `tls-sink`); the name `sink.bench` is answered by a DNS server the bench runs on
+//! 127.0.0.1, the platform's upstream for the run. Nothing leaves the machine. The
+//! sandbox's side of each transfer is `space bench load tcp` run in the sandbox's
+//! network namespace (`nsenter --net` of a process of the sandbox), so its packets
+//! take the sandbox's link, rules and NAT exactly as a program inside would.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::process::Stdio;
+use std::time::Duration;
+
+use space_egress::{NetworkMode, Policy, dns};
+use space_proto::api::{CreateSandbox, LimitsRequest};
+use tokio::process::{Child, Command};
+
+use super::p10::load::TcpReport;
+use super::platform::{Platform, PlatformOptions};
+use super::row::Row;
+
+/// The outside host's address and the host's side of its link.
+const OUTSIDE: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 255);
+const OUTSIDE_GATEWAY: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 254);
+/// The name the proxy is asked for.
+const SINK_NAME: &str = "sink.bench";
+/// The sink's ports in the outside host.
+const SINK_PORT: u16 = 9090;
+const TLS_PORT: u16 = 443;
+/// MiB pushed through each path.
+const MIB: u64 = 512;
+/// The egress slot of the bench's platform (its workers take this one and the next).
+const SLOT: &str = "250";
+
+/// Why this host cannot run the figures, if it cannot.
+fn missing_requirement() -> Option<String> {
+    if !rustix::process::geteuid().is_root() {
+        return Some("needs root (jails, veth pairs, nftables)".into());
+    }
+    for tool in ["ip", "nft", "nsenter"] {
+        let found = std::env::var_os("PATH")
+            .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(tool).is_file()));
+        if !found {
+            return Some(format!("needs `{tool}`"));
+        }
+    }
+    None
+}
+
+/// A DNS server on 127.0.0.1 answering `sink.bench` with the outside host and
+/// anything else with NXDOMAIN; runs until the bench ends.
+async fn dns_server() -> Result<SocketAddr, String> {
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| format!("bind the bench's DNS server: {e}"))?;
+    let addr = socket.local_addr().map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        let mut buf = [0u8; dns::MAX_UDP_MESSAGE];
+        while let Ok((n, from)) = socket.recv_from(&mut buf).await {
+            let Ok(q) = dns::parse_query(&buf[..n]) else {
+                continue;
+            };
+            let reply = if q.name == SINK_NAME {
+                dns::answer(&q, &[IpAddr::V4(OUTSIDE)], 60)
+            } else {
+                dns::reply_without_records(&q, dns::Rcode::NxDomain)
+            };
+            let _ = socket.send_to(&reply, from).await;
+        }
+    });
+    Ok(addr)
+}
+
+async fn run_ok(program: &str, args: &[&str]) -> Result<String, String> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .await
+        .map_err(|e| format!("{program}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{program} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The outside host: a namespace, its link, its sinks. Removed on drop.
+struct Outside {
+    netns: String,
+    link: String,
+    sinks: Vec<Child>,
+}
+
+impl Outside {
+    async fn start() -> Result<Self, String> {
+        let tag = std::process::id() % 100_000;
+        let netns = format!("space-bench-{tag}");
+        let link = format!("sbo{tag}");
+        let mut o = Outside {
+            netns: netns.clone(),
+            link: link.clone(),
+            sinks: Vec::new(),
+        };
+        run_ok("ip", &["netns", "add", &netns]).await?;
+        run_ok(
+            "ip",
+            &[
+                "link", "add", &link, "type", "veth", "peer", "name", "eth0", "netns", &netns,
+            ],
+        )
+        .await?;
+        run_ok(
+            "ip",
+            &[
+                "addr",
+                "add",
+                &format!("{OUTSIDE_GATEWAY}/31"),
+                "dev",
+                &link,
+            ],
+        )
+        .await?;
+        run_ok("ip", &["link", "set", "dev", &link, "up"]).await?;
+        for args in [
+            vec!["addr", "add", "198.51.100.255/31", "dev", "eth0"],
+            vec!["link", "set", "dev", "eth0", "up"],
+            vec!["link", "set", "dev", "lo", "up"],
+        ] {
+            let mut all = vec!["-n", netns.as_str()];
+            all.extend(args);
+            run_ok("ip", &all).await?;
+        }
+        let route = run_ok("ip", &["route", "get", &OUTSIDE.to_string()]).await?;
+        if !route.contains(&format!("dev {link} ")) {
+            return Err(format!(
+                "{OUTSIDE} is not routed into the bench's namespace only: {route}"
+            ));
+        }
+        let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
+        for (kind, port) in [("tcp", SINK_PORT), ("tls-sink", TLS_PORT)] {
+            let child = Command::new("ip")
+                .args(["netns", "exec", &netns])
+                .arg(&exe)
+                .args(["bench", "serve", kind, "--listen"])
+                .arg(format!("0.0.0.0:{port}"))
+                .env("SPACE_LOG", "warn")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| format!("start the sink: {e}"))?;
+            o.sinks.push(child);
+        }
+        // Listening once a connection is accepted.
+        for port in [SINK_PORT, TLS_PORT] {
+            let addr = SocketAddr::from((OUTSIDE, port));
+            let mut ready = false;
+            for _ in 0..100 {
+                if tokio::net::TcpStream::connect(addr).await.is_ok() {
+                    ready = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            if !ready {
+                return Err(format!("the sink at {addr} does not accept connections"));
+            }
+        }
+        Ok(o)
+    }
+}
+
+impl Drop for Outside {
+    fn drop(&mut self) {
+        for c in &mut self.sinks {
+            let _ = c.start_kill();
+        }
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", "dev", &self.link])
+            .status();
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.netns])
+            .status();
+    }
+}
+
+/// The platform of these figures: `space up` with egress on (its own slots), the
+/// bench's DNS server upstream, the defaults otherwise.
+async fn platform(dns: SocketAddr) -> Result<Platform, String> {
+    let (warm_pool, standby) = (
+        space_worker::daemon::DEFAULT_WARM_POOL,
+        space_control::service::STANDBY_PER_WORKER * 2,
+    );
+    eprintln!("egress: starting space up (2 workers, egress on, slots {SLOT}+)");
+    Platform::start(PlatformOptions {
+        workers: 2,
+        warm_pool,
+        standby,
+        env: vec![
+            ("SPACE_TENANT_SANDBOXES".into(), "100000".into()),
+            ("SPACE_NO_EGRESS".into(), "0".into()),
+            ("SPACE_EGRESS_SLOT".into(), SLOT.into()),
+            ("SPACE_EGRESS_DNS".into(), dns.to_string()),
+        ],
+    })
+    .await
+}
+
+/// The policy of the sandboxes measured: the outside host by address and by name.
+fn policy() -> Policy {
+    Policy::parse(
+        NetworkMode::Egress,
+        &[&format!("{OUTSIDE}/32"), SINK_NAME],
+        &[] as &[&str],
+    )
+    .expect("a valid policy")
+}
+
+/// A sandbox in mode egress with a process whose host PID gives its network
+/// namespace.
+async fn sandbox(
+    client: &space_client::Client,
+) -> Result<(space_identity::SandboxId, i32), String> {
+    let create = CreateSandbox {
+        limits: Some(LimitsRequest {
+            cpus: Some(2.0),
+            ..LimitsRequest::default()
+        }),
+        network: Some(policy()),
+        ..CreateSandbox::default()
+    };
+    let id = client
+        .create_sandbox(&create)
+        .await
+        .map_err(|e| format!("create: {e}"))?
+        .id;
+    let marker = format!("egress-bench-{}", std::process::id());
+    let script = format!(
+        "setsid python3 -c 'import time; time.sleep(3600)' {marker} </dev/null >/dev/null 2>&1 &"
+    );
+    let out = client
+        .exec(&id, &space_client::exec(["sh", "-c", &script]))
+        .await
+        .map_err(|e| format!("start a process in the sandbox: {e}"))?;
+    if out.exit_code != 0 {
+        return Err(format!(
+            "start a process in the sandbox: {}",
+            out.stderr.trim()
+        ));
+    }
+    for _ in 0..100 {
+        if let Some(pid) = pid_with_arg(&marker) {
+            return Ok((id, pid));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err("cannot find the sandbox's process on the host".into())
+}
+
+/// The host PID of a process with `arg` among its arguments.
+fn pid_with_arg(arg: &str) -> Option<i32> {
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        if raw.split(|b| *b == 0).any(|a| a == arg.as_bytes()) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+/// `space bench load tcp` to `connect` (from the sandbox's namespace when `netns` is
+/// given), with a ClientHello for `sni` first when given.
+async fn push(
+    netns: Option<i32>,
+    connect: SocketAddr,
+    sni: Option<&str>,
+) -> Result<TcpReport, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
+    let mut cmd = match netns {
+        Some(pid) => {
+            let mut c = Command::new("nsenter");
+            c.arg(format!("--net=/proc/{pid}/ns/net"))
+                .arg("--")
+                .arg(&exe);
+            c
+        }
+        None => Command::new(&exe),
+    };
+    cmd.args(["bench", "load", "tcp", "--connect"])
+        .arg(connect.to_string())
+        .args(["--mib", &MIB.to_string()]);
+    if let Some(name) = sni {
+        cmd.args(["--sni", name]);
+    }
+    let out = tokio::time::timeout(
+        Duration::from_secs(300),
+        cmd.env("SPACE_LOG", "warn")
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .map_err(|_| "a transfer ran over 300 s".to_string())?
+    .map_err(|e| format!("load client: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "load client to {connect}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    serde_json::from_slice(out.stdout.trim_ascii()).map_err(|e| format!("load report: {e}"))
+}
+
+/// The throughput rows of one run.
+fn throughput_rows(host: f64, nat: f64, proxy: f64) -> Vec<Row> {
+    let (nat_ratio, proxy_ratio) = (nat / host, proxy / host);
+    vec![
+        Row::new(
+            "egress",
+            "TCP from the host to an outside host (baseline)",
+            format!("{host:.0} MiB/s"),
+            "-",
+        ),
+        Row::new(
+            "egress",
+            "TCP from a sandbox through NAT (address rule) vs from the host",
+            format!("{nat:.0} MiB/s ({:.0} %)", nat_ratio * 100.0),
+            "≥ 80 %",
+        )
+        .ratio(nat_ratio)
+        .pass(nat_ratio >= 0.8),
+        Row::new(
+            "egress",
+            "TCP from a sandbox through the SNI proxy (name rule) vs from the host",
+            format!("{proxy:.0} MiB/s ({:.0} %)", proxy_ratio * 100.0),
+            "≥ 50 %",
+        )
+        .ratio(proxy_ratio)
+        .pass(proxy_ratio >= 0.5),
+    ]
+}
+
+/// Runs the figures: P4's burst in mode egress, then the three transfers.
+pub async fn run() -> Result<Vec<Row>, String> {
+    if let Some(why) = missing_requirement() {
+        return Ok(vec![Row::new(
+            "egress",
+            "not measured",
+            format!("skipped: {why}"),
+            "-",
+        )]);
+    }
+    let dns = dns_server().await?;
+    let outside = Outside::start().await?;
+    let p = platform(dns).await?;
+    let result = measure(&p).await;
+    p.stop().await;
+    drop(outside);
+    result
+}
+
+async fn measure(p: &Platform) -> Result<Vec<Row>, String> {
+    let (warm, standby) = (
+        space_worker::daemon::DEFAULT_WARM_POOL,
+        space_control::service::STANDBY_PER_WORKER * 2,
+    );
+    p.wait_for_pools(warm, standby, Duration::from_secs(180))
+        .await?;
+    let mut rows = super::p4::run_with(p, warm, standby, Some(policy())).await?;
+    let client = p.client(true);
+    let (id, pid) = sandbox(&client).await?;
+    eprintln!("egress: {MIB} MiB from the host, then from the sandbox through NAT and the proxy");
+    let host = push(None, SocketAddr::from((OUTSIDE, SINK_PORT)), None).await?;
+    let nat = push(Some(pid), SocketAddr::from((OUTSIDE, SINK_PORT)), None).await?;
+    // Any address on port 443 reaches the proxy, which dials the name it is given.
+    let proxy = push(
+        Some(pid),
+        SocketAddr::from((OUTSIDE, TLS_PORT)),
+        Some(SINK_NAME),
+    )
+    .await?;
+    let _ = client.delete_sandbox(&id).await;
+    rows.extend(throughput_rows(
+        host.mib_per_s,
+        nat.mib_per_s,
+        proxy.mib_per_s,
+    ));
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_throughput_is_judged_against_the_hosts_of_the_same_run() {
+        let rows = throughput_rows(1000.0, 850.0, 450.0);
+        let verdicts: Vec<Option<bool>> = rows.iter().map(|r| r.pass).collect();
+        assert_eq!(verdicts, [None, Some(true), Some(false)]);
+        let rows = throughput_rows(100.0, 79.0, 51.0);
+        let verdicts: Vec<Option<bool>> = rows.iter().map(|r| r.pass).collect();
+        assert_eq!(verdicts, [None, Some(false), Some(true)]);
+    }
+
+    #[test]
+    fn the_measured_policy_allows_the_outside_host_by_address_and_by_name() {
+        let p = policy();
+        assert_eq!(p.allow().len(), 2);
+        assert_eq!(p.allowed_networks().count(), 1);
+    }
+}
