@@ -1,6 +1,7 @@
 //! The CLI against a real `space up`: one `space up` (and one worker) per data
 //! directory, stdin through `space exec` (plain and `--stream`), the outcome of a
-//! program that cannot run, and the one format of every CLI error.
+//! program that cannot run, the one format of every CLI error, and what `sandbox get`
+//! says of a sandbox's network.
 
 use std::io::{Read, Write};
 use std::process::{Command, Output, Stdio};
@@ -763,4 +764,47 @@ fn sdk_stdin_reaches_the_command_plain_and_streamed() {
             (2u64 << 20).to_string()
         );
     });
+}
+
+#[test]
+fn sandbox_get_says_the_network_is_off_and_how_to_turn_it_on() {
+    if !can_run_jails() {
+        return;
+    }
+    let c = Cluster::start();
+    let id = c.create(&[]);
+    let off = format!(
+        "network: off (loopback only) — turn it on with: space sandbox network {id} --net egress [--allow NAME|CIDR …]"
+    );
+    let out = c.cli(&["sandbox", "get", &id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.lines().last(), Some(off.as_str()), "{text}");
+    // `space sandbox network ID` shows the same; `--json` the policy as the API does.
+    let out = c.cli(&["sandbox", "network", &id]);
+    assert_eq!(String::from_utf8(out.stdout).unwrap().trim_end(), off);
+    let out = c.cli(&["--json", "sandbox", "network", &id]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        json,
+        serde_json::json!({"mode": "none", "allow": [], "deny": []})
+    );
+    let out = c.cli(&["--json", "sandbox", "get", &id]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["network"]["mode"], "none");
+    // Rules without `--net egress` are refused before anything is asked.
+    for args in [
+        vec!["sandbox", "create", "--allow", "pypi.org"],
+        vec![
+            "sandbox", "network", &id, "--net", "none", "--deny", "pypi.org",
+        ],
+    ] {
+        let out = c.cli(&args);
+        assert!(!out.status.success(), "{args:?}");
+        assert_eq!(
+            stderr(&out).trim_end(),
+            "space: error: --allow and --deny need --net egress (without it the sandbox has no network)",
+            "{args:?}"
+        );
+    }
 }
