@@ -113,12 +113,12 @@ pub struct UpArgs {
     #[arg(long, env = "SPACE_NETWORK_DEFAULT", default_value = "none", value_parser = network_mode())]
     pub network_default: space_proto::api::NetworkMode,
     /// No egress on this worker: sandboxes in network mode `egress` are refused here.
-    #[arg(long, env = "SPACE_NO_EGRESS")]
+    #[arg(long, env = "SPACE_NO_EGRESS", action = clap::ArgAction::SetTrue, value_parser = clap::builder::BoolishValueParser::new())]
     pub no_egress: bool,
     /// Egress slot: which `/12` of `240.0.0.0/4` sandbox links take their addresses
     /// from, and the names of the links and the nftables table (workers sharing a
     /// host take different slots; `space up` numbers its workers from this one).
-    #[arg(long, env = "SPACE_EGRESS_SLOT", default_value_t = 0)]
+    #[arg(long, env = "SPACE_EGRESS_SLOT", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=254))]
     pub egress_slot: u8,
     /// A network no sandbox reaches whatever its policy, on top of the defaults
     /// (repeatable, or comma-separated in the variable).
@@ -214,12 +214,12 @@ pub struct WorkerArgs {
     #[arg(long, default_value_t = space_worker::substrate::jail::uid_ranges::DEFAULT_SLOTS)]
     pub userns_ranges: u32,
     /// No egress on this worker: sandboxes in network mode `egress` are refused here.
-    #[arg(long, env = "SPACE_NO_EGRESS")]
+    #[arg(long, env = "SPACE_NO_EGRESS", action = clap::ArgAction::SetTrue, value_parser = clap::builder::BoolishValueParser::new())]
     pub no_egress: bool,
     /// Egress slot: which `/12` of `240.0.0.0/4` sandbox links take their addresses
     /// from, and the names of the links and the nftables table (workers sharing a
     /// host take different slots; `space up` numbers its workers from this one).
-    #[arg(long, env = "SPACE_EGRESS_SLOT", default_value_t = 0)]
+    #[arg(long, env = "SPACE_EGRESS_SLOT", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=254))]
     pub egress_slot: u8,
     /// A network no sandbox reaches whatever its policy, on top of the defaults
     /// (repeatable, or comma-separated in the variable).

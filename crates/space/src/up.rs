@@ -23,9 +23,9 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
     if a.workers == 0 || a.workers > 64 {
         return Err("--workers must be 1 to 64".into());
     }
-    if !a.no_egress && u32::from(a.egress_slot) + a.workers - 1 > 255 {
+    if !a.no_egress && u32::from(a.egress_slot) + a.workers - 1 > 254 {
         return Err(format!(
-            "--egress-slot {} leaves no slot for {} workers (slots are 0 to 255, one per worker)",
+            "--egress-slot {} leaves no slot for {} workers (slots are 0 to 254, one per worker)",
             a.egress_slot, a.workers
         ));
     }

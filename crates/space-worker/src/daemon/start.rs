@@ -339,8 +339,12 @@ async fn start_egress(
     } else {
         dns
     };
+    let slot = Slot::new(slot).ok_or(format!(
+        "--egress-slot {slot}: slots are 0 to {}",
+        manager::MAX_SLOT
+    ))?;
     let started = Egress::start(EgressConfig {
-        slot: Slot::new(slot),
+        slot,
         global,
         upstream,
     })

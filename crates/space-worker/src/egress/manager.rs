@@ -25,8 +25,9 @@ use super::tenant::{Directory, PairDirectory, Tenant};
 use super::veth::{self, LinkNames, Pair};
 use crate::substrate::process::ProcessIdentity;
 
-/// Most egress slots on one host: `240.0.0.0/4` holds 256 blocks of `/12`.
-pub const MAX_SLOT: u8 = 255;
+/// The last egress slot: `240.0.0.0/4` holds 256 blocks of `/12`, and the last one
+/// holds the broadcast address.
+pub const MAX_SLOT: u8 = 254;
 
 /// Where a worker's links, addresses and table come from: slot `n` is the block
 /// `240.0.0.0/12 + n × 2^20`, links `sxh<n in base 36>-<index>`, table
@@ -35,9 +36,9 @@ pub const MAX_SLOT: u8 = 255;
 pub struct Slot(u8);
 
 impl Slot {
-    /// Slot `n`.
-    pub fn new(n: u8) -> Self {
-        Slot(n)
+    /// Slot `n`, for `n` up to [`MAX_SLOT`].
+    pub fn new(n: u8) -> Option<Self> {
+        (n <= MAX_SLOT).then_some(Slot(n))
     }
 
     /// Its address block.
@@ -128,6 +129,9 @@ pub struct Egress {
     links: Mutex<Links>,
     applied: Mutex<Applied>,
     applied_changed: Condvar,
+    /// Set by [`Egress::shutdown`]: no link is given and no table applied after it (a
+    /// teardown finishing late must not put the removed table back).
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Egress {
@@ -187,6 +191,7 @@ impl Egress {
             links: Mutex::new(Links::default()),
             applied: Mutex::new(Applied::default()),
             applied_changed: Condvar::new(),
+            closed: std::sync::atomic::AtomicBool::new(false),
         });
         // Version 1 is the empty set: applied before any sandbox is attached.
         egress.lock().version = 1;
@@ -248,6 +253,9 @@ impl Egress {
         if policy.mode == NetworkMode::None {
             self.release(sandbox, None);
             return Ok(());
+        }
+        if self.is_closed() {
+            return Err(EgressError::Unavailable("the worker is stopping".into()));
         }
         let existing = {
             let mut links = self.lock();
@@ -328,8 +336,15 @@ impl Egress {
         self.lock().used.remove(&link.pair.index());
     }
 
+    fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Makes the table reflect at least `version` of the set. Blocking.
     fn sync(&self, version: u64) -> Result<(), EgressError> {
+        if self.is_closed() {
+            return Ok(());
+        }
         let mut applied = self.applied.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             if applied.version >= version {
@@ -397,6 +412,16 @@ impl Egress {
     /// Removes every link and the table, and stops the proxy and the resolver.
     /// Blocking.
     pub fn shutdown(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        // An `nft` run under way finishes before the table is removed.
+        drop(
+            self.applied_changed
+                .wait_while(
+                    self.applied.lock().unwrap_or_else(|p| p.into_inner()),
+                    |a| a.running,
+                )
+                .unwrap_or_else(|p| p.into_inner()),
+        );
         let sandboxes: Vec<SandboxId> = self.lock().by_sandbox.keys().copied().collect();
         for s in sandboxes {
             self.release(&s, None);

@@ -21,6 +21,8 @@ pub mod upstream;
 pub mod veth;
 
 #[cfg(test)]
+mod manager_tests;
+#[cfg(test)]
 mod nft_tests;
 #[cfg(test)]
 mod tests;
