@@ -453,6 +453,25 @@ impl Client {
         decode(&a)
     }
 
+    /// What the platform refused the sandbox lately (network policy refusals on its
+    /// current execution), newest first.
+    pub async fn events(
+        &self,
+        id: &SandboxId,
+    ) -> Result<Vec<space_proto::api::SandboxEvent>, Error> {
+        let a = self
+            .operate(
+                id,
+                Method::GET,
+                &format!("/v1/sandboxes/{id}/events"),
+                None,
+                Bytes::new(),
+                OperationClass::Read,
+            )
+            .await?;
+        decode::<space_proto::api::EventList>(&a).map(|l| l.events)
+    }
+
     /// Removes a file or a directory with what is in it.
     pub async fn remove_file(&self, id: &SandboxId, path: &str) -> Result<(), Error> {
         self.operate(

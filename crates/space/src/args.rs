@@ -314,6 +314,12 @@ pub enum SandboxCmd {
         #[arg(long = "deny", value_name = "RULE")]
         deny: Vec<String>,
     },
+    /// What the platform refused the sandbox lately (network policy refusals of its
+    /// current execution: DNS questions, HTTP and TLS connections), newest first.
+    Events {
+        /// Sandbox ID.
+        id: String,
+    },
     /// List sandboxes.
     List,
     /// Show one sandbox.

@@ -241,6 +241,16 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
         }) => {
             return network::run(&c, cli, url, id, *net, allow, deny).await;
         }
+        Command::Sandbox(SandboxCmd::Events { id }) => {
+            let events = c.events(&sandbox_id(id)?).await.map_err(sdk)?;
+            if cli.json {
+                print_json(&events);
+            } else if events.is_empty() {
+                println!("no events");
+            } else {
+                network::print_events(&events);
+            }
+        }
         Command::Sandbox(SandboxCmd::Pause { id }) => {
             let s = c.pause(&sandbox_id(id)?).await.map_err(sdk)?;
             show(cli, &s);

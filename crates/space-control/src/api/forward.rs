@@ -190,6 +190,30 @@ pub(super) async fn forward_list(
     .await
 }
 
+/// What the platform refused the sandbox lately (its network policy's refusals on
+/// its current execution), newest first.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/events", tag = "operations", params(SandboxPath),
+    responses((status = 200, description = "its events", body = space_proto::api::EventList,
+        headers(("space-execution" = String, description = "the execution that answered"))), Forwarded),
+    security(("api_key" = [])))]
+pub(super) async fn events(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, ControlError> {
+    let pq = format!("/v1/sandboxes/{id}/events");
+    forward(
+        &st,
+        &headers,
+        &id,
+        Method::GET,
+        pq,
+        Bytes::new(),
+        OperationClass::Read,
+    )
+    .await
+}
+
 /// A terminal (WebSocket): `/bin/sh -i` on a PTY; binary messages carry its bytes
 /// both ways, a text `{"rows", "cols"}` resizes.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/terminal", tag = "operations", params(SandboxPath, TerminalQuery),

@@ -78,6 +78,45 @@ pub(crate) fn line(id: &SandboxId, p: &Policy) -> String {
     }
 }
 
+/// A cell of text the sandbox chose (a name it asked for): control characters are
+/// shown escaped, never sent to the terminal.
+fn printable(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
+}
+
+/// The rows of `space sandbox events`.
+fn event_rows(events: &[space_proto::api::SandboxEvent]) -> Vec<Vec<String>> {
+    events
+        .iter()
+        .map(|e| {
+            vec![
+                printable(&e.at),
+                printable(&e.via),
+                printable(&e.target),
+                printable(&e.layer),
+                printable(&e.rule),
+            ]
+        })
+        .collect()
+}
+
+/// Prints `space sandbox events` as a table.
+pub(crate) fn print_events(events: &[space_proto::api::SandboxEvent]) {
+    super::output::table(
+        &["AT", "VIA", "TARGET", "REFUSED BY", "RULE"],
+        &event_rows(events),
+    );
+}
+
 fn or_dash(s: String) -> String {
     if s.is_empty() { "-".into() } else { s }
 }
@@ -185,6 +224,21 @@ mod tests {
             "{}",
             line(&id, &kept)
         );
+    }
+
+    #[test]
+    fn an_event_naming_control_characters_reaches_the_terminal_escaped() {
+        let e = space_proto::api::SandboxEvent {
+            at: "2026-12-01T00:00:00Z".into(),
+            kind: "network_refused".into(),
+            via: "http".into(),
+            target: "evil\u{1b}[2J.test".into(),
+            layer: "sandbox".into(),
+            rule: "name not in the allow list".into(),
+        };
+        let rows = event_rows(&[e]);
+        assert_eq!(rows[0][2], "evil\\u{1b}[2J.test");
+        assert!(rows[0].iter().all(|c| !c.chars().any(char::is_control)));
     }
 
     #[test]
