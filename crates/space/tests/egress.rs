@@ -68,7 +68,7 @@ fn world(test: u8) -> World {
     let slot = (200 + 2 * u32::from(test)).to_string();
     let upstream = dns.addr.to_string();
     let c = Cluster::start_with_env(&[
-        ("SPACE_NO_EGRESS", "false"),
+        ("SPACE_NO_EGRESS", "0"),
         ("SPACE_EGRESS_SLOT", &slot),
         ("SPACE_EGRESS_DNS", &upstream),
     ]);
