@@ -266,33 +266,11 @@ fn own_addr(c: &Cluster, id: &str) -> String {
         .to_owned()
 }
 
-/// `GET /v1/sandboxes/{id}/events`: the refusals, newest first. At the edge; while the
-/// edge does not route it (said on stderr), at the sandbox's worker with a capability.
+/// `GET /v1/sandboxes/{id}/events` at the edge: the refusals, newest first.
 fn events(c: &Cluster, id: &str) -> Vec<Value> {
     let path = format!("/v1/sandboxes/{id}/events");
     let (status, body) = api(c, "GET", &path, "");
-    if status == 200 {
-        return body["events"].as_array().cloned().unwrap_or_default();
-    }
-    assert_eq!(status, 404, "events at the edge: {body}");
-    eprintln!("NOTE: the edge answers 404 to GET {path} ({body}); asking the worker");
-    let (status, cap) = api(
-        c,
-        "POST",
-        &format!("/v1/sandboxes/{id}/capabilities"),
-        r#"{"access":["fs_read"],"purpose":"control"}"#,
-    );
-    assert_eq!(status, 200, "capability: {cap}");
-    let worker = cap["route"]["worker_url"].as_str().expect("a worker URL");
-    let token = cap["token"].as_str().expect("a token");
-    let (status, body) = http(
-        "GET",
-        &format!("{worker}{path}"),
-        Some(&format!("SpaceCap {token}")),
-        b"",
-    );
-    let body: Value = serde_json::from_slice(&body).unwrap_or_default();
-    assert_eq!(status, 200, "events at the worker: {body}");
+    assert_eq!(status, 200, "events at the edge: {body}");
     body["events"].as_array().cloned().unwrap_or_default()
 }
 
@@ -860,4 +838,128 @@ fn a_sandbox_without_a_network_has_only_loopback() {
     assert!(tcp(c, &id, w.a.addr, ECHO).is_err());
     assert_eq!(getent(c, &id, "a.test"), None);
     assert_eq!(w.dns.asked("a.test"), 0);
+}
+
+/// Builds, in `dir`, a PEP 503 index (`simple/tinypkg/`) with a wheel of `tinypkg`
+/// and an npm registry document (`tinynpm`) with its tarball, both naming
+/// `http(s)://pkgs.test/`.
+const MAKE_PACKAGES: &str = r#"
+import base64, hashlib, io, json, os, sys, tarfile, zipfile
+root = sys.argv[1]
+def record_line(name, data):
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return "%s,sha256=%s,%d" % (name, digest, len(data))
+files = {
+    "tinypkg/__init__.py": b"VALUE = 'from the test index'\n",
+    "tinypkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n",
+    "tinypkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: space-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+record = "\n".join(record_line(n, d) for n, d in files.items()) + "\ntinypkg-1.0.dist-info/RECORD,,\n"
+wheel = "tinypkg-1.0-py3-none-any.whl"
+os.makedirs(os.path.join(root, "simple", "tinypkg"))
+os.makedirs(os.path.join(root, "packages"))
+with zipfile.ZipFile(os.path.join(root, "packages", wheel), "w") as z:
+    for n, d in files.items():
+        z.writestr(n, d)
+    z.writestr("tinypkg-1.0.dist-info/RECORD", record)
+with open(os.path.join(root, "simple", "tinypkg", "index.html"), "w") as f:
+    f.write('<html><body><a href="../../packages/%s">%s</a></body></html>\n' % (wheel, wheel))
+with open(os.path.join(root, "simple", "index.html"), "w") as f:
+    f.write('<html><body><a href="tinypkg/">tinypkg</a></body></html>\n')
+buf = io.BytesIO()
+with tarfile.open(fileobj=buf, mode="w:gz") as t:
+    for n, d in {
+        "package/package.json": json.dumps({"name": "tinynpm", "version": "1.0.0", "main": "index.js"}).encode(),
+        "package/index.js": b"module.exports = 'from the test registry';\n",
+    }.items():
+        info = tarfile.TarInfo(n)
+        info.size = len(d)
+        t.addfile(info, io.BytesIO(d))
+tgz = buf.getvalue()
+os.makedirs(os.path.join(root, "tarballs"))
+with open(os.path.join(root, "tarballs", "tinynpm-1.0.0.tgz"), "wb") as f:
+    f.write(tgz)
+doc = {"name": "tinynpm", "dist-tags": {"latest": "1.0.0"}, "versions": {"1.0.0": {
+    "name": "tinynpm", "version": "1.0.0", "main": "index.js",
+    "dist": {"tarball": "http://pkgs.test/tarballs/tinynpm-1.0.0.tgz",
+             "shasum": hashlib.sha1(tgz).hexdigest()}}}}
+with open(os.path.join(root, "tinynpm"), "w") as f:
+    json.dump(doc, f)
+"#;
+
+#[test]
+fn pip_and_npm_install_from_an_allowed_host_by_name_and_nothing_else() {
+    if !can_run() {
+        return;
+    }
+    let (pip, npm) = (
+        std::path::Path::new("/usr/bin/python3").exists(),
+        std::path::Path::new("/usr/bin/npm").exists(),
+    );
+    if !pip || !npm {
+        eprintln!(
+            "SKIPPED: needs the host's /usr/bin/python3 (with venv and pip) and /usr/bin/npm, which sandboxes of the default template run"
+        );
+        return;
+    }
+    let test = 11;
+    let files = tempfile::tempdir().expect("tempdir");
+    let made = std::process::Command::new("python3")
+        .args(["-c", MAKE_PACKAGES])
+        .arg(files.path())
+        .output()
+        .expect("python3");
+    assert!(made.status.success(), "make the packages: {made:?}");
+    let ca = TestCa::make("pkgs.test");
+    let tls = Some((ca.cert.as_path(), ca.key.as_path()));
+    let pkgs = TestHost::serving(test, 0, "pkgs", tls, Some(files.path()));
+    let other = TestHost::start(test, 1, "other", None);
+    let dns = DnsServer::start(&[("pkgs.test", pkgs.addr), ("other.test", other.addr)]);
+    let slot = (200 + 2 * u32::from(test)).to_string();
+    let upstream = dns.addr.to_string();
+    let c = Cluster::start_with_env(&[
+        ("SPACE_NO_EGRESS", "0"),
+        ("SPACE_EGRESS_SLOT", &slot),
+        ("SPACE_EGRESS_DNS", &upstream),
+    ]);
+    // The name only: every connection goes through the proxy, which dials pkgs.test.
+    let id = create(&c, "w1", Some(egress(&["pkgs.test"], &[])));
+    upload(
+        &c,
+        &id,
+        "/root/ca.pem",
+        &std::fs::read(&ca.ca).expect("the CA"),
+    );
+
+    // pip over HTTPS (the SNI path), in a venv: the default template's system Python
+    // is externally managed (PEP 668), as on the host.
+    let out = sh(
+        &c,
+        &id,
+        "python3 -m venv /root/venv && /root/venv/bin/pip install --disable-pip-version-check \
+         --no-cache-dir --cert /root/ca.pem --index-url https://pkgs.test/simple/ tinypkg \
+         >/root/pip.log 2>&1 || { cat /root/pip.log; exit 1; }; \
+         /root/venv/bin/python -c 'import tinypkg; print(tinypkg.VALUE)'",
+    );
+    assert_eq!(out.trim(), "from the test index");
+
+    // npm over HTTP (the Host path).
+    let out = sh(
+        &c,
+        &id,
+        "mkdir -p /root/proj && cd /root/proj && npm install --no-audit --no-fund \
+         --registry http://pkgs.test/ tinynpm >/root/npm.log 2>&1 || { cat /root/npm.log; exit 1; }; \
+         node -e 'console.log(require(\"tinynpm\"))'",
+    );
+    assert_eq!(out.trim(), "from the test registry");
+
+    // Another index is refused by name, though it serves the same path.
+    let (code, out, err) = run(
+        &c,
+        &id,
+        "/root/venv/bin/pip download --disable-pip-version-check --no-cache-dir --retries 0 \
+         --timeout 5 --cert /root/ca.pem --index-url https://other.test/simple/ tinypkg -d /tmp/x",
+    );
+    assert_ne!(code, 0, "pip reached other.test: {out}{err}");
+    refused_event(&c, &id, "dns", "other.test", "allow list");
 }

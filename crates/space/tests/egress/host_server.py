@@ -1,7 +1,8 @@
-# A test host's servers: HTTP on --http answering "<name>\n" to every GET, the same
-# over TLS on --tls (certificate and key files given), and a TCP echo on --echo that
-# answers each line with "<name> <line>". Binds --bind (0.0.0.0 by default); prints
-# "ready" once everything listens, then serves until killed.
+# A test host's servers: HTTP on --http answering "<name>\n" to every GET (or, with
+# --files DIR, the file of DIR the path names, when there is one: a package index),
+# the same over TLS on --tls (certificate and key files given), and a TCP echo on
+# --echo that answers each line with "<name> <line>". Binds --bind (0.0.0.0 by
+# default); prints "ready" once everything listens, then serves until killed.
 import argparse
 import http.server
 import socket
@@ -17,16 +18,45 @@ p.add_argument("--tls", type=int)
 p.add_argument("--cert")
 p.add_argument("--key")
 p.add_argument("--echo", type=int)
+p.add_argument("--files")
 a = p.parse_args()
+
+
+def file_of(path):
+    """The file of --files that `path` names (never outside it), or None."""
+    if not a.files:
+        return None
+    import os
+    root = os.path.realpath(a.files)
+    rel = path.split("?", 1)[0].lstrip("/")
+    full = os.path.realpath(os.path.join(root, rel))
+    if not full.startswith(root + os.sep):
+        return None
+    if os.path.isdir(full):
+        full = os.path.join(full, "index.html")
+    return full if os.path.isfile(full) else None
 
 
 class Answer(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_GET(self):
-        body = (a.name + "\n").encode()
+        found = file_of(self.path)
+        if found:
+            with open(found, "rb") as f:
+                body = f.read()
+            base = found.rsplit("/", 1)[-1]
+            if base.endswith(".html"):
+                kind = "text/html"
+            elif "." not in base:
+                kind = "application/json"  # an npm package document
+            else:
+                kind = "application/octet-stream"
+        else:
+            body = (a.name + "\n").encode()
+            kind = "text/plain"
         self.send_response(200)
-        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)

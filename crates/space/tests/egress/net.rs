@@ -128,10 +128,25 @@ impl TestHost {
     /// Test host `name` (`a`, `b`, …) of test `test`, `index` 0 or 1 of that test:
     /// HTTP, the TCP echo, and TLS when `tls` (certificate, key) is given.
     pub fn start(test: u8, index: u8, name: &str, tls: Option<(&Path, &Path)>) -> Self {
+        Self::serving(test, index, name, tls, None)
+    }
+
+    /// [`TestHost::start`] serving the files of `files` where a path names one.
+    pub fn serving(
+        test: u8,
+        index: u8,
+        name: &str,
+        tls: Option<(&Path, &Path)>,
+        files: Option<&Path>,
+    ) -> Self {
         let http = HTTP.to_string();
         let echo = ECHO.to_string();
         let tls_port = TLS.to_string();
+        let files = files.map(|f| f.display().to_string());
         let mut args = vec![name, "--http", &http, "--echo", &echo];
+        if let Some(f) = &files {
+            args.extend(["--files", f]);
+        }
         let (cert, key);
         if let Some((c, k)) = tls {
             cert = c.display().to_string();
