@@ -231,6 +231,9 @@ pub fn raw_tcp(
 /// Most bytes one `splice(2)` moves.
 const SPLICE_CHUNK: usize = 1 << 20;
 
+/// The capacity asked for each direction's pipe.
+const SPLICE_PIPE: usize = 256 << 10;
+
 /// Copies `a` ↔ `b` kernel to kernel (`splice(2)` through a pipe per direction: the
 /// bytes never enter user space) after writing `a_first` to `b` and `b_first` to `a`,
 /// until both directions have ended (each end's write side is shut when the other end
@@ -274,6 +277,9 @@ async fn one_way(
     use rustix::pipe::{PipeFlags, SpliceFlags, pipe_with, splice};
     use tokio::io::Interest;
     let (pipe_r, pipe_w) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
+    // Four times the default 64 KiB: fewer wake-ups per MiB moved. Bounded, as every
+    // pipe's pages are the worker's memory whoever fills them.
+    let _ = rustix::pipe::fcntl_setpipe_size(&pipe_w, SPLICE_PIPE);
     let flags = SpliceFlags::MOVE | SpliceFlags::NONBLOCK;
     loop {
         let n = loop {

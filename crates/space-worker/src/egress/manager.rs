@@ -105,9 +105,17 @@ struct Link {
 struct Links {
     by_sandbox: HashMap<SandboxId, Link>,
     used: BTreeSet<u32>,
-    /// Bumped by every change of the set or of a policy.
+    /// Pairs `0..prepared` have chains of the names-only shape in the table (see
+    /// [`nft::Ruleset::prepared`]); grown by [`PREPARED_STEP`] when a pair past them
+    /// is given.
+    prepared: u32,
+    /// Bumped by every change of the table's content.
     version: u64,
 }
+
+/// Pairs prepared at a time: one `nft` run makes the next 64 links of the names-only
+/// shape free of any.
+pub const PREPARED_STEP: u32 = 64;
 
 #[derive(Debug, Default)]
 struct Applied {
@@ -193,8 +201,13 @@ impl Egress {
             applied_changed: Condvar::new(),
             closed: std::sync::atomic::AtomicBool::new(false),
         });
-        // Version 1 is the empty set: applied before any sandbox is attached.
-        egress.lock().version = 1;
+        // Version 1 is the empty set (with its first prepared pairs): applied before any
+        // sandbox is attached.
+        {
+            let mut links = egress.lock();
+            links.version = 1;
+            links.prepared = PREPARED_STEP.min(egress.config.slot.block().capacity());
+        }
         let e = Arc::clone(&egress);
         tokio::task::spawn_blocking(move || e.sync(1))
             .await
@@ -259,11 +272,19 @@ impl Egress {
         }
         let existing = {
             let mut links = self.lock();
+            let prepared = links.prepared;
             match links.by_sandbox.get(sandbox) {
                 Some(l) if l.execution == execution => {
+                    // Only a change of the table's shape for this pair needs a run.
+                    let free = |p: &Policy| l.pair.index() < prepared && nft::names_only(p);
+                    let unchanged = free(&l.tenant.policy()) && free(policy);
                     l.tenant.set_policy(policy.clone());
-                    links.version += 1;
-                    Some(links.version)
+                    if unchanged {
+                        Some(0)
+                    } else {
+                        links.version += 1;
+                        Some(links.version)
+                    }
                 }
                 _ => None,
             }
@@ -279,6 +300,12 @@ impl Egress {
                 .find(|i| !links.used.contains(i))
                 .ok_or(EgressError::Full(capacity))?;
             links.used.insert(index);
+            if index >= links.prepared {
+                links.prepared = (index / PREPARED_STEP + 1)
+                    .saturating_mul(PREPARED_STEP)
+                    .min(capacity);
+                links.version += 1;
+            }
             self.names.pair(&self.config.slot.block(), index)?
         };
         if let Err(e) = veth::attach(&pair, init) {
@@ -288,6 +315,9 @@ impl Egress {
         let tenant = Arc::new(Tenant::new(*sandbox, policy.clone()));
         let version = {
             let mut links = self.lock();
+            // A names-only sandbox on a prepared pair changes nothing in the table
+            // (unless the pair was just prepared, which bumped the version already).
+            let needs_run = !(pair.index() < links.prepared && nft::names_only(policy));
             self.peers
                 .insert(pair.sandbox_addr(), pair.host_addr(), Arc::clone(&tenant));
             links.by_sandbox.insert(
@@ -298,7 +328,9 @@ impl Egress {
                     tenant,
                 },
             );
-            links.version += 1;
+            if needs_run {
+                links.version += 1;
+            }
             links.version
         };
         if let Err(e) = self.sync(version) {
@@ -322,7 +354,13 @@ impl Egress {
             let Some(link) = links.by_sandbox.remove(sandbox) else {
                 return;
             };
-            links.version += 1;
+            // A names-only link on a prepared pair leaves the table as it is; any other
+            // has chains of its own, which must be gone before the pair is given again.
+            let own =
+                !(link.pair.index() < links.prepared && nft::names_only(&link.tenant.policy()));
+            if own {
+                links.version += 1;
+            }
             (link, links.version)
         };
         self.peers.remove(link.pair.sandbox_addr());
@@ -386,7 +424,7 @@ impl Egress {
             .values()
             .map(|l| (l.pair.clone(), l.tenant.policy()))
             .collect();
-        let version = links.version;
+        let (version, prepared) = (links.version, links.prepared);
         drop(links);
         let attached: Vec<Attached<'_>> = policies
             .iter()
@@ -399,6 +437,7 @@ impl Egress {
             global: &self.config.global,
             ports: self.ports,
             sandboxes: &attached,
+            prepared,
         })
         .map_err(EgressError::from);
         (script, version)

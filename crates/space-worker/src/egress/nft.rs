@@ -103,6 +103,22 @@ pub struct Ruleset<'a> {
     pub global: &'a GlobalDeny,
     pub ports: HostPorts,
     pub sandboxes: &'a [Attached<'a>],
+    /// Pairs `0..prepared` get chains of the [`names_only`] shape whether a sandbox is
+    /// attached there or not, so that a sandbox whose policy has that shape (the usual
+    /// `--allow pypi.org`) is given its link without an `nft` run. Such chains grant
+    /// nothing but the proxy and resolver ports of their own link.
+    pub prepared: u32,
+}
+
+/// Whether `policy` needs no rules of its own in the table: mode `egress` with a
+/// non-empty allow list and no address rule on either list. Then every packet that is
+/// not HTTP, TLS or DNS is dropped, and what those carry is judged by name by the
+/// proxy and the resolver: the same chains serve every such sandbox.
+pub fn names_only(policy: &Policy) -> bool {
+    policy.mode == NetworkMode::Egress
+        && !policy.allow().is_empty()
+        && policy.allowed_networks().next().is_none()
+        && policy.denied_networks().next().is_none()
 }
 
 /// The IPv4 networks of `nets`, with every network inside another left out: CIDR
@@ -160,6 +176,13 @@ fn validate(r: &Ruleset<'_>) -> Result<(), NftError> {
         if port == 0 {
             return Err(NftError::ZeroPort(what));
         }
+    }
+    if r.prepared > r.block.capacity() {
+        return Err(NftError::OutsideBlock {
+            link: r.links.host_link(r.prepared - 1),
+            addr: Ipv4Addr::UNSPECIFIED,
+            block: r.block,
+        });
     }
     let mut seen = HashSet::new();
     for s in r.sandboxes {
@@ -254,12 +277,31 @@ pub fn render(r: &Ruleset<'_>) -> Result<String, NftError> {
         &elements(disjoint_v4(g.private())),
     );
 
-    // Per-sandbox chains before the maps that name them.
-    for s in r.sandboxes {
+    // Per-sandbox chains before the maps that name them: a prepared pair's (of the
+    // names-only shape) unless the sandbox there needs its own.
+    let own: Vec<&Attached<'_>> = r
+        .sandboxes
+        .iter()
+        .filter(|s| s.pair.index() >= r.prepared || !names_only(s.policy))
+        .collect();
+    let prepared: Vec<Pair> = (0..r.prepared)
+        .filter(|i| !own.iter().any(|s| s.pair.index() == *i))
+        .filter_map(|i| r.links.pair(&r.block, i).ok())
+        .collect();
+    let shape = names_only_policy();
+    let chains: Vec<Attached<'_>> = own
+        .iter()
+        .map(|s| **s)
+        .chain(prepared.iter().map(|pair| Attached {
+            pair,
+            policy: &shape,
+        }))
+        .collect();
+    for s in &chains {
         sandbox_chains(&mut out, s, r.ports);
     }
     for (map, prefix) in [("input_links", "input"), ("forward_links", "forward")] {
-        let items = elements(r.sandboxes.iter().map(|s| {
+        let items = elements(chains.iter().map(|s| {
             format!(
                 "\"{}\" : goto {prefix}_{:x}",
                 s.pair.host_link(),
@@ -321,6 +363,12 @@ pub fn render(r: &Ruleset<'_>) -> Result<String, NftError> {
         service_ports = elements(BTreeSet::from([p.http, p.tls, p.dns])),
     );
     Ok(out)
+}
+
+/// A policy of the [`names_only`] shape (its one name plays no part in the table).
+fn names_only_policy() -> Policy {
+    Policy::parse(NetworkMode::Egress, &["prepared.invalid"], &[] as &[&str])
+        .expect("a valid policy")
 }
 
 /// `input_<index>` and `forward_<index>` of one sandbox.

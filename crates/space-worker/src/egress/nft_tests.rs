@@ -65,6 +65,7 @@ impl Fixture {
             global: &self.global,
             ports: PORTS,
             sandboxes: &attached,
+            prepared: 0,
         })
     }
 }
@@ -305,6 +306,7 @@ fn a_foreign_link_a_duplicate_an_address_outside_the_block_or_a_zero_port_is_ref
         global: &f.global,
         ports: HostPorts { dns: 0, ..PORTS },
         sandboxes: &attached,
+        prepared: 0,
     })
     .unwrap_err();
     assert_eq!(err.to_string(), "the resolver port is 0");
@@ -323,4 +325,70 @@ fn worker_table_names_are_checked() {
             "{bad:?}"
         );
     }
+}
+
+#[test]
+fn prepared_pairs_get_names_only_chains_and_a_sandbox_of_another_shape_keeps_its_own() {
+    // Pair 0: an address rule (its own chains); pair 1: names only (the prepared ones).
+    let f = Fixture::new(vec![
+        policy(NetworkMode::Egress, &["203.0.113.0/24"], &[]),
+        policy(NetworkMode::Egress, &["pypi.org"], &["evil.example"]),
+    ]);
+    let attached: Vec<Attached<'_>> = f
+        .pairs
+        .iter()
+        .zip(&f.policies)
+        .map(|(pair, policy)| Attached { pair, policy })
+        .collect();
+    let text = render(&Ruleset {
+        table: &f.table,
+        links: &f.links,
+        block: DEFAULT_BLOCK,
+        global: &f.global,
+        ports: PORTS,
+        sandboxes: &attached,
+        prepared: 4,
+    })
+    .unwrap();
+    assert_eq!(
+        chain(&text, "forward_0"),
+        [
+            "ip saddr != 240.0.0.1 drop",
+            "jump global_deny",
+            "ip daddr { 203.0.113.0/24 } accept",
+            "drop"
+        ]
+    );
+    // Pairs 1 to 3, attached or not, have the same chains: nothing but the proxy and
+    // the resolver of their own link.
+    for i in 1..4u32 {
+        let (own, host) = (2 * i + 1, 2 * i);
+        assert_eq!(
+            chain(&text, &format!("forward_{i:x}")),
+            [
+                format!("ip saddr != 240.0.0.{own} drop").as_str(),
+                "jump global_deny",
+                "drop"
+            ]
+        );
+        assert_eq!(
+            chain(&text, &format!("input_{i:x}"))[0],
+            format!("ip saddr != 240.0.0.{own} drop")
+        );
+        assert!(
+            chain(&text, &format!("input_{i:x}"))[1]
+                .starts_with(&format!("ip daddr 240.0.0.{host} tcp dport"))
+        );
+        assert!(text.contains(&format!("\"sxht-{i:x}\" : goto forward_{i:x}")));
+    }
+    assert!(!text.contains("forward_4"), "only 4 pairs are prepared");
+    assert_eq!(text.matches("\tchain forward_0 {").count(), 1);
+    assert!(super::nft::names_only(&f.policies[1]));
+    assert!(!super::nft::names_only(&f.policies[0]));
+    assert!(!super::nft::names_only(&policy(
+        NetworkMode::Egress,
+        &[],
+        &[]
+    )));
+    assert!(!super::nft::names_only(&Policy::none()));
 }

@@ -347,6 +347,7 @@ pub(crate) fn apply(
         global,
         ports,
         sandboxes: &attached,
+        prepared: 0,
     })
     .unwrap();
     let guard = TableGuard(scope.table.clone());

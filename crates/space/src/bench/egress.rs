@@ -224,6 +224,11 @@ fn policy() -> Policy {
     .expect("a valid policy")
 }
 
+/// The policy of P4's creates: a name only.
+fn names_policy() -> Policy {
+    Policy::parse(NetworkMode::Egress, &[SINK_NAME], &[] as &[&str]).expect("a valid policy")
+}
+
 /// A sandbox in mode egress with a process whose host PID gives its network
 /// namespace.
 async fn sandbox(
@@ -379,7 +384,47 @@ async fn measure(p: &Platform) -> Result<Vec<Row>, String> {
     );
     p.wait_for_pools(warm, standby, Duration::from_secs(180))
         .await?;
-    let mut rows = super::p4::run_with(p, warm, standby, Some(policy())).await?;
+    // What a burst costs when it cannot claim standby sandboxes at all (an environment
+    // of its own), without a network: the part of the egress burst that is not egress.
+    eprintln!("egress: 50 creates at once that claim no standby sandbox, without a network");
+    let plain = CreateSandbox {
+        env: Some([("SPACE_BENCH".to_owned(), "1".to_owned())].into()),
+        ..CreateSandbox::default()
+    };
+    let unclaimed = super::p4::burst_of(&p.client(true), &plain).await?;
+    p.wait_for_pools(warm, standby, Duration::from_secs(180))
+        .await?;
+    // The usual policy names what it reaches (`--allow pypi.org`): its sandboxes need
+    // no rules of their own in the worker's table. One with an address rule does.
+    let mut rows = super::p4::run_with(p, warm, standby, Some(names_policy())).await?;
+    p.wait_for_pools(warm, standby, Duration::from_secs(180))
+        .await?;
+    eprintln!("egress: 50 creates at once with an address rule");
+    let with_address = CreateSandbox {
+        network: Some(policy()),
+        ..CreateSandbox::default()
+    };
+    let addressed = super::p4::burst_of(&p.client(true), &with_address).await?;
+    rows.push(Row::new(
+        "P4 egress",
+        "create, 50 concurrent, with an address rule (information: each changes the worker's table)",
+        format!(
+            "p50 {:.1} ms, p99 {:.1} ms",
+            super::row::quantile(&addressed, 0.5),
+            super::row::quantile(&addressed, 0.99)
+        ),
+        "-",
+    ));
+    rows.push(Row::new(
+        "P4 egress",
+        "create, 50 concurrent, claiming no standby sandbox, no network (information: the same burst without egress)",
+        format!(
+            "p50 {:.1} ms, p99 {:.1} ms",
+            super::row::quantile(&unclaimed, 0.5),
+            super::row::quantile(&unclaimed, 0.99)
+        ),
+        "-",
+    ));
     let client = p.client(true);
     let (id, pid) = sandbox(&client).await?;
     eprintln!("egress: {MIB} MiB from the host, then from the sandbox through NAT and the proxy");

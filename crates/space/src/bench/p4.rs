@@ -21,11 +21,16 @@ const SINGLE: usize = 20;
 
 /// One create: its time (ms) and the sandbox.
 async fn create(client: Client, network: Option<Policy>) -> Result<(f64, SandboxId), String> {
-    let t = Instant::now();
     let body = CreateSandbox {
         network,
         ..CreateSandbox::default()
     };
+    create_body(client, body).await
+}
+
+/// One create of `body`: its time (ms) and the sandbox.
+async fn create_body(client: Client, body: CreateSandbox) -> Result<(f64, SandboxId), String> {
+    let t = Instant::now();
     let s = client
         .create_sandbox(&body)
         .await
@@ -35,6 +40,23 @@ async fn create(client: Client, network: Option<Policy>) -> Result<(f64, Sandbox
         return Err(format!("a create answered {:?}, not running", s.state));
     }
     Ok((took, s.id))
+}
+
+/// `BURST` creates of `body` at once (each then runs `true`, and is deleted): their
+/// times in ms, sorted.
+pub async fn burst_of(client: &Client, body: &CreateSandbox) -> Result<Vec<f64>, String> {
+    let tasks: Vec<_> = (0..BURST)
+        .map(|_| tokio::spawn(create_body(client.clone(), body.clone())))
+        .collect();
+    let (mut times, mut ids) = (Vec::new(), Vec::new());
+    for t in tasks {
+        let (took, id) = t.await.map_err(|e| format!("create task: {e}"))??;
+        times.push(took);
+        ids.push(id);
+    }
+    first_exec_and_delete(client, &ids).await?;
+    times.sort_by(f64::total_cmp);
+    Ok(times)
 }
 
 /// Runs `true` in each sandbox (each must be ready for it), then deletes them.
