@@ -106,9 +106,7 @@ fn every_route_docs_api_md_lists_is_in_the_document_with_its_method() {
                 || path.starts_with("/internal/v1/snapshot")
                 || path.starts_with("/internal/v1/layers")
                 || path.ends_with("/netgtw");
-            let not_built = ["/v1/templates"]
-                .iter()
-                .any(|p| path.contains(p));
+            let not_built = ["/v1/templates"].iter().any(|p| path.contains(p));
             if worker_only || not_built {
                 continue;
             }
