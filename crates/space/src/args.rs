@@ -112,26 +112,9 @@ pub struct UpArgs {
     /// `network`, or `space sandbox create --net`, chooses otherwise).
     #[arg(long, env = "SPACE_NETWORK_DEFAULT", default_value = "none", value_parser = network_mode())]
     pub network_default: space_proto::api::NetworkMode,
-    /// No egress on this worker: sandboxes in network mode `egress` are refused here.
-    #[arg(long, env = "SPACE_NO_EGRESS", action = clap::ArgAction::SetTrue, value_parser = clap::builder::BoolishValueParser::new())]
-    pub no_egress: bool,
-    /// Egress slot: which `/12` of `240.0.0.0/4` sandbox links take their addresses
-    /// from, and the names of the links and the nftables table (workers sharing a
-    /// host take different slots; `space up` numbers its workers from this one).
-    #[arg(long, env = "SPACE_EGRESS_SLOT", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=254))]
-    pub egress_slot: u8,
-    /// A network no sandbox reaches whatever its policy, on top of the defaults
-    /// (repeatable, or comma-separated in the variable).
-    #[arg(long, env = "SPACE_EGRESS_DENY", value_delimiter = ',')]
-    pub egress_deny: Vec<space_egress::IpNet>,
-    /// A private range (RFC 1918, ULA, shared address space) sandboxes may reach;
-    /// refused by default (repeatable).
-    #[arg(long, env = "SPACE_EGRESS_ALLOW_PRIVATE", value_delimiter = ',')]
-    pub egress_allow_private: Vec<space_egress::IpNet>,
-    /// DNS server the platform's resolver asks for sandboxes, `ADDR` or `ADDR:PORT`
-    /// (repeatable) [default: the host's /etc/resolv.conf].
-    #[arg(long, env = "SPACE_EGRESS_DNS", value_delimiter = ',', value_parser = parse_dns_server)]
-    pub egress_dns: Vec<std::net::SocketAddr>,
+    /// Sandbox egress.
+    #[command(flatten)]
+    pub egress: EgressArgs,
 }
 
 impl UpArgs {
@@ -213,7 +196,20 @@ pub struct WorkerArgs {
     /// How many such ranges (sandboxes with a user namespace at once, on this host).
     #[arg(long, default_value_t = space_worker::substrate::jail::uid_ranges::DEFAULT_SLOTS)]
     pub userns_ranges: u32,
-    /// No egress on this worker: sandboxes in network mode `egress` are refused here.
+    /// Sandbox egress.
+    #[command(flatten)]
+    pub egress: EgressArgs,
+    /// Directory holding spaced-guest, spaced-host and space-jail (default: next to
+    /// this executable).
+    #[arg(long, env = "SPACE_BIN_DIR")]
+    pub bin_dir: Option<PathBuf>,
+}
+
+/// The egress flags of `space worker` and `space up`.
+#[derive(Debug, Clone, Args)]
+pub struct EgressArgs {
+    /// No egress: sandboxes in network mode `egress` are refused (by this worker, or by
+    /// every worker of `space up`).
     #[arg(long, env = "SPACE_NO_EGRESS", action = clap::ArgAction::SetTrue, value_parser = clap::builder::BoolishValueParser::new())]
     pub no_egress: bool,
     /// Egress slot: which `/12` of `240.0.0.0/4` sandbox links take their addresses
@@ -233,10 +229,6 @@ pub struct WorkerArgs {
     /// (repeatable) [default: the host's /etc/resolv.conf].
     #[arg(long, env = "SPACE_EGRESS_DNS", value_delimiter = ',', value_parser = parse_dns_server)]
     pub egress_dns: Vec<std::net::SocketAddr>,
-    /// Directory holding spaced-guest, spaced-host and space-jail (default: next to
-    /// this executable).
-    #[arg(long, env = "SPACE_BIN_DIR")]
-    pub bin_dir: Option<PathBuf>,
 }
 
 /// `space edge`.
@@ -523,10 +515,11 @@ fn parse_dns_server(text: &str) -> Result<std::net::SocketAddr, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn up(args: &[&str]) -> UpArgs {
+    /// `space up ARGS…` parsed.
+    pub(crate) fn up(args: &[&str]) -> UpArgs {
         let argv = ["space", "up"].iter().chain(args).copied();
         match Cli::try_parse_from(argv).expect("parses").command {
             Command::Up(a) => a,
@@ -550,6 +543,7 @@ mod tests {
             "--egress-dns",
             "127.0.0.1:5353",
         ]);
+        let a = a.egress;
         assert!(!a.no_egress);
         assert_eq!(a.egress_slot, 7);
         assert_eq!(a.egress_deny.len(), 2);
@@ -561,7 +555,7 @@ mod tests {
                 "127.0.0.1:5353".parse().unwrap()
             ]
         );
-        assert!(up(&["--no-egress"]).no_egress);
+        assert!(up(&["--no-egress"]).egress.no_egress);
         let bad = ["space", "up", "--egress-dns", "resolver.example"];
         assert!(Cli::try_parse_from(bad).is_err());
         let bad = ["space", "up", "--egress-deny", "300.1.2.3/8"];

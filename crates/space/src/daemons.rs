@@ -134,11 +134,11 @@ pub async fn worker(a: WorkerArgs) -> Result<(), String> {
         cgroup_parent,
         warm_pool: a.warm_pool,
         limits: space_worker::daemon::limits::WorkerLimits::from_env(),
-        egress: (!a.no_egress).then(|| space_worker::daemon::config::EgressSettings {
-            slot: a.egress_slot,
-            deny: a.egress_deny.clone(),
-            allow_private: a.egress_allow_private.clone(),
-            dns: a.egress_dns.clone(),
+        egress: (!a.egress.no_egress).then(|| space_worker::daemon::config::EgressSettings {
+            slot: a.egress.egress_slot,
+            deny: a.egress.egress_deny.clone(),
+            allow_private: a.egress.egress_allow_private.clone(),
+            dns: a.egress.egress_dns.clone(),
         }),
         userns: (!a.no_userns).then(
             || space_worker::substrate::jail::uid_ranges::UidRangeConfig {

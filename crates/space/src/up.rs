@@ -23,10 +23,10 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
     if a.workers == 0 || a.workers > 64 {
         return Err("--workers must be 1 to 64".into());
     }
-    if !a.no_egress && u32::from(a.egress_slot) + a.workers - 1 > 254 {
+    if !a.egress.no_egress && u32::from(a.egress.egress_slot) + a.workers - 1 > 254 {
         return Err(format!(
             "--egress-slot {} leaves no slot for {} workers (slots are 0 to 254, one per worker)",
-            a.egress_slot, a.workers
+            a.egress.egress_slot, a.workers
         ));
     }
     let stop = shutdown_signal();
@@ -92,7 +92,7 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
         if a.no_userns {
             args.push("--no-userns".into());
         }
-        args.extend(egress_args(&a, n - 1));
+        args.extend(egress_args(&a.egress, n - 1));
         supervisors.push(tokio::spawn(supervise(
             n as usize - 1,
             id,
@@ -243,7 +243,7 @@ async fn wait_or_kill(child: &mut Child) {
 }
 
 /// The egress flags of worker `index` (from 0): its own slot, the rest as given.
-fn egress_args(a: &UpArgs, index: u32) -> Vec<String> {
+fn egress_args(a: &crate::args::EgressArgs, index: u32) -> Vec<String> {
     if a.no_egress {
         return vec!["--no-egress".into()];
     }
@@ -280,26 +280,19 @@ fn egress_args(a: &UpArgs, index: u32) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser as _;
-
     use super::*;
-    use crate::args::{Cli, Command};
-
-    fn up(args: &[&str]) -> UpArgs {
-        let argv = ["space", "up"].iter().chain(args).copied();
-        match Cli::try_parse_from(argv).expect("parses").command {
-            Command::Up(a) => a,
-            other => panic!("{other:?}"),
-        }
-    }
+    use crate::args::tests::up;
 
     #[test]
     fn each_worker_takes_its_own_egress_slot_and_every_list() {
         let a = up(&["--egress-slot", "4", "--egress-deny", "203.0.113.0/24"]);
         assert_eq!(
-            egress_args(&a, 1),
+            egress_args(&a.egress, 1),
             ["--egress-slot", "5", "--egress-deny", "203.0.113.0/24"]
         );
-        assert_eq!(egress_args(&up(&["--no-egress"]), 0), ["--no-egress"]);
+        assert_eq!(
+            egress_args(&up(&["--no-egress"]).egress, 0),
+            ["--no-egress"]
+        );
     }
 }

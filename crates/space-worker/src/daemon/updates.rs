@@ -371,6 +371,28 @@ pub async fn apply(
     }
 }
 
+/// The slot of `execution` of `sandbox` while it lives (a 409 otherwise), and the
+/// state an update of its trusted state acknowledges.
+fn live_slot(
+    worker: &Worker,
+    sandbox: &SandboxId,
+    execution: Execution,
+) -> Result<(Arc<super::state::Slot>, AckState), UpdateError> {
+    let slot = worker
+        .slot(sandbox)
+        .filter(|s| s.record.execution() == execution)
+        .ok_or_else(|| conflict("no such execution on this worker"))?;
+    let state = match slot.record.state {
+        RecordState::Retired | RecordState::Failed => {
+            return Err(conflict(format!("execution is {:?}", slot.record.state)));
+        }
+        RecordState::Paused => AckState::Paused,
+        RecordState::Starting => AckState::Installed,
+        RecordState::Running => AckState::Running,
+    };
+    Ok((slot, state))
+}
+
 /// Replaces the exposed ports of a live execution: persisted, then in effect (netgtw
 /// closes connections to a port no longer listed when the slot changes).
 fn set_ports(
@@ -379,16 +401,7 @@ fn set_ports(
     execution: Execution,
     mut ports: Vec<space_proto::api::ports::ExposedPort>,
 ) -> Result<UpdateAck, UpdateError> {
-    let slot = worker
-        .slot(sandbox)
-        .filter(|s| s.record.execution() == execution)
-        .ok_or_else(|| conflict("no such execution on this worker"))?;
-    if matches!(
-        slot.record.state,
-        RecordState::Retired | RecordState::Failed
-    ) {
-        return Err(conflict(format!("execution is {:?}", slot.record.state)));
-    }
+    let (slot, state) = live_slot(worker, sandbox, execution)?;
     ports.sort_by_key(|p| p.port);
     ports.dedup_by_key(|p| p.port);
     if ports.len() > space_proto::api::ports::MAX_PORTS_PER_SANDBOX {
@@ -397,11 +410,6 @@ fn set_ports(
     if ports.iter().any(|p| p.port == 0) {
         return Err(invalid("port 0 cannot be exposed"));
     }
-    let state = match slot.record.state {
-        RecordState::Paused => AckState::Paused,
-        RecordState::Starting => AckState::Installed,
-        _ => AckState::Running,
-    };
     if slot.record.ports == ports {
         return Ok(ack(worker, state, None));
     }
@@ -425,21 +433,7 @@ async fn set_network(
     execution: Execution,
     network: space_proto::api::Policy,
 ) -> Result<UpdateAck, UpdateError> {
-    let slot = worker
-        .slot(sandbox)
-        .filter(|s| s.record.execution() == execution)
-        .ok_or_else(|| conflict("no such execution on this worker"))?;
-    if matches!(
-        slot.record.state,
-        RecordState::Retired | RecordState::Failed
-    ) {
-        return Err(conflict(format!("execution is {:?}", slot.record.state)));
-    }
-    let state = match slot.record.state {
-        RecordState::Paused => AckState::Paused,
-        RecordState::Starting => AckState::Installed,
-        _ => AckState::Running,
-    };
+    let (slot, state) = live_slot(worker, sandbox, execution)?;
     if slot.record.network == network {
         return Ok(ack(worker, state, None));
     }

@@ -18,6 +18,7 @@ pub mod nft;
 pub mod proxy;
 pub mod resolver;
 pub mod services;
+mod shared;
 pub mod tenant;
 pub mod upstream;
 pub mod veth;

@@ -23,7 +23,7 @@ use space_egress::{DnsName, decide_name};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{TcpStream, UdpSocket};
 
-use super::services::{Admitted, Shared, Unknown};
+use super::shared::{Admitted, Shared, Unknown};
 use super::tenant::{LAYER_PROXY, Tenant, Via};
 use super::upstream::{MAX_TTL, Upstream, UpstreamError};
 
