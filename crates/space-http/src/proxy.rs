@@ -146,13 +146,17 @@ pub enum Forwarded {
 
 /// Forwards `req` on `sender` (hop-by-hop headers dropped). A WebSocket upgrade the
 /// backend accepts (101) is bridged: the client's side of `req` and the backend's are
-/// copied both ways until either closes or `stop` becomes true.
-pub async fn forward<B>(
+/// copied both ways until either closes or `stop` becomes true. The bridge holds
+/// `held` (the caller's connection permit) until it ends: an upgraded connection
+/// outlives the HTTP connection that served it, and must still count.
+pub async fn forward<B, H>(
     sender: &mut SendRequest<B>,
     mut req: Request<B>,
     stop: watch::Receiver<bool>,
+    held: H,
 ) -> Result<Forwarded, hyper::Error>
 where
+    H: Send + 'static,
     B: Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -184,6 +188,7 @@ where
     }
     let backend_side = hyper::upgrade::on(&mut resp);
     tokio::spawn(async move {
+        let _held = held;
         let (Ok(client), Ok(backend)) = (client_side.await, backend_side.await) else {
             return;
         };

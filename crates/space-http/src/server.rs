@@ -30,7 +30,9 @@ pub async fn run_to_end(
 /// The connection a request came on, in every request's extensions (see
 /// [`serve_with`]): lets a handler keep something for the connection's life (the
 /// edge binds a kept-alive service-port connection to one sandbox, port and backend)
-/// — dropped when the connection ends.
+/// — dropped when the connection ends. It also holds the connection's place under
+/// the listener's limit: a handler that carries an upgraded stream on after the HTTP
+/// connection ended keeps a clone, so the stream still counts.
 #[derive(Clone, Debug)]
 pub struct Connection {
     /// Unique among this process's connections.
@@ -38,15 +40,17 @@ pub struct Connection {
     /// What a handler keeps for it.
     pub kept: Arc<tokio::sync::Mutex<Option<Box<dyn std::any::Any + Send>>>>,
     close: Arc<tokio::sync::watch::Sender<bool>>,
+    _place: Arc<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Connection {
-    fn new() -> Self {
+    fn new(place: tokio::sync::OwnedSemaphorePermit) -> Self {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Self {
             id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             kept: Arc::default(),
             close: Arc::new(tokio::sync::watch::Sender::new(false)),
+            _place: Arc::new(place),
         }
     }
 
@@ -179,8 +183,9 @@ pub async fn serve_with(
             continue;
         };
         let _ = tcp.set_nodelay(true);
-        let connection = Connection::new();
+        let connection = Connection::new(permit);
         let mut closed = connection.close.subscribe();
+        let held = connection.clone();
         let app = app.clone();
         let service = hyper::service::service_fn(move |mut req: hyper::Request<_>| {
             req.extensions_mut().insert(connection.clone());
@@ -192,7 +197,7 @@ pub async fn serve_with(
             .with_upgrades();
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
-            let _permit = permit;
+            let _held = held;
             let mut conn = std::pin::pin!(conn);
             tokio::select! {
                 _ = conn.as_mut() => return,

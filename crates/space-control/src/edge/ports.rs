@@ -391,7 +391,9 @@ async fn serve_checked(
     if proxy::upgrade_asked(req.headers()) == UpgradeAsk::WebSocket {
         s.upgrading.store(true, std::sync::atomic::Ordering::SeqCst);
     }
-    let forwarded = proxy::forward(&mut s.sender, req, never_stops()).await;
+    // An upgraded stream keeps the client connection's place under the edge's limit
+    // (`space_http::Connection`) for as long as it is bridged.
+    let forwarded = proxy::forward(&mut s.sender, req, never_stops(), connection.clone()).await;
     let execution = s.execution;
     if let Some(k) = kept.as_mut() {
         **k = Some(s);

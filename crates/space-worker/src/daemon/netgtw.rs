@@ -60,7 +60,8 @@ pub(crate) struct Tunnel {
     port: ServicePort,
     first: TcpStream,
     counts: PortBytes,
-    _held: TunnelPermit,
+    /// Shared with the bridges of the tunnel's WebSocket upgrades, which outlive it.
+    held: Arc<TunnelPermit>,
 }
 
 /// One of a sandbox's [`MAX_TUNNELS_PER_SANDBOX`] places.
@@ -172,7 +173,7 @@ impl Tunnel {
             port,
             first,
             counts,
-            _held: held,
+            held: Arc::new(held),
         })
     }
 
@@ -245,6 +246,7 @@ impl Tunnel {
             stop: stop.clone(),
             backend: tokio::sync::Mutex::new(None),
             first: std::sync::Mutex::new(Some(self.first)),
+            held: Arc::clone(&self.held),
         });
         let service = hyper::service::service_fn(move |req| {
             let gate = Arc::clone(&gate);
@@ -273,6 +275,7 @@ struct Gate {
     stop: watch::Receiver<bool>,
     backend: tokio::sync::Mutex<Option<SendRequest<Incoming>>>,
     first: std::sync::Mutex<Option<TcpStream>>,
+    held: Arc<TunnelPermit>,
 }
 
 impl Gate {
@@ -338,7 +341,8 @@ impl Gate {
                 Err(r) => return r,
             },
         };
-        let forwarded = proxy::forward(&mut sender, req, self.stop.clone()).await;
+        let forwarded =
+            proxy::forward(&mut sender, req, self.stop.clone(), Arc::clone(&self.held)).await;
         // Not kept after an answer the server closes its connection on: the next
         // request opens a new one rather than find this one dead.
         if matches!(forwarded, Ok(Forwarded::Answer(_))) {

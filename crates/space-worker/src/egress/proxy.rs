@@ -26,7 +26,7 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::{Mutex, watch};
 
-use super::services::{Admitted, Shared};
+use super::shared::{Admitted, Shared};
 use super::tenant::{LAYER_PROXY, Tenant, Via};
 use super::upstream::UpstreamError;
 
@@ -251,13 +251,16 @@ struct Backend {
 
 struct HttpConn {
     shared: Arc<Shared>,
+    /// The connection's places (the tenant's and the services'), held by the bridges of
+    /// its WebSocket upgrades too, which outlive it.
+    admitted: Arc<Admitted>,
     tenant: Arc<Tenant>,
     backend: Mutex<Option<Backend>>,
     stop: watch::Receiver<bool>,
 }
 
 /// Serves HTTP/1.1 from a sandbox until it closes, the services stop or it is idle.
-pub(crate) async fn serve_http(shared: Arc<Shared>, tcp: TcpStream, admitted: &Admitted) {
+pub(crate) async fn serve_http(shared: Arc<Shared>, tcp: TcpStream, admitted: &Arc<Admitted>) {
     let tenant = Arc::clone(admitted.slot.tenant());
     tenant.count(Via::Http);
     let activity = Activity::new();
@@ -271,6 +274,7 @@ pub(crate) async fn serve_http(shared: Arc<Shared>, tcp: TcpStream, admitted: &A
     );
     let conn = Arc::new(HttpConn {
         shared: Arc::clone(&shared),
+        admitted: Arc::clone(admitted),
         tenant,
         backend: Mutex::new(None),
         stop: stop.clone(),
@@ -358,7 +362,14 @@ impl HttpConn {
         let Some(b) = slot.as_mut() else {
             return own_answer(StatusCode::BAD_GATEWAY, "no backend");
         };
-        match forward(&mut b.sender, req, self.stop.clone()).await {
+        match forward(
+            &mut b.sender,
+            req,
+            self.stop.clone(),
+            Arc::clone(&self.admitted),
+        )
+        .await
+        {
             Ok(Forwarded::Answer(resp)) => resp.map(Either::Left),
             Ok(Forwarded::Last(resp) | Forwarded::Upgraded(resp)) => {
                 *slot = None;

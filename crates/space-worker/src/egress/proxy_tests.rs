@@ -31,6 +31,22 @@ name, cert, key = sys.argv[1:4]
 class H(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def do_GET(self):
+        if self.path == "/ws":
+            import base64, hashlib
+            key = self.headers.get("Sec-WebSocket-Key", "")
+            accept = base64.b64encode(hashlib.sha1(
+                (key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()).decode()
+            self.send_response(101)
+            self.send_header("Upgrade", "websocket")
+            self.send_header("Connection", "Upgrade")
+            self.send_header("Sec-WebSocket-Accept", accept)
+            self.end_headers()
+            self.wfile.flush()
+            # Held open until the client goes.
+            while self.rfile.read(1):
+                pass
+            self.close_connection = True
+            return
         body = ("%s %s %s\n" % (name, self.headers.get("Host"), self.path)).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -77,6 +93,21 @@ const CLIENT: &str = r#"
 import random, socket, ssl, struct, sys
 ca = sys.argv[1]
 kept = None
+upgraded = []
+def wsopen(addr, host):
+    s = socket.create_connection((addr, 80), timeout=5)
+    s.sendall(("GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+               "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+               % host).encode())
+    f = s.makefile("rb")
+    line = f.readline()
+    if not line:
+        s.close()
+        return "closed"
+    while f.readline() not in (b"\r\n", b""):
+        pass
+    upgraded.append((s, f))
+    return line.split()[1].decode()
 def http(addr, hosts):
     s = socket.create_connection((addr, 80), timeout=5)
     f = s.makefile("rb")
@@ -176,6 +207,13 @@ for line in sys.stdin:
             out = ping(kept)
         elif w[0] == "tlsping":
             out = ping(kept)
+        elif w[0] == "wsopen":
+            out = wsopen(w[1], w[2])
+        elif w[0] == "wsclose":
+            s, f = upgraded.pop(0)
+            f.close()
+            s.close()
+            out = "closed one"
         elif w[0] in ("dns", "dnstcp"):
             out = dns(w[1], w[2], w[3], w[0] == "dnstcp")
         else:
@@ -301,6 +339,11 @@ struct World {
 
 impl World {
     fn new(test: u8, policy: Policy) -> World {
+        Self::with_places(test, policy, None)
+    }
+
+    /// [`World::new`] with at most `places` connections for the tenant.
+    fn with_places(test: u8, policy: Policy, places: Option<usize>) -> World {
         let scope = Scope::new(test);
         let (ca_dir, ca, cert, key) = test_ca();
         let host = |slot: u8, name: &str| {
@@ -332,7 +375,10 @@ impl World {
             sandbox.pair.host_addr(),
             Arc::clone(&tenant),
         );
-        let config = ServicesConfig::new(vec![upstream], Arc::new(g.clone()));
+        let mut config = ServicesConfig::new(vec![upstream], Arc::new(g.clone()));
+        if let Some(n) = places {
+            config.limits.connections_per_tenant = n;
+        }
         let services = rt
             .block_on(Services::start(config, Arc::new(directory)))
             .unwrap();
@@ -604,4 +650,37 @@ fn an_unknown_peer_gets_nothing() {
     assert_eq!(w.questions.load(Ordering::SeqCst), 0, "nothing forwarded");
     assert_eq!(w.services.unknown_peers(), 8);
     assert_eq!(w.tenant.counters(), Default::default());
+}
+
+#[test]
+fn a_websocket_upgrade_keeps_its_place_under_the_tenants_connection_limit() {
+    require_tools!("openssl");
+    let mut w = World::with_places(13, policy(&["a.test"], &[]), Some(2));
+    let a = w.a.addr;
+    assert_eq!(w.ask(&format!("wsopen {a} a.test")), "101");
+    assert_eq!(w.ask(&format!("wsopen {a} a.test")), "101");
+    // Both upgraded streams outlive their HTTP connections: they still count, so a
+    // third connection of any kind is turned away.
+    let turned_away = |answer: String| {
+        assert!(
+            answer == "closed" || answer.starts_with("error ConnectionResetError"),
+            "a connection past the limit was served: {answer}"
+        );
+    };
+    turned_away(w.ask(&format!("wsopen {a} a.test")));
+    turned_away(w.ask(&format!("http {a} a.test")));
+    // Once one stream ends, its place is free again.
+    assert_eq!(w.ask("wsclose"), "closed one");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let answer = w.ask(&format!("http {a} a.test"));
+        if answer.starts_with("200 hostA") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the place was not given back: {answer}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
