@@ -100,7 +100,11 @@ fn the_root_is_the_template_with_a_synthesized_etc_and_nothing_of_the_host() {
     assert!(etc.contains("passwd") && etc.contains("hosts"), "{etc}");
     assert!(!etc.contains("shadow"), "{etc}");
     assert!(!etc.contains("ssh"), "{etc}");
-    assert_eq!(jail.ok("cat /etc/resolv.conf"), "");
+    // The platform's resolver, reached only with a network (issue 15).
+    assert_eq!(
+        jail.ok("cat /etc/resolv.conf"),
+        "nameserver 169.254.169.253\n"
+    );
     assert_eq!(
         jail.ok("id -un; getent passwd user | cut -d: -f6"),
         "root\n/home/user\n"
