@@ -2,6 +2,7 @@
 //! sync, then catch up periodically; and stopping it ([`WorkerHandle::shutdown`]).
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +33,8 @@ pub struct WorkerHandle {
     task: JoinHandle<()>,
     /// The data directory's `worker.lock`, held while this worker runs.
     _lock: lock::DirLock,
+    /// Its egress slot's lock (no other worker of the host takes the slot meanwhile).
+    _egress_lock: Option<lock::DirLock>,
 }
 
 impl WorkerHandle {
@@ -88,7 +91,10 @@ pub async fn run(config: WorkerConfig) -> Result<WorkerHandle, String> {
     lock.record(Some(&url))?;
     let worker = Worker::open(&config, url.clone())?;
     // Before anything is served: an install of a sandbox in mode `egress` needs it.
-    let egress = start_egress(&worker, &config, addr).await;
+    let (egress, egress_lock) = match start_egress(&worker, &config, addr).await {
+        Ok((e, l)) => (Ok(e), Some(l)),
+        Err(why) => (Err(why), None),
+    };
     let _ = worker.egress.set(egress);
     // Until the reconciliation below re-adopted what ran before a restart, sandbox
     // requests wait (node-api serves from now on: the control plane pushes installs).
@@ -118,10 +124,12 @@ pub async fn run(config: WorkerConfig) -> Result<WorkerHandle, String> {
     let enrolled = enroll(&http, &config, &url, credential).await?;
     let anchor = decode_anchor(&enrolled.anchor)?;
     worker.set_enrollment(anchor, &enrolled.credential)?;
+    let asked_at = state::now_secs() as i64;
     let updates = sync_list(&http, &config, &enrolled.credential).await?;
     sync::reconcile(
         &worker,
         updates,
+        asked_at,
         &http,
         &config.control_url,
         &enrolled.credential,
@@ -178,6 +186,7 @@ pub async fn run(config: WorkerConfig) -> Result<WorkerHandle, String> {
         stop,
         task,
         _lock: lock,
+        _egress_lock: egress_lock,
     })
 }
 
@@ -316,7 +325,7 @@ async fn start_egress(
     worker: &Worker,
     config: &WorkerConfig,
     node_api: std::net::SocketAddr,
-) -> Result<Arc<crate::egress::manager::Egress>, String> {
+) -> Result<(Arc<crate::egress::manager::Egress>, lock::DirLock), String> {
     use crate::egress::manager::{self, Egress, EgressConfig, Slot};
     let Some(settings) = config.egress.clone() else {
         return Err("the worker was started with --no-egress".into());
@@ -326,9 +335,11 @@ async fn start_egress(
         return Err(why);
     }
     let (slot, dns) = (settings.slot, settings.dns.clone());
-    let control = control_listener(&config.control_url);
-    let listeners: Vec<std::net::SocketAddr> = std::iter::once(node_api).chain(control).collect();
+    let control_url = config.control_url.clone();
     let global = tokio::task::spawn_blocking(move || {
+        let listeners: Vec<std::net::SocketAddr> = std::iter::once(node_api)
+            .chain(control_listeners(&control_url))
+            .collect();
         manager::global_deny(&listeners, &settings.deny, &settings.allow_private)
     })
     .await
@@ -339,6 +350,7 @@ async fn start_egress(
     } else {
         dns
     };
+    let slot_lock = lock_slot(Path::new(EGRESS_LOCK_DIR), slot, &config.id.to_string())?;
     let slot = Slot::new(slot).ok_or(format!(
         "--egress-slot {slot}: slots are 0 to {}",
         manager::MAX_SLOT
@@ -353,13 +365,98 @@ async fn start_egress(
     if let Err(e) = &started {
         tracing::warn!(error = %e, "network mode egress is not available on this worker");
     }
-    started
+    started.map(|e| (e, slot_lock))
 }
 
-/// The control plane's address, when its URL names one (a name is covered by the
-/// host's own addresses if it is local, and by nothing otherwise).
-fn control_listener(url: &str) -> Option<std::net::SocketAddr> {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let authority = rest.split('/').next()?;
-    authority.parse().ok()
+/// Where the egress slots of a host are locked (one `flock` per slot in use).
+pub const EGRESS_LOCK_DIR: &str = "/run/space/egress";
+
+/// Locks egress slot `slot` in `dir` for worker `id`, or says which worker holds it:
+/// two workers on one slot would take each other's links and replace each other's
+/// table.
+fn lock_slot(dir: &Path, slot: u8, id: &str) -> Result<lock::DirLock, String> {
+    space_http::private_dir::ensure_private_dir(dir)?;
+    lock::DirLock::acquire(
+        dir,
+        &format!("slot-{slot}.lock"),
+        &format!("space worker {id} (egress slot {slot})"),
+    )
+    .map_err(|e| {
+        format!("egress slot {slot} is taken: {e} (give this worker another --egress-slot)")
+    })
+}
+
+/// The control plane's addresses: the one its URL names, or those its host name
+/// resolves to now (blocking: a lookup). Nothing when the URL does not parse.
+fn control_listeners(url: &str) -> Vec<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs as _;
+    let (scheme, rest) = url.split_once("://").unwrap_or(("http", url));
+    let Some(authority) = rest.split('/').next().filter(|a| !a.is_empty()) else {
+        return Vec::new();
+    };
+    if let Ok(a) = authority.parse::<std::net::SocketAddr>() {
+        return vec![a];
+    }
+    let default_port = if scheme == "https" { 443 } else { 80 };
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => match p.parse::<u16>() {
+            Ok(p) => (h, p),
+            Err(_) => (authority, default_port),
+        },
+        _ => (authority, default_port),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    (host, port)
+        .to_socket_addrs()
+        .map(Iterator::collect)
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_control_planes_listeners_come_from_its_url_by_address_or_by_name() {
+        assert_eq!(
+            control_listeners("http://127.0.0.1:7070/"),
+            ["127.0.0.1:7070".parse().unwrap()]
+        );
+        assert_eq!(
+            control_listeners("https://[::1]:9443"),
+            ["[::1]:9443".parse().unwrap()]
+        );
+        // A name is looked up (here one the host resolves without any network).
+        let by_name = control_listeners("http://localhost:7071");
+        assert!(
+            by_name
+                .iter()
+                .all(|a| a.port() == 7071 && a.ip().is_loopback())
+                && !by_name.is_empty(),
+            "{by_name:?}"
+        );
+        assert_eq!(
+            control_listeners("https://localhost")
+                .first()
+                .map(std::net::SocketAddr::port),
+            Some(443)
+        );
+        assert!(control_listeners("http:///no-authority").is_empty());
+    }
+
+    #[test]
+    fn a_second_worker_on_the_same_egress_slot_is_refused_and_names_the_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let locks = dir.path().join("egress");
+        let first = lock_slot(&locks, 7, "w1").expect("a free slot");
+        let e = lock_slot(&locks, 7, "w2").expect_err("a taken slot");
+        assert!(
+            e.contains("egress slot 7 is taken") && e.contains("w1"),
+            "{e}"
+        );
+        // Another slot is free; the slot is free again once the first lets it go.
+        let _other = lock_slot(&locks, 8, "w2").expect("another slot");
+        drop(first);
+        lock_slot(&locks, 7, "w2").expect("released");
+    }
 }

@@ -17,6 +17,7 @@ use super::{agent_watch, launch, updates};
 pub async fn reconcile(
     worker: &Arc<Worker>,
     list: Vec<SignedUpdate>,
+    asked_at: i64,
     http: &HttpClient,
     control_url: &str,
     credential: &str,
@@ -47,7 +48,7 @@ pub async fn reconcile(
     }
     let mut lost = Vec::new();
     for i in &wanted {
-        if !readopt(worker, i).await {
+        if !readopt(worker, i, asked_at).await {
             lost.push((i.sandbox, i.generation));
         }
     }
@@ -126,12 +127,26 @@ pub async fn reconcile(
 
 /// Re-adopts an execution after a restart if its record is running and its jail,
 /// agent and bridge are the recorded live processes. Otherwise marks it failed.
-async fn readopt(worker: &Arc<Worker>, i: &space_proto::api::InstallExecution) -> bool {
+async fn readopt(
+    worker: &Arc<Worker>,
+    i: &space_proto::api::InstallExecution,
+    asked_at: i64,
+) -> bool {
+    // In the sandbox's turn: node-api already serves, and an update pushed meanwhile (a
+    // retirement, a newer policy) must not be undone by this older list's view.
+    let _turn = worker.lock_sandbox(&i.sandbox).await;
     let Some(slot) = worker.slot(&i.sandbox) else {
         return false;
     };
     let r = &slot.record;
     let same = r.execution() == i.execution();
+    // The list's ports and policy, unless an update pushed since the list was asked
+    // for changed the record (it is newer than the list).
+    let (ports, network) = if r.updated_at >= asked_at - 2 {
+        (r.ports.clone(), r.network.clone())
+    } else {
+        (i.ports.clone(), i.network.clone())
+    };
     let alive = same
         && matches!(r.state, RecordState::Running | RecordState::Paused)
         && r.bridge
@@ -152,7 +167,7 @@ async fn readopt(worker: &Arc<Worker>, i: &space_proto::api::InstallExecution) -
             // The links of the worker's previous run were removed when it started: the
             // sandbox gets its network back before it is served again.
             let mut r = r.clone();
-            r.network = i.network.clone();
+            r.network = network.clone();
             match worker.give_network(&r).await {
                 Ok(()) => true,
                 Err(e) => {
@@ -165,9 +180,9 @@ async fn readopt(worker: &Arc<Worker>, i: &space_proto::api::InstallExecution) -
         // The control plane's list is newer than this record where they differ: a
         // ports update missed while this worker was down.
         let mut r = r.clone();
-        if r.ports != i.ports || r.network != i.network {
-            r.ports = i.ports.clone();
-            r.network = i.network.clone();
+        if r.ports != ports || r.network != network {
+            r.ports = ports;
+            r.network = network;
             r.updated_at = now_secs() as i64;
             if let Err(e) = worker.records.put(&r) {
                 tracing::warn!(sandbox = %r.sandbox, error = %e, "cannot record the sandbox's ports and network");

@@ -182,12 +182,19 @@ impl Egress {
             .await
             .map_err(|e| EgressError::Unavailable(format!("link task: {e}")))?;
         let peers = Arc::new(PairDirectory::new());
-        let services = Services::start(
-            ServicesConfig::new(config.upstream.clone(), Arc::new(config.global.clone())),
-            Arc::clone(&peers) as Arc<dyn Directory>,
-        )
-        .await
-        .map_err(|e| EgressError::Unavailable(format!("proxy and resolver: {e}")))?;
+        let mut services_config =
+            ServicesConfig::new(config.upstream.clone(), Arc::new(config.global.clone()));
+        let descriptors = raise_nofile();
+        services_config.limits.connections =
+            connections_within(descriptors, services_config.limits.connections);
+        tracing::info!(
+            descriptors,
+            connections = services_config.limits.connections,
+            "egress proxy connections bounded by the worker's descriptors"
+        );
+        let services = Services::start(services_config, Arc::clone(&peers) as Arc<dyn Directory>)
+            .await
+            .map_err(|e| EgressError::Unavailable(format!("proxy and resolver: {e}")))?;
         let ports = services.ports();
         let egress = Arc::new(Egress {
             config,
@@ -277,20 +284,29 @@ impl Egress {
                 Some(l) if l.execution == execution => {
                     // Only a change of the table's shape for this pair needs a run.
                     let free = |p: &Policy| l.pair.index() < prepared && nft::names_only(p);
-                    let unchanged = free(&l.tenant.policy()) && free(policy);
+                    let before = l.tenant.policy();
+                    let unchanged = free(&before) && free(policy);
                     l.tenant.set_policy(policy.clone());
+                    let tenant = Arc::clone(&l.tenant);
                     if unchanged {
-                        Some(0)
+                        Some((0, tenant, before))
                     } else {
                         links.version += 1;
-                        Some(links.version)
+                        Some((links.version, tenant, before))
                     }
                 }
                 _ => None,
             }
         };
-        if let Some(version) = existing {
-            return self.sync(version);
+        if let Some((version, tenant, before)) = existing {
+            let applied = self.sync(version);
+            if applied.is_err() {
+                // Refused: the policy the worker records (the one before) is the one
+                // in force, in the proxy, the resolver and the next table.
+                tenant.set_policy((*before).clone());
+                self.lock().version += 1;
+            }
+            return applied;
         }
         self.release(sandbox, None);
         let pair = {
@@ -470,6 +486,36 @@ impl Egress {
             tracing::warn!(error = %e, "cannot remove the egress table");
         }
     }
+}
+
+/// Descriptors kept for everything of the worker that is not the egress proxy
+/// (node-api, agents' connections, records, `ip`/`nft` runs).
+pub const DESCRIPTOR_RESERVE: u64 = 2048;
+
+/// Descriptors one proxied connection takes at most: its two sockets and the two
+/// pipes of a splice.
+pub const DESCRIPTORS_PER_CONNECTION: u64 = 6;
+
+/// Raises the worker's soft descriptor limit to its hard limit; the soft limit after.
+fn raise_nofile() -> u64 {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return 1024;
+    };
+    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        return hard;
+    }
+    soft
+}
+
+/// The proxy's connection limit that `descriptors` allow, at most `wanted` (and at
+/// least 16: a worker without room for even that many is misconfigured, and says so
+/// in its log through the figure).
+pub fn connections_within(descriptors: u64, wanted: usize) -> usize {
+    let room = descriptors.saturating_sub(DESCRIPTOR_RESERVE) / DESCRIPTORS_PER_CONNECTION;
+    usize::try_from(room)
+        .unwrap_or(usize::MAX)
+        .clamp(16, wanted.max(16))
 }
 
 /// Removes every link of `names` in the worker's namespace. Blocking.

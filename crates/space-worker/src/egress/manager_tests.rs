@@ -141,3 +141,14 @@ fn slots_take_disjoint_blocks_of_240_4_and_short_tags() {
     assert_eq!(last.tag(), "72");
     assert_eq!(last.table().as_str(), "space_egress_254");
 }
+
+#[test]
+fn the_proxy_never_takes_more_connections_than_the_workers_descriptors_allow() {
+    use super::manager::connections_within;
+    // The common soft limit: 1024 descriptors leave room for the floor only.
+    assert_eq!(connections_within(1024, 8192), 16);
+    // 65,536: (65,536 − 2,048) / 6.
+    assert_eq!(connections_within(65_536, 8192), 8192);
+    assert_eq!(connections_within(20_480, 8192), 3072);
+    assert_eq!(connections_within(u64::MAX, 100), 100);
+}

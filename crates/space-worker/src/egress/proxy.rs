@@ -157,6 +157,13 @@ async fn dial_named(
 }
 
 async fn dial(shared: &Shared, to: SocketAddr) -> Result<TcpStream, DialError> {
+    // The global list holds the host's addresses of when the worker started; one it
+    // gained since (a new interface, a lease) is refused here all the same.
+    if is_local_now(to.ip()) {
+        return Err(DialError::Refused {
+            rule: format!("{} is an address of this host", to.ip()),
+        });
+    }
     match tokio::time::timeout(shared.limits.dial_timeout, TcpStream::connect(to)).await {
         Ok(Ok(tcp)) => {
             let _ = tcp.set_nodelay(true);
@@ -165,6 +172,23 @@ async fn dial(shared: &Shared, to: SocketAddr) -> Result<TcpStream, DialError> {
         Ok(Err(e)) => Err(DialError::Failed(format!("{to}: {e}"))),
         Err(_) => Err(DialError::Failed(format!("{to}: timed out"))),
     }
+}
+
+/// Whether `ip` is an address of one of the host's interfaces at this moment, or a
+/// loopback address (the list is asked of the kernel each time: a few microseconds
+/// against a connection's setup). A list that cannot be read counts as a match.
+fn is_local_now(ip: IpAddr) -> bool {
+    let ip = space_egress::canonical(ip);
+    if ip.is_loopback() || ip.is_unspecified() {
+        return true;
+    }
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
+        return true;
+    };
+    addrs.filter_map(|a| a.address).any(|sa| {
+        sa.as_sockaddr_in().map(|v4| IpAddr::V4(v4.ip())) == Some(ip)
+            || sa.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())) == Some(ip)
+    })
 }
 
 type ProxyBody = Either<Incoming, Full<Bytes>>;
@@ -236,7 +260,15 @@ fn destination<B>(req: &Request<B>) -> Result<Destination, String> {
     let host = authority.host();
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     if let Ok(ip) = bare.parse::<IpAddr>() {
-        return Ok(Destination::Addr(ip));
+        // Sandboxes are IPv4 only (the table drops their IPv6, and IPv6 rules have no
+        // effect): the proxy must not open, from the worker's own IPv6, what the
+        // packet filter keeps closed. A mapped IPv4 address is its IPv4 address.
+        return match space_egress::canonical(ip) {
+            v4 @ IpAddr::V4(_) => Ok(Destination::Addr(v4)),
+            IpAddr::V6(_) => Err(format!(
+                "{host} is an IPv6 address (sandboxes are IPv4 only)"
+            )),
+        };
     }
     DnsName::parse(host)
         .map(Destination::Name)
@@ -475,5 +507,36 @@ mod tests {
         assert!(a.idle_for() >= std::time::Duration::from_millis(30));
         a.touch();
         assert!(a.idle_for() < std::time::Duration::from_millis(30));
+    }
+
+    fn host(h: &str) -> Result<Destination, String> {
+        let req = Request::builder()
+            .uri("/")
+            .header(header::HOST, h)
+            .body(())
+            .unwrap();
+        destination(&req)
+    }
+
+    #[test]
+    fn an_address_of_this_host_is_known_as_one_whenever_it_is_asked() {
+        assert!(is_local_now(IpAddr::from([127, 0, 0, 1])));
+        // TEST-NET-3 is on no interface here.
+        assert!(!is_local_now(IpAddr::from([203, 0, 113, 250])));
+    }
+
+    #[test]
+    fn an_ipv6_literal_is_refused_and_a_mapped_ipv4_one_is_its_ipv4_address() {
+        let Err(e) = host("[2001:db8::5]") else {
+            panic!("an IPv6 literal was let through")
+        };
+        assert!(e.contains("IPv4 only"), "{e}");
+        assert!(host("[::1]").is_err());
+        match host("[::ffff:198.51.100.7]") {
+            Ok(Destination::Addr(ip)) => assert_eq!(ip, IpAddr::from([198, 51, 100, 7])),
+            other => panic!("{:?}", other.map(|d| d.shown())),
+        }
+        assert!(matches!(host("198.51.100.7"), Ok(Destination::Addr(_))));
+        assert!(matches!(host("a.test"), Ok(Destination::Name(_))));
     }
 }
