@@ -152,3 +152,13 @@ fn the_proxy_never_takes_more_connections_than_the_workers_descriptors_allow() {
     assert_eq!(connections_within(20_480, 8192), 3072);
     assert_eq!(connections_within(u64::MAX, 100), 100);
 }
+
+#[test]
+fn a_rootless_worker_refuses_egress_saying_why_and_what_would_be_needed() {
+    let why = super::manager::unavailable(true).expect("refused");
+    assert!(why.contains("rootless"), "{why}");
+    assert!(
+        why.contains("pasta") && why.contains("slirp4netns"),
+        "{why}"
+    );
+}
