@@ -242,6 +242,31 @@ mod tests {
                 }),
             )
             .route(
+                "/upgrade-held",
+                axum::routing::get(|req: axum::extract::Request| async move {
+                    let place = req.extensions().get::<Connection>().cloned();
+                    tokio::spawn(async move {
+                        let _place = place;
+                        let Ok(up) = hyper::upgrade::on(req).await else {
+                            return;
+                        };
+                        let mut io = TokioIo::new(up);
+                        let mut buf = [0u8; 64];
+                        while let Ok(n) = io.read(&mut buf).await {
+                            if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                    axum::response::Response::builder()
+                        .status(StatusCode::SWITCHING_PROTOCOLS)
+                        .header("connection", "upgrade")
+                        .header("upgrade", "echo")
+                        .body(axum::body::Body::empty())
+                        .unwrap()
+                }),
+            )
+            .route(
                 "/upgrade",
                 axum::routing::get(|req: axum::extract::Request| async move {
                     tokio::spawn(async move {
@@ -366,6 +391,64 @@ mod tests {
         let mut echo = [0u8; 10];
         tcp.read_exact(&mut echo).await.unwrap();
         assert_eq!(&echo, b"still here");
+    }
+
+    /// Opens `path` as an upgrade: the stream once its 101 arrived.
+    async fn upgraded(addr: std::net::SocketAddr, path: &str) -> TcpStream {
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: echo\r\n\r\n"
+        );
+        tcp.write_all(head.as_bytes()).await.unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut b = [0u8; 1];
+            assert_eq!(tcp.read(&mut b).await.unwrap(), 1);
+            head.push(b[0]);
+        }
+        assert!(head.starts_with(b"HTTP/1.1 101"));
+        tcp
+    }
+
+    /// Whether a new connection gets an answer to `GET /`.
+    async fn served(addr: std::net::SocketAddr) -> bool {
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        let _ = tcp.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n").await;
+        let mut b = [0u8; 12];
+        matches!(
+            tokio::time::timeout(Duration::from_secs(2), tcp.read(&mut b)).await,
+            Ok(Ok(n)) if n > 0
+        )
+    }
+
+    #[tokio::test]
+    async fn an_upgraded_stream_that_keeps_its_connection_keeps_its_place_under_the_limit() {
+        let limits = ServeLimits {
+            max_connections: 1,
+            ..ServeLimits::default()
+        };
+        let (addr, _stop) = limited_server(limits).await;
+        // A stream that does not keep its `Connection` stops counting once upgraded.
+        let loose = upgraded(addr, "/upgrade").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(served(addr).await, "the loose stream still held the place");
+        drop(loose);
+        // One that keeps it holds the listener's only place while it lives.
+        let held = upgraded(addr, "/upgrade-held").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !served(addr).await,
+            "a connection past the limit was served"
+        );
+        drop(held);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !served(addr).await {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the place was not given back"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     #[tokio::test]

@@ -224,9 +224,10 @@ pub(super) async fn terminal(
     headers: HeaderMap,
     id: Path<String>,
     uri: axum::http::Uri,
+    connection: Option<axum::Extension<space_http::Connection>>,
     ws: axum::extract::WebSocketUpgrade,
 ) -> Result<Response, ControlError> {
-    forward_stream(st, headers, id, uri, ws).await
+    forward_stream(st, headers, id, uri, connection, ws).await
 }
 
 /// Watch a directory (WebSocket): one JSON text message per change; through the edge
@@ -239,9 +240,10 @@ pub(super) async fn watch(
     headers: HeaderMap,
     id: Path<String>,
     uri: axum::http::Uri,
+    connection: Option<axum::Extension<space_http::Connection>>,
     ws: axum::extract::WebSocketUpgrade,
 ) -> Result<Response, ControlError> {
-    forward_stream(st, headers, id, uri, ws).await
+    forward_stream(st, headers, id, uri, connection, ws).await
 }
 
 /// Run a command with streamed input and output (WebSocket): the first text message
@@ -255,9 +257,10 @@ pub(super) async fn exec_stream(
     headers: HeaderMap,
     id: Path<String>,
     uri: axum::http::Uri,
+    connection: Option<axum::Extension<space_http::Connection>>,
     ws: axum::extract::WebSocketUpgrade,
 ) -> Result<Response, ControlError> {
-    forward_stream(st, headers, id, uri, ws).await
+    forward_stream(st, headers, id, uri, connection, ws).await
 }
 
 /// Terminal and watch: the backend stream opens first (so refusals are plain HTTP
@@ -267,6 +270,7 @@ async fn forward_stream(
     headers: HeaderMap,
     Path(id): Path<String>,
     uri: axum::http::Uri,
+    connection: Option<axum::Extension<space_http::Connection>>,
     ws: axum::extract::WebSocketUpgrade,
 ) -> Result<Response, ControlError> {
     let who = caller(&st, &headers).await?;
@@ -286,7 +290,12 @@ async fn forward_stream(
         sandbox,
         path_and_query: pq.clone(),
     });
-    Ok(ws.on_upgrade(move |socket| crate::edge::streams::relay(socket, backend, resubscribe)))
+    // The stream keeps its connection's place under the listener's limit while it
+    // lives (it outlives the HTTP connection it was upgraded from).
+    Ok(ws.on_upgrade(move |socket| async move {
+        let _place = connection;
+        crate::edge::streams::relay(socket, backend, resubscribe).await;
+    }))
 }
 
 /// A standalone edge's answer to every route it does not serve itself: the request

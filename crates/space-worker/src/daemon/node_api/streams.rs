@@ -68,6 +68,7 @@ pub async fn terminal(
     Path(id): Path<String>,
     Query(q): Query<TerminalQuery>,
     headers: HeaderMap,
+    connection: Option<axum::Extension<space_http::Connection>>,
     ws: WebSocketUpgrade,
 ) -> Response {
     let slot = match admit_stream(&w, &headers, &id, Access::Terminal).await {
@@ -89,7 +90,12 @@ pub async fn terminal(
     };
     match open(&slot, Operation::Exec(spec)).await {
         Ok(opened) => {
-            ws.on_upgrade(move |socket| relay(socket, slot, opened, false, PendingInput::default()))
+            // The stream keeps its connection's place under node-api's limit while it
+            // lives (it outlives the HTTP connection it was upgraded from).
+            ws.on_upgrade(move |socket| async move {
+                let _place = connection;
+                relay(socket, slot, opened, false, PendingInput::default()).await;
+            })
         }
         Err(r) => r.into_response(),
     }
@@ -103,6 +109,7 @@ pub async fn watch(
     Path(id): Path<String>,
     Query(q): Query<WatchQuery>,
     headers: HeaderMap,
+    connection: Option<axum::Extension<space_http::Connection>>,
     ws: WebSocketUpgrade,
 ) -> Response {
     let slot = match admit_stream(&w, &headers, &id, Access::Watch).await {
@@ -116,7 +123,12 @@ pub async fn watch(
     };
     match open(&slot, op).await {
         Ok(opened) => {
-            ws.on_upgrade(move |socket| relay(socket, slot, opened, false, PendingInput::default()))
+            // The stream keeps its connection's place under node-api's limit while it
+            // lives (it outlives the HTTP connection it was upgraded from).
+            ws.on_upgrade(move |socket| async move {
+                let _place = connection;
+                relay(socket, slot, opened, false, PendingInput::default()).await;
+            })
         }
         Err(r) => r.into_response(),
     }
@@ -131,6 +143,7 @@ pub async fn exec_stream(
     State(w): State<Arc<Worker>>,
     Path(id): Path<String>,
     headers: HeaderMap,
+    connection: Option<axum::Extension<space_http::Connection>>,
     ws: WebSocketUpgrade,
 ) -> Response {
     let slot = match admit_stream(&w, &headers, &id, Access::Exec).await {
@@ -138,6 +151,7 @@ pub async fn exec_stream(
         Err(r) => return r.into_response(),
     };
     ws.on_upgrade(move |mut socket| async move {
+        let _place = connection;
         let first = tokio::time::timeout(std::time::Duration::from_secs(30), socket.recv()).await;
         let req: space_proto::api::ExecRequest = match first {
             Ok(Some(Ok(Message::Text(t)))) => match serde_json::from_str(t.as_str()) {
