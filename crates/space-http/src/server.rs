@@ -229,6 +229,32 @@ mod tests {
 
     /// A server with `limits` whose `/slow` answer takes 500 ms and whose `/upgrade`
     /// echoes bytes on the upgraded connection.
+    /// Answers 101 and echoes the upgraded stream; `place` is kept until it ends.
+    fn echo_upgrade(
+        req: axum::extract::Request,
+        place: Option<Connection>,
+    ) -> axum::response::Response {
+        tokio::spawn(async move {
+            let _place = place;
+            let Ok(up) = hyper::upgrade::on(req).await else {
+                return;
+            };
+            let mut io = TokioIo::new(up);
+            let mut buf = [0u8; 64];
+            while let Ok(n) = io.read(&mut buf).await {
+                if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        });
+        axum::response::Response::builder()
+            .status(StatusCode::SWITCHING_PROTOCOLS)
+            .header("connection", "upgrade")
+            .header("upgrade", "echo")
+            .body(axum::body::Body::empty())
+            .unwrap()
+    }
+
     async fn limited_server(
         limits: ServeLimits,
     ) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
@@ -245,49 +271,14 @@ mod tests {
                 "/upgrade-held",
                 axum::routing::get(|req: axum::extract::Request| async move {
                     let place = req.extensions().get::<Connection>().cloned();
-                    tokio::spawn(async move {
-                        let _place = place;
-                        let Ok(up) = hyper::upgrade::on(req).await else {
-                            return;
-                        };
-                        let mut io = TokioIo::new(up);
-                        let mut buf = [0u8; 64];
-                        while let Ok(n) = io.read(&mut buf).await {
-                            if n == 0 || io.write_all(&buf[..n]).await.is_err() {
-                                return;
-                            }
-                        }
-                    });
-                    axum::response::Response::builder()
-                        .status(StatusCode::SWITCHING_PROTOCOLS)
-                        .header("connection", "upgrade")
-                        .header("upgrade", "echo")
-                        .body(axum::body::Body::empty())
-                        .unwrap()
+                    echo_upgrade(req, place)
                 }),
             )
             .route(
                 "/upgrade",
-                axum::routing::get(|req: axum::extract::Request| async move {
-                    tokio::spawn(async move {
-                        let Ok(up) = hyper::upgrade::on(req).await else {
-                            return;
-                        };
-                        let mut io = TokioIo::new(up);
-                        let mut buf = [0u8; 64];
-                        while let Ok(n) = io.read(&mut buf).await {
-                            if n == 0 || io.write_all(&buf[..n]).await.is_err() {
-                                return;
-                            }
-                        }
-                    });
-                    axum::response::Response::builder()
-                        .status(StatusCode::SWITCHING_PROTOCOLS)
-                        .header("connection", "upgrade")
-                        .header("upgrade", "echo")
-                        .body(axum::body::Body::empty())
-                        .unwrap()
-                }),
+                axum::routing::get(
+                    |req: axum::extract::Request| async move { echo_upgrade(req, None) },
+                ),
             );
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

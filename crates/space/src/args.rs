@@ -274,20 +274,9 @@ pub enum SandboxCmd {
         /// Disk limit in MiB for the sandbox's files.
         #[arg(long)]
         disk_mib: Option<u64>,
-        /// Network: `none` (loopback only, the platform's default unless its operator
-        /// chose otherwise) or `egress` (outbound connections under `--allow` and
-        /// `--deny`).
-        #[arg(long, value_parser = network_mode())]
-        net: Option<space_proto::api::NetworkMode>,
-        /// With `--net egress`: a name (`pypi.org`), a wildcard (`*.example.com`) or an
-        /// address or network (`203.0.113.0/24`) it may reach (repeatable; none:
-        /// everything not denied).
-        #[arg(long = "allow", value_name = "RULE")]
-        allow: Vec<String>,
-        /// With `--net egress`: a name, wildcard, address or network it may not reach,
-        /// whatever `--allow` says (repeatable).
-        #[arg(long = "deny", value_name = "RULE")]
-        deny: Vec<String>,
+        /// Network (`--net`, `--allow`, `--deny`).
+        #[command(flatten)]
+        network: NetworkFlags,
     },
     /// Show a sandbox's network policy, or replace it with `--net` (and `--allow`,
     /// `--deny`): new connections of its running execution follow the new policy, and
@@ -295,16 +284,9 @@ pub enum SandboxCmd {
     Network {
         /// Sandbox ID.
         id: String,
-        /// `none` (loopback only) or `egress`; without it the policy is shown.
-        #[arg(long, value_parser = network_mode())]
-        net: Option<space_proto::api::NetworkMode>,
-        /// With `--net egress`: a rule it may reach (repeatable; none: everything not
-        /// denied).
-        #[arg(long = "allow", value_name = "RULE")]
-        allow: Vec<String>,
-        /// With `--net egress`: a rule it may not reach (repeatable).
-        #[arg(long = "deny", value_name = "RULE")]
-        deny: Vec<String>,
+        /// The new policy; without `--net` the policy is shown.
+        #[command(flatten)]
+        network: NetworkFlags,
     },
     /// What the platform refused the sandbox lately (network policy refusals of its
     /// current execution: DNS questions, HTTP and TLS connections), newest first.
@@ -480,6 +462,25 @@ pub enum PortCmd {
 }
 
 /// `none` or `egress`.
+/// `--net`, `--allow`, `--deny` of `space sandbox create` and `space sandbox network`.
+#[derive(Debug, Clone, Args)]
+pub struct NetworkFlags {
+    /// Network: `none` (loopback only, the platform's default unless its operator
+    /// chose otherwise) or `egress` (outbound connections under `--allow` and
+    /// `--deny`).
+    #[arg(long, value_parser = network_mode())]
+    pub net: Option<space_proto::api::NetworkMode>,
+    /// With `--net egress`: a name (`pypi.org`), a wildcard (`*.example.com`) or an
+    /// address or network (`203.0.113.0/24`) it may reach (repeatable; none:
+    /// everything not denied).
+    #[arg(long = "allow", value_name = "RULE")]
+    pub allow: Vec<String>,
+    /// With `--net egress`: a name, wildcard, address or network it may not reach,
+    /// whatever `--allow` says (repeatable).
+    #[arg(long = "deny", value_name = "RULE")]
+    pub deny: Vec<String>,
+}
+
 fn network_mode() -> impl clap::builder::TypedValueParser<Value = space_proto::api::NetworkMode> {
     use clap::builder::TypedValueParser as _;
     use space_proto::api::NetworkMode;
@@ -662,23 +663,21 @@ pub(crate) mod tests {
             "10.0.0.0/8",
         ];
         match sandbox(&argv).expect("parses") {
-            SandboxCmd::Create {
-                net, allow, deny, ..
-            } => {
-                assert_eq!(net, Some(NetworkMode::Egress));
-                assert_eq!(allow, ["pypi.org", "*.github.com"]);
-                assert_eq!(deny, ["10.0.0.0/8"]);
+            SandboxCmd::Create { network: n, .. } => {
+                assert_eq!(n.net, Some(NetworkMode::Egress));
+                assert_eq!(n.allow, ["pypi.org", "*.github.com"]);
+                assert_eq!(n.deny, ["10.0.0.0/8"]);
             }
             other => panic!("{other:?}"),
         }
         match sandbox(&["create"]).expect("parses") {
-            SandboxCmd::Create {
-                net, allow, deny, ..
-            } => assert!(net.is_none() && allow.is_empty() && deny.is_empty()),
+            SandboxCmd::Create { network: n, .. } => {
+                assert!(n.net.is_none() && n.allow.is_empty() && n.deny.is_empty());
+            }
             other => panic!("{other:?}"),
         }
         match sandbox(&["create", "--net", "none"]).expect("parses") {
-            SandboxCmd::Create { net, .. } => assert_eq!(net, Some(NetworkMode::None)),
+            SandboxCmd::Create { network, .. } => assert_eq!(network.net, Some(NetworkMode::None)),
             other => panic!("{other:?}"),
         }
     }
@@ -700,14 +699,9 @@ pub(crate) mod tests {
     fn sandbox_network_shows_without_net_and_replaces_with_it() {
         use space_proto::api::NetworkMode;
         match sandbox(&["network", "sbx_x"]).expect("parses") {
-            SandboxCmd::Network {
-                id,
-                net,
-                allow,
-                deny,
-            } => {
+            SandboxCmd::Network { id, network: n } => {
                 assert_eq!(id, "sbx_x");
-                assert!(net.is_none() && allow.is_empty() && deny.is_empty());
+                assert!(n.net.is_none() && n.allow.is_empty() && n.deny.is_empty());
             }
             other => panic!("{other:?}"),
         }
@@ -720,9 +714,9 @@ pub(crate) mod tests {
             "evil.example",
         ];
         match sandbox(&argv).expect("parses") {
-            SandboxCmd::Network { net, deny, .. } => {
+            SandboxCmd::Network { network: n, .. } => {
                 assert_eq!(
-                    (net, deny),
+                    (n.net, n.deny),
                     (Some(NetworkMode::Egress), vec!["evil.example".to_owned()])
                 );
             }

@@ -183,9 +183,7 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
             cpus,
             pids,
             disk_mib,
-            net,
-            allow,
-            deny,
+            network: flags,
         }) => {
             let limits = space_proto::api::LimitsRequest {
                 memory_mib: *memory_mib,
@@ -205,7 +203,7 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
                     None => None,
                 },
                 limits: (limits != space_proto::api::LimitsRequest::default()).then_some(limits),
-                network: network::from_flags(*net, allow, deny)?,
+                network: network::from_flags(flags.net, &flags.allow, &flags.deny)?,
                 ..CreateSandbox::default()
             };
             let s = c.create_sandbox(&req).await.map_err(sdk)?;
@@ -233,13 +231,8 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
                 println!("{}", network::line(&s.id, &s.network));
             }
         }
-        Command::Sandbox(SandboxCmd::Network {
-            id,
-            net,
-            allow,
-            deny,
-        }) => {
-            return network::run(&c, cli, url, id, *net, allow, deny).await;
+        Command::Sandbox(SandboxCmd::Network { id, network: flags }) => {
+            return network::run(&c, cli, url, id, flags.net, &flags.allow, &flags.deny).await;
         }
         Command::Sandbox(SandboxCmd::Events { id }) => {
             let events = c.events(&sandbox_id(id)?).await.map_err(sdk)?;

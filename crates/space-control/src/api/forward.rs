@@ -177,17 +177,18 @@ pub(super) async fn forward_list(
     Path(id): Path<String>,
     req: Request,
 ) -> Result<Response, ControlError> {
-    let pq = path_and_query(&req);
-    forward(
-        &st,
-        &headers,
-        &id,
-        Method::GET,
-        pq,
-        Bytes::new(),
-        OperationClass::Read,
-    )
-    .await
+    forward_read(&st, &headers, &id, path_and_query(&req)).await
+}
+
+/// A read without a body, forwarded to the sandbox's worker as it came.
+async fn forward_read(
+    st: &AppState,
+    headers: &HeaderMap,
+    id: &str,
+    pq: String,
+) -> Result<Response, ControlError> {
+    let class = OperationClass::Read;
+    forward(st, headers, id, Method::GET, pq, Bytes::new(), class).await
 }
 
 /// What the platform refused the sandbox lately (its network policy's refusals on
@@ -200,18 +201,9 @@ pub(super) async fn events(
     State(st): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    req: Request,
 ) -> Result<Response, ControlError> {
-    let pq = format!("/v1/sandboxes/{id}/events");
-    forward(
-        &st,
-        &headers,
-        &id,
-        Method::GET,
-        pq,
-        Bytes::new(),
-        OperationClass::Read,
-    )
-    .await
+    forward_read(&st, &headers, &id, path_and_query(&req)).await
 }
 
 /// A terminal (WebSocket): `/bin/sh -i` on a PTY; binary messages carry its bytes
