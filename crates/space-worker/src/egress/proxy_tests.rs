@@ -339,11 +339,11 @@ struct World {
 
 impl World {
     fn new(test: u8, policy: Policy) -> World {
-        Self::with_places(test, policy, None)
+        Self::tuned(test, policy, |_| {})
     }
 
-    /// [`World::new`] with at most `places` connections for the tenant.
-    fn with_places(test: u8, policy: Policy, places: Option<usize>) -> World {
+    /// [`World::new`] with the services' configuration changed by `tune`.
+    fn tuned(test: u8, policy: Policy, tune: impl FnOnce(&mut ServicesConfig)) -> World {
         let scope = Scope::new(test);
         let (ca_dir, ca, cert, key) = test_ca();
         let host = |slot: u8, name: &str| {
@@ -376,9 +376,7 @@ impl World {
             Arc::clone(&tenant),
         );
         let mut config = ServicesConfig::new(vec![upstream], Arc::new(g.clone()));
-        if let Some(n) = places {
-            config.limits.connections_per_tenant = n;
-        }
+        tune(&mut config);
         let services = rt
             .block_on(Services::start(config, Arc::new(directory)))
             .unwrap();
@@ -655,7 +653,9 @@ fn an_unknown_peer_gets_nothing() {
 #[test]
 fn a_websocket_upgrade_keeps_its_place_under_the_tenants_connection_limit() {
     require_tools!("openssl");
-    let mut w = World::with_places(13, policy(&["a.test"], &[]), Some(2));
+    let mut w = World::tuned(13, policy(&["a.test"], &[]), |c| {
+        c.limits.connections_per_tenant = 2;
+    });
     let a = w.a.addr;
     assert_eq!(w.ask(&format!("wsopen {a} a.test")), "101");
     assert_eq!(w.ask(&format!("wsopen {a} a.test")), "101");
@@ -683,4 +683,28 @@ fn a_websocket_upgrade_keeps_its_place_under_the_tenants_connection_limit() {
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+}
+
+#[test]
+fn dns_questions_in_flight_are_bounded_for_all_sandboxes_together() {
+    require_tools!("openssl");
+    // An upstream that never answers: every question holds its place until given up.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    let mut w = World::tuned(14, policy(&["a.test", "b.test"], &[]), |c| {
+        c.upstream = vec![silent_addr];
+        c.limits.questions = 1;
+    });
+    let gw = w.gateway();
+    assert_eq!(w.services.over_limit(), 0);
+    // The first question takes the only place (the client gives up first, after 3 s,
+    // while the resolver still waits for the upstream); the second finds none, though
+    // the sandbox's own bound (64) is far.
+    assert!(w.ask(&format!("dns {gw} a.test 1")).starts_with("error"));
+    assert!(w.ask(&format!("dns {gw} b.test 1")).starts_with("error"));
+    assert!(
+        w.services.over_limit() >= 1,
+        "a question past the global bound was taken"
+    );
+    drop(silent);
 }

@@ -167,11 +167,16 @@ pub(crate) async fn serve_udp(shared: Arc<Shared>, socket: UdpSocket) {
             shared.unknown(Unknown::Limit);
             continue;
         };
+        let Ok(place) = Arc::clone(&shared.questions).try_acquire_owned() else {
+            shared.unknown(Unknown::Limit);
+            continue;
+        };
         // MSG_TRUNC gives the datagram's real length: longer than the buffer, it is
         // longer than any query.
         let msg = buf[..d.len.min(buf.len())].to_vec();
         let (shared, socket) = (Arc::clone(&shared), Arc::clone(&socket));
         tokio::spawn(async move {
+            let _place = place;
             let Some(out) = answer(slot.tenant(), &shared.upstream, &msg).await else {
                 return;
             };
@@ -203,6 +208,10 @@ pub(crate) async fn serve_tcp(shared: Arc<Shared>, mut tcp: TcpStream, admitted:
             _ => return,
         }
         let Some(_question) = tenant.enter_question(limits.questions_per_tenant) else {
+            return;
+        };
+        let Ok(_place) = Arc::clone(&shared.questions).try_acquire_owned() else {
+            shared.unknown(Unknown::Limit);
             return;
         };
         let Some(out) = answer(&tenant, &shared.upstream, &msg).await else {

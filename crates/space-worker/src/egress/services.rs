@@ -95,6 +95,7 @@ impl Services {
                 limits.answer_retries,
             ),
             all: Arc::new(Semaphore::new(limits.connections)),
+            questions: Arc::new(Semaphore::new(limits.questions)),
             limits,
             stop: stopped,
             unknown_peers: AtomicU64::new(0),

@@ -27,6 +27,9 @@ pub struct Limits {
     pub connections: usize,
     /// DNS questions being answered per tenant (64).
     pub questions_per_tenant: usize,
+    /// DNS questions being answered in all (1024): each holds a socket to the
+    /// upstream until it is answered or given up.
+    pub questions: usize,
     /// Time for the upstream to answer one attempt (3 s).
     pub answer_timeout: Duration,
     /// Attempts after the first when the upstream does not answer in time (1).
@@ -46,6 +49,7 @@ impl Default for Limits {
             connections_per_tenant: 256,
             connections: 8192,
             questions_per_tenant: 64,
+            questions: 1024,
             answer_timeout: DEFAULT_ANSWER_TIMEOUT,
             answer_retries: DEFAULT_RETRIES,
             tcp_questions: 64,
@@ -71,6 +75,8 @@ pub(crate) struct Shared {
     pub limits: Limits,
     pub stop: watch::Receiver<bool>,
     pub(crate) all: Arc<Semaphore>,
+    /// Places of the DNS questions being answered ([`Limits::questions`]).
+    pub(crate) questions: Arc<Semaphore>,
     pub(crate) unknown_peers: AtomicU64,
     pub(crate) over_limit: AtomicU64,
 }
