@@ -411,6 +411,8 @@ fn space_up_on(data: &std::path::Path) -> (std::process::ExitStatus, String) {
         .env("SPACE_LOG", "warn")
         .env("SPACE_WARM_POOL", "0")
         .env("SPACE_STANDBY", "0")
+        // No egress: the test needs none, and leaves no table or link behind.
+        .env("SPACE_NO_EGRESS", "1")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()

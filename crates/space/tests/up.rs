@@ -64,6 +64,8 @@ fn start_then_stop_at_once() {
         .arg(&data)
         // Info: the worker logs as it stops, into the closed pipe.
         .env("SPACE_LOG", "info")
+        // No egress: stopped while it starts, it must leave no table or link behind.
+        .env("SPACE_NO_EGRESS", "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -71,6 +71,9 @@ impl Platform {
             .arg(&data_dir)
             .env("SPACE_LOG", "warn")
             .env("SPACE_RECONCILE_AFTER_SECS", "1")
+            // No egress unless a figure asks for it (`bench egress` does, with slots
+            // of its own).
+            .env("SPACE_NO_EGRESS", "1")
             .envs(o.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
