@@ -141,8 +141,9 @@ async fn readopt(
     let r = &slot.record;
     let same = r.execution() == i.execution();
     // The list's ports and policy, unless an update pushed since the list was asked
-    // for changed the record (it is newer than the list).
-    let (ports, network) = if r.updated_at >= asked_at - 2 {
+    // for changed the record (it is newer than the list; one pushed before is in the
+    // list already, since the control plane stores before it pushes).
+    let (ports, network) = if r.updated_at >= asked_at {
         (r.ports.clone(), r.network.clone())
     } else {
         (i.ports.clone(), i.network.clone())
