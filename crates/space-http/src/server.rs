@@ -364,19 +364,7 @@ mod tests {
             ..ServeLimits::default()
         };
         let (addr, _stop) = limited_server(limits).await;
-        let mut tcp = TcpStream::connect(addr).await.unwrap();
-        tcp.write_all(
-            b"GET /upgrade HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: echo\r\n\r\n",
-        )
-        .await
-        .unwrap();
-        let mut head = Vec::new();
-        while !head.ends_with(b"\r\n\r\n") {
-            let mut b = [0u8; 1];
-            assert_eq!(tcp.read(&mut b).await.unwrap(), 1);
-            head.push(b[0]);
-        }
-        assert!(head.starts_with(b"HTTP/1.1 101"));
+        let mut tcp = upgraded(addr, "/upgrade").await;
         tokio::time::sleep(Duration::from_millis(700)).await;
         tcp.write_all(b"still here").await.unwrap();
         let mut echo = [0u8; 10];

@@ -152,6 +152,40 @@ fn a_symlinked_etc_home_or_mount_point_is_replaced_not_followed_on_relaunch() {
 }
 
 #[test]
+fn a_symlinked_ca_certificates_mount_point_is_replaced_not_followed_on_relaunch() {
+    require_jail_host!();
+    if !std::path::Path::new("/etc/ssl/certs").is_dir() {
+        eprintln!("skipped: this host has no /etc/ssl/certs to bind");
+        return;
+    }
+    let env = TestEnv::new();
+    let victims = Victims::new();
+    let before = victims.snapshot();
+    let jail = env.jail();
+    assert_ne!(jail.ok("ls /etc/ssl/certs | wc -l").trim(), "0");
+    // The certificates are read-only inside.
+    assert_ne!(jail.sh("touch /etc/ssl/certs/planted").exit_code, 0);
+    // The bind's parent is the sandbox's own directory: it moves it away and leaves a
+    // link to a host directory where the builder will mount at the next launch.
+    let hostdir = victims.path("hostdir");
+    jail.ok(&format!(
+        "mv /etc/ssl /etc/ssl.moved 2>/dev/null; rm -rf /etc/ssl; ln -s {h} /etc/ssl; true",
+        h = hostdir.display()
+    ));
+    let again = relaunch(&env, jail);
+    assert_eq!(
+        victims.snapshot(),
+        before,
+        "something was written on the host"
+    );
+    assert_eq!(
+        again.ok("test -d /etc/ssl -a ! -L /etc/ssl && echo dir"),
+        "dir\n"
+    );
+    assert_ne!(again.ok("ls /etc/ssl/certs | wc -l").trim(), "0");
+}
+
+#[test]
 fn jail_root_is_an_unprivileged_host_range_of_its_own() {
     require_jail_host!();
     let env = TestEnv::new();

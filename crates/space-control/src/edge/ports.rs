@@ -388,12 +388,14 @@ async fn serve_checked(
         s.presented = checked;
         s.used = used;
     }
-    if proxy::upgrade_asked(req.headers()) == UpgradeAsk::WebSocket {
+    let upgrading = proxy::upgrade_asked(req.headers()) == UpgradeAsk::WebSocket;
+    if upgrading {
         s.upgrading.store(true, std::sync::atomic::Ordering::SeqCst);
     }
     // An upgraded stream keeps the client connection's place under the edge's limit
     // (`space_http::Connection`) for as long as it is bridged.
-    let forwarded = proxy::forward(&mut s.sender, req, never_stops(), connection.clone()).await;
+    let held = if upgrading { connection.clone() } else { None };
+    let forwarded = proxy::forward(&mut s.sender, req, never_stops(), held).await;
     let execution = s.execution;
     if let Some(k) = kept.as_mut() {
         **k = Some(s);

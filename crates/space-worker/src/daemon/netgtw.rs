@@ -323,7 +323,8 @@ impl Gate {
         if let Some(why) = self.misdirected(&req) {
             return self.refuse(StatusCode::MISDIRECTED_REQUEST, "misdirected", &why);
         }
-        if let UpgradeAsk::Other(what) = proxy::upgrade_asked(req.headers()) {
+        let asked = proxy::upgrade_asked(req.headers());
+        if let UpgradeAsk::Other(what) = asked {
             return self.refuse(
                 StatusCode::FORBIDDEN,
                 "wrong_protocol",
@@ -341,8 +342,9 @@ impl Gate {
                 Err(r) => return r,
             },
         };
-        let forwarded =
-            proxy::forward(&mut sender, req, self.stop.clone(), Arc::clone(&self.held)).await;
+        // An upgraded stream keeps the tunnel's place while it is bridged.
+        let held = (asked == UpgradeAsk::WebSocket).then(|| Arc::clone(&self.held));
+        let forwarded = proxy::forward(&mut sender, req, self.stop.clone(), held).await;
         // Not kept after an answer the server closes its connection on: the next
         // request opens a new one rather than find this one dead.
         if matches!(forwarded, Ok(Forwarded::Answer(_))) {

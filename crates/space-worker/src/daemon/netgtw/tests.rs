@@ -600,3 +600,56 @@ fn an_activation_only_change_keeps_established_tunnels_and_new_ones_need_the_new
     let (status, body, _) = g.open_as(&g.route.sandbox.to_string(), Some(&token), echo, "tcp");
     assert_eq!(status, 101, "{body}");
 }
+
+/// `Update::Network` is an update of one execution's trusted state: one naming another
+/// execution is refused, and so is a policy the worker cannot put in force (egress on
+/// a worker without it); either way the record keeps the policy it had.
+#[test]
+fn a_network_update_for_another_execution_or_one_not_in_force_changes_nothing() {
+    if !can_enter_namespaces() {
+        return;
+    }
+    let (http, echo) = (free_port().1, free_port().1);
+    let g = Gateway::start(http, echo, &[(http, Protocol::Http)]);
+    let egress = space_proto::api::Policy::parse(
+        space_proto::api::NetworkMode::Egress,
+        &["pypi.org"],
+        &[] as &[&str],
+    )
+    .unwrap();
+    let try_apply = |update: Update| {
+        let w = Arc::clone(&g.worker);
+        g.runtime
+            .block_on(crate::daemon::updates::apply(&w, Vec::new(), update))
+    };
+    let stale = Update::Network {
+        sandbox: g.route.sandbox,
+        generation: g.route.execution.generation,
+        execution_id: space_identity::ExecutionId::from_bytes([0xee; 16]),
+        network: egress.clone(),
+    };
+    assert!(
+        try_apply(stale).is_err(),
+        "an update of another execution was taken"
+    );
+    // This worker has no egress (none was started): the policy is refused, not recorded.
+    let current = Update::Network {
+        sandbox: g.route.sandbox,
+        generation: g.route.execution.generation,
+        execution_id: g.route.execution.id,
+        network: egress,
+    };
+    assert!(
+        try_apply(current).is_err(),
+        "a policy not in force was taken"
+    );
+    let slot = g.worker.slot(&g.route.sandbox).expect("the slot");
+    assert_eq!(slot.record.network, space_proto::api::Policy::none());
+    let kept = g
+        .worker
+        .records
+        .get(&g.route.sandbox, g.route.execution.generation)
+        .unwrap()
+        .expect("the record");
+    assert_eq!(kept.network, space_proto::api::Policy::none());
+}
