@@ -111,7 +111,7 @@ fn finish_jail(spec: &JailSpec, userns: Option<OwnedFd>) -> Result<(), JailError
         // Entering a namespace makes the process dumpable again.
         sys::set_not_dumpable().map_err(|e| JailError::new("not dumpable", e.to_string()))?;
     }
-    rootfs::finish_inside(&spec.hostname, spec.rootless.is_some())
+    rootfs::finish_inside(&spec.hostname, spec.rootless.is_some(), spec.accounts)
 }
 
 /// `/proc` entries that reach the host kernel. The agent is uid 0 without

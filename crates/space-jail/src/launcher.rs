@@ -58,13 +58,22 @@ fn validate(spec: &JailSpec) -> Result<(), JailError> {
             "hostname must be 1-64 of [A-Za-z0-9.-]",
         ));
     }
-    for path in [
+    if spec.lower_dirs.is_empty() || spec.lower_dirs.len() > crate::spec::MAX_LOWER_DIRS {
+        return Err(JailError::new(
+            "validate spec",
+            format!(
+                "{} lower dirs (1 to {} allowed)",
+                spec.lower_dirs.len(),
+                crate::spec::MAX_LOWER_DIRS
+            ),
+        ));
+    }
+    for path in spec.lower_dirs.iter().chain([
         &spec.root_dir,
-        &spec.lower_dir,
         &spec.upper_dir,
         &spec.work_dir,
         &spec.agent.path,
-    ] {
+    ]) {
         if !path.is_absolute() {
             return Err(JailError::new(
                 "validate spec",

@@ -15,7 +15,7 @@ use nix::sys::stat::{Mode, SFlag, makedev, mknod};
 
 use crate::error::JailError;
 use crate::mounts::{self, BindAttrs};
-use crate::spec::JailSpec;
+use crate::spec::{Accounts, JailSpec};
 use crate::userns;
 
 /// uid/gid of the unprivileged account in the synthesized `/etc/passwd`.
@@ -83,12 +83,6 @@ pub fn build(spec: &JailSpec, userns: Option<&OwnedFd>) -> Result<(), JailError>
     )
     .map_err(|e| JailError::new("make / private", e.to_string()))?;
     let layer = layer_dir(spec)?;
-    let lower_mount = layer.join("lower");
-    match fs::create_dir(&lower_mount) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(JailError::io("create lower mount point", &lower_mount, e)),
-    }
     let idmap = userns.map(|fd| fd.as_fd());
     if idmap.is_some() {
         // The writable layer, seen through the sandbox's id mapping: on disk its
@@ -106,22 +100,28 @@ pub fn build(spec: &JailSpec, userns: Option<&OwnedFd>) -> Result<(), JailError>
         mounts::attach(&tree, target.as_fd())
             .map_err(|e| JailError::new("idmap writable layer", e.to_string()))?;
     }
-    // The template, read-only (and idmapped): mounted at `lower` beside the layer so
-    // that the overlay's options name only relative paths, and the jail's mountinfo
-    // shows no host path of the data directory or of the template.
-    let tree = mounts::clone_tree(
-        &spec.lower_dir,
-        BindAttrs {
-            read_only: true,
-            idmap,
-        },
-    )
-    .map_err(|e| JailError::new("bind template", e.to_string()))?;
-    let target = mounts::open_dir_path(&lower_mount)
-        .map_err(|e| JailError::io("open lower mount point", &lower_mount, e))?;
-    mounts::attach(&tree, target.as_fd())
-        .map_err(|e| JailError::new("bind template", e.to_string()))?;
-    drop((tree, target));
+    // The template's layers, read-only (and idmapped): mounted at `lowers/<i>` beside
+    // the writable layer so that the overlay's options name only relative paths, and
+    // the jail's mountinfo shows no host path of the data directory or of the
+    // template. One unpacked copy of a layer serves every sandbox.
+    let lowers = layer.join(LOWERS);
+    ensure_dir(&lowers, 0o700)?;
+    for (i, lower) in spec.lower_dirs.iter().enumerate() {
+        let mount_point = lowers.join(i.to_string());
+        ensure_dir(&mount_point, 0o755)?;
+        let tree = mounts::clone_tree(
+            lower,
+            BindAttrs {
+                read_only: true,
+                idmap,
+            },
+        )
+        .map_err(|e| JailError::new("bind template", format!("layer {i}: {e}")))?;
+        let target = mounts::open_dir_path(&mount_point)
+            .map_err(|e| JailError::io("open lower mount point", &mount_point, e))?;
+        mounts::attach(&tree, target.as_fd())
+            .map_err(|e| JailError::new("bind template", format!("layer {i}: {e}")))?;
+    }
 
     let inner = || build_root(spec, layer, idmap);
     match spec.userns.as_ref().filter(|_| userns.is_some()) {
@@ -149,14 +149,14 @@ fn build_root(
     }
     // Relative to the layer dir (the current directory): mountinfo inside the jail
     // shows these strings, not host paths.
-    let options = "lowerdir=lower,upperdir=upper,workdir=work";
+    let options = overlay_options(spec.lower_dirs.len());
     mount_fs(
         "mount overlay",
         "overlay",
         root,
         "overlay",
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        options,
+        &options,
     )?;
     let root_fd = mounts::open_dir_path(root).map_err(|e| JailError::io("open root", root, e))?;
 
@@ -228,6 +228,16 @@ fn build_root(
         tty_gid,
     )?;
     Ok(())
+}
+
+/// The directory beside the writable layer holding the lower layers' mount points.
+pub const LOWERS: &str = "lowers";
+
+/// The overlay's options for `layers` lower dirs (mounted at `lowers/0` (top) …),
+/// relative to the layer dir.
+fn overlay_options(layers: usize) -> String {
+    let lower: Vec<String> = (0..layers).map(|i| format!("{LOWERS}/{i}")).collect();
+    format!("lowerdir={},upperdir=upper,workdir=work", lower.join(":"))
 }
 
 /// Hides a directory of a read-only bind (e.g. the host's `/usr/local`) under an
@@ -357,30 +367,52 @@ fn build_dev(
 /// root): the homes and the synthesized `/etc`, written through descriptors that
 /// never follow a link, into new inodes. Whatever the sandbox left at those names
 /// (a symlink to a host file, a hard link, a FIFO) is replaced, never written through.
-pub fn finish_inside(hostname: &str, rootless: bool) -> Result<(), JailError> {
+///
+/// With [`Accounts::Image`] the image's `passwd`, `group` and `nsswitch.conf` stay
+/// (its users, homes and groups are the image's); the platform still writes what it
+/// owns: `hosts`, `hostname`, `resolv.conf`. An image without a `passwd` gets the
+/// synthesized accounts.
+pub fn finish_inside(hostname: &str, rootless: bool, accounts: Accounts) -> Result<(), JailError> {
     let root = mounts::open_dir_path(Path::new("/")).map_err(fail("open /"))?;
     mounts::ensure_dir(root.as_fd(), Path::new("root"), 0o700).map_err(fail("create /root"))?;
-    let (home, _) =
-        mounts::ensure_dir(root.as_fd(), Path::new("home"), 0o755).map_err(fail("create /home"))?;
-    let (_, made) = mounts::ensure_dir(home.as_fd(), Path::new("user"), 0o755)
-        .map_err(fail("create /home/user"))?;
-    // A rootless jail maps only root: `user` cannot own anything there.
-    if made == mounts::Made::Created && !rootless {
-        let home = mounts::open_beneath(home.as_fd(), Path::new("."), DIR_FLAGS, 0)
-            .map_err(fail("open /home"))?;
-        mounts::chown_entry(home.as_fd(), "user", USER_ID, USER_ID)
-            .map_err(fail("chown /home/user"))?;
-    }
     let (etc, _) =
         mounts::ensure_dir(root.as_fd(), Path::new("etc"), 0o755).map_err(fail("create /etc"))?;
     let etc = mounts::open_beneath(etc.as_fd(), Path::new("."), DIR_FLAGS, 0)
         .map_err(fail("open /etc"))?;
+    let synthesize = match accounts {
+        Accounts::Synthesized => true,
+        // Inside the jail, after `pivot_root`: whatever the image's `passwd` is (a
+        // link included) it is the sandbox's own file.
+        Accounts::Image => {
+            nix::sys::stat::fstatat(&etc, "passwd", nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                .is_err()
+        }
+    };
+    if synthesize {
+        let (home, _) = mounts::ensure_dir(root.as_fd(), Path::new("home"), 0o755)
+            .map_err(fail("create /home"))?;
+        let (_, made) = mounts::ensure_dir(home.as_fd(), Path::new("user"), 0o755)
+            .map_err(fail("create /home/user"))?;
+        // A rootless jail maps only root: `user` cannot own anything there.
+        if made == mounts::Made::Created && !rootless {
+            let home = mounts::open_beneath(home.as_fd(), Path::new("."), DIR_FLAGS, 0)
+                .map_err(fail("open /home"))?;
+            mounts::chown_entry(home.as_fd(), "user", USER_ID, USER_ID)
+                .map_err(fail("chown /home/user"))?;
+        }
+    }
     for (name, content) in etc_files(hostname) {
+        if !synthesize && ACCOUNT_FILES.contains(&name) {
+            continue;
+        }
         mounts::replace_file(etc.as_fd(), name, content.as_bytes(), 0o644)
             .map_err(|e| JailError::new("write /etc", format!("{name}: {e}")))?;
     }
     Ok(())
 }
+
+/// The files of the synthesized `/etc` that an image's own accounts replace.
+const ACCOUNT_FILES: &[&str] = &["passwd", "group", "nsswitch.conf"];
 
 fn fail(stage: &'static str) -> impl Fn(std::io::Error) -> JailError {
     move |e| JailError::new(stage, e.to_string())
@@ -448,10 +480,22 @@ mod tests {
     }
 
     #[test]
+    fn the_overlay_stacks_every_lower_dir_top_first_by_relative_name() {
+        assert_eq!(
+            overlay_options(1),
+            "lowerdir=lowers/0,upperdir=upper,workdir=work"
+        );
+        assert_eq!(
+            overlay_options(3),
+            "lowerdir=lowers/0:lowers/1:lowers/2,upperdir=upper,workdir=work"
+        );
+    }
+
+    #[test]
     fn the_writable_layer_must_sit_beside_the_mount_point() {
         let spec_with = |upper: &str| JailSpec {
             root_dir: "/d/root".into(),
-            lower_dir: "/t".into(),
+            lower_dirs: vec!["/t".into()],
             upper_dir: upper.into(),
             work_dir: "/d/work".into(),
             read_only_binds: vec![],
@@ -466,6 +510,7 @@ mod tests {
             },
             rootless: None,
             userns: None,
+            accounts: Accounts::Synthesized,
             nofile: None,
         };
         assert_eq!(layer_dir(&spec_with("/d/upper")).unwrap(), Path::new("/d"));

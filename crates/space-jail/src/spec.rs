@@ -25,8 +25,10 @@ pub struct JailSpec {
     /// Empty directory on the host where the overlay root is mounted (only inside
     /// the jail's private mount namespace).
     pub root_dir: PathBuf,
-    /// Read-only template layer (the overlay's lower dir).
-    pub lower_dir: PathBuf,
+    /// Read-only template layers (the overlay's lower dirs), top first: one for the
+    /// default template, an image's layers for an image template (at most
+    /// [`MAX_LOWER_DIRS`]).
+    pub lower_dirs: Vec<PathBuf>,
     /// Per-execution writable layer (the overlay's upper dir).
     pub upper_dir: PathBuf,
     /// Overlay work dir, on the same filesystem as `upper_dir`.
@@ -55,10 +57,29 @@ pub struct JailSpec {
     /// (the host's `/usr/local` in the default template).
     #[serde(default)]
     pub masked_dirs: Vec<PathBuf>,
+    /// Whose `/etc` accounts the jail keeps: the synthesized ones (`root`, `user`,
+    /// `nobody`; the default template) or the image's own `passwd` and `group` (an
+    /// image template; synthesized only where the image has none).
+    #[serde(default)]
+    pub accounts: Accounts,
     /// `RLIMIT_NOFILE` (soft = hard) of the init and everything it starts; `None`
     /// keeps [`DEFAULT_NOFILE`].
     #[serde(default)]
     pub nofile: Option<u64>,
+}
+
+/// Most lower dirs a jail stacks (an image's layers; the kernel allows 500).
+pub const MAX_LOWER_DIRS: usize = 128;
+
+/// Where the accounts of a jail's `/etc` come from.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Accounts {
+    /// The platform writes `passwd`, `group` and `nsswitch.conf` (and `/home/user`).
+    #[default]
+    Synthesized,
+    /// The image's own files are kept; written only if the image has no `passwd`.
+    Image,
 }
 
 /// Open files per process inside a jail unless the spec says otherwise.

@@ -72,6 +72,14 @@ pub enum TemplateSpec {
         #[serde(default)]
         read_only_binds: Vec<BindMount>,
     },
+    /// An image of the worker's template store: its unpacked layers, stacked; its own
+    /// `/etc` accounts. Needs a statically linked agent.
+    Image {
+        /// The template's digest (`sha256:…`), for records and snapshots.
+        digest: String,
+        /// The layers' directories, top first.
+        lower_dirs: Vec<PathBuf>,
+    },
 }
 
 /// The agent's command line, resolved on the host.

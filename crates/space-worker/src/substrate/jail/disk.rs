@@ -464,7 +464,7 @@ pub fn create_sandbox_dir(
     };
     fs::rename(kept, sandbox_dir).map_err(io_err(format!("adopt layer {}", kept.display())))?;
     // What a failed launch left beside the layer (see `give_back`).
-    for scratch in ["work", "root", "lower", "jail.log"] {
+    for scratch in ["work", "root", "lower", "lowers", "jail.log"] {
         remove_scratch(&sandbox_dir.join(scratch));
     }
     // The layer may fill its disk, and the launch still has to write (scratch
@@ -498,7 +498,7 @@ fn remove_scratch(path: &Path) {
 /// Moves a sandbox directory taken by [`create_sandbox_dir`] back to where the kept
 /// layer was (a launch that failed), without its scratch directories.
 pub fn give_back(sandbox_dir: &Path, kept: &Path) -> Result<(), SubstrateError> {
-    for scratch in ["work", "root", "lower", "jail.log"] {
+    for scratch in ["work", "root", "lower", "lowers", "jail.log"] {
         remove_scratch(&sandbox_dir.join(scratch));
     }
     fs::rename(sandbox_dir, kept).map_err(io_err(format!("give back {}", kept.display())))

@@ -44,7 +44,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, pipe2};
 use space_jail::spec::{
-    AgentSpec, JailSpec, MAX_ACTIVATION_BYTES, Rootless, StatusEvent, UserNamespace,
+    Accounts, AgentSpec, JailSpec, MAX_ACTIVATION_BYTES, Rootless, StatusEvent, UserNamespace,
 };
 
 use self::cgroup::{CgroupHierarchy, CgroupSet};
@@ -258,9 +258,24 @@ impl JailDriver {
                     )));
                 }
                 Ok(Template {
-                    lower_dir: lower_dir.clone(),
+                    lower_dirs: vec![lower_dir.clone()],
                     read_only_binds: read_only_binds.clone(),
                     masked_dirs: Vec::new(),
+                    accounts: Accounts::Synthesized,
+                })
+            }
+            TemplateSpec::Image { lower_dirs, .. } => {
+                if let Some(missing) = lower_dirs.iter().find(|d| !d.is_dir()) {
+                    return Err(SubstrateError::InvalidSpec(format!(
+                        "template layer {} is not a directory",
+                        missing.display()
+                    )));
+                }
+                Ok(Template {
+                    lower_dirs: lower_dirs.clone(),
+                    read_only_binds: Vec::new(),
+                    masked_dirs: Vec::new(),
+                    accounts: Accounts::Image,
                 })
             }
         }
@@ -293,6 +308,17 @@ impl JailDriver {
     ) -> Result<(SandboxHandle, Option<File>), SubstrateError> {
         let data_dir = &spec.data_dir;
         let template = self.resolve_template(data_dir, &spec.template)?;
+        if matches!(spec.template, TemplateSpec::Image { .. })
+            && !template::is_static(&spec.agent.path)
+        {
+            // The agent runs from the image's root: a dynamically linked one would
+            // load the image's loader and libraries (or none at all).
+            return Err(SubstrateError::InvalidSpec(format!(
+                "image templates need a statically linked agent; {} is dynamically linked \
+                 (build it with `cargo static-agent`, see the operations guide)",
+                spec.agent.path.display()
+            )));
+        }
         // The sandbox dir must be new: an existing one is another execution's.
         private_dir(&data_dir.join("sandboxes"), 0o700)?;
         // The sandbox's disk (see [`disk`]): new, or the kept layer of an earlier
@@ -358,7 +384,7 @@ impl JailDriver {
 
         let jail_spec = JailSpec {
             root_dir: layout.root.clone(),
-            lower_dir: template.lower_dir,
+            lower_dirs: template.lower_dirs,
             upper_dir: layout.upper.clone(),
             work_dir: layout.work.clone(),
             read_only_binds: template.read_only_binds,
@@ -381,6 +407,7 @@ impl JailDriver {
             }),
             userns,
             masked_dirs: template.masked_dirs,
+            accounts: template.accounts,
             nofile: None,
         };
         let spec_json = serde_json::to_vec(&jail_spec)

@@ -11,7 +11,7 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 
-use space_jail::spec::BindMount;
+use space_jail::spec::{Accounts, BindMount};
 
 use crate::substrate::SubstrateError;
 
@@ -33,15 +33,59 @@ const SKELETON_DIRS: &[(&str, u32)] = &[
     ("var/tmp", 0o1777),
 ];
 
-/// A resolved template: the overlay's lower dir and the binds over it.
+/// A resolved template: the overlay's lower dirs and the binds over them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Template {
-    /// The overlay's read-only lower dir.
-    pub lower_dir: PathBuf,
+    /// The overlay's read-only lower dirs, top first.
+    pub lower_dirs: Vec<PathBuf>,
     /// Host directories bound read-only inside.
     pub read_only_binds: Vec<BindMount>,
     /// Directories of those binds hidden inside (under an empty read-only tmpfs).
     pub masked_dirs: Vec<PathBuf>,
+    /// Whose accounts `/etc` keeps.
+    pub accounts: Accounts,
+}
+
+/// Whether the executable at `path` is statically linked (an ELF without a
+/// `PT_INTERP` program header): only such an agent runs in an image's root, whatever
+/// loader and libraries the image has. Unreadable or not an ELF: `false`.
+pub fn is_static(path: &Path) -> bool {
+    let Ok(bytes) = read_head(path, 64 * 1024) else {
+        return false;
+    };
+    elf_has_no_interpreter(&bytes).unwrap_or(false)
+}
+
+fn read_head(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    fs::File::open(path)?.take(max).read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// `Some(true)` for a 64-bit little-endian ELF whose program headers (all within
+/// `bytes`) hold no `PT_INTERP`; `None` if `bytes` is not such an ELF.
+fn elf_has_no_interpreter(bytes: &[u8]) -> Option<bool> {
+    const PT_INTERP: u32 = 3;
+    let u16_at = |at: usize| Some(u16::from_le_bytes(bytes.get(at..at + 2)?.try_into().ok()?));
+    let u32_at = |at: usize| Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?));
+    let u64_at = |at: usize| Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?));
+    // ELFCLASS64, ELFDATA2LSB.
+    if bytes.get(..6)? != b"\x7fELF\x02\x01" {
+        return None;
+    }
+    let phoff = usize::try_from(u64_at(0x20)?).ok()?;
+    let phentsize = usize::from(u16_at(0x36)?);
+    let phnum = usize::from(u16_at(0x38)?);
+    if phentsize < 4 {
+        return None;
+    }
+    for i in 0..phnum {
+        if u32_at(phoff.checked_add(i.checked_mul(phentsize)?)?)? == PT_INTERP {
+            return Some(false);
+        }
+    }
+    Some(true)
 }
 
 /// What the default template hides of the host's system directories: `/usr/local`
@@ -147,15 +191,42 @@ pub fn ensure_default(data_dir: &Path) -> Result<Template, SubstrateError> {
         }
     }
     Ok(Template {
-        lower_dir,
+        lower_dirs: vec![lower_dir],
         read_only_binds: default_binds(host_root),
         masked_dirs: MASKED_DIRS.iter().map(PathBuf::from).collect(),
+        accounts: Accounts::Synthesized,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dynamically_linked_program_is_told_from_a_static_one() {
+        // The test binary itself is dynamically linked (cargo's default).
+        let me = std::env::current_exe().unwrap();
+        assert!(!is_static(&me));
+        assert!(!is_static(Path::new("/nonexistent")));
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("s");
+        fs::write(&script, "#!/bin/sh\n").unwrap();
+        assert!(!is_static(&script));
+        // A minimal static ELF: the header and one PT_LOAD program header.
+        let mut elf = vec![0u8; 0x40 + 0x38];
+        elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        elf[0x20..0x28].copy_from_slice(&0x40u64.to_le_bytes());
+        elf[0x36..0x38].copy_from_slice(&0x38u16.to_le_bytes());
+        elf[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes());
+        elf[0x40..0x44].copy_from_slice(&1u32.to_le_bytes());
+        assert_eq!(elf_has_no_interpreter(&elf), Some(true));
+        // The same with its program header turned into PT_INTERP.
+        elf[0x40..0x44].copy_from_slice(&3u32.to_le_bytes());
+        assert_eq!(elf_has_no_interpreter(&elf), Some(false));
+        // Program headers past the end: not an ELF this can judge.
+        elf[0x38..0x3a].copy_from_slice(&9u16.to_le_bytes());
+        assert_eq!(elf_has_no_interpreter(&elf), None);
+    }
 
     #[test]
     fn skeleton_follows_the_hosts_symlink_layout_and_binds_only_real_dirs() {
