@@ -525,3 +525,67 @@ async fn the_sdk_creates_with_a_policy_and_replaces_it_through_the_edge() {
         .unwrap_err();
     assert_eq!(err.code(), Some("not_found"));
 }
+
+#[tokio::test]
+async fn a_create_with_its_own_policy_claims_a_standby_sandbox_answered_once_the_worker_took_it() {
+    let p = Plane::start().await;
+    p.cp.set_standby_target(1);
+    assert!(p.cp.keep_standby().await.unwrap());
+    let standby = p.cp.store.list_sandboxes("_standby").await.unwrap();
+    assert_eq!(standby[0].network, Policy::none());
+    let (id, view) = p.create(&format!(r#"{{"network":{EGRESS}}}"#)).await;
+    assert_eq!(id, standby[0].id, "the standby sandbox was claimed");
+    let want = policy(serde_json::from_str(EGRESS).unwrap());
+    assert_eq!(policy(view["network"].clone()), want);
+    // Before the answer, the worker was told (and acknowledged) the policy of the
+    // execution the standby sandbox runs; no other install was made.
+    let pushed = p.worker.network_updates();
+    assert_eq!(pushed.len(), 1);
+    let execution = p.cp.store.current_execution(&id).await.unwrap().unwrap();
+    assert_eq!(
+        (pushed[0].0, pushed[0].1, pushed[0].2.clone(), &pushed[0].3),
+        (
+            id,
+            execution.generation,
+            execution.execution_id.to_string(),
+            &want
+        )
+    );
+    assert_eq!(p.worker.installs().len(), 1);
+    assert_eq!(p.cp.store.get_sandbox(&id).await.unwrap().network, want);
+}
+
+#[tokio::test]
+async fn a_claimed_standby_sandbox_whose_worker_refuses_the_policy_is_deleted_and_the_create_fails()
+{
+    let p = Plane::start().await;
+    p.cp.set_standby_target(1);
+    assert!(p.cp.keep_standby().await.unwrap());
+    let standby = p.cp.store.list_sandboxes("_standby").await.unwrap()[0].id;
+    p.worker.refuse_network.store(true, Ordering::SeqCst);
+    let a = p
+        .call(
+            "POST",
+            "/v1/sandboxes",
+            format!(r#"{{"network":{EGRESS}}}"#),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::BAD_GATEWAY, "{}", a.body);
+    assert_eq!(
+        a.error(),
+        (
+            "bad_gateway",
+            "no sandbox was created: the worker of the standby sandbox claimed for it did \
+             not take its network policy; send the create again"
+        )
+    );
+    // Never handed over with another policy: stopped, and the tenant has nothing.
+    let s = p.cp.store.get_sandbox(&standby).await.unwrap();
+    assert_eq!(s.state, SandboxState::Stopped);
+    assert_eq!(p.cp.store.count_live_sandboxes(&p.tenant).await.unwrap(), 0);
+    assert_eq!(
+        p.worker.installs().len(),
+        1,
+        "no sandbox started in its place"
+    );
+}

@@ -152,12 +152,9 @@ impl ControlPlane {
         // A standby sandbox is a default sandbox that already runs: claiming one is a
         // single write. Sandboxes with their own environment or a chosen worker are
         // started for the request.
-        // Standby sandboxes run with the default limits and network: other limits or
-        // another policy start their own.
-        let plain = env.is_empty()
-            && req.worker.is_none()
-            && limits == policy.defaults
-            && network == self.default_network();
+        // Standby sandboxes run with the default limits: other limits start their own.
+        // Any network policy claims one (given to it below before the answer).
+        let plain = env.is_empty() && req.worker.is_none() && limits == policy.defaults;
         if plain && caller.tenant != STANDBY_TENANT && self.standby_target() > 0 {
             let claim = space_store::Claim {
                 tenant: caller.tenant.clone(),
@@ -168,12 +165,24 @@ impl ControlPlane {
             if let Some(mut s) = self.store.claim_standby(STANDBY_TENANT, &claim).await? {
                 drop(quota_hold.take());
                 if s.network != network {
-                    // Started under another default (before a restart that changed
-                    // it): handed over only with the policy asked for; one whose
-                    // worker does not take it is stopped, not handed over.
+                    // Standby sandboxes run the default policy (or one from before a
+                    // restart that changed it): handed over only once the worker has
+                    // put the policy asked for in force (a link given, changed or
+                    // removed); one whose worker does not take it is stopped, not
+                    // handed over.
                     if let Err(e) = self.apply_network(&s.id, &network).await {
                         let _ = self.delete_sandbox(&s).await;
-                        return Err(e);
+                        // Its message speaks of a running sandbox (the push's own
+                        // log line keeps the worker's reason).
+                        return Err(match e {
+                            ControlError::BadGateway(_) => ControlError::BadGateway(
+                                "no sandbox was created: the worker of the standby sandbox \
+                                 claimed for it did not take its network policy; send the \
+                                 create again"
+                                    .into(),
+                            ),
+                            other => other,
+                        });
                     }
                     s.network = network;
                 }
