@@ -1,0 +1,285 @@
+//! One layer into the store: its blob streamed once — hashed, spooled to a temp file
+//! and decompressed into the unpacker at the same time — then checked (blob digest
+//! and size, `diff_id`) before the blob and the unpacked directory are renamed into
+//! place. A layer is unpacked once: an exclusive `flock` per `diff_id` serialises
+//! concurrent requests, and whoever comes second finds it done.
+
+use std::fs::File;
+use std::io::{self, BufReader, Read, Write};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::decode::{self, Compression};
+use crate::digest::{Digest, HashingReader};
+use crate::error::{ImageError, Result};
+use crate::manifest::LayerRecord;
+use crate::store::{Paths, lock_file, write_json_atomic};
+use crate::unpack::{UnpackOptions, unpack};
+
+/// What is known of a layer beside its directory (`layers/<diff_id>.json`): the blobs
+/// verified to decompress to it and what it holds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LayerInfo {
+    pub diff_id: Digest,
+    /// Blobs (compressed forms) checked to decompress to this layer.
+    pub blobs: Vec<Digest>,
+    /// Bytes of file data unpacked.
+    pub bytes: u64,
+    /// Tar entries applied.
+    pub entries: u64,
+}
+
+/// The layer a caller wants, as the image (or a manifest from elsewhere) states it.
+#[derive(Debug, Clone)]
+pub(crate) struct Wanted {
+    /// Names the layer in errors.
+    pub label: String,
+    pub digest: Option<Digest>,
+    pub size: Option<u64>,
+    pub media_type: Option<String>,
+    pub diff_id: Digest,
+    /// Read and hash the blob even when the store has it (an archive must show it
+    /// holds the blob it names; a peer's blob is only fetched when missing).
+    pub verify_known: bool,
+}
+
+/// Reads `layers/<hex>.json` if the layer is complete (its directory and its record
+/// are both there); a directory without its record is a crashed unpack, removed.
+pub(crate) fn info(paths: &Paths, diff_id: &Digest) -> Result<Option<LayerInfo>> {
+    let dir = paths.layer_dir(diff_id);
+    let record = paths.layer_record(diff_id);
+    match std::fs::read(&record) {
+        Ok(bytes) if dir.is_dir() => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| ImageError::Format(format!("{}: {e}", record.display()))),
+        Ok(_) => Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if dir.exists() {
+                std::fs::remove_dir_all(&dir)
+                    .map_err(|e| ImageError::io("remove incomplete layer", &dir, e))?;
+            }
+            Ok(None)
+        }
+        Err(e) => Err(ImageError::io("read layer record", record, e)),
+    }
+}
+
+/// Makes sure the layer `want` is unpacked in the store, reading its blob from
+/// `open` only if needed.
+pub(crate) fn ensure<'r>(
+    paths: &Paths,
+    want: &Wanted,
+    options: &UnpackOptions,
+    open: &mut dyn FnMut() -> Result<Box<dyn Read + 'r>>,
+) -> Result<LayerRecord> {
+    let _lock = lock_file(&paths.layer_lock(&want.diff_id), true)?;
+    let known = info(paths, &want.diff_id)?;
+    if let Some(info) = &known {
+        if let Some(d) = want
+            .digest
+            .filter(|&d| !want.verify_known && has_blob(paths, info, d))
+        {
+            return record(paths, want, d, None);
+        }
+        if want.verify_known || want.digest.is_none() {
+            let (d, size, _) = HashingReader::new(open()?)
+                .finish()
+                .map_err(|e| read_error(want, e))?;
+            check_blob(want, d, size)?;
+            if has_blob(paths, info, d) {
+                return record(paths, want, d, None);
+            }
+        }
+    }
+    stream(paths, want, options, known, open()?)
+}
+
+fn has_blob(paths: &Paths, info: &LayerInfo, d: Digest) -> bool {
+    info.blobs.contains(&d) && paths.blob(&d).is_file()
+}
+
+fn read_error(want: &Wanted, e: io::Error) -> ImageError {
+    ImageError::Layer {
+        layer: want.label.clone(),
+        why: format!("read: {e}"),
+    }
+}
+
+fn check_blob(want: &Wanted, actual: Digest, size: u64) -> Result<()> {
+    if let Some(expected) = want.digest.filter(|&d| d != actual) {
+        return Err(ImageError::DigestMismatch {
+            what: format!("layer blob {}", want.label),
+            expected: expected.to_string(),
+            actual: actual.to_string(),
+        });
+    }
+    if let Some(expected) = want.size.filter(|&s| s != size) {
+        return Err(ImageError::Format(format!(
+            "layer blob {}: {size} bytes, its descriptor says {expected}",
+            want.label
+        )));
+    }
+    Ok(())
+}
+
+fn media_type(want: &Wanted, c: Compression) -> String {
+    want.media_type.clone().unwrap_or_else(|| {
+        match c {
+            Compression::None => "application/vnd.oci.image.layer.v1.tar",
+            Compression::Gzip => "application/vnd.oci.image.layer.v1.tar+gzip",
+            Compression::Zstd => "application/vnd.oci.image.layer.v1.tar+zstd",
+        }
+        .to_owned()
+    })
+}
+
+fn record(
+    paths: &Paths,
+    want: &Wanted,
+    digest: Digest,
+    c: Option<Compression>,
+) -> Result<LayerRecord> {
+    let blob = paths.blob(&digest);
+    let size = std::fs::metadata(&blob)
+        .map_err(|e| ImageError::io("stat blob", &blob, e))?
+        .len();
+    let c = match c {
+        Some(c) => c,
+        None => {
+            let mut f = BufReader::new(
+                File::open(&blob).map_err(|e| ImageError::io("open blob", &blob, e))?,
+            );
+            decode::detect(&mut f).map_err(|e| ImageError::io("read blob", &blob, e))?
+        }
+    };
+    Ok(LayerRecord {
+        digest,
+        diff_id: want.diff_id,
+        size,
+        media_type: media_type(want, c),
+    })
+}
+
+/// Copies what is read into `out` as well.
+struct Tee<'a, R> {
+    inner: &'a mut R,
+    out: Option<&'a mut File>,
+}
+
+impl<R: Read> Read for Tee<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if let Some(out) = self.out.as_mut() {
+            out.write_all(&buf[..n])?;
+        }
+        Ok(n)
+    }
+}
+
+/// Streams the blob: spooled (unless the store has it), decompressed, hashed and
+/// unpacked (unless the layer is there) in one pass, then checked and committed.
+fn stream(
+    paths: &Paths,
+    want: &Wanted,
+    options: &UnpackOptions,
+    known: Option<LayerInfo>,
+    blob: Box<dyn Read + '_>,
+) -> Result<LayerRecord> {
+    let tmp = paths.tmp();
+    let have_blob = want.digest.is_some_and(|d| paths.blob(&d).is_file());
+    let mut spool = if have_blob {
+        None
+    } else {
+        Some(
+            tempfile::NamedTempFile::new_in(&tmp)
+                .map_err(|e| ImageError::io("spool blob", &tmp, e))?,
+        )
+    };
+    let staging = if known.is_none() {
+        Some(
+            tempfile::Builder::new()
+                .prefix("layer-")
+                .tempdir_in(&tmp)
+                .map_err(|e| ImageError::io("create staging directory", &tmp, e))?,
+        )
+    } else {
+        None
+    };
+    let mut blob = HashingReader::new(blob);
+    let (compression, diff_id, stats) = {
+        let tee = Tee {
+            inner: &mut blob,
+            out: spool.as_mut().map(|f| f.as_file_mut()),
+        };
+        let mut buffered = decode::buffered(tee);
+        let compression = decode::detect(&mut buffered).map_err(|e| read_error(want, e))?;
+        let decoder = decode::decompress(buffered).map_err(|e| read_error(want, e))?;
+        let mut tar = HashingReader::new(decoder);
+        let stats = match &staging {
+            Some(dir) => Some(unpack(&want.label, &mut tar, dir.path(), options)?),
+            None => None,
+        };
+        let (diff_id, _, _) = tar.finish().map_err(|e| read_error(want, e))?;
+        (compression, diff_id, stats)
+    };
+    let (digest, size, _) = blob.finish().map_err(|e| read_error(want, e))?;
+    check_blob(want, digest, size)?;
+    if diff_id != want.diff_id {
+        return Err(ImageError::DigestMismatch {
+            what: format!("layer {} (diff_id of its tar stream)", want.label),
+            expected: want.diff_id.to_string(),
+            actual: diff_id.to_string(),
+        });
+    }
+    if let Some(spool) = spool {
+        let target = paths.blob(&digest);
+        spool
+            .as_file()
+            .sync_all()
+            .map_err(|e| ImageError::io("sync blob", &target, e))?;
+        spool
+            .persist(&target)
+            .map_err(|e| ImageError::io("store blob", &target, e.error))?;
+        sync_dir(&paths.blobs())?;
+    }
+    let info = match (staging, stats, known) {
+        (Some(dir), Some(stats), _) => {
+            let target = paths.layer_dir(&want.diff_id);
+            let fd =
+                File::open(dir.path()).map_err(|e| ImageError::io("open layer", dir.path(), e))?;
+            // The unpacked files reach the disk before the layer is named.
+            rustix::fs::syncfs(&fd)
+                .map_err(|e| ImageError::io("sync layer", dir.path(), e.into()))?;
+            std::fs::rename(dir.path(), &target)
+                .map_err(|e| ImageError::io("store layer", &target, e))?;
+            LayerInfo {
+                diff_id: want.diff_id,
+                blobs: vec![digest],
+                bytes: stats.bytes,
+                entries: stats.entries,
+            }
+        }
+        (_, _, Some(mut info)) => {
+            if !info.blobs.contains(&digest) {
+                info.blobs.push(digest);
+            }
+            info
+        }
+        _ => {
+            return Err(ImageError::Format(
+                "layer neither unpacked nor known".into(),
+            ));
+        }
+    };
+    write_json_atomic(paths, &paths.layer_record(&want.diff_id), &info)?;
+    record(paths, want, digest, Some(compression))
+}
+
+/// fsyncs the directory `dir` (a rename in it reaches the disk).
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| ImageError::io("sync directory", dir, e))
+}

@@ -1,0 +1,615 @@
+//! The content-addressed template store under one root directory (the worker's
+//! `<data>/images`):
+//!
+//! ```text
+//! blobs/sha256/<hex>             layer blobs, compressed as imported
+//! layers/<diff_id hex>/          an unpacked layer: an overlayfs lower dir
+//! layers/<diff_id hex>.json      the blobs verified to give it, its size
+//! templates/manifests/<hex>.json our manifests, by template digest
+//! templates/names/<name>:<tag>   a name → {digest, imported}
+//! locks/<diff_id hex>            the flock of one layer's unpack
+//! lock                           the store's flock (shared: imports; exclusive: rm)
+//! tmp/                           spooled blobs and staging dirs, renamed into place
+//! ```
+//!
+//! Every file is written to `tmp/`, fsynced and renamed; a layer is unpacked into a
+//! staging directory, synced (`syncfs`) and renamed. A template is immutable: a name
+//! once given keeps its digest until it is removed.
+
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rustix::fs::FlockOperation;
+use serde::{Deserialize, Serialize};
+
+use crate::digest::Digest;
+use crate::error::{ImageError, Result};
+use crate::layer::{self, Wanted};
+use crate::limits::MAX_JSON;
+use crate::manifest::{ImageDefaults, SCHEMA, TemplateManifest, TemplateRef};
+use crate::oci::{self, Archive};
+use crate::unpack::UnpackOptions;
+
+/// The store.
+#[derive(Debug, Clone)]
+pub struct Store {
+    paths: Paths,
+    options: UnpackOptions,
+}
+
+/// A template as imported or installed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    /// Its name, if it was given one.
+    pub name: Option<TemplateRef>,
+    /// Its digest.
+    pub digest: Digest,
+    /// Its manifest.
+    pub manifest: TemplateManifest,
+}
+
+/// A line of [`Store::list`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TemplateInfo {
+    /// The name (`None`: a template installed by digest only).
+    pub name: Option<TemplateRef>,
+    /// The digest.
+    pub digest: Digest,
+    /// Blobs plus unpacked file data, in bytes (layers shared with other templates
+    /// are counted in each).
+    pub size: u64,
+    /// How many layers.
+    pub layers: usize,
+    /// When it was imported or installed here (Unix seconds).
+    pub created: u64,
+    /// When the image says it was built.
+    pub image_created: Option<String>,
+}
+
+/// A template ready to mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// The template's digest.
+    pub digest: Digest,
+    /// The unpacked layers, top first (`lowerdir=` order).
+    pub lower_dirs: Vec<PathBuf>,
+    /// The image's process defaults.
+    pub config: ImageDefaults,
+    /// The whole manifest.
+    pub manifest: TemplateManifest,
+}
+
+/// What a [`Store::remove`] deleted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Removed {
+    /// The template's manifest, if no name kept it.
+    pub template: Option<Digest>,
+    /// Unpacked layers no template referenced any more.
+    pub layers: usize,
+    /// Blobs no template referenced any more.
+    pub blobs: usize,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NameRecord {
+    digest: Digest,
+    imported: u64,
+}
+
+/// The store's paths.
+#[derive(Debug, Clone)]
+pub(crate) struct Paths {
+    root: PathBuf,
+}
+
+impl Paths {
+    pub(crate) fn blobs(&self) -> PathBuf {
+        self.root.join("blobs/sha256")
+    }
+    pub(crate) fn blob(&self, d: &Digest) -> PathBuf {
+        self.blobs().join(d.hex())
+    }
+    fn layers(&self) -> PathBuf {
+        self.root.join("layers")
+    }
+    pub(crate) fn layer_dir(&self, d: &Digest) -> PathBuf {
+        self.layers().join(d.hex())
+    }
+    pub(crate) fn layer_record(&self, d: &Digest) -> PathBuf {
+        self.layers().join(format!("{}.json", d.hex()))
+    }
+    pub(crate) fn layer_lock(&self, d: &Digest) -> PathBuf {
+        self.root.join("locks").join(d.hex())
+    }
+    fn manifests(&self) -> PathBuf {
+        self.root.join("templates/manifests")
+    }
+    fn manifest(&self, d: &Digest) -> PathBuf {
+        self.manifests().join(format!("{}.json", d.hex()))
+    }
+    fn names(&self) -> PathBuf {
+        self.root.join("templates/names")
+    }
+    fn name(&self, r: &TemplateRef) -> PathBuf {
+        self.names().join(r.to_string())
+    }
+    pub(crate) fn tmp(&self) -> PathBuf {
+        self.root.join("tmp")
+    }
+}
+
+/// Opens (creating) `path` and flocks it, exclusive or shared; the lock lasts as long
+/// as the file.
+pub(crate) fn lock_file(path: &Path, exclusive: bool) -> Result<File> {
+    let f = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| ImageError::io("open lock", path, e))?;
+    let op = if exclusive {
+        FlockOperation::LockExclusive
+    } else {
+        FlockOperation::LockShared
+    };
+    rustix::fs::flock(&f, op).map_err(|e| ImageError::io("lock", path, e.into()))?;
+    Ok(f)
+}
+
+/// Writes `value` as JSON to `target` through a synced temp file.
+pub(crate) fn write_json_atomic(
+    paths: &Paths,
+    target: &Path,
+    value: &impl Serialize,
+) -> Result<()> {
+    let bytes = serde_json::to_vec(value).unwrap_or_default();
+    write_atomic(paths, target, &bytes)
+}
+
+fn write_atomic(paths: &Paths, target: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = paths.tmp();
+    let mut f =
+        tempfile::NamedTempFile::new_in(&tmp).map_err(|e| ImageError::io("write", &tmp, e))?;
+    io::Write::write_all(&mut f, bytes).map_err(|e| ImageError::io("write", target, e))?;
+    f.as_file()
+        .sync_all()
+        .map_err(|e| ImageError::io("sync", target, e))?;
+    f.persist(target)
+        .map_err(|e| ImageError::io("rename", target, e.error))?;
+    if let Some(dir) = target.parent() {
+        layer::sync_dir(dir)?;
+    }
+    Ok(())
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
+    let f = File::open(path).map_err(|e| ImageError::io("open", path, e))?;
+    let bytes = oci::read_bounded(f, &path.display().to_string())?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ImageError::Format(format!("{}: {e}", path.display())))
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Store {
+    /// Opens the store at `root`, creating its directories (private: `0700`).
+    pub fn open(root: impl Into<PathBuf>) -> Result<Self> {
+        let paths = Paths { root: root.into() };
+        let mut b = fs::DirBuilder::new();
+        b.recursive(true).mode(0o700);
+        for dir in [
+            paths.blobs(),
+            paths.layers(),
+            paths.manifests(),
+            paths.names(),
+            paths.root.join("locks"),
+            paths.tmp(),
+        ] {
+            b.create(&dir)
+                .map_err(|e| ImageError::io("create store directory", &dir, e))?;
+        }
+        let store = Self {
+            paths,
+            options: UnpackOptions::default(),
+        };
+        store.clean_tmp()?;
+        Ok(store)
+    }
+
+    /// With uids and gids of layers bounded by `id_limit` (the sandbox id range size;
+    /// 65,536 by default).
+    pub fn with_id_limit(mut self, id_limit: u64) -> Self {
+        self.options.id_limit = id_limit;
+        self
+    }
+
+    /// The store's root directory.
+    pub fn root(&self) -> &Path {
+        &self.paths.root
+    }
+
+    /// Leftovers of crashed imports, removed when no other user of the store is busy.
+    fn clean_tmp(&self) -> Result<()> {
+        let path = self.paths.root.join("lock");
+        let f = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| ImageError::io("open lock", &path, e))?;
+        if rustix::fs::flock(&f, FlockOperation::NonBlockingLockExclusive).is_err() {
+            return Ok(());
+        }
+        let tmp = self.paths.tmp();
+        for e in fs::read_dir(&tmp).map_err(|e| ImageError::io("read", &tmp, e))? {
+            let p = e.map_err(|e| ImageError::io("read", &tmp, e))?.path();
+            let r = if p.is_dir() && !p.is_symlink() {
+                fs::remove_dir_all(&p)
+            } else {
+                fs::remove_file(&p)
+            };
+            r.map_err(|e| ImageError::io("remove leftover", &p, e))?;
+        }
+        Ok(())
+    }
+
+    fn lock(&self, exclusive: bool) -> Result<File> {
+        lock_file(&self.paths.root.join("lock"), exclusive)
+    }
+
+    /// Imports the image at `path` (an OCI image layout directory or tar, or a
+    /// `docker save` / `podman save` archive) as the template `name` (`name[:tag]`).
+    pub fn import_archive(&self, path: &Path, name: &str) -> Result<Template> {
+        let name = TemplateRef::parse(name)?;
+        let archive = Archive::open(path)?;
+        let plan = oci::read_image(&archive)?;
+        let _lock = self.lock(false)?;
+        let mut layers = Vec::with_capacity(plan.layers.len());
+        for (i, l) in plan.layers.iter().enumerate() {
+            let want = Wanted {
+                label: format!("{} ({} of {})", l.diff_id, i + 1, plan.layers.len()),
+                digest: l.digest,
+                size: l.size,
+                media_type: l.media_type.clone(),
+                diff_id: l.diff_id,
+                verify_known: true,
+            };
+            let mut open = || archive.open_member(&l.member).map(|r| r as Box<dyn Read>);
+            layers.push(layer::ensure(&self.paths, &want, &self.options, &mut open)?);
+        }
+        let manifest = TemplateManifest {
+            schema: SCHEMA,
+            architecture: plan.architecture,
+            os: plan.os,
+            created: plan.created,
+            config: plan.defaults,
+            layers,
+        };
+        self.commit(Some(name), manifest)
+    }
+
+    /// Installs a template that arrives from elsewhere (another worker, the control
+    /// plane): `manifest` is its JSON, which must have the digest `expected`; each
+    /// blob the store lacks is read from `blob_source` and verified (digest, size,
+    /// diff_id) as it is unpacked.
+    pub fn install<R: Read>(
+        &self,
+        name: Option<&str>,
+        manifest: &[u8],
+        expected: &Digest,
+        mut blob_source: impl FnMut(&Digest) -> io::Result<R>,
+    ) -> Result<Template> {
+        let name = name.map(TemplateRef::parse).transpose()?;
+        if manifest.len() as u64 > MAX_JSON {
+            return Err(ImageError::limit("a template manifest (JSON)", MAX_JSON));
+        }
+        let manifest: TemplateManifest = serde_json::from_slice(manifest)
+            .map_err(|e| ImageError::Format(format!("template manifest: {e}")))?;
+        manifest.validate()?;
+        let actual = manifest.digest();
+        if actual != *expected {
+            return Err(ImageError::DigestMismatch {
+                what: "template manifest".into(),
+                expected: expected.to_string(),
+                actual: actual.to_string(),
+            });
+        }
+        let _lock = self.lock(false)?;
+        for (i, l) in manifest.layers.iter().enumerate() {
+            let want = Wanted {
+                label: format!("{} ({} of {})", l.diff_id, i + 1, manifest.layers.len()),
+                digest: Some(l.digest),
+                size: Some(l.size),
+                media_type: Some(l.media_type.clone()),
+                diff_id: l.diff_id,
+                verify_known: false,
+            };
+            let mut open = || {
+                blob_source(&l.digest)
+                    .map(|r| Box::new(r) as Box<dyn Read>)
+                    .map_err(|e| ImageError::Layer {
+                        layer: want.label.clone(),
+                        why: format!("fetch blob {}: {e}", l.digest),
+                    })
+            };
+            let got = layer::ensure(&self.paths, &want, &self.options, &mut open)?;
+            if got != *l {
+                return Err(ImageError::Format(format!(
+                    "layer {}: stored as {got:?}, the manifest says {l:?}",
+                    want.label
+                )));
+            }
+        }
+        self.commit(name, manifest)
+    }
+
+    /// Writes the manifest and the name (under the shared lock).
+    fn commit(&self, name: Option<TemplateRef>, manifest: TemplateManifest) -> Result<Template> {
+        let digest = manifest.digest();
+        let mpath = self.paths.manifest(&digest);
+        if !mpath.is_file() {
+            write_atomic(&self.paths, &mpath, &manifest.canonical_json())?;
+        }
+        if let Some(name) = &name {
+            let npath = self.paths.name(name);
+            // One name at a time: two imports of the same new name must not both win.
+            let _guard = lock_file(&self.paths.root.join("names.lock"), true)?;
+            match read_json::<NameRecord>(&npath) {
+                Ok(r) if r.digest == digest => {}
+                Ok(r) => {
+                    return Err(ImageError::Exists(format!(
+                        "{name} (digest {}); remove it first or choose another tag",
+                        r.digest
+                    )));
+                }
+                Err(_) if !npath.exists() => {
+                    let record = NameRecord {
+                        digest,
+                        imported: now(),
+                    };
+                    write_json_atomic(&self.paths, &npath, &record)?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Template {
+            name,
+            digest,
+            manifest,
+        })
+    }
+
+    /// Every template: one line per name, and one per template known by digest only.
+    pub fn list(&self) -> Result<Vec<TemplateInfo>> {
+        let names = self.names()?;
+        let mut out = Vec::new();
+        let mut named = std::collections::HashSet::new();
+        for (name, record) in names {
+            named.insert(record.digest);
+            out.push(self.info(Some(name), record.digest, record.imported)?);
+        }
+        for digest in self.manifest_digests()? {
+            if !named.contains(&digest) {
+                let created = fs::metadata(self.paths.manifest(&digest))
+                    .ok()
+                    .and_then(|m| m.modified().ok())
+                    .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_secs());
+                out.push(self.info(None, digest, created)?);
+            }
+        }
+        Ok(out)
+    }
+
+    fn info(
+        &self,
+        name: Option<TemplateRef>,
+        digest: Digest,
+        created: u64,
+    ) -> Result<TemplateInfo> {
+        let m = self.manifest(&digest)?;
+        let mut size = 0;
+        for l in &m.layers {
+            size += l.size;
+            if let Some(info) = layer::info(&self.paths, &l.diff_id)? {
+                size += info.bytes;
+            }
+        }
+        Ok(TemplateInfo {
+            name,
+            digest,
+            size,
+            layers: m.layers.len(),
+            created,
+            image_created: m.created,
+        })
+    }
+
+    fn names(&self) -> Result<Vec<(TemplateRef, NameRecord)>> {
+        let dir = self.paths.names();
+        let mut out = Vec::new();
+        for e in fs::read_dir(&dir).map_err(|e| ImageError::io("read", &dir, e))? {
+            let e = e.map_err(|e| ImageError::io("read", &dir, e))?;
+            let Some(r) = e
+                .file_name()
+                .to_str()
+                .and_then(|n| TemplateRef::parse(n).ok())
+            else {
+                continue;
+            };
+            out.push((r, read_json(&e.path())?));
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    fn manifest_digests(&self) -> Result<Vec<Digest>> {
+        let dir = self.paths.manifests();
+        let mut out = Vec::new();
+        for e in fs::read_dir(&dir).map_err(|e| ImageError::io("read", &dir, e))? {
+            let e = e.map_err(|e| ImageError::io("read", &dir, e))?;
+            if let Some(d) = e
+                .file_name()
+                .to_str()
+                .and_then(|n| n.strip_suffix(".json"))
+                .and_then(Digest::from_hex)
+            {
+                out.push(d);
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// The manifest of the template `digest`.
+    pub fn manifest(&self, digest: &Digest) -> Result<TemplateManifest> {
+        let path = self.paths.manifest(digest);
+        if !path.is_file() {
+            return Err(ImageError::NotFound(digest.to_string()));
+        }
+        read_json(&path)
+    }
+
+    /// The digest `reference` (`name[:tag]` or `sha256:<hex>`) names.
+    pub fn digest_of(&self, reference: &str) -> Result<Digest> {
+        if reference.starts_with("sha256:") {
+            return reference.parse().map_err(|_| ImageError::InvalidName {
+                reference: reference.chars().take(300).collect(),
+                why: "not a sha256 digest",
+            });
+        }
+        let name = TemplateRef::parse(reference)?;
+        let path = self.paths.name(&name);
+        if !path.is_file() {
+            return Err(ImageError::NotFound(name.to_string()));
+        }
+        Ok(read_json::<NameRecord>(&path)?.digest)
+    }
+
+    /// The template `reference` names, ready to mount.
+    pub fn resolve(&self, reference: &str) -> Result<Resolved> {
+        let digest = self.digest_of(reference)?;
+        let manifest = self.manifest(&digest)?;
+        let mut lower_dirs = Vec::with_capacity(manifest.layers.len());
+        for l in manifest.layers.iter().rev() {
+            let dir = self.paths.layer_dir(&l.diff_id);
+            if layer::info(&self.paths, &l.diff_id)?.is_none() {
+                return Err(ImageError::Format(format!(
+                    "template {digest}: layer {} is missing from the store",
+                    l.diff_id
+                )));
+            }
+            lower_dirs.push(dir);
+        }
+        Ok(Resolved {
+            digest,
+            lower_dirs,
+            config: manifest.config.clone(),
+            manifest,
+        })
+    }
+
+    /// The stored blob `digest`, to send elsewhere.
+    pub fn blob_path(&self, digest: &Digest) -> Option<PathBuf> {
+        Some(self.paths.blob(digest)).filter(|p| p.is_file())
+    }
+
+    /// Removes the name `reference` (or, given a digest, the template and every name
+    /// of it). The template's manifest goes once no name is left, refused while
+    /// `in_use` says a sandbox or a snapshot uses it; then every layer and blob that
+    /// no template references any more is deleted.
+    pub fn remove(&self, reference: &str, in_use: &dyn Fn(&Digest) -> bool) -> Result<Removed> {
+        let _lock = self.lock(true)?;
+        let digest = self.digest_of(reference)?;
+        if !self.paths.manifest(&digest).is_file() {
+            return Err(ImageError::NotFound(reference.to_owned()));
+        }
+        let names = self.names()?;
+        // The one name to remove, or (`None`) every name of the digest.
+        let only = if reference.starts_with("sha256:") {
+            None
+        } else {
+            Some(TemplateRef::parse(reference)?)
+        };
+        let doomed: Vec<&TemplateRef> = names
+            .iter()
+            .filter(|(n, r)| r.digest == digest && only.as_ref().is_none_or(|o| o == n))
+            .map(|(n, _)| n)
+            .collect();
+        let kept = names.iter().filter(|(_, r)| r.digest == digest).count() - doomed.len();
+        let goes = kept == 0;
+        if goes && in_use(&digest) {
+            return Err(ImageError::InUse(reference.to_owned()));
+        }
+        for n in doomed {
+            let p = self.paths.name(n);
+            fs::remove_file(&p).map_err(|e| ImageError::io("remove name", &p, e))?;
+        }
+        let mut removed = Removed::default();
+        if goes {
+            let p = self.paths.manifest(&digest);
+            fs::remove_file(&p).map_err(|e| ImageError::io("remove manifest", &p, e))?;
+            removed.template = Some(digest);
+        }
+        self.collect(&mut removed)?;
+        Ok(removed)
+    }
+
+    /// Deletes layers and blobs no manifest references (under the exclusive lock).
+    fn collect(&self, removed: &mut Removed) -> Result<()> {
+        let mut layers = std::collections::HashSet::new();
+        let mut blobs = std::collections::HashSet::new();
+        for d in self.manifest_digests()? {
+            for l in self.manifest(&d)?.layers {
+                layers.insert(l.diff_id);
+                blobs.insert(l.digest);
+            }
+        }
+        let ldir = self.paths.layers();
+        for e in fs::read_dir(&ldir).map_err(|e| ImageError::io("read", &ldir, e))? {
+            let e = e.map_err(|e| ImageError::io("read", &ldir, e))?;
+            let name = e.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let Some(d) = Digest::from_hex(name.strip_suffix(".json").unwrap_or(name)) else {
+                continue;
+            };
+            if layers.contains(&d) {
+                continue;
+            }
+            let p = e.path();
+            if name.ends_with(".json") {
+                fs::remove_file(&p).map_err(|e| ImageError::io("remove layer record", &p, e))?;
+                continue;
+            }
+            // Out of sight first, then deleted.
+            let gone = self.paths.tmp().join(format!("gc-{name}"));
+            fs::rename(&p, &gone).map_err(|e| ImageError::io("remove layer", &p, e))?;
+            fs::remove_dir_all(&gone).map_err(|e| ImageError::io("remove layer", &gone, e))?;
+            let _ = fs::remove_file(self.paths.layer_lock(&d));
+            removed.layers += 1;
+        }
+        let bdir = self.paths.blobs();
+        for e in fs::read_dir(&bdir).map_err(|e| ImageError::io("read", &bdir, e))? {
+            let e = e.map_err(|e| ImageError::io("read", &bdir, e))?;
+            let keep = e
+                .file_name()
+                .to_str()
+                .and_then(Digest::from_hex)
+                .is_none_or(|d| blobs.contains(&d));
+            if !keep {
+                let p = e.path();
+                fs::remove_file(&p).map_err(|e| ImageError::io("remove blob", &p, e))?;
+                removed.blobs += 1;
+            }
+        }
+        Ok(())
+    }
+}
