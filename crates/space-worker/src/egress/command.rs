@@ -1,4 +1,4 @@
-//! Running `ip`, `nsenter` and `nft` with fixed argument vectors (never a shell), with
+//! Running `nft` (and, in tests, `ip`) with fixed argument vectors (never a shell), with
 //! a bounded read of what they say on stderr.
 
 use std::io::{self, Read, Write};

@@ -151,8 +151,8 @@ impl std::fmt::Debug for Egress {
     }
 }
 
-/// What is missing for egress on this host, if anything: root, `ip`, `nft`,
-/// `nsenter`, and IPv4 forwarding.
+/// What is missing for egress on this host, if anything: root and `nft` (links are
+/// made over rtnetlink, no `ip` is run).
 pub fn unavailable(rootless: bool) -> Option<String> {
     if rootless {
         return Some(
@@ -161,12 +161,7 @@ pub fn unavailable(rootless: bool) -> Option<String> {
                 .into(),
         );
     }
-    for tool in ["ip", "nft", "nsenter"] {
-        if !super::command::on_path(tool) {
-            return Some(format!("`{tool}` is not installed"));
-        }
-    }
-    None
+    (!super::command::on_path("nft")).then(|| "`nft` is not installed".into())
 }
 
 impl Egress {

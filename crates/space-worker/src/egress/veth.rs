@@ -11,21 +11,24 @@
 //! start time compared with the recorded one, then `/proc/PID/ns/net` opened and the
 //! pidfd polled — an init that has not exited since its start time was compared still
 //! held the PID when the namespace was opened, so a reused PID never leads into another
-//! sandbox's (or the host's) namespace. The children (`ip`, `nsenter`) reach that open
-//! file as `/proc/<worker pid>/fd/<n>`, never by the sandbox's PID. `ip -n` takes only
-//! names under `/run/netns`, so commands inside run under `nsenter --net=<that path>`.
+//! sandbox's (or the host's) namespace. That open file is the one the peer is created
+//! in (`IFLA_NET_NS_FD`) and the one the socket configuring the inside is made in.
+//!
+//! Everything is done in-process over rtnetlink ([`super::netlink`]): a link costs a
+//! few netlink round trips and two sysctl writes, no process.
 
 use std::fs::File;
 use std::io;
 use std::net::Ipv4Addr;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::process::{Pid, PidfdFlags, pidfd_open};
 use space_egress::plan::{self, AddressBlock};
 
-use super::command::{CommandError, run};
+use super::netlink::{Name, NetlinkError, Route};
+use crate::substrate::jail::netns::route_socket_in;
 use crate::substrate::process::ProcessIdentity;
 
 /// The sandbox side's name, inside the sandbox.
@@ -45,10 +48,12 @@ pub enum VethError {
     NotRunning,
     #[error("the process shares the worker's network namespace: no link is attached to it")]
     HostNamespace,
+    #[error("{0} vanished while its link was made")]
+    Gone(String),
     #[error("{context}: {source}")]
     Io { context: String, source: io::Error },
     #[error(transparent)]
-    Command(#[from] CommandError),
+    Netlink(#[from] NetlinkError),
 }
 
 /// The names one worker gives its host-side links.
@@ -184,11 +189,6 @@ impl SandboxNetns {
         }
         Ok(SandboxNetns { file })
     }
-
-    /// A path naming the open namespace for a child process.
-    fn path(&self) -> String {
-        format!("/proc/{}/fd/{}", std::process::id(), self.file.as_raw_fd())
-    }
 }
 
 /// Attaches `pair` to the network namespace of `init` (the sandbox's init, which must
@@ -198,48 +198,56 @@ impl SandboxNetns {
 ///
 /// Traffic leaves only if the host also forwards on the uplink
 /// (`net.ipv4.ip_forward=1` or `net.ipv4.conf.<uplink>.forwarding=1`) and the
-/// worker's nftables table ([`super::nft`]) is applied. Blocking (a few `ip` runs):
-/// call it off the async runtime.
+/// worker's nftables table ([`super::nft`]) is applied. Blocking (a few netlink round
+/// trips, and one to the thread that makes sockets in sandboxes' namespaces): call it
+/// off the async runtime.
 pub fn attach(pair: &Pair, init: &ProcessIdentity) -> Result<(), VethError> {
     let netns = SandboxNetns::open(init)?;
-    detach(&pair.host_link)?;
-    let result = configure(pair, &netns.path());
+    let host_link = Name::new(&pair.host_link)?;
+    let mut host = Route::open()?;
+    host.delete_link(&host_link)?;
+    let result = configure(&mut host, &host_link, pair, &netns);
     if result.is_err() {
-        let _ = detach(&pair.host_link);
+        let _ = host.delete_link(&host_link);
     }
     result
 }
 
-fn configure(pair: &Pair, netns: &str) -> Result<(), VethError> {
-    let host = pair.host_link.as_str();
-    let host_cidr = format!("{}/{}", pair.host_addr, plan::PAIR_PREFIX);
-    let sandbox_cidr = format!("{}/{}", pair.sandbox_addr, plan::PAIR_PREFIX);
-    let gateway = pair.host_addr;
-    // Two `ip -batch` runs (one on each side) rather than a process per step: a burst
-    // of creates pays for every process spawned. Every word written comes from a
-    // validated name or an address.
-    let outside = format!(
-        "link add {host} type veth peer name {SANDBOX_LINK} netns {netns}\n\
-         addr add {host_cidr} dev {host}\n\
-         link set dev {host} up\n"
-    );
-    run("ip", &["-batch", "-"], Some(outside.as_bytes()))?;
-    write_sysctl(&format!("/proc/sys/net/ipv4/conf/{host}/forwarding"), true)?;
+fn configure(
+    host: &mut Route,
+    host_link: &Name,
+    pair: &Pair,
+    netns: &SandboxNetns,
+) -> Result<(), VethError> {
+    let sandbox_link = Name::new(SANDBOX_LINK)?;
+    host.add_veth_pair(host_link, &sandbox_link, netns.file.as_fd())?;
+    let index = host
+        .link_index(host_link)?
+        .ok_or_else(|| VethError::Gone(pair.host_link.clone()))?;
+    host.add_address(index, pair.host_addr, plan::PAIR_PREFIX)?;
+    // Before the link is up: it never takes an IPv6 address.
     write_sysctl(
-        &format!("/proc/sys/net/ipv6/conf/{host}/disable_ipv6"),
+        &format!("/proc/sys/net/ipv4/conf/{}/forwarding", pair.host_link),
+        true,
+    )?;
+    write_sysctl(
+        &format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", pair.host_link),
         false,
     )?;
-    let inside = format!(
-        "addr add {sandbox_cidr} dev {SANDBOX_LINK}\n\
-         link set dev {SANDBOX_LINK} up\n\
-         route replace default via {gateway} dev {SANDBOX_LINK}\n"
-    );
-    let net = format!("--net={netns}");
-    run(
-        "nsenter",
-        &[net.as_str(), "ip", "-batch", "-"],
-        Some(inside.as_bytes()),
-    )?;
+    host.set_up(index)?;
+    // The sandbox's side, over a socket made in its namespace (the very one the peer
+    // was created in: the same open file).
+    let socket = route_socket_in(netns.file.as_fd()).map_err(|e| VethError::Io {
+        context: "a netlink socket in the sandbox's network namespace".into(),
+        source: io::Error::other(e.to_string()),
+    })?;
+    let mut inside = Route::from_socket(socket)?;
+    let eth0 = inside
+        .link_index(&sandbox_link)?
+        .ok_or_else(|| VethError::Gone(format!("{SANDBOX_LINK} in the sandbox")))?;
+    inside.add_address(eth0, pair.sandbox_addr, plan::PAIR_PREFIX)?;
+    inside.set_up(eth0)?;
+    inside.replace_default_route(pair.host_addr, eth0)?;
     Ok(())
 }
 
@@ -258,14 +266,9 @@ fn write_sysctl(path: &str, required: bool) -> Result<(), VethError> {
 /// Removes the pair whose host side is `host_link` (deleting one side deletes both).
 /// Nothing there is success.
 pub fn detach(host_link: &str) -> Result<(), VethError> {
-    if !link_exists(host_link) {
-        return Ok(());
-    }
-    match run("ip", &["link", "del", "dev", host_link], None) {
-        // Gone meanwhile (its namespace went away): what was asked.
-        Err(_) if !link_exists(host_link) => Ok(()),
-        other => Ok(other?),
-    }
+    let name = Name::new(host_link)?;
+    Route::open()?.delete_link(&name)?;
+    Ok(())
 }
 
 /// Whether an interface named `name` exists in the worker's network namespace.
