@@ -433,7 +433,7 @@ impl Unpacker<'_> {
         match at::open_dir(self.root.as_fd(), path) {
             Ok(fd) => return Ok(fd),
             Err(e) if e.raw_os_error() == Some(Errno::NOENT.raw_os_error()) => {}
-            Err(e) => return Err(self.parent_error(m, e)),
+            Err(e) => return Err(self.parent_error(m, parents, e)),
         }
         // Component by component, creating what is missing.
         let mut dir = rustix::io::dup(&self.root).map_err(|e| self.fail(m, "dup", e))?;
@@ -449,26 +449,49 @@ impl Unpacker<'_> {
                         .map_err(|e| self.fail(m, "chmod parent", e))?;
                     fd
                 }
-                Err(e) => return Err(self.parent_error(m, e.into())),
+                Err(e) => return Err(self.parent_error(m, parents, e.into())),
             };
             dir = next;
         }
         Ok(dir)
     }
 
-    fn parent_error(&self, m: &Member, e: io::Error) -> ImageError {
-        match e.raw_os_error() {
-            Some(c) if c == Errno::LOOP.raw_os_error() => {
-                self.refuse(m, "its path goes through a symbolic link")
-            }
-            Some(c) if c == Errno::NOTDIR.raw_os_error() => {
-                self.refuse(m, "its path goes through a non-directory")
-            }
-            Some(c) if c == Errno::XDEV.raw_os_error() => {
-                self.refuse(m, "its path leaves the layer")
-            }
-            _ => self.fail(m, "open parent", e),
+    fn parent_error(&self, m: &Member, parents: &[&[u8]], e: io::Error) -> ImageError {
+        let walk_fails = [Errno::LOOP, Errno::NOTDIR, Errno::XDEV]
+            .iter()
+            .any(|c| e.raw_os_error() == Some(c.raw_os_error()));
+        if !walk_fails {
+            return self.fail(m, "open parent", e);
         }
+        // Which component stopped the walk, and what it is.
+        let mut dir = match rustix::io::dup(&self.root) {
+            Ok(d) => d,
+            Err(e) => return self.fail(m, "dup", e),
+        };
+        for (i, &c) in parents.iter().enumerate() {
+            let shown = entry::shown(&join(&parents[..=i]));
+            match at::kind_of(dir.as_fd(), c) {
+                Ok(Some((FileType::Directory, _))) => {}
+                Ok(Some((FileType::Symlink, _))) => {
+                    return self.refuse(
+                        m,
+                        format!("its path goes through {shown:?}, a symbolic link"),
+                    );
+                }
+                Ok(_) => {
+                    return self.refuse(
+                        m,
+                        format!("its path goes through {shown:?}, not a directory"),
+                    );
+                }
+                Err(e) => return self.fail(m, "open parent", e),
+            }
+            dir = match rustix::fs::openat(&dir, c, DIR, Mode::empty()) {
+                Ok(d) => d,
+                Err(e) => return self.fail(m, "open parent", e),
+            };
+        }
+        self.refuse(m, "its path leaves the layer")
     }
 
     fn put_parent(&mut self, path: Vec<u8>, fd: OwnedFd) {
