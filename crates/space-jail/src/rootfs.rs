@@ -83,6 +83,16 @@ pub fn build(spec: &JailSpec, userns: Option<&OwnedFd>) -> Result<(), JailError>
     )
     .map_err(|e| JailError::new("make / private", e.to_string()))?;
     let layer = layer_dir(spec)?;
+    // The lower layers' mount points, made before the layer dir is idmapped (through
+    // the idmapped mount the worker's own ids are not mapped).
+    let lowers = layer.join(LOWERS);
+    ensure_dir(&lowers, 0o700)?;
+    let mount_points: Vec<PathBuf> = (0..spec.lower_dirs.len())
+        .map(|i| lowers.join(i.to_string()))
+        .collect();
+    for mount_point in &mount_points {
+        ensure_dir(mount_point, 0o755)?;
+    }
     let idmap = userns.map(|fd| fd.as_fd());
     if idmap.is_some() {
         // The writable layer, seen through the sandbox's id mapping: on disk its
@@ -104,11 +114,7 @@ pub fn build(spec: &JailSpec, userns: Option<&OwnedFd>) -> Result<(), JailError>
     // the writable layer so that the overlay's options name only relative paths, and
     // the jail's mountinfo shows no host path of the data directory or of the
     // template. One unpacked copy of a layer serves every sandbox.
-    let lowers = layer.join(LOWERS);
-    ensure_dir(&lowers, 0o700)?;
-    for (i, lower) in spec.lower_dirs.iter().enumerate() {
-        let mount_point = lowers.join(i.to_string());
-        ensure_dir(&mount_point, 0o755)?;
+    for (i, (lower, mount_point)) in spec.lower_dirs.iter().zip(&mount_points).enumerate() {
         let tree = mounts::clone_tree(
             lower,
             BindAttrs {
@@ -117,8 +123,8 @@ pub fn build(spec: &JailSpec, userns: Option<&OwnedFd>) -> Result<(), JailError>
             },
         )
         .map_err(|e| JailError::new("bind template", format!("layer {i}: {e}")))?;
-        let target = mounts::open_dir_path(&mount_point)
-            .map_err(|e| JailError::io("open lower mount point", &mount_point, e))?;
+        let target = mounts::open_dir_path(mount_point)
+            .map_err(|e| JailError::io("open lower mount point", mount_point, e))?;
         mounts::attach(&tree, target.as_fd())
             .map_err(|e| JailError::new("bind template", format!("layer {i}: {e}")))?;
     }

@@ -82,3 +82,43 @@ fn build(profile_dir: &Path, bins: &[(&str, &str)]) {
     let status = cmd.status().expect("run cargo build");
     assert!(status.success(), "cargo build of {bins:?} failed");
 }
+
+/// The guest agent linked statically (what image templates need: it runs from the
+/// image's root, without the host's loader and libraries), built once per test
+/// process with the workspace's `cargo static-agent` alias into
+/// `<target>/<host triple>/<profile>/spaced-guest`.
+pub fn static_agent() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let profile_dir = profile_dir();
+            let target_dir = profile_dir.parent().expect("target dir above the profile");
+            let profile = profile_dir
+                .file_name()
+                .and_then(|p| p.to_str())
+                .unwrap_or("debug")
+                .to_owned();
+            let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let mut cmd = Command::new(cargo);
+            // Run from the workspace so that its `.cargo/config.toml` (the alias) applies.
+            cmd.current_dir(manifest.parent().expect("workspace dir"))
+                .args(["static-agent", "--quiet", "--manifest-path"])
+                .arg(&manifest)
+                .arg("--target-dir")
+                .arg(target_dir);
+            if profile != "debug" {
+                cmd.args(["--profile", &profile]);
+            }
+            let status = cmd.status().expect("run cargo static-agent");
+            assert!(status.success(), "cargo static-agent failed");
+            target_dir
+                .join(STATIC_AGENT_TRIPLE)
+                .join(&profile)
+                .join("spaced-guest")
+        })
+        .clone()
+}
+
+/// The target triple of `.cargo/config.toml`'s `static-agent` alias.
+pub const STATIC_AGENT_TRIPLE: &str = "x86_64-unknown-linux-gnu";

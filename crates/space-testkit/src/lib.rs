@@ -43,7 +43,7 @@ pub mod cluster;
 #[cfg(feature = "jail")]
 pub mod jail;
 
-pub use bin::workspace_bin;
+pub use bin::{static_agent, workspace_bin};
 pub use clock::{T0, TestClock, unix_now};
 pub use host::can_run_jails;
 pub use ids::{bytes16, execution, route, running, sandbox, worker};

@@ -17,7 +17,7 @@ use space_identity::{ExecutionId, Generation, SandboxId};
 use space_proto::guest::{Activation, ExecSpec};
 use space_worker::daemon::launch::{self, Binaries, Layer};
 use space_worker::substrate::jail::{JailConfig, JailDriver};
-use space_worker::substrate::{Limits, SandboxHandle};
+use space_worker::substrate::{Limits, SandboxHandle, TemplateSpec};
 
 fn random<const N: usize>() -> [u8; N] {
     let mut out = [0u8; N];
@@ -49,7 +49,7 @@ fn launch_and_first_exec(
         disk_bytes: Some(256 << 20),
         ..Limits::default()
     };
-    let (handle, bridge) = launch::launch(driver, bins, data, &activation, limits).expect("launch");
+    let (handle, bridge) = launch::launch(driver, bins, data, &activation, limits, &TemplateSpec::Default).expect("launch");
     let mut conn =
         spaced_host::connect(&launch::bridge_target(&bridge, &activation)).expect("connect");
     let out = conn.exec(ExecSpec::command(["true"])).expect("exec");

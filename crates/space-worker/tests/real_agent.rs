@@ -13,7 +13,7 @@ use space_proto::guest::{
 use space_worker::daemon::launch::{self, Binaries, Layer};
 use space_worker::daemon::records::BridgeRecord;
 use space_worker::substrate::jail::{JailConfig, JailDriver};
-use space_worker::substrate::{Limits, SandboxHandle, Substrate};
+use space_worker::substrate::{Limits, SandboxHandle, Substrate, TemplateSpec};
 
 fn random<const N: usize>() -> [u8; N] {
     let mut out = [0u8; N];
@@ -79,7 +79,7 @@ fn start() -> Option<Running> {
         secret: random(),
     };
     let (handle, bridge) =
-        launch::launch(&*driver, &bins, data.path(), &activation, Limits::default()).unwrap();
+        launch::launch(&*driver, &bins, data.path(), &activation, Limits::default(), &TemplateSpec::Default).unwrap();
     Some(Running {
         driver,
         data,
@@ -228,7 +228,7 @@ fn kept_layer_carries_the_files_into_the_next_execution() {
         ..r.activation.clone()
     };
     let (handle, bridge) =
-        launch::launch(&*r.driver, &bins, r.data.path(), &next, Limits::default()).unwrap();
+        launch::launch(&*r.driver, &bins, r.data.path(), &next, Limits::default(), &TemplateSpec::Default).unwrap();
     let mut c = spaced_host::connect(&launch::bridge_target(&bridge, &next)).unwrap();
     assert_eq!(c.read_file("/root/carry.txt", 1024).unwrap(), b"across");
     assert!(!kept.exists(), "the layer moved into the new execution");

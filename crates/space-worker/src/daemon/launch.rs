@@ -47,20 +47,21 @@ pub fn execution_key(sandbox: &SandboxId, execution: &ExecutionId) -> ExecutionK
     ExecutionKey::new(sandbox.to_string(), execution.to_string())
 }
 
-/// Launches the jail with `activation`, checks the agent is the recorded binary, then
-/// launches and records the bridge.
+/// Launches the jail of `template` with `activation`, checks the agent is the
+/// recorded binary, then launches and records the bridge.
 pub fn launch(
     substrate: &dyn Substrate,
     bins: &Binaries,
     data_dir: &Path,
     activation: &Activation,
     limits: Limits,
+    template: &TemplateSpec,
 ) -> Result<(SandboxHandle, BridgeRecord), LaunchError> {
     let kept = kept_layer(data_dir, &activation.sandbox);
     let spec = LaunchSpec {
         key: execution_key(&activation.sandbox, &activation.execution_id),
         data_dir: data_dir.to_path_buf(),
-        template: TemplateSpec::Default,
+        template: template.clone(),
         limits,
         agent: AgentCommand::spaced_guest(&bins.agent),
         activation: activation.encode(),
