@@ -671,6 +671,7 @@ async fn install_execution(
     let activation = activation_of(&record);
     let limits = super::limits::substrate_limits(&i.limits);
     let warm = Arc::clone(&worker.warm);
+    let template = crate::substrate::TemplateSpec::Default;
     let launched = tokio::task::spawn_blocking(move || {
         // A warm jail starts with an empty writable layer: a sandbox that has files
         // on this worker (a restart) launches cold with them.
@@ -681,7 +682,8 @@ async fn install_execution(
                 Err(e) => tracing::warn!(error = %e, "warm activation failed; launching cold"),
             }
         }
-        launch::launch(&*substrate, &bins, &data_dir, &activation, limits).map(|d| (d, false))
+        launch::launch(&*substrate, &bins, &data_dir, &activation, limits, &template)
+            .map(|d| (d, false))
     })
     .await
     .map_err(|e| internal(format!("launch task: {e}")))?;
