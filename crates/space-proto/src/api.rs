@@ -567,6 +567,17 @@ pub enum Update {
         /// Its length.
         size: u64,
     },
+    /// The archive in the request body is the template `digest` (`sha256:<hex>`) for
+    /// this worker's template store: a tar of `manifest.json` (the template's
+    /// canonical manifest, whose sha256 is `digest`) followed by the layer blobs as
+    /// `blobs/sha256/<hex>`, in the manifest's order; `size` is the archive's length.
+    /// Every blob is verified against the manifest as it is unpacked.
+    Template {
+        /// The template's digest, `sha256:<hex>`.
+        digest: String,
+        /// The archive's length.
+        size: u64,
+    },
     /// The sandbox's exposed service ports are now `ports` (by port), for this
     /// execution; netgtw closes connections to a port no longer listed.
     Ports {

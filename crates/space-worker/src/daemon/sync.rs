@@ -39,7 +39,8 @@ pub async fn reconcile(
             | Update::Ports { .. }
             | Update::Network { .. }
             | Update::Snapshot { .. }
-            | Update::Layer { .. } => {
+            | Update::Layer { .. }
+            | Update::Template { .. } => {
                 updates::apply(worker, body, update)
                     .await
                     .map_err(|e| e.to_string())?;

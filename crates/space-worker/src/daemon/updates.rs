@@ -365,7 +365,7 @@ pub async fn apply(
             set_network(worker, &sandbox, execution, network).await
         }
         // These carry or return an archive: they have their own endpoints.
-        Update::Snapshot { .. } | Update::Layer { .. } => {
+        Update::Snapshot { .. } | Update::Layer { .. } | Update::Template { .. } => {
             Err(invalid("this update has its own endpoint"))
         }
     }
