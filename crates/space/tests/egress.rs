@@ -53,6 +53,11 @@ struct World {
 
 /// The world of test `test` (1..=16): slots `200 + 2 × test` and the next.
 fn world(test: u8) -> World {
+    world_with(test, &[])
+}
+
+/// [`world`] with more of `space up`'s environment.
+fn world_with(test: u8, env: &[(&str, &str)]) -> World {
     let ca = TestCa::make("a.test");
     let tls = Some((ca.cert.as_path(), ca.key.as_path()));
     let a = TestHost::start(test, 0, "a", tls);
@@ -67,11 +72,13 @@ fn world(test: u8) -> World {
     ]);
     let slot = (200 + 2 * u32::from(test)).to_string();
     let upstream = dns.addr.to_string();
-    let c = Cluster::start_with_env(&[
+    let mut all = vec![
         ("SPACE_NO_EGRESS", "0"),
-        ("SPACE_EGRESS_SLOT", &slot),
-        ("SPACE_EGRESS_DNS", &upstream),
-    ]);
+        ("SPACE_EGRESS_SLOT", slot.as_str()),
+        ("SPACE_EGRESS_DNS", upstream.as_str()),
+    ];
+    all.extend_from_slice(env);
+    let c = Cluster::start_with_env(&all);
     World { c, dns, a, b, ca }
 }
 
@@ -962,4 +969,85 @@ fn pip_and_npm_install_from_an_allowed_host_by_name_and_nothing_else() {
     );
     assert_ne!(code, 0, "pip reached other.test: {out}{err}");
     refused_event(&c, &id, "dns", "other.test", "allow list");
+}
+
+/// Waits until `n` standby sandboxes are ready.
+fn wait_for_standby(c: &Cluster, n: f64) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while c.control_metric("space_control_standby_ready") < n {
+        assert!(
+            Instant::now() < deadline,
+            "standby sandboxes did not come up"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `POST /v1/sandboxes` with `network` and nothing else (so it may claim a standby
+/// sandbox): its ID.
+fn create_plain(c: &Cluster, network: Value) -> String {
+    let body = json!({ "network": network });
+    let (status, view) = api(c, "POST", "/v1/sandboxes", &body.to_string());
+    assert!(status == 200 || status == 201, "create: {status} {view}");
+    assert_eq!(view["network"], network, "{view}");
+    view["id"].as_str().expect("an ID").to_owned()
+}
+
+#[test]
+fn a_standby_sandbox_claimed_with_an_egress_policy_has_it_before_the_create_returns() {
+    if !can_run() {
+        return;
+    }
+    // Standby sandboxes run the default policy, `none`.
+    let w = world_with(12, &[("SPACE_STANDBY", "2")]);
+    let c = &w.c;
+    wait_for_standby(c, 2.0);
+    let id = create_plain(c, egress(&["a.test"], &[]));
+    assert_eq!(
+        c.control_metric("space_control_standby_claims_total"),
+        1.0,
+        "the create claimed a standby sandbox"
+    );
+    // The very first exec after the answer: the allowed host is reached by name, the
+    // other is refused by name and by address.
+    reached(c, &id, "http://a.test/", "a");
+    forbidden(
+        c,
+        &id,
+        &format!("--resolve b.test:80:{} http://b.test/", w.b.addr),
+        "name not in the allow list",
+    );
+    assert!(tcp(c, &id, w.b.addr, ECHO).is_err());
+    assert_eq!(c.sandbox(&id)["network"], egress(&["a.test"], &[]));
+}
+
+#[test]
+fn a_standby_sandbox_claimed_with_network_none_when_the_default_is_egress_has_only_loopback() {
+    if !can_run() {
+        return;
+    }
+    // Standby sandboxes run the default policy, `egress` (everything the global list
+    // lets through): each has a link.
+    let w = world_with(
+        13,
+        &[("SPACE_STANDBY", "2"), ("SPACE_NETWORK_DEFAULT", "egress")],
+    );
+    let c = &w.c;
+    wait_for_standby(c, 2.0);
+    let id = create_plain(c, json!({"mode": "none", "allow": [], "deny": []}));
+    assert_eq!(
+        c.control_metric("space_control_standby_claims_total"),
+        1.0,
+        "the create claimed a standby sandbox"
+    );
+    // The first exec after the answer finds no link left.
+    let links = sh(c, &id, "ip -o link; ip -4 -o addr");
+    assert!(!links.contains("eth0"), "a link is left: {links}");
+    let by_addr = curl(c, &id, &format!("http://{}/", w.a.addr));
+    assert_eq!((by_addr.exit, by_addr.status), (7, 0), "{by_addr}");
+    assert_eq!(getent(c, &id, "a.test"), None);
+    // A sandbox created with the default still gets a link (the standby sandboxes'
+    // policy is in force there).
+    let other = create_plain(c, egress(&[], &[]));
+    reached(c, &other, "http://a.test/", "a");
 }
