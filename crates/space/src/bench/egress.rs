@@ -1,7 +1,9 @@
-//! Issue 15's figures: sandbox creates in network mode `egress` (P4's burst), and TCP
-//! throughput from a sandbox to a host outside it — through the worker's NAT (an
-//! address rule) and through its SNI proxy (a name rule) — against the same transfer
-//! from the host, in one run.
+//! Issue 15's figures: sandbox creates in network mode `egress` (P4's burst: creates
+//! with a names-only policy while the default is `none`, each claiming a standby
+//! sandbox that its worker gives a link before the answer; with an address rule, and
+//! claiming none, for information), and TCP throughput from a sandbox to a host
+//! outside it — through the worker's NAT (an address rule) and through its SNI proxy
+//! (a name rule) — against the same transfer from the host, in one run.
 //!
 //! The "outside host" is a network namespace this bench creates, linked to the host by
 //! a veth with the TEST-NET-2 pair `198.51.100.254/31` (routed only into it, checked
@@ -394,8 +396,20 @@ async fn measure(p: &Platform) -> Result<Vec<Row>, String> {
     let unclaimed = super::p4::burst_of(&p.client(true), &plain).await?;
     p.wait_for_pools(warm, standby, Duration::from_secs(180))
         .await?;
-    // The usual policy names what it reaches (`--allow pypi.org`): its sandboxes need
-    // no rules of their own in the worker's table. One with an address rule does.
+    // The same burst in mode egress, claiming no standby sandbox either: what a link
+    // adds to a launch.
+    eprintln!("egress: 50 creates at once that claim no standby sandbox, names-only policy");
+    let unclaimed_egress = CreateSandbox {
+        network: Some(names_policy()),
+        ..plain.clone()
+    };
+    let unclaimed_links = super::p4::burst_of(&p.client(true), &unclaimed_egress).await?;
+    p.wait_for_pools(warm, standby, Duration::from_secs(180))
+        .await?;
+    // The headline: the usual policy names what it reaches (`--allow pypi.org`) while
+    // the default stays `none`, so each create claims a standby sandbox and has the
+    // worker give it a link before the answer; its sandbox needs no rules of its own
+    // in the worker's table. One with an address rule does.
     let mut rows = super::p4::run_with(p, warm, standby, Some(names_policy())).await?;
     p.wait_for_pools(warm, standby, Duration::from_secs(180))
         .await?;
@@ -412,6 +426,16 @@ async fn measure(p: &Platform) -> Result<Vec<Row>, String> {
             "p50 {:.1} ms, p99 {:.1} ms",
             super::row::quantile(&addressed, 0.5),
             super::row::quantile(&addressed, 0.99)
+        ),
+        "-",
+    ));
+    rows.push(Row::new(
+        "P4 egress",
+        "create, 50 concurrent, names-only policy, claiming no standby sandbox (information: a launch with its link)",
+        format!(
+            "p50 {:.1} ms, p99 {:.1} ms",
+            super::row::quantile(&unclaimed_links, 0.5),
+            super::row::quantile(&unclaimed_links, 0.99)
         ),
         "-",
     ));
