@@ -203,6 +203,11 @@ pub struct WorkerArgs {
     /// this executable).
     #[arg(long, env = "SPACE_BIN_DIR")]
     pub bin_dir: Option<PathBuf>,
+    /// The guest agent (default: `spaced-guest` of the bin dir, or where that one is
+    /// dynamically linked, the static build of `cargo static-agent` beside it, which
+    /// image templates need).
+    #[arg(long, env = "SPACE_AGENT")]
+    pub agent: Option<PathBuf>,
 }
 
 /// The egress flags of `space worker` and `space up`.

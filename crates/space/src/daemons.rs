@@ -98,6 +98,34 @@ fn exit_with_parent() {
     });
 }
 
+/// The agent of `bin_dir`: its `spaced-guest`, unless that one is dynamically linked
+/// and `cargo static-agent` left a static build beside it
+/// (`<target>/<triple>/<profile>/spaced-guest` for `<target>/<profile>/`): image
+/// templates run the agent from the image's root, where only a static one runs.
+fn agent_binary(bin_dir: &Path) -> PathBuf {
+    use space_worker::substrate::jail::template::is_static;
+    let plain = bin_dir.join("spaced-guest");
+    if is_static(&plain) {
+        return plain;
+    }
+    let beside = bin_dir.file_name().and_then(|profile| {
+        let target = bin_dir.parent()?;
+        Some(
+            target
+                .join(STATIC_AGENT_TRIPLE)
+                .join(profile)
+                .join("spaced-guest"),
+        )
+    });
+    match beside {
+        Some(s) if is_static(&s) => s,
+        _ => plain,
+    }
+}
+
+/// The target triple of `.cargo/config.toml`'s `static-agent` alias.
+const STATIC_AGENT_TRIPLE: &str = "x86_64-unknown-linux-gnu";
+
 /// `space worker`.
 pub async fn worker(a: WorkerArgs) -> Result<(), String> {
     exit_with_parent();
@@ -127,7 +155,7 @@ pub async fn worker(a: WorkerArgs) -> Result<(), String> {
         data_dir,
         capacity: a.capacity,
         binaries: Binaries {
-            agent: bin_dir.join("spaced-guest"),
+            agent: a.agent.unwrap_or_else(|| agent_binary(&bin_dir)),
             bridge: bin_dir.join("spaced-host"),
         },
         jail_binary: bin_dir.join("space-jail"),

@@ -42,6 +42,7 @@ pub mod snapshot;
 pub mod start;
 pub mod state;
 pub mod sync;
+pub mod templates;
 pub mod updates;
 pub mod warm;
 

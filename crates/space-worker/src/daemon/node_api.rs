@@ -35,7 +35,9 @@ pub(crate) mod openapi;
 pub(crate) mod probes;
 pub(crate) mod refusal;
 pub(crate) mod snapshots;
+pub(crate) mod templates;
 pub mod streams;
+pub(crate) mod tree;
 pub(crate) mod updates;
 
 #[cfg(test)]
@@ -94,6 +96,7 @@ fn routes(worker: Option<&Arc<Worker>>) -> OpenApiRouter<NodeApi> {
             routes!(files::read_file, files::write_file, files::remove_file).map(admitted_first),
         )
         .routes(routes!(files::list_files))
+        .routes(routes!(tree::read_tree, tree::write_tree).map(admitted_first))
         .routes(routes!(events::events))
         .routes(routes!(streams::terminal))
         .routes(routes!(streams::watch))
@@ -119,6 +122,7 @@ fn routes(worker: Option<&Arc<Worker>>) -> OpenApiRouter<NodeApi> {
                 // The body is streamed to disk once the signed update in its header
                 // is verified (no body limit here: the signed size is the limit).
                 .routes(routes!(snapshots::layer))
+                .routes(routes!(templates::receive))
                 .route_layer(axum::middleware::from_fn(space_http::run_to_end)),
         )
         .routes(routes!(metrics::metrics))

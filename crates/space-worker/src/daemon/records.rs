@@ -93,8 +93,23 @@ pub struct ExecutionRecord {
     /// rules).
     #[serde(default)]
     pub network: space_proto::api::Policy,
+    /// What processes run with unless a request says otherwise (an image template's
+    /// working directory and user; nothing for the default template).
+    #[serde(default)]
+    pub defaults: ProcessDefaults,
     /// Unix seconds of the last change.
     pub updated_at: i64,
+}
+
+/// An image's process defaults, kept with the execution.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessDefaults {
+    /// Working directory of a process whose request names none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// Account of a process whose request names none (`name` or uid).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 impl ExecutionRecord {
@@ -480,6 +495,7 @@ mod tests {
             env: Default::default(),
             ports: Vec::new(),
             network: space_proto::api::Policy::none(),
+            defaults: Default::default(),
             updated_at: 100,
         }
     }

@@ -123,6 +123,9 @@ pub struct Worker {
     /// Egress for sandboxes in network mode `egress`, or why there is none here (set
     /// once at start, before any install is served).
     pub egress: std::sync::OnceLock<Result<Arc<crate::egress::manager::Egress>, String>>,
+    /// The template store (`<data>/images`): images' layers, unpacked once, that
+    /// sandboxes of those templates stack as their lower dirs.
+    pub images: Arc<space_image::Store>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -228,6 +231,10 @@ impl Worker {
         records: Records,
         substrate: Arc<JailDriver>,
     ) -> Result<Arc<Self>, String> {
+        let images = Arc::new(
+            space_image::Store::open(config.data_dir.join("images"))
+                .map_err(|e| format!("template store: {e}"))?,
+        );
         let worker = Arc::new(Self {
             id: config.id.clone(),
             url,
@@ -253,6 +260,7 @@ impl Worker {
             ),
             limits: config.limits,
             egress: std::sync::OnceLock::new(),
+            images,
         });
         // Keys persisted from before a restart: the worker comes back with what it
         // acknowledged, never with less.

@@ -243,7 +243,7 @@ fn bundle_version(worker: &Worker) -> u64 {
         .unwrap_or(0)
 }
 
-fn ack(worker: &Worker, state: AckState, message: Option<String>) -> UpdateAck {
+pub(crate) fn ack(worker: &Worker, state: AckState, message: Option<String>) -> UpdateAck {
     UpdateAck {
         state,
         message,
@@ -551,6 +551,7 @@ async fn retire_execution(
         env: Default::default(),
         ports: Vec::new(),
         network: space_proto::api::Policy::none(),
+        defaults: Default::default(),
         updated_at: 0,
     });
     if tomb.execution_id != execution_id {
@@ -646,6 +647,11 @@ async fn install_execution(
             i.sandbox
         )));
     }
+    // The template before anything is recorded: one this worker lacks is refused
+    // (`template_missing`), and the control plane sends it and installs again.
+    let (template, image) = super::templates::resolve(worker, &i.template)?;
+    let mut env = image.env.into_iter().collect::<std::collections::BTreeMap<_, _>>();
+    env.extend(i.env.clone());
     let mut record = ExecutionRecord {
         sandbox: i.sandbox,
         generation: i.generation,
@@ -656,9 +662,13 @@ async fn install_execution(
         secret: random32(),
         handle: None,
         bridge: None,
-        env: i.env.clone(),
+        env,
         ports: i.ports.clone(),
         network: i.network.clone(),
+        defaults: super::records::ProcessDefaults {
+            cwd: image.cwd,
+            user: image.user,
+        },
         updated_at: now_secs() as i64,
     };
     put_record(worker, &record).await.map_err(internal)?;
@@ -671,11 +681,12 @@ async fn install_execution(
     let activation = activation_of(&record);
     let limits = super::limits::substrate_limits(&i.limits);
     let warm = Arc::clone(&worker.warm);
-    let template = crate::substrate::TemplateSpec::Default;
     let launched = tokio::task::spawn_blocking(move || {
-        // A warm jail starts with an empty writable layer: a sandbox that has files
-        // on this worker (a restart) launches cold with them.
-        let fresh = !launch::kept_layer(&data_dir, &activation.sandbox).exists();
+        // A warm jail starts with an empty writable layer of the default template: a
+        // sandbox that has files on this worker (a restart) or another template
+        // launches cold.
+        let fresh = !launch::kept_layer(&data_dir, &activation.sandbox).exists()
+            && template == crate::substrate::TemplateSpec::Default;
         if let Some(w) = fresh.then(|| warm.take(&limits)).flatten() {
             match launch::launch_warm(&substrate, &bins, w, &activation) {
                 Ok(done) => return Ok((done, true)),

@@ -177,6 +177,7 @@ impl Gateway {
                 .map(|&(port, protocol)| ExposedPort { port, protocol })
                 .collect(),
             network: space_proto::api::Policy::none(),
+            defaults: Default::default(),
             updated_at: now_secs() as i64,
         };
         worker.records.put(&record).unwrap();

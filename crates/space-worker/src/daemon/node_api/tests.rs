@@ -147,6 +147,7 @@ impl Fixture {
             env: Default::default(),
             ports: Vec::new(),
             network: space_proto::api::Policy::none(),
+            defaults: Default::default(),
             updated_at: now_secs() as i64,
         };
         self.worker.records.put(&record).unwrap();

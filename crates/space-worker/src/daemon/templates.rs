@@ -1,0 +1,258 @@
+//! Templates on this worker: what an install's `template` names (the host-dirs
+//! default, or an image of the worker's store pinned by digest), and a template
+//! arriving from the control plane (`POST /internal/v1/templates`, see
+//! [`space_proto::api::Update::Template`]).
+//!
+//! The worker never fetches a template itself: an install of one it lacks is refused
+//! with `template_missing`, the control plane sends it, then installs again. Every
+//! blob is verified against the manifest as it is unpacked, and the manifest against
+//! the signed digest, so what reaches a sandbox's lower dirs is exactly what was
+//! imported.
+
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom};
+use std::sync::Arc;
+
+use space_image::{Digest, ImageDefaults, ImageError};
+use space_proto::api::{SignedUpdate, Update};
+
+use super::state::Worker;
+use super::updates::{self, UpdateError};
+use crate::substrate::TemplateSpec;
+
+/// The largest template archive a worker receives (the control plane's import bound
+/// plus the archive's headers).
+pub const MAX_TEMPLATE_ARCHIVE: u64 = 9 << 30;
+
+/// The member of a template archive holding the manifest (the first).
+pub const MANIFEST_MEMBER: &str = "manifest.json";
+
+/// The template `reference` of an install names: `None` for the default (host
+/// directories), else the pinned digest. A record's template is `default`,
+/// `sha256:<hex>`, or `name:tag@sha256:<hex>` (the name is for people; the digest
+/// decides).
+pub fn pinned_digest(reference: &str) -> Result<Option<Digest>, String> {
+    if reference == "default" {
+        return Ok(None);
+    }
+    let digest = match reference.rsplit_once('@') {
+        Some((_, d)) => d,
+        None => reference,
+    };
+    digest.parse().map(Some).map_err(|_| {
+        format!(
+            "template {:?} is neither `default` nor pinned by a sha256 digest",
+            reference.chars().take(200).collect::<String>()
+        )
+    })
+}
+
+/// What a sandbox of an image runs with unless a request says otherwise.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Defaults {
+    /// The image's environment, under the sandbox's own.
+    pub env: Vec<(String, String)>,
+    /// The image's working directory.
+    pub cwd: Option<String>,
+    /// The image's user (`name`, `uid`, `name:group`: the part before `:`).
+    pub user: Option<String>,
+}
+
+impl Defaults {
+    fn of(config: &ImageDefaults) -> Self {
+        Self {
+            env: config
+                .env
+                .iter()
+                .filter_map(|kv| kv.split_once('='))
+                .filter(|(k, _)| !k.is_empty())
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+            cwd: config.working_dir.clone().filter(|d| d.starts_with('/')),
+            user: config
+                .user
+                .as_deref()
+                .map(|u| u.split(':').next().unwrap_or(u).to_owned())
+                .filter(|u| !u.is_empty()),
+        }
+    }
+}
+
+/// The substrate's template for `reference` and the image's defaults; an image this
+/// worker lacks is a conflict starting `template_missing` (the control plane sends it
+/// and installs again).
+pub fn resolve(w: &Worker, reference: &str) -> Result<(TemplateSpec, Defaults), UpdateError> {
+    let Some(digest) = pinned_digest(reference).map_err(UpdateError::Invalid)? else {
+        return Ok((TemplateSpec::Default, Defaults::default()));
+    };
+    match w.images.resolve(&digest.to_string()) {
+        Ok(r) => Ok((
+            TemplateSpec::Image {
+                digest: digest.to_string(),
+                lower_dirs: r.lower_dirs,
+            },
+            Defaults::of(&r.config),
+        )),
+        Err(e) if is_missing(&e) => Err(UpdateError::Conflict(format!(
+            "template_missing: template {digest} is not on this worker"
+        ))),
+        Err(e) => Err(UpdateError::Internal(format!("template {digest}: {e}"))),
+    }
+}
+
+fn is_missing(e: &ImageError) -> bool {
+    match e {
+        ImageError::NotFound(_) => true,
+        ImageError::Io { source, .. } => source.kind() == io::ErrorKind::NotFound,
+        _ => false,
+    }
+}
+
+/// What a verified `Template` update promises: the template's digest and the
+/// archive's length.
+pub fn expect(w: &Worker, signed: &SignedUpdate) -> Result<(Digest, u64), UpdateError> {
+    let (digest, size) = match updates::verify(w, signed)? {
+        (_, Update::Template { digest, size }) => (digest, size),
+        _ => return Err(UpdateError::Invalid("not a template update".into())),
+    };
+    let digest: Digest = digest
+        .parse()
+        .map_err(|_| UpdateError::Invalid(format!("template digest {digest:?}")))?;
+    if size > MAX_TEMPLATE_ARCHIVE {
+        return Err(UpdateError::Invalid(format!(
+            "the template archive is {size} bytes, over the limit of {MAX_TEMPLATE_ARCHIVE}"
+        )));
+    }
+    Ok((digest, size))
+}
+
+/// Installs the template `digest` from the received archive `file` (rewound) into
+/// the worker's store; layers it already holds are not unpacked again.
+pub async fn receive(w: &Arc<Worker>, digest: Digest, file: File) -> Result<(), UpdateError> {
+    let store = w.images.clone();
+    let done = tokio::task::spawn_blocking(move || install_archive(&store, &digest, file)).await;
+    match done {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(UpdateError::Refused(format!("template: {e}"))),
+        Err(e) => Err(UpdateError::Internal(format!("template task: {e}"))),
+    }
+}
+
+/// One member of the archive: where its bytes are in the file.
+struct Member {
+    offset: u64,
+    size: u64,
+}
+
+/// Reads the archive's index (manifest first, then `blobs/sha256/<hex>`), then
+/// installs the manifest with each blob read from its place in the file.
+fn install_archive(
+    store: &space_image::Store,
+    digest: &Digest,
+    mut file: File,
+) -> Result<(), String> {
+    file.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
+    let mut manifest = Vec::new();
+    let mut blobs: std::collections::HashMap<Digest, Member> = Default::default();
+    {
+        let mut archive = tar::Archive::new(&mut file);
+        let entries = archive.entries().map_err(|e| format!("archive: {e}"))?;
+        for (i, entry) in entries.enumerate() {
+            let mut entry = entry.map_err(|e| format!("archive: {e}"))?;
+            if i > space_image::limits::MAX_LAYERS {
+                return Err("the archive has more members than a template has layers".into());
+            }
+            let path = entry.path().map_err(|e| format!("archive: {e}"))?;
+            let name = path.to_string_lossy().into_owned();
+            if i == 0 {
+                if name != MANIFEST_MEMBER {
+                    return Err(format!(
+                        "the archive's first member is {name:?}, not {MANIFEST_MEMBER}"
+                    ));
+                }
+                if entry.size() > space_image::limits::MAX_JSON {
+                    return Err("the template manifest is over its bound".into());
+                }
+                entry
+                    .by_ref()
+                    .take(space_image::limits::MAX_JSON)
+                    .read_to_end(&mut manifest)
+                    .map_err(|e| format!("manifest: {e}"))?;
+                continue;
+            }
+            let blob = name
+                .strip_prefix("blobs/sha256/")
+                .and_then(Digest::from_hex)
+                .ok_or_else(|| format!("unexpected member {name:?} in the template archive"))?;
+            let member = Member {
+                offset: entry.raw_file_position(),
+                size: entry.size(),
+            };
+            blobs.insert(blob, member);
+        }
+    }
+    if manifest.is_empty() {
+        return Err("the archive holds no manifest".into());
+    }
+    let source = |blob: &Digest| -> io::Result<std::io::Take<File>> {
+        let member = blobs.get(blob).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("blob {blob} is not in the archive"),
+            )
+        })?;
+        let mut f = file.try_clone()?;
+        f.seek(SeekFrom::Start(member.offset))?;
+        Ok(f.take(member.size))
+    };
+    store
+        .install(None, &manifest, digest, source)
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_installs_template_is_the_default_or_pinned_by_its_digest() {
+        let hex = "ab".repeat(32);
+        assert_eq!(pinned_digest("default").unwrap(), None);
+        let d = pinned_digest(&format!("sha256:{hex}")).unwrap().unwrap();
+        assert_eq!(d.hex(), hex);
+        assert_eq!(
+            pinned_digest(&format!("python:3.12@sha256:{hex}")).unwrap(),
+            Some(d)
+        );
+        // A bare name is never resolved on a worker: the control plane pins it.
+        assert!(pinned_digest("python:3.12").is_err());
+        assert!(pinned_digest("sha256:nothex").is_err());
+    }
+
+    #[test]
+    fn an_images_defaults_keep_what_a_process_can_use() {
+        let config = ImageDefaults {
+            env: vec![
+                "PATH=/usr/local/bin:/usr/bin".into(),
+                "EMPTY=".into(),
+                "=nokey".into(),
+                "NOEQUALS".into(),
+            ],
+            working_dir: Some("relative".into()),
+            user: Some("app:staff".into()),
+            entrypoint: None,
+            cmd: Some(vec!["python3".into()]),
+        };
+        let d = Defaults::of(&config);
+        assert_eq!(
+            d.env,
+            [
+                ("PATH".to_owned(), "/usr/local/bin:/usr/bin".to_owned()),
+                ("EMPTY".to_owned(), String::new())
+            ]
+        );
+        assert_eq!(d.cwd, None);
+        assert_eq!(d.user.as_deref(), Some("app"));
+    }
+}
