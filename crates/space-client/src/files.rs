@@ -120,8 +120,75 @@ impl Client {
         Ok(Bytes::from(out))
     }
 
-    /// Streams `len` bytes of `source` into the file at `path` (replacing it; its
-    /// directory must exist). The file changes only once all of it arrived: a source
+    /// [`Client::write_file_from`] with `options`: the mode to set, whether missing
+    /// parents are made, the account to write as.
+    pub async fn write_file_with<R>(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        source: R,
+        len: u64,
+        options: &WriteOptions,
+    ) -> Result<u64, Error>
+    where
+        R: AsyncRead + Send + Unpin + 'static,
+    {
+        let body = stream::reader_body(source, Some(len));
+        let pq = options.query(files(id, "files", path), true);
+        self.put_body(id, pq, body, "application/octet-stream")
+            .await?;
+        Ok(len)
+    }
+
+    /// Unpacks the tar archive read from `source` (to its end, streamed) into the
+    /// directory `dir` of the sandbox (made if missing), as `user` when given. The
+    /// agent refuses entries that are absolute, climb out with `..`, pass through a
+    /// symlink or are devices (`400 invalid_argument`; entries before it stay).
+    pub async fn write_tree_from<R>(
+        &self,
+        id: &SandboxId,
+        dir: &str,
+        source: R,
+        user: Option<&space_proto::api::User>,
+    ) -> Result<(), Error>
+    where
+        R: AsyncRead + Send + Unpin + 'static,
+    {
+        let options = WriteOptions {
+            user: user.cloned(),
+            ..WriteOptions::default()
+        };
+        let pq = options.query(files(id, "files/tar", dir), false);
+        self.put_body(
+            id,
+            pq,
+            stream::reader_body(source, None),
+            "application/x-tar",
+        )
+        .await
+    }
+
+    /// Streams the directory `dir` of the sandbox as a tar archive into `sink`
+    /// (regular files, directories, symlinks as links, modes, mtimes). The archive is
+    /// the sandbox's: unpack it with `space_tree::unpack`, which never writes outside
+    /// its target. Returns the archive's size; a body cut short is an error.
+    pub async fn read_tree_to<W>(
+        &self,
+        id: &SandboxId,
+        dir: &str,
+        sink: &mut W,
+    ) -> Result<u64, Error>
+    where
+        W: AsyncWrite + Unpin + ?Sized,
+    {
+        let a = self
+            .open_read_at(id, files(id, "files/tar", dir), None)
+            .await?;
+        copy_body(a, sink).await
+    }
+
+    /// Streams `len` bytes of `source` into the file at `path` (replacing it; missing
+    /// parents are made). The file changes only once all of it arrived: a source
     /// that fails or ends early leaves the old file (or none) in place. Returns `len`.
     pub async fn write_file_from<R>(
         &self,
@@ -179,7 +246,16 @@ impl Client {
         path: &str,
         range: Option<&str>,
     ) -> Result<StreamedAnswer, Error> {
-        let pq = files(id, "files", path);
+        self.open_read_at(id, files(id, "files", path), range).await
+    }
+
+    /// A read's answer head at `pq` (see [`Client::open_read`]).
+    async fn open_read_at(
+        &self,
+        id: &SandboxId,
+        pq: String,
+        range: Option<&str>,
+    ) -> Result<StreamedAnswer, Error> {
         let timeout = READ_HEAD_TIMEOUT;
         if !self.inner.direct {
             let mut h = vec![("authorization", self.inner.bearer.as_str())];
@@ -207,6 +283,18 @@ impl Client {
     /// waits behind a gate until the worker asks for it).
     async fn write_body(&self, id: &SandboxId, path: &str, body: StreamBody) -> Result<(), Error> {
         let pq = files(id, "files", path);
+        self.put_body(id, pq, body, "application/octet-stream")
+            .await
+    }
+
+    /// A `PUT` of `body` at `pq`, with recovery as [`Client::write_body`].
+    async fn put_body(
+        &self,
+        id: &SandboxId,
+        pq: String,
+        body: StreamBody,
+        content_type: &'static str,
+    ) -> Result<(), Error> {
         let key = idempotency_key();
         let slot = Arc::new(Mutex::new(Some(body)));
         let timeout = UPLOAD_TIMEOUT;
@@ -224,7 +312,7 @@ impl Client {
                 let (body, gate) = stream::gated(body);
                 let h = [
                     ("authorization", authorization.as_str()),
-                    ("content-type", "application/octet-stream"),
+                    ("content-type", content_type),
                     ("idempotency-key", key.as_str()),
                 ];
                 let url = format!("{base}{pq}");
@@ -263,6 +351,47 @@ impl Client {
         // The answer (204) has no body to speak of.
         drop(a);
         Ok(())
+    }
+}
+
+/// How an upload writes: [`Client::write_file_with`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteOptions {
+    /// Permission bits to set (at most `0o7777`); `None`: an existing file keeps its
+    /// mode, a new one gets `0644`.
+    pub mode: Option<u32>,
+    /// Make missing parent directories (0755, owned like the file); `false`: a
+    /// missing parent is `404 not_found`.
+    pub mkdir: bool,
+    /// Write as this account of the sandbox; its root when `None`.
+    pub user: Option<space_proto::api::User>,
+}
+
+impl Default for WriteOptions {
+    fn default() -> Self {
+        Self {
+            mode: None,
+            mkdir: true,
+            user: None,
+        }
+    }
+}
+
+impl WriteOptions {
+    /// `pq` with these options' query parameters (`file`: mode and mkdir too).
+    fn query(&self, mut pq: String, file: bool) -> String {
+        if file {
+            if let Some(m) = self.mode {
+                pq.push_str(&format!("&mode={m:o}"));
+            }
+            if !self.mkdir {
+                pq.push_str("&mkdir=0");
+            }
+        }
+        if let Some(u) = &self.user {
+            pq.push_str(&format!("&user={}", crate::encode_query(&u.as_query())));
+        }
+        pq
     }
 }
 

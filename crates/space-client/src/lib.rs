@@ -669,7 +669,7 @@ mod platform;
 mod ports;
 mod routes;
 mod streams;
-pub use files::{ByteRange, READ_FILE_MAX, RangeRead};
+pub use files::{ByteRange, READ_FILE_MAX, RangeRead, WriteOptions};
 pub use ports::{MAX_CONNECT_HEAD, PortCredential, PortTunnel};
 pub use space_identity::Protocol;
 pub use space_proto::api::ports::{ExposePort, PortList, PortView};

@@ -53,12 +53,23 @@ impl Client {
 
     /// Opens an interactive shell on a terminal of `rows` × `cols`.
     pub async fn terminal(&self, id: &SandboxId, rows: u16, cols: u16) -> Result<Terminal, Error> {
-        let socket = self
-            .open_stream(
-                id,
-                &format!("/v1/sandboxes/{id}/terminal?rows={rows}&cols={cols}"),
-            )
-            .await?;
+        self.terminal_as(id, rows, cols, None).await
+    }
+
+    /// [`Client::terminal`] as an account of the sandbox (a user name or a uid; root
+    /// when `None`): its uid, groups and home. An unknown name is `400 unknown_user`.
+    pub async fn terminal_as(
+        &self,
+        id: &SandboxId,
+        rows: u16,
+        cols: u16,
+        user: Option<&space_proto::api::User>,
+    ) -> Result<Terminal, Error> {
+        let mut pq = format!("/v1/sandboxes/{id}/terminal?rows={rows}&cols={cols}");
+        if let Some(u) = user {
+            pq.push_str(&format!("&user={}", crate::encode_query(&u.as_query())));
+        }
+        let socket = self.open_stream(id, &pq).await?;
         Ok(Terminal { socket })
     }
 

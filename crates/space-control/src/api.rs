@@ -90,6 +90,7 @@ fn forwarded() -> OpenApiRouter<AppState> {
             forward::remove_file
         ))
         .routes(routes!(forward::forward_list))
+        .routes(routes!(forward::read_tree, forward::write_tree))
         .routes(routes!(forward::events))
         .routes(routes!(forward::terminal))
         .routes(routes!(forward::watch))

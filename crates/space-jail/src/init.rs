@@ -51,9 +51,11 @@ pub fn run(
     }
     // Hardened once, before the fork: the agent inherits the empty capability
     // sets, no_new_privs and the very same filter (one kernel copy per jail).
+    // Root keeps a few capabilities only inside a user namespace of its own range.
+    let own_range = userns.is_some();
     let started = finish_jail(spec, userns)
         .and_then(|()| block(&handled))
-        .and_then(|()| harden(filters))
+        .and_then(|()| harden(filters, own_range))
         .and_then(|()| start_agent(spec, &agent));
     let agent_pid = match started {
         Ok(pid) => pid,
@@ -115,7 +117,7 @@ fn finish_jail(spec: &JailSpec, userns: Option<OwnedFd>) -> Result<(), JailError
 }
 
 /// `/proc` entries that reach the host kernel. The agent is uid 0 without
-/// capabilities, and several of these check only file permissions: writing
+/// capabilities over the host, and several of these check only file permissions: writing
 /// `sysrq-trigger` reboots the host, `sys/kernel/core_pattern` runs a host program.
 /// As in Docker's default: read-only where reading is harmless, hidden otherwise.
 const PROC_READ_ONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
@@ -182,11 +184,63 @@ fn protect_proc(proc: &std::path::Path) -> Result<(), JailError> {
     Ok(())
 }
 
-/// no_new_privs, no capabilities, the seccomp profile: the same for init and agent.
-fn harden(filters: &[BpfProgram]) -> Result<(), JailError> {
+/// The capabilities the sandbox's root keeps when the jail has a user namespace of
+/// its own range (the default as root), and why. They act only within that
+/// namespace: on the sandbox's own processes, and on files whose owner and group are
+/// ids of its range (`capable_wrt_inode_uidgid`); nothing of the host is owned by
+/// those ids, the template layers are read-only mounts, and the other namespaces
+/// (mount, network, PID, UTS, IPC) belong to the host's namespace, so none of these
+/// reaches them. Everything else stays dropped (bounding set included), with
+/// `no_new_privs`: a process that switched to another account cannot get any back
+/// (setuid binaries and file capabilities grant nothing). Without a namespace of its
+/// own (`--no-userns`: host root; rootless: only root is mapped) nothing is kept.
+/// Entries: name, number (`linux/capability.h`), why.
+pub const SANDBOX_ROOT_CAPABILITIES: &[(&str, u32, &str)] = &[
+    (
+        "CAP_CHOWN",
+        0,
+        "give a file to an account of the sandbox (`chown user`)",
+    ),
+    (
+        "CAP_DAC_OVERRIDE",
+        1,
+        "root reads and writes the accounts' files (uploads into /home/user)",
+    ),
+    (
+        "CAP_FOWNER",
+        3,
+        "root changes modes and times of the accounts' files",
+    ),
+    (
+        "CAP_KILL",
+        5,
+        "the agent signals and times out processes it started as another account",
+    ),
+    (
+        "CAP_SETGID",
+        6,
+        "switch groups: exec as a user, `setpriv`, `su`",
+    ),
+    (
+        "CAP_SETUID",
+        7,
+        "switch to another account: exec as a user, `setpriv`, `su`",
+    ),
+];
+
+/// no_new_privs, the capabilities (none, or [`SANDBOX_ROOT_CAPABILITIES`] in a user
+/// namespace of the sandbox's own range), the seccomp profile: the same for init and
+/// agent.
+fn harden(filters: &[BpfProgram], own_range: bool) -> Result<(), JailError> {
     nix::sys::prctl::set_no_new_privs()
         .map_err(|e| JailError::new("no_new_privs", e.to_string()))?;
-    sys::drop_all_capabilities().map_err(|e| JailError::new("drop capabilities", e.to_string()))?;
+    let keep: Vec<u32> = if own_range {
+        SANDBOX_ROOT_CAPABILITIES.iter().map(|c| c.1).collect()
+    } else {
+        Vec::new()
+    };
+    sys::keep_only_capabilities(&keep)
+        .map_err(|e| JailError::new("drop capabilities", e.to_string()))?;
     seccomp_profile::install(filters).map_err(|e| JailError::new("install seccomp", e.to_string()))
 }
 

@@ -100,15 +100,17 @@ struct CapData {
 
 const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 
-/// Drops every capability from every set of the calling thread: bounding (so no
-/// exec can regain any), ambient, then effective, permitted and inheritable.
-pub fn drop_all_capabilities() -> io::Result<()> {
+/// Drops every capability but `keep` (none: every one) from every set of the
+/// calling thread: the bounding set (so no exec can gain another), ambient
+/// (cleared), then effective and permitted become exactly `keep` and inheritable
+/// empty.
+pub fn keep_only_capabilities(keep: &[u32]) -> io::Result<()> {
     let last = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
         .and_then(|s| s.trim().parse::<u32>().ok())
         // 63 covers every capability a future kernel may add; unknown ones give EINVAL.
         .unwrap_or(63);
-    for cap in 0..=last {
+    for cap in (0..=last).filter(|c| !keep.contains(c)) {
         // SAFETY: prctl with integer arguments only.
         let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
         if rc == -1 {
@@ -135,7 +137,12 @@ pub fn drop_all_capabilities() -> io::Result<()> {
         version: LINUX_CAPABILITY_VERSION_3,
         pid: 0,
     };
-    let data = [CapData::default(); 2];
+    let mut data = [CapData::default(); 2];
+    for &cap in keep.iter().filter(|c| **c < 64) {
+        let d = &mut data[(cap / 32) as usize];
+        d.effective |= 1 << (cap % 32);
+        d.permitted |= 1 << (cap % 32);
+    }
     // SAFETY: capset reads one header and two data structs (version 3 layout),
     // both alive for the duration of the call.
     let rc = unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) };

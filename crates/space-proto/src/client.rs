@@ -231,6 +231,7 @@ impl Call<u64> {
             path: path.into(),
             mode,
             parents: false,
+            user: None,
         };
         let inputs = data
             .chunks(MAX_CHUNK)

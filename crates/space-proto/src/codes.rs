@@ -72,6 +72,8 @@ codes! {
     NotHere => "not_here",
     /// The sandbox does not expose that service port.
     PortNotExposed => "port_not_exposed",
+    /// No such account in the sandbox's `/etc/passwd` (exec, terminal, upload as a user).
+    UnknownUser => "unknown_user",
     /// Nothing accepts connections on the service port inside the sandbox.
     PortClosed => "port_closed",
     /// A request on a service-port connection bound to another sandbox or port.
@@ -83,7 +85,7 @@ impl ErrorCode {
     /// answer: the codes a client of the edge may act on are kept, any other (or an
     /// unknown one) becomes `bad_gateway`. The one map for every relayed answer.
     pub fn relayed(code: &str) -> Self {
-        const KEPT: [ErrorCode; 12] = [
+        const KEPT: [ErrorCode; 13] = [
             ErrorCode::BadRequest,
             ErrorCode::Unauthorized,
             ErrorCode::Forbidden,
@@ -96,6 +98,7 @@ impl ErrorCode {
             ErrorCode::PortNotExposed,
             ErrorCode::PortClosed,
             ErrorCode::Misdirected,
+            ErrorCode::UnknownUser,
         ];
         KEPT.into_iter()
             .find(|c| c.as_str() == code)
@@ -157,6 +160,8 @@ codes! {
     Busy => "busy",
     /// The agent: no space left.
     NoSpace => "no_space",
+    /// The agent: no such account in the sandbox.
+    UnknownUser => "unknown_user",
     /// The agent: any other failure.
     Agent => "agent",
 }

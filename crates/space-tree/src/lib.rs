@@ -175,12 +175,20 @@ impl<'a> Walker<'a> {
             cur = match rustix::fs::openat(&cur, *part, DIR_FLAGS, Mode::empty()) {
                 Ok(fd) => fd,
                 Err(Errno::NOENT) if create => {
-                    match rustix::fs::mkdirat(&cur, *part, Mode::from_raw_mode(0o755)) {
-                        Ok(()) | Err(Errno::EXIST) => {}
+                    let made = match rustix::fs::mkdirat(&cur, *part, Mode::from_raw_mode(0o755)) {
+                        Ok(()) => true,
+                        Err(Errno::EXIST) => false,
                         Err(e) => return Err(io_at(format!("mkdir {name}"))(e)),
+                    };
+                    let fd = rustix::fs::openat(&cur, *part, DIR_FLAGS, Mode::empty())
+                        .map_err(|e| refused_or_io(e, name))?;
+                    if made {
+                        // 0755 whatever the umask (the archive's own mode, if it names
+                        // this directory, is set at the end).
+                        rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o755))
+                            .map_err(io_at(format!("chmod {name}")))?;
                     }
-                    rustix::fs::openat(&cur, *part, DIR_FLAGS, Mode::empty())
-                        .map_err(|e| refused_or_io(e, name))?
+                    fd
                 }
                 Err(e) => return Err(refused_or_io(e, name)),
             };

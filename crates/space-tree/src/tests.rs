@@ -6,7 +6,10 @@ use super::*;
 
 /// A hand-made archive: each entry with the exact name, type, mode and content the
 /// test wants, names the `tar` builder would refuse (`..`, absolute) included.
-fn archive(entries: &[(&str, tar::EntryType, u32, &[u8], Option<&str>)]) -> Vec<u8> {
+/// One entry of [`archive`]: name, type, mode, content, link target.
+type Entry<'a> = (&'a str, tar::EntryType, u32, &'a [u8], Option<&'a str>);
+
+fn archive(entries: &[Entry<'_>]) -> Vec<u8> {
     let mut out = Vec::new();
     for (name, kind, mode, data, link) in entries {
         let mut h = tar::Header::new_old();

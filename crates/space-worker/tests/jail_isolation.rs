@@ -108,10 +108,52 @@ fn seccomp_refuses_mount_and_unshare_inside() {
     assert_eq!(errnos, "-1 1 -1 1 -1 1\n");
 }
 
+/// The capabilities the sandbox's root keeps in a user namespace of its own range:
+/// CHOWN, DAC_OVERRIDE, FOWNER, KILL, SETGID, SETUID (bits 0, 1, 3, 5, 6, 7; see
+/// `space_jail::init::SANDBOX_ROOT_CAPABILITIES`).
+const SANDBOX_ROOT_CAPS: &str = "00000000000000eb";
+
 #[test]
-fn every_capability_set_is_empty_inside() {
+fn root_keeps_only_the_account_capabilities_inside_its_user_namespace() {
     require_jail_host!();
+    let kept: u64 = space_jail::init::SANDBOX_ROOT_CAPABILITIES
+        .iter()
+        .map(|c| 1u64 << c.1)
+        .sum();
+    assert_eq!(format!("{kept:016x}"), SANDBOX_ROOT_CAPS);
     let env = TestEnv::new();
+    let jail = env.jail();
+    let caps = jail.ok("grep ^Cap /proc/self/status");
+    for (set, want) in [
+        ("CapInh", "0000000000000000"),
+        ("CapPrm", SANDBOX_ROOT_CAPS),
+        ("CapEff", SANDBOX_ROOT_CAPS),
+        ("CapBnd", SANDBOX_ROOT_CAPS),
+        ("CapAmb", "0000000000000000"),
+    ] {
+        let line = caps
+            .lines()
+            .find(|l| l.starts_with(set))
+            .unwrap_or_else(|| panic!("{caps}"));
+        assert!(line.ends_with(want), "{line}");
+    }
+    assert_eq!(
+        jail.ok("grep NoNewPrivs /proc/self/status"),
+        "NoNewPrivs:\t1\n"
+    );
+    assert!(jail.ok("grep ^Seccomp: /proc/self/status").contains('2'));
+    // The init is hardened the same way.
+    assert!(
+        jail.ok("grep ^CapEff /proc/1/status")
+            .ends_with(&format!("{SANDBOX_ROOT_CAPS}\n"))
+    );
+}
+
+#[test]
+fn every_capability_set_is_empty_without_a_user_namespace_of_its_own() {
+    require_jail_host!();
+    // Host root (`--no-userns`): nothing is kept, not even for accounts.
+    let env = TestEnv::without_user_namespaces();
     let jail = env.jail();
     let caps = jail.ok("grep ^Cap /proc/self/status");
     for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
@@ -121,12 +163,6 @@ fn every_capability_set_is_empty_inside() {
             .unwrap_or_else(|| panic!("{caps}"));
         assert!(line.ends_with("0000000000000000"), "{line}");
     }
-    assert_eq!(
-        jail.ok("grep NoNewPrivs /proc/self/status"),
-        "NoNewPrivs:\t1\n"
-    );
-    assert!(jail.ok("grep ^Seccomp: /proc/self/status").contains('2'));
-    // The init is hardened too.
     assert!(
         jail.ok("grep ^CapEff /proc/1/status")
             .ends_with("0000000000000000\n")

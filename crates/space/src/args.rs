@@ -53,6 +53,10 @@ pub enum Command {
     Term {
         /// Sandbox ID.
         sandbox: String,
+        /// Run the shell as this account of the sandbox (a user name or a uid), in
+        /// its home; root by default.
+        #[arg(long, short = 'u')]
+        user: Option<String>,
     },
     /// Print changes under a directory of a sandbox, one JSON line each.
     Watch {
@@ -348,9 +352,13 @@ pub struct ExecArgs {
     /// Kill after this many seconds.
     #[arg(long)]
     pub timeout: Option<u64>,
-    /// Working directory.
+    /// Working directory (default: the account's home).
     #[arg(long)]
     pub cwd: Option<String>,
+    /// Run as this account of the sandbox (a user name or a uid): its uid, groups,
+    /// HOME, USER, LOGNAME and SHELL; root by default.
+    #[arg(long, short = 'u')]
+    pub user: Option<String>,
     /// Environment variable (repeatable).
     #[arg(long = "env", value_name = "KEY=VALUE")]
     pub env: Vec<String>,
@@ -374,23 +382,40 @@ pub struct ExecArgs {
 /// `space fs …`.
 #[derive(Debug, Subcommand)]
 pub enum FsCmd {
-    /// Download a file (to stdout with `-` or no LOCAL).
+    /// Download a file (to stdout with `-` or no LOCAL), or with `-r` a directory.
     Get {
         /// Sandbox ID.
         sandbox: String,
         /// Path in the sandbox.
         path: String,
-        /// Local file.
+        /// Local file (with `-r`: the local directory, made if missing).
         local: Option<PathBuf>,
+        /// PATH is a directory: download it whole (a tar stream unpacked into LOCAL,
+        /// never outside it; setuid bits and devices are not kept).
+        #[arg(long, short = 'r')]
+        recursive: bool,
     },
-    /// Upload a file (from stdin with `-`).
+    /// Upload a file (from stdin with `-`), keeping its mode; or with `-r` a
+    /// directory. Missing parent directories in the sandbox are made.
     Put {
         /// Sandbox ID.
         sandbox: String,
-        /// Local file or `-`.
+        /// Local file or `-` (with `-r`: a local directory).
         local: PathBuf,
-        /// Path in the sandbox.
+        /// Path in the sandbox (with `-r`: the directory to unpack into).
         path: String,
+        /// LOCAL is a directory: upload it whole (files, directories, symlinks as
+        /// links, modes, mtimes).
+        #[arg(long, short = 'r')]
+        recursive: bool,
+        /// Permission bits of the file in octal (default: the local file's mode; for
+        /// stdin, 0644 for a new file, an existing one keeps its mode).
+        #[arg(long, value_parser = octal_mode)]
+        mode: Option<u32>,
+        /// Write as this account of the sandbox (a user name or a uid): the file and
+        /// the directories made for it are its own.
+        #[arg(long, short = 'u')]
+        user: Option<String>,
     },
     /// List a directory.
     Ls {
@@ -518,6 +543,14 @@ fn parse_dns_server(text: &str) -> Result<std::net::SocketAddr, String> {
     text.parse::<std::net::IpAddr>()
         .map(|ip| std::net::SocketAddr::new(ip, 53))
         .map_err(|_| format!("{text:?} is not an address or address:port"))
+}
+
+/// An octal file mode, at most `7777`.
+fn octal_mode(text: &str) -> Result<u32, String> {
+    match u32::from_str_radix(text, 8) {
+        Ok(m) if m <= 0o7777 => Ok(m),
+        _ => Err(format!("{text:?} is not an octal mode from 0 to 7777")),
+    }
 }
 
 #[cfg(test)]

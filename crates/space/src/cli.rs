@@ -313,6 +313,7 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
                 timeout_secs: a.timeout,
                 cwd: a.cwd.clone(),
                 env: parse_env(&a.env)?,
+                user: a.user.as_deref().map(space_proto::api::User::parse),
                 ..ExecRequest::default()
             };
             if a.stream {
@@ -343,12 +344,29 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
             sandbox,
             path,
             local,
+            recursive: false,
         }) => crate::files::get(&c, sandbox, path, local.as_deref()).await?,
+        Command::Fs(FsCmd::Get {
+            sandbox,
+            path,
+            local,
+            recursive: true,
+        }) => crate::files::get_tree(&c, sandbox, path, local.as_deref()).await?,
         Command::Fs(FsCmd::Put {
             sandbox,
             local,
             path,
-        }) => crate::files::put(&c, sandbox, local, path).await?,
+            recursive,
+            mode,
+            user,
+        }) => {
+            let user = user.as_deref().map(space_proto::api::User::parse);
+            if *recursive {
+                crate::files::put_tree(&c, sandbox, local, path, user).await?;
+            } else {
+                crate::files::put(&c, sandbox, local, path, *mode, user).await?;
+            }
+        }
         Command::Fs(FsCmd::Ls { sandbox, path }) => {
             let list = c
                 .list_files(&sandbox_id(sandbox)?, path)
@@ -401,8 +419,9 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
             }
         }
         Command::Port(p) => return ports::run(&c, cli, url, p).await,
-        Command::Term { sandbox } => {
-            return crate::streams::term(&c, url, &sandbox_id(sandbox)?).await;
+        Command::Term { sandbox, user } => {
+            let user = user.as_deref().map(space_proto::api::User::parse);
+            return crate::streams::term(&c, url, &sandbox_id(sandbox)?, user.as_ref()).await;
         }
         Command::Watch {
             sandbox,

@@ -67,10 +67,15 @@ fn window_size() -> (u16, u16) {
 }
 
 /// `space term SANDBOX`: an interactive shell. Returns the exit code.
-pub async fn term(c: &Client, url: &str, sandbox: &SandboxId) -> Result<i32, String> {
+pub async fn term(
+    c: &Client,
+    url: &str,
+    sandbox: &SandboxId,
+    user: Option<&space_proto::api::User>,
+) -> Result<i32, String> {
     let (rows, cols) = window_size();
     let terminal = c
-        .terminal(sandbox, rows, cols)
+        .terminal_as(sandbox, rows, cols, user)
         .await
         .map_err(|e| open_failed(e, url))?;
     let (mut tx, mut rx) = terminal.split();

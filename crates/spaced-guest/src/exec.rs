@@ -30,6 +30,7 @@ use space_proto::guest::{
     RequestId, WireError,
 };
 
+use crate::accounts;
 use crate::agent::Agent;
 use crate::conn::{Conn, DontWait, End, Flow, io_error};
 use crate::files::resolve;
@@ -235,18 +236,30 @@ fn spawn(agent: &Agent, spec: &ExecSpec) -> Result<Running, Refused> {
     let Some(program) = spec.argv.first() else {
         return Err(invalid("empty argv").into());
     };
-    let cwd = match &spec.cwd {
-        Some(c) => resolve(agent, c)?,
-        None => agent.home.clone(),
+    let identity = accounts::take(spec.user.as_ref())?;
+    let home = identity
+        .as_ref()
+        .map_or(agent.home.clone(), |id| id.home.clone());
+    let cwd = match (&spec.cwd, &identity) {
+        (Some(c), Some(_)) => home.join(c),
+        (Some(c), None) => resolve(agent, c)?,
+        (None, Some(id)) => id.default_cwd(),
+        (None, None) => agent.home.clone(),
     };
     check_cwd(&cwd)?;
     let mut cmd = Command::new(program);
     cmd.args(&spec.argv[1..])
         .env_clear()
         .env("PATH", DEFAULT_PATH)
-        .env("HOME", &agent.home)
+        .env("HOME", &home)
         .env("LANG", "C.UTF-8")
         .current_dir(&cwd);
+    if let Some(id) = &identity {
+        cmd.env("USER", &id.name).env("LOGNAME", &id.name);
+        if let Some(shell) = &id.shell {
+            cmd.env("SHELL", shell);
+        }
+    }
     if spec.pty.is_some() {
         cmd.env("TERM", "xterm-256color");
     }
@@ -260,6 +273,11 @@ fn spawn(agent: &Agent, spec: &ExecSpec) -> Result<Running, Refused> {
     let pty_master = match spec.pty {
         Some(size) => {
             let (master, slave) = open_pty(size).map_err(|e| io_error("open pty", &e))?;
+            if let Some(id) = &identity {
+                // The terminal is the account's, as login makes it.
+                let _ =
+                    rustix::fs::fchown(&slave, Some(rustix::process::Uid::from_raw(id.uid)), None);
+            }
             cmd.stdin(Stdio::from(slave.try_clone().map_err(spawn_err)?))
                 .stdout(Stdio::from(slave.try_clone().map_err(spawn_err)?))
                 .stderr(Stdio::from(slave));
@@ -274,6 +292,10 @@ fn spawn(agent: &Agent, spec: &ExecSpec) -> Result<Running, Refused> {
             None
         }
     };
+    // After the terminal's session setup (which needs root's right to take the tty).
+    if let Some(id) = identity {
+        sys::run_as(&mut cmd, id.uid, id.gid, id.groups);
+    }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => return Err(exec_failure(program, &e).unwrap_or_else(|| spawn_err(e).into())),

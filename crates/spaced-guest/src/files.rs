@@ -3,17 +3,19 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use space_proto::guest::{
-    AgentBody, ByteRange, DirEntry, ErrorKind, FileKind, FileStat, Input, MAX_CHUNK, Operation,
-    RequestId, WireError,
+    Account, AgentBody, ByteRange, DirEntry, ErrorKind, FileKind, FileStat, Input, MAX_CHUNK,
+    Operation, RequestId, WireError,
 };
 
+use crate::accounts;
 use crate::agent::Agent;
 use crate::conn::{Conn, Flow, io_error};
+use crate::sys::ActingAs;
 
 /// Entries per `Entries` frame: a few hundred names stay far under the frame cap.
 const LIST_BATCH: usize = 256;
@@ -324,8 +326,14 @@ pub(crate) fn write(
     path: &str,
     mode: Option<u32>,
     parents: bool,
+    user: Option<&Account>,
 ) -> Flow {
-    let mut state = begin_write(conn.agent, path, mode, parents);
+    // Declared first, dropped last: the temporary file goes as the account that made it.
+    let acting = as_account(user);
+    let mut state = acting
+        .as_ref()
+        .map_err(Clone::clone)
+        .and_then(|_| begin_write(conn.agent, path, mode, parents));
     let mut written = 0u64;
     loop {
         match conn.read_input(id)? {
@@ -350,15 +358,42 @@ pub(crate) fn write(
         }
     }
     let answer = state.and_then(|tmp| finish_write(tmp, path, mode));
+    drop(acting);
     match answer {
         Ok(()) => conn.send(id, AgentBody::Written { bytes: written }),
         Err(e) => conn.send_error(id, e),
     }
 }
 
+/// Makes `dir` and its missing parents, each with mode 0755 whatever the agent's
+/// umask (owned by whoever the thread acts as).
+pub(crate) fn make_dirs(dir: &Path) -> io::Result<()> {
+    let missing: Vec<&Path> = dir
+        .ancestors()
+        .take_while(|d| !d.as_os_str().is_empty() && fs::symlink_metadata(d).is_err())
+        .collect();
+    for d in missing.into_iter().rev() {
+        match fs::DirBuilder::new().mode(0o755).create(d) {
+            Ok(()) => fs::set_permissions(d, fs::Permissions::from_mode(0o755))?,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The calling thread acting as `user` on files (nothing when `None`), for the
+/// duration of the guard.
+pub(crate) fn as_account(user: Option<&Account>) -> Result<Option<ActingAs>, WireError> {
+    match accounts::take(user)? {
+        Some(id) => id.act().map(Some),
+        None => Ok(None),
+    }
+}
+
 /// A failed write of `path`: a full disk (the sandbox's disk limit) or a file over a
 /// size limit is [`ErrorKind::NoSpace`], so a client can tell it from a broken agent.
-fn write_error(path: &str, e: &io::Error) -> WireError {
+pub(crate) fn write_error(path: &str, e: &io::Error) -> WireError {
     match e.raw_os_error() {
         Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => WireError::new(
             ErrorKind::NoSpace,
@@ -382,15 +417,6 @@ fn begin_write(
             format!("write {path}: not a file path"),
         ));
     };
-    if parents {
-        fs::create_dir_all(dir).map_err(err)?;
-    }
-    if fs::metadata(&target).is_ok_and(|m| m.is_dir()) {
-        return Err(WireError::new(
-            ErrorKind::IsADirectory,
-            format!("write {path}: is a directory"),
-        ));
-    }
     if let Some(m) = mode {
         if m > 0o7777 {
             return Err(WireError::new(
@@ -398,6 +424,15 @@ fn begin_write(
                 format!("mode {m:o} out of range"),
             ));
         }
+    }
+    if parents {
+        make_dirs(dir).map_err(err)?;
+    }
+    if fs::metadata(&target).is_ok_and(|m| m.is_dir()) {
+        return Err(WireError::new(
+            ErrorKind::IsADirectory,
+            format!("write {path}: is a directory"),
+        ));
     }
     // The name must be new to the directory, whatever it holds: a sandbox's files
     // outlive its agent (a snapshot taken during a write carries that write's

@@ -8,6 +8,7 @@
 //! request has to move bytes in several directions at once. Every buffer is bounded,
 //! and a slow reader slows the producer (backpressure) instead of growing memory.
 
+mod accounts;
 mod agent;
 pub mod config;
 mod conn;
@@ -16,6 +17,7 @@ mod files;
 pub mod server;
 mod session;
 mod sys;
+mod tree;
 mod watch;
 
 pub use agent::Agent;

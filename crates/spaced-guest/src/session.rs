@@ -12,7 +12,7 @@ use space_proto::guest::{
 
 use crate::agent::Agent;
 use crate::conn::{Conn, End, Flow};
-use crate::{exec, files, watch};
+use crate::{exec, files, tree, watch};
 
 /// How long a new connection may take to say hello: a peer that connects and stays
 /// silent must not hold a connection slot forever.
@@ -91,7 +91,10 @@ fn dispatch(conn: &mut Conn<'_>, id: RequestId, op: Operation) -> Flow {
             path,
             mode,
             parents,
-        } => files::write(conn, id, &path, mode, parents),
+            user,
+        } => files::write(conn, id, &path, mode, parents, user.as_ref()),
+        Operation::ReadTree { path } => tree::read(conn, id, &path),
+        Operation::WriteTree { path, user } => tree::write(conn, id, &path, user.as_ref()),
         Operation::ReadFile {
             path,
             offset,

@@ -71,3 +71,113 @@ pub(crate) fn new_session_with_controlling_tty(cmd: &mut Command) {
         cmd.pre_exec(setup);
     }
 }
+
+/// Makes the child run as `uid`, `gid` with the supplementary `groups` (set in this
+/// order, before `exec`). The caller checked beforehand ([`can_act_as`]) that the
+/// ids are mapped and the agent may take them.
+pub(crate) fn run_as(cmd: &mut Command, uid: u32, gid: u32, groups: Vec<u32>) {
+    let setup = move || {
+        // SAFETY: raw system calls with integers and a pointer to `groups`, which the
+        // closure owns (allocated before the fork); the child has one thread, so the
+        // calls change the credentials of the whole process.
+        unsafe {
+            if libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) != 0
+                || libc::syscall(libc::SYS_setresgid, gid, gid, gid) != 0
+                || libc::syscall(libc::SYS_setresuid, uid, uid, uid) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    };
+    // SAFETY: the closure runs in the forked child before `exec` and makes three raw
+    // system calls, which neither allocate nor take locks (async-signal-safe); an
+    // error is built from the raw OS code, also without allocating.
+    unsafe {
+        cmd.pre_exec(setup);
+    }
+}
+
+/// `setfsuid`/`setfsgid` of the calling thread (raw: per thread); returns the id in
+/// force afterwards (the call returns the previous one, so it is asked twice).
+fn set_fs_ids(uid: u32, gid: u32) -> (u32, u32) {
+    // SAFETY: raw system calls with integer arguments; they change only the calling
+    // thread's filesystem ids. `u32::MAX` (-1) asks without changing.
+    unsafe {
+        libc::syscall(libc::SYS_setfsgid, gid);
+        libc::syscall(libc::SYS_setfsuid, uid);
+        let u = libc::syscall(libc::SYS_setfsuid, u32::MAX) as u32;
+        let g = libc::syscall(libc::SYS_setfsgid, u32::MAX) as u32;
+        (u, g)
+    }
+}
+
+/// The calling thread's filesystem ids.
+fn current_fs_ids() -> (u32, u32) {
+    set_fs_ids(u32::MAX, u32::MAX)
+}
+
+/// The calling thread's supplementary groups.
+fn thread_groups() -> io::Result<Vec<u32>> {
+    // SAFETY: getgroups(0, NULL) only returns the count.
+    let n = unsafe { libc::syscall(libc::SYS_getgroups, 0, std::ptr::null_mut::<u32>()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut groups = vec![0u32; n as usize];
+    // SAFETY: the buffer holds `n` gids, as the call was told.
+    let n = unsafe { libc::syscall(libc::SYS_getgroups, groups.len(), groups.as_mut_ptr()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    groups.truncate(n as usize);
+    Ok(groups)
+}
+
+fn set_thread_groups(groups: &[u32]) -> io::Result<()> {
+    // SAFETY: a raw setgroups (this thread only) with a pointer to `groups.len()` gids.
+    if unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The calling thread acting on files as another account (filesystem ids and
+/// supplementary groups of this thread only: the agent's other connections are not
+/// affected) until dropped.
+#[derive(Debug)]
+pub(crate) struct ActingAs {
+    groups: Vec<u32>,
+    ids: (u32, u32),
+}
+
+impl ActingAs {
+    /// Acts as `uid`, `gid`, `groups` on files, or says why it cannot.
+    pub(crate) fn new(uid: u32, gid: u32, groups: &[u32]) -> io::Result<Self> {
+        let ids = current_fs_ids();
+        let saved = thread_groups()?;
+        set_thread_groups(groups)?;
+        let guard = Self { groups: saved, ids };
+        if set_fs_ids(uid, gid) != (uid, gid) {
+            return Err(io::Error::from_raw_os_error(libc::EPERM));
+        }
+        Ok(guard)
+    }
+}
+
+impl Drop for ActingAs {
+    fn drop(&mut self) {
+        set_fs_ids(self.ids.0, self.ids.1);
+        let _ = set_thread_groups(&self.groups);
+    }
+}
+
+/// Whether this thread may take `uid` and `gid` (the ids are mapped in the sandbox's
+/// user namespace, and the agent holds `CAP_SETUID`/`CAP_SETGID`): tried on the
+/// filesystem ids of this thread, then put back.
+pub(crate) fn can_act_as(uid: u32, gid: u32) -> bool {
+    let (u, g) = current_fs_ids();
+    let ok = set_fs_ids(uid, gid) == (uid, gid);
+    set_fs_ids(u, g);
+    ok
+}

@@ -454,3 +454,43 @@ fn a_capped_flood_that_times_out_says_both() {
     assert_eq!(out.status.outcome, ExitOutcome::Signal(9));
     assert!(json_len(&out.stdout) <= 4096);
 }
+
+#[test]
+fn a_process_run_as_a_uid_has_that_uid_its_own_group_and_root_as_home() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIPPED: switching accounts needs root");
+        return;
+    }
+    let agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    let mut spec = ExecSpec::shell("id -u; id -g; id -G; echo \"$HOME $USER\"; pwd");
+    // A uid no passwd names: group = uid, home `/`.
+    spec.user = Some(space_proto::guest::Account::Uid(4_000_123));
+    let out = conn.exec(spec).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "4000123\n4000123\n4000123\n/ 4000123\n/\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn an_unknown_user_is_refused_and_nothing_runs() {
+    let agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    let marker = agent.path("ran");
+    let mut spec = ExecSpec::shell(&format!("touch {marker}"));
+    spec.user = Some(space_proto::guest::Account::Name(
+        "no-such-user-here".into(),
+    ));
+    let err = conn.exec(spec).unwrap_err();
+    match err {
+        ClientError::Agent(e) => assert_eq!(e.kind, ErrorKind::UnknownUser, "{e}"),
+        other => panic!("{other}"),
+    }
+    assert!(!std::path::Path::new(&marker).exists());
+    // The connection is still in step.
+    let out = conn.exec(ExecSpec::command(["true"])).unwrap();
+    assert_eq!(code(&out), ExitOutcome::Code(0));
+}

@@ -110,6 +110,7 @@ fn write_with_parents_creates_the_directories() {
             path: "a/b/c.txt".into(),
             mode: None,
             parents: true,
+            user: None,
         })
         .unwrap();
     conn.send_input(id, Input::Data(b"deep".to_vec())).unwrap();

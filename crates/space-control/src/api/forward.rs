@@ -12,7 +12,9 @@ use space_identity::OperationClass;
 use space_proto::api::{ExecRequest, ExecResponse, FileEntry};
 use space_proto::openapi::{RawBytes, SandboxPath};
 
-use super::openapi::{Exec, FilePath, FileRead, FileWrite, Forwarded, TerminalQuery, WatchQuery};
+use super::openapi::{
+    Exec, FilePath, FileRead, FileWrite, FileWriteQuery, Forwarded, TerminalQuery, WatchQuery,
+};
 use super::request::{AppState, MAX_BODY, MAX_INTERNAL_BODY, caller, path_and_query, sandbox_id};
 use crate::edge::Authority;
 use crate::error::ControlError;
@@ -104,14 +106,50 @@ pub(super) async fn read_file(
     forward_files(st, headers, id, req).await
 }
 
-/// Write a file: the body, streamed, replaces it atomically once whole (parents are
-/// not created). Accepts `Idempotency-Key`.
-#[utoipa::path(put, path = "/v1/sandboxes/{id}/files", tag = "operations", params(SandboxPath, FilePath),
+/// Write a file: the body, streamed, replaces it atomically once whole (missing
+/// parents are made unless `mkdir=0`; `mode=` sets its mode, `user=` writes as an
+/// account of the sandbox). Accepts `Idempotency-Key`.
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/files", tag = "operations", params(SandboxPath, FileWriteQuery),
     request_body(content = RawBytes, content_type = "application/octet-stream"),
     responses((status = 204, description = "written",
         headers(("space-execution" = String, description = "the execution that wrote it"))), FileWrite),
     security(("api_key" = [])))]
 pub(super) async fn write_file(
+    st: State<AppState>,
+    headers: HeaderMap,
+    id: Path<String>,
+    req: Request,
+) -> Result<Response, ControlError> {
+    forward_files(st, headers, id, req).await
+}
+
+/// Read a directory as a tar stream (regular files, directories, symlinks as links,
+/// modes, mtimes; no devices).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/tar", tag = "operations", params(SandboxPath, FilePath),
+    responses(
+        (status = 200, description = "the directory as a tar archive, streamed (cut short if packing fails)", body = RawBytes, content_type = "application/x-tar",
+            headers(("space-execution" = String, description = "the execution that read it"))),
+        FileRead),
+    security(("api_key" = [])))]
+pub(super) async fn read_tree(
+    st: State<AppState>,
+    headers: HeaderMap,
+    id: Path<String>,
+    req: Request,
+) -> Result<Response, ControlError> {
+    forward_files(st, headers, id, req).await
+}
+
+/// Unpack a tar stream into a directory (made if missing), inside the sandbox: an
+/// entry that is absolute, climbs out with `..`, passes through a symlink or is a
+/// device is refused (400). `?user=` unpacks as that account. Accepts
+/// `Idempotency-Key`.
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/files/tar", tag = "operations", params(SandboxPath, FileWriteQuery),
+    request_body(content = RawBytes, content_type = "application/x-tar"),
+    responses((status = 204, description = "unpacked",
+        headers(("space-execution" = String, description = "the execution that wrote it"))), FileWrite),
+    security(("api_key" = [])))]
+pub(super) async fn write_tree(
     st: State<AppState>,
     headers: HeaderMap,
     id: Path<String>,

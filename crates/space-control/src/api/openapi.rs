@@ -96,6 +96,29 @@ pub(super) struct FilePath {
     path: String,
 }
 
+/// The query of an upload (`PUT …/files`, `PUT …/files/tar`).
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(
+    dead_code,
+    reason = "described, never built: the edge passes the query to the worker as is"
+)]
+pub(super) struct FileWriteQuery {
+    /// The file (the directory for `/files/tar`): absolute, or relative to the agent's
+    /// home; 1 to 4096 bytes, no NUL.
+    #[param(required = true)]
+    path: String,
+    /// Permission bits in octal (`0755`), at most `7777` (400 otherwise); without it
+    /// an existing file keeps its mode and a new one gets `0644`. Not for `/files/tar`.
+    mode: Option<String>,
+    /// `1` (default): missing parent directories are made (0755, owned like the
+    /// file); `0`: a missing parent is 404. Not for `/files/tar`.
+    mkdir: Option<String>,
+    /// Write as this account of the sandbox (a user name or a uid): its permissions
+    /// apply and what is made is its own. An unknown name: 400 `unknown_user`.
+    user: Option<String>,
+}
+
 /// The query of a terminal.
 #[derive(Debug, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -108,6 +131,9 @@ pub(super) struct TerminalQuery {
     rows: Option<u16>,
     /// Columns, 1 to 1000 (80).
     cols: Option<u16>,
+    /// The account the shell runs as (a user name or a uid; root when absent; an
+    /// unknown name: 400 `unknown_user`).
+    user: Option<String>,
     /// Through the edge: open a new shell on the new execution after a migration
     /// instead of closing with 4001.
     reattach: Option<bool>,

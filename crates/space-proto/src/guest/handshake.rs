@@ -11,8 +11,9 @@ use space_identity::{Execution, ExecutionId, Generation, SandboxId};
 use crate::codec::wire;
 
 /// The protocol version this crate speaks. The agent refuses any other. (2: exec output
-/// caps — `ExecSpec::max_output_bytes` and the truncation flags of `ExitStatus`.)
-pub const PROTOCOL_VERSION: u32 = 2;
+/// caps — `ExecSpec::max_output_bytes` and the truncation flags of `ExitStatus`. 3:
+/// accounts — `ExecSpec::user`, `WriteFile::user`, `ReadTree`/`WriteTree`.)
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Domain separation for the proof, so the secret's MAC can never be confused with any
 /// other use of the same key.

@@ -79,8 +79,11 @@ pub enum Operation {
         path: String,
         /// Permission bits of a new file; an existing file keeps its mode when `None`.
         mode: Option<u32>,
-        /// Create missing parent directories.
+        /// Create missing parent directories (mode 0755, owned like the file).
         parents: bool,
+        /// Write as this account of the sandbox (its permissions apply; the file and
+        /// the directories made for it are its own); the agent's root when `None`.
+        user: Option<Account>,
     },
     /// List a directory: `Entries` batches, then `Done`.
     List {
@@ -132,6 +135,43 @@ pub enum Operation {
         /// The bytes wanted.
         range: ByteRange,
     },
+    /// Stream a directory as a tar archive (regular files, directories and symlinks,
+    /// with modes and mtimes; anything else is left out): `FileData` chunks, then
+    /// `ReadEnd`.
+    ReadTree {
+        /// The directory.
+        path: String,
+    },
+    /// Unpack the tar archive carried by the `Input::Data` frames that follow, up to
+    /// `Input::End`, into a directory (made, with its parents, if missing): `Written`
+    /// (the archive's bytes). Entries that are absolute, climb out with `..`, pass
+    /// through a symlink, or are devices are refused, and nothing is written through
+    /// a symlink.
+    WriteTree {
+        /// The directory.
+        path: String,
+        /// Unpack as this account of the sandbox; the agent's root when `None`.
+        user: Option<Account>,
+    },
+}
+
+/// An account of the sandbox, as its `/etc/passwd` names it, or a bare uid.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Account {
+    /// A user name, looked up in the sandbox's `/etc/passwd`.
+    Name(String),
+    /// A numeric uid: its `/etc/passwd` entry when there is one, else group = uid and
+    /// home `/`.
+    Uid(u32),
+}
+
+impl std::fmt::Display for Account {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Name(n) => f.write_str(n),
+            Self::Uid(u) => write!(f, "{u}"),
+        }
+    }
 }
 
 /// Which bytes of a file a [`Operation::ReadRange`] wants: the forms of an HTTP
@@ -219,6 +259,10 @@ pub struct ExecSpec {
     /// [`super::OutputCap`]): output past it is read and dropped, and `Exited` says so.
     /// `None`: no cap (streaming).
     pub max_output_bytes: Option<u64>,
+    /// Run as this account of the sandbox (its groups, `HOME`, `USER`, `LOGNAME`,
+    /// `SHELL`, and its home as the default working directory); the agent's root when
+    /// `None`.
+    pub user: Option<Account>,
 }
 
 /// Terminal size in character cells.
@@ -488,6 +532,8 @@ pub enum ErrorKind {
     Busy,
     /// The sandbox's disk (its disk limit) or a file size limit is full.
     NoSpace,
+    /// The account named is not in the sandbox's `/etc/passwd`.
+    UnknownUser,
 }
 
 impl ErrorKind {
@@ -505,6 +551,7 @@ impl ErrorKind {
             Self::Protocol => "protocol",
             Self::Busy => "busy",
             Self::NoSpace => "no_space",
+            Self::UnknownUser => "unknown_user",
         }
     }
 }

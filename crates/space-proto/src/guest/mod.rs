@@ -14,9 +14,9 @@ pub use handshake::{
     Hello, HelloAck, PROOF_CONTEXT, PROTOCOL_VERSION, ServedIdentity, compute_proof, verify_proof,
 };
 pub use messages::{
-    AgentBody, AgentFrame, ByteRange, CONNECTION, ClientFrame, DirEntry, ErrorKind, ExecSpec,
-    ExitOutcome, ExitStatus, FileKind, FileStat, Input, InputFrame, MAX_CHUNK, Operation, PtySize,
-    Request, RequestId, WatchEndReason, WatchEvent, WireError,
+    Account, AgentBody, AgentFrame, ByteRange, CONNECTION, ClientFrame, DirEntry, ErrorKind,
+    ExecSpec, ExitOutcome, ExitStatus, FileKind, FileStat, Input, InputFrame, MAX_CHUNK, Operation,
+    PtySize, Request, RequestId, WatchEndReason, WatchEvent, WireError,
 };
 pub use output::{OutputCap, json_char_len, json_str_len};
 

@@ -22,6 +22,13 @@ fn pty() -> impl Strategy<Value = PtySize> {
     (any::<u16>(), any::<u16>()).prop_map(|(rows, cols)| PtySize { rows, cols })
 }
 
+fn account() -> impl Strategy<Value = Account> {
+    prop_oneof![
+        text().prop_map(Account::Name),
+        any::<u32>().prop_map(Account::Uid)
+    ]
+}
+
 fn operation() -> impl Strategy<Value = Operation> {
     let exec = (
         vec(text(), 0..4),
@@ -31,9 +38,10 @@ fn operation() -> impl Strategy<Value = Operation> {
         option::of(any::<u64>()),
         option::of(pty()),
         option::of(any::<u64>()),
+        option::of(account()),
     )
         .prop_map(
-            |(argv, env, cwd, stdin, timeout_ms, pty, max_output_bytes)| {
+            |(argv, env, cwd, stdin, timeout_ms, pty, max_output_bytes, user)| {
                 Operation::Exec(ExecSpec {
                     argv,
                     env,
@@ -42,6 +50,7 @@ fn operation() -> impl Strategy<Value = Operation> {
                     timeout_ms,
                     pty,
                     max_output_bytes,
+                    user,
                 })
             },
         );
@@ -54,13 +63,21 @@ fn operation() -> impl Strategy<Value = Operation> {
                 max_bytes,
             }
         }),
-        (text(), option::of(any::<u32>()), any::<bool>()).prop_map(|(path, mode, parents)| {
-            Operation::WriteFile {
+        (
+            text(),
+            option::of(any::<u32>()),
+            any::<bool>(),
+            option::of(account())
+        )
+            .prop_map(|(path, mode, parents, user)| Operation::WriteFile {
                 path,
                 mode,
                 parents,
-            }
-        }),
+                user,
+            }),
+        text().prop_map(|path| Operation::ReadTree { path }),
+        (text(), option::of(account()))
+            .prop_map(|(path, user)| Operation::WriteTree { path, user }),
         text().prop_map(|path| Operation::List { path }),
         text().prop_map(|path| Operation::Stat { path }),
         (text(), any::<bool>()).prop_map(|(path, parents)| Operation::Mkdir { path, parents }),
@@ -108,6 +125,8 @@ fn error_kind() -> impl Strategy<Value = ErrorKind> {
         Just(ErrorKind::UnsupportedVersion),
         Just(ErrorKind::Protocol),
         Just(ErrorKind::Busy),
+        Just(ErrorKind::NoSpace),
+        Just(ErrorKind::UnknownUser),
     ]
 }
 

@@ -97,6 +97,7 @@ async fn run(
         ),
         pty: None,
         max_output_bytes: Some(max_output_bytes),
+        user: req.user.map(Into::into),
     };
     let execution_id = slot.record.execution_id;
     let resp = once(idempotency, sandbox, headers, move || async move {

@@ -58,22 +58,47 @@ pub(crate) async fn read_file(
     resp
 }
 
-/// `PUT /v1/sandboxes/{id}/files?path=`: the body streamed into the file.
-#[utoipa::path(put, path = "/v1/sandboxes/{id}/files", tag = "sandbox", params(space_proto::openapi::SandboxPath, PathQuery), request_body(content = space_proto::openapi::RawBytes, content_type = "application/octet-stream"), responses((status = 204, description = "written, atomically and durably", headers(("space-execution" = String, description = "the execution that answered"))), super::openapi::FileWrite), security(("capability" = [])))]
+/// `PUT /v1/sandboxes/{id}/files?path=[&mode=][&mkdir=][&user=]`: the body streamed
+/// into the file.
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/files", tag = "sandbox", params(space_proto::openapi::SandboxPath, WriteQuery), request_body(content = space_proto::openapi::RawBytes, content_type = "application/octet-stream"), responses((status = 204, description = "written, atomically and durably", headers(("space-execution" = String, description = "the execution that answered"))), super::openapi::FileWrite), security(("capability" = [])))]
 pub(crate) async fn write_file(
     State(w): State<Arc<Worker>>,
     State(idempotency): State<IdempotencyCache>,
     Path(id): Path<String>,
-    Query(q): Query<PathQuery>,
+    Query(q): Query<WriteQuery>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let start = Instant::now();
-    let resp = match parse_and_admit(&w, &headers, &id, Access::FsWrite)
-        .and_then(|admitted| Ok((admitted, required_path(&q)?)))
+    let op = |path: String| -> Result<Operation, Refusal> {
+        Ok(Operation::WriteFile {
+            path,
+            mode: q.mode()?,
+            parents: q.parents()?,
+            user: q.account(),
+        })
+    };
+    let resp = upload(&w, &idempotency, &id, &headers, q.path.as_deref(), op, body).await;
+    w.metrics.observe("write_file", start.elapsed());
+    resp
+}
+
+/// An upload: admitted, then `body` streamed to the agent as the input of `op` (built
+/// from the path), the answer kept under the request's idempotency key.
+pub(super) async fn upload(
+    w: &Worker,
+    idempotency: &IdempotencyCache,
+    id: &str,
+    headers: &HeaderMap,
+    path: Option<&str>,
+    op: impl FnOnce(String) -> Result<Operation, Refusal>,
+    body: Body,
+) -> Response {
+    match parse_and_admit(w, headers, id, Access::FsWrite)
+        .and_then(|admitted| Ok((admitted, op(checked_path(path)?)?)))
     {
         Err(r) => r.into_response(),
-        Ok((admitted, path)) => match admitted.unpaused(&w).await {
+        Ok((admitted, op)) => match admitted.unpaused(w).await {
             Err(r) => r.into_response(),
             Ok(admitted) => {
                 let sandbox = admitted.sandbox();
@@ -82,7 +107,7 @@ pub(crate) async fn write_file(
                 // the agent is not replayed from memory, and a replay of the key is
                 // answered from the record without reading its body.
                 let run = move || async move {
-                    match write(&slot, path, body).await {
+                    match write(&slot, op, body).await {
                         Ok(resp) => {
                             // Written and not yet answered: a worker killed here leaves
                             // its caller without the answer of a write that was done.
@@ -92,16 +117,14 @@ pub(crate) async fn write_file(
                         Err(r) => r.into_response(),
                     }
                 };
-                once(&idempotency, sandbox, &headers, run).await
+                once(idempotency, sandbox, headers, run).await
             }
         },
-    };
-    w.metrics.observe("write_file", start.elapsed());
-    resp
+    }
 }
 
 /// A verified agent connection of `pool`: an idle one, or a new one.
-async fn take(pool: &AgentPool) -> Result<AgentConnection<AgentStream>, Refusal> {
+pub(super) async fn take(pool: &AgentPool) -> Result<AgentConnection<AgentStream>, Refusal> {
     match pool.idle() {
         Some(conn) => Ok(conn),
         None => connect(pool).await.map_err(Refusal::Bridge),
@@ -110,7 +133,7 @@ async fn take(pool: &AgentPool) -> Result<AgentConnection<AgentStream>, Refusal>
 
 /// A bridge failure of `slot`'s connection: a stale route when the execution was
 /// retired meanwhile (see [`stale_or`]), else a 502.
-async fn broken(
+pub(super) async fn broken(
     e: &ClientError,
     lease: &tokio::sync::watch::Receiver<bool>,
     slot: &Slot,
@@ -200,7 +223,7 @@ async fn read(
 /// a download's reader to take the next batch. A client idle longer loses the
 /// transfer, so a stalled client cannot hold an agent connection (and, for an upload,
 /// a temporary file) for ever. `SPACE_FILE_IDLE_SECS`, default 60.
-fn idle() -> std::time::Duration {
+pub(super) fn idle() -> std::time::Duration {
     static IDLE: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
     *IDLE.get_or_init(|| {
         let secs = std::env::var("SPACE_FILE_IDLE_SECS")
@@ -339,10 +362,11 @@ impl hyper::body::Body for Streamed {
     }
 }
 
-/// Streams `body` into `path` through one agent connection: the request, the body's
-/// chunks as they arrive (each data frame of the body in one socket write), the end,
-/// and the agent's answer once the new file is durable at `path`.
-async fn write(slot: &Arc<Slot>, path: String, mut body: Body) -> Result<Response, Refusal> {
+/// Streams `body` through one agent connection as the input of `op` (a file or a
+/// tree write): the request, the body's chunks as they arrive (each data frame of the
+/// body in one socket write), the end, and the agent's answer once what it wrote is
+/// in place.
+async fn write(slot: &Arc<Slot>, op: Operation, mut body: Body) -> Result<Response, Refusal> {
     let pool = slot
         .pool
         .clone()
@@ -352,11 +376,6 @@ async fn write(slot: &Arc<Slot>, path: String, mut body: Body) -> Result<Respons
         Ok(c) => c,
         // No connection to the agent: a stale route if the execution is being retired.
         Err(r) => return Err(stale_or(r, lease, slot).await),
-    };
-    let op = Operation::WriteFile {
-        path,
-        mode: None,
-        parents: false,
     };
     let rid = match conn.send_request_async(op).await {
         Ok(rid) => rid,
@@ -425,7 +444,64 @@ pub(crate) struct PathQuery {
 }
 
 fn required_path(q: &PathQuery) -> Result<String, Refusal> {
-    match q.path.as_deref() {
+    checked_path(q.path.as_deref())
+}
+
+/// The query of an upload: the path, and how to write it.
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct WriteQuery {
+    /// The file (for `/files/tar`: the directory): 1 to 4096 bytes, no NUL.
+    #[param(required = true)]
+    path: Option<String>,
+    /// Permission bits in octal (`0755`), at most `7777` (400 `bad_request`
+    /// otherwise); without it an existing file keeps its mode and a new one gets
+    /// `0644`.
+    mode: Option<String>,
+    /// Whether missing parent directories are made (mode 0755, owned like the file):
+    /// `1` (the default) or `0` (a missing parent is then 404 `not_found`).
+    mkdir: Option<String>,
+    /// Write as this account of the sandbox (a user name or a uid): its permissions
+    /// apply and what is made is its own (an unknown name: 400 `unknown_user`).
+    user: Option<String>,
+}
+
+impl WriteQuery {
+    pub(super) fn path(&self) -> Option<&str> {
+        self.path.as_deref()
+    }
+
+    fn mode(&self) -> Result<Option<u32>, Refusal> {
+        let Some(text) = self.mode.as_deref() else {
+            return Ok(None);
+        };
+        match u32::from_str_radix(text, 8) {
+            Ok(m) if m <= 0o7777 && !text.is_empty() && text.len() <= 6 => Ok(Some(m)),
+            _ => Err(Refusal::BadRequest(format!(
+                "mode must be octal permission bits, 0 to 7777 (got {text:?})"
+            ))),
+        }
+    }
+
+    fn parents(&self) -> Result<bool, Refusal> {
+        match self.mkdir.as_deref() {
+            None | Some("1" | "true") => Ok(true),
+            Some("0" | "false") => Ok(false),
+            Some(other) => Err(Refusal::BadRequest(format!(
+                "mkdir must be 1 or 0 (got {other:?})"
+            ))),
+        }
+    }
+
+    pub(super) fn account(&self) -> Option<space_proto::guest::Account> {
+        self.user
+            .as_deref()
+            .map(|u| space_proto::api::User::parse(u).into())
+    }
+}
+
+pub(super) fn checked_path(path: Option<&str>) -> Result<String, Refusal> {
+    match path {
         Some(p) if !p.is_empty() && p.len() <= 4096 && !p.contains('\0') => Ok(p.to_owned()),
         _ => Err(Refusal::BadRequest(
             "query parameter `path` is required".into(),

@@ -131,6 +131,7 @@ fn agent_status(kind: ErrorKind) -> (StatusCode, WorkerCode) {
         ErrorKind::InvalidArgument => (StatusCode::BAD_REQUEST, WorkerCode::InvalidArgument),
         ErrorKind::Busy => (StatusCode::SERVICE_UNAVAILABLE, WorkerCode::Busy),
         ErrorKind::NoSpace => (StatusCode::INSUFFICIENT_STORAGE, WorkerCode::NoSpace),
+        ErrorKind::UnknownUser => (StatusCode::BAD_REQUEST, WorkerCode::UnknownUser),
         _ => (StatusCode::BAD_GATEWAY, WorkerCode::Agent),
     }
 }

@@ -40,6 +40,9 @@ pub struct TerminalQuery {
     rows: Option<u16>,
     /// Columns, 1 to 1000 (80).
     cols: Option<u16>,
+    /// The account the shell runs as: a user name of the sandbox or a uid (root when
+    /// absent; an unknown name: 400 `unknown_user`, nothing started), in its home.
+    user: Option<String>,
 }
 
 /// Query of a watch.
@@ -79,6 +82,10 @@ pub async fn terminal(
         rows: q.rows.unwrap_or(24).clamp(1, 1000),
         cols: q.cols.unwrap_or(80).clamp(1, 1000),
     };
+    let user = q
+        .user
+        .as_deref()
+        .map(|u| space_proto::api::User::parse(u).into());
     let spec = ExecSpec {
         argv: vec!["/bin/sh".into(), "-i".into()],
         env: slot.record.env.clone().into_iter().collect(),
@@ -87,6 +94,7 @@ pub async fn terminal(
         timeout_ms: None,
         pty: Some(size),
         max_output_bytes: None,
+        user,
     };
     match open(&slot, Operation::Exec(spec)).await {
         Ok(opened) => {
@@ -220,12 +228,22 @@ pub async fn exec_stream(
             pty: None,
             // A stream is read as it comes: nothing is collected, nothing capped.
             max_output_bytes: None,
+            user: req.user.map(Into::into),
         };
         match open(&slot, Operation::Exec(spec)).await {
             Ok(opened) => relay(socket, slot, opened, true, initial).await,
             // The execution was retired while the stream was being opened.
             Err(_) if *slot.lease.borrow() => {
                 close(&mut socket, CLOSE_REPLACED, "execution replaced".into()).await
+            }
+            // The request's own fault (an unknown account): a bad request, said so.
+            Err(Refusal::Agent(e)) if e.kind == space_proto::guest::ErrorKind::UnknownUser => {
+                close(
+                    &mut socket,
+                    CLOSE_BAD_REQUEST,
+                    format!("{}: {}", e.kind, e.message),
+                )
+                .await
             }
             Err(r) => {
                 close(
