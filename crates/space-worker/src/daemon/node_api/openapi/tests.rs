@@ -59,6 +59,7 @@ fn every_route_docs_api_md_lists_for_workers_is_in_the_document() {
         ("post", "/internal/v1/updates"),
         ("post", "/internal/v1/snapshot"),
         ("post", "/internal/v1/layers"),
+        ("post", "/internal/v1/templates"),
     ];
     for (method, path) in listed {
         assert!(has(method, path), "{method} {path} is not in the document");
@@ -78,6 +79,7 @@ fn every_route_docs_api_md_lists_for_workers_is_in_the_document() {
         "/internal/v1/updates",
         "/internal/v1/snapshot",
         "/internal/v1/layers",
+        "/internal/v1/templates",
     ] {
         assert!(api_md.contains(&format!("`POST {path}`")), "{path}");
     }
