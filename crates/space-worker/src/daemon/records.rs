@@ -112,6 +112,23 @@ pub struct ProcessDefaults {
     pub user: Option<String>,
 }
 
+impl ProcessDefaults {
+    /// The working directory a request asked for, else the image's.
+    pub fn cwd_or(&self, asked: Option<String>) -> Option<String> {
+        asked.or_else(|| self.cwd.clone())
+    }
+
+    /// The account a request asked for, else the image's.
+    pub fn user_or(
+        &self,
+        asked: Option<space_proto::api::User>,
+    ) -> Option<space_proto::guest::Account> {
+        asked
+            .or_else(|| self.user.as_deref().map(space_proto::api::User::parse))
+            .map(Into::into)
+    }
+}
+
 impl ExecutionRecord {
     /// Which execution this is: its generation and ID.
     pub fn execution(&self) -> Execution {

@@ -87,7 +87,7 @@ async fn run(
             .collect::<std::collections::BTreeMap<_, _>>()
             .into_iter()
             .collect(),
-        cwd: req.cwd,
+        cwd: slot.record.defaults.cwd_or(req.cwd),
         // Stdin that fits in the request frame goes with it; more follows as input.
         stdin: (stdin.len() <= MAX_CHUNK).then(Vec::new),
         timeout_ms: Some(
@@ -97,7 +97,7 @@ async fn run(
         ),
         pty: None,
         max_output_bytes: Some(max_output_bytes),
-        user: req.user.map(Into::into),
+        user: slot.record.defaults.user_or(req.user),
     };
     let execution_id = slot.record.execution_id;
     let resp = once(idempotency, sandbox, headers, move || async move {

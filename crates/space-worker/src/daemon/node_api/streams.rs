@@ -82,14 +82,14 @@ pub async fn terminal(
         rows: q.rows.unwrap_or(24).clamp(1, 1000),
         cols: q.cols.unwrap_or(80).clamp(1, 1000),
     };
-    let user = q
-        .user
-        .as_deref()
-        .map(|u| space_proto::api::User::parse(u).into());
+    let user = slot
+        .record
+        .defaults
+        .user_or(q.user.as_deref().map(space_proto::api::User::parse));
     let spec = ExecSpec {
         argv: vec!["/bin/sh".into(), "-i".into()],
         env: slot.record.env.clone().into_iter().collect(),
-        cwd: None,
+        cwd: slot.record.defaults.cwd_or(None),
         stdin: None,
         timeout_ms: None,
         pty: Some(size),
@@ -222,13 +222,13 @@ pub async fn exec_stream(
                 .collect::<std::collections::BTreeMap<_, _>>()
                 .into_iter()
                 .collect(),
-            cwd: req.cwd,
+            cwd: slot.record.defaults.cwd_or(req.cwd),
             stdin: None,
             timeout_ms: req.timeout_secs.map(|s| s.saturating_mul(1000)),
             pty: None,
             // A stream is read as it comes: nothing is collected, nothing capped.
             max_output_bytes: None,
-            user: req.user.map(Into::into),
+            user: slot.record.defaults.user_or(req.user),
         };
         match open(&slot, Operation::Exec(spec)).await {
             Ok(opened) => relay(socket, slot, opened, true, initial).await,
