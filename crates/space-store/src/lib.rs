@@ -1,6 +1,6 @@
 //! The control plane's durable store: tenants, API keys, workers, sandboxes, their
 //! executions, signing keys, key bundles, exposed service ports with their one-time
-//! links, and a few settings.
+//! links, published templates, and a few settings.
 //!
 //! Two backends behind one enum: SQLite for the embedded single-machine default and
 //! PostgreSQL when several control-plane replicas share state. Both run the same SQL
@@ -21,6 +21,7 @@ mod records;
 mod rows;
 mod sql;
 mod sqlite;
+mod templates;
 #[cfg(feature = "pg-harness")]
 pub mod testing;
 
@@ -36,6 +37,7 @@ pub use records::{
     WorkerState,
 };
 pub use sqlite::SqliteStore;
+pub use templates::TemplateRecord;
 
 /// A store on one of the two backends.
 #[derive(Clone, Debug)]
@@ -418,6 +420,51 @@ impl Store {
     /// Deletes the links that expired before `now`; how many.
     pub async fn purge_port_links(&self, now: i64) -> Result<u64, StoreError> {
         dispatch!(self.purge_port_links(now))
+    }
+
+    /// Binds `name:tag` to a template (its digest, manifest and size): `Ok(true)` when
+    /// the binding is new, `Ok(false)` when it holds this digest already (nothing
+    /// changes), `Conflict` when it holds another digest (templates are immutable:
+    /// remove the binding first). Atomic, also between replicas.
+    pub async fn put_template(&self, template: &TemplateRecord) -> Result<bool, StoreError> {
+        dispatch!(self.put_template(template))
+    }
+
+    /// The template bound to `name:tag`, if any.
+    pub async fn template(
+        &self,
+        name: &str,
+        tag: &str,
+    ) -> Result<Option<TemplateRecord>, StoreError> {
+        dispatch!(self.template(name, tag))
+    }
+
+    /// A template of digest `digest` (`sha256:<hex>`) under any name (the first by
+    /// name and tag), if one is bound.
+    pub async fn template_by_digest(
+        &self,
+        digest: &str,
+    ) -> Result<Option<TemplateRecord>, StoreError> {
+        dispatch!(self.template_by_digest(digest))
+    }
+
+    /// Every bound template, by name and tag.
+    pub async fn list_templates(&self) -> Result<Vec<TemplateRecord>, StoreError> {
+        dispatch!(self.list_templates())
+    }
+
+    /// Removes the binding `name:tag`; `Ok(true)` if there was one.
+    pub async fn delete_template(&self, name: &str, tag: &str) -> Result<bool, StoreError> {
+        dispatch!(self.delete_template(name, tag))
+    }
+
+    /// The sandboxes that are not stopped whose template is pinned to `digest`
+    /// (`template` = `NAME:TAG@<digest>`, whatever the name): what a removal checks.
+    pub async fn count_live_sandboxes_with_template(
+        &self,
+        digest: &str,
+    ) -> Result<u64, StoreError> {
+        dispatch!(self.count_live_sandboxes_with_template(digest))
     }
 
     /// A setting (such as the trust-anchor seed).

@@ -21,6 +21,7 @@ mod error;
 mod listen;
 mod pool;
 mod ports;
+mod templates;
 use crate::records::{
     ApiKeyRecord, Claim, ExecutionRecord, ExecutionState, KeyState, SandboxRecord, SandboxState,
     SigningKeyRecord, Tenant, WorkerRecord, WorkerState,

@@ -233,6 +233,37 @@ CREATE INDEX port_links_by_expiry ON port_links (expires_at);
         sqlite: r#"ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{"mode":"none","allow":[],"deny":[]}';"#,
         postgres: r#"ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{"mode":"none","allow":[],"deny":[]}';"#,
     },
+    // Templates published by the control plane: a name and tag bound to one digest
+    // (`sha256:<hex>` of the manifest's canonical JSON), the manifest itself and the
+    // bytes of its blobs. A sandbox names its template as `NAME:TAG@sha256:<hex>`.
+    Migration {
+        version: 6,
+        name: "templates",
+        sqlite: r#"
+CREATE TABLE templates (
+    name TEXT NOT NULL,
+    tag TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    manifest TEXT NOT NULL,
+    size INTEGER NOT NULL CHECK (size >= 0),
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (name, tag)
+);
+CREATE INDEX templates_by_digest ON templates (digest);
+"#,
+        postgres: r#"
+CREATE TABLE templates (
+    name TEXT NOT NULL,
+    tag TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    manifest TEXT NOT NULL,
+    size BIGINT NOT NULL CHECK (size >= 0),
+    created_at BIGINT NOT NULL,
+    PRIMARY KEY (name, tag)
+);
+CREATE INDEX templates_by_digest ON templates (digest);
+"#,
+    },
 ];
 
 /// The newest schema version this build knows.

@@ -32,6 +32,7 @@ use crate::sql::{self, MIGRATIONS};
 
 mod helpers;
 mod ports;
+mod templates;
 mod workers;
 mod writer;
 

@@ -178,7 +178,10 @@ async fn a_sandbox_stored_before_network_policies_reads_as_none_after_the_migrat
     }
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let store = SqliteStore::open(&path).await.unwrap();
-    assert_eq!(store.schema_versions().await.unwrap(), vec![1, 2, 3, 4, 5]);
+    assert_eq!(
+        store.schema_versions().await.unwrap(),
+        vec![1, 2, 3, 4, 5, 6]
+    );
     let id: SandboxId = "sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa".parse().unwrap();
     let s = store.get_sandbox(&id).await.unwrap();
     assert_eq!(s.network, crate::records::Policy::none());

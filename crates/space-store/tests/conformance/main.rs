@@ -8,6 +8,7 @@ mod fixture;
 mod network;
 mod ports;
 mod records;
+mod templates;
 mod workers;
 
 use fixture::Fixture;
@@ -76,4 +77,9 @@ conformance!(
     network::set_network_is_refused_for_a_stopped_or_missing_sandbox_and_changes_nothing,
     network::a_row_written_without_a_policy_reads_as_none,
     network::a_claimed_standby_sandbox_keeps_its_network_policy,
+    templates::a_template_name_is_bound_once_and_the_same_digest_again_changes_nothing,
+    templates::templates_are_found_by_digest_under_any_name_listed_by_name_and_removed,
+    templates::a_malformed_template_record_is_refused,
+    templates::live_sandboxes_pinned_to_a_digest_are_counted_whatever_their_name,
+    templates::two_control_planes_binding_one_name_at_once_bind_one_digest,
 );
