@@ -20,6 +20,7 @@ pub mod error;
 pub mod limits;
 pub mod manifest;
 pub mod oci;
+pub mod rootfs;
 pub mod store;
 pub mod unpack;
 
