@@ -13,6 +13,7 @@
 //!
 //! Everything here is blocking I/O (call it from a blocking thread).
 
+pub mod bench;
 pub mod blobs;
 pub mod decode;
 pub mod digest;

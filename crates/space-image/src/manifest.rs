@@ -121,8 +121,8 @@ impl TemplateRef {
             Some((n, t)) => (n, t),
             None => (reference, "latest"),
         };
-        check_part(name).map_err(|why| bad(why))?;
-        check_part(tag).map_err(|why| bad(why))?;
+        check_part(name).map_err(&bad)?;
+        check_part(tag).map_err(bad)?;
         Ok(Self {
             name: name.to_owned(),
             tag: tag.to_owned(),
