@@ -9,7 +9,8 @@
 //!
 //! The handlers, by what they do: [`lifecycle`] (sandboxes and capabilities, answered
 //! here), [`forward`] (operations forwarded to workers; the standalone edge's relay),
-//! [`account`] (whoami, tenants, keys, workers), [`internal`] (what workers call),
+//! [`account`] (whoami, tenants, keys, workers), [`templates`] (import, list, read,
+//! remove), [`internal`] (what workers call),
 //! [`probes`] (metrics, health); [`request`] is what they share (state, the caller
 //! authenticated before the body is read, parsing), [`bodies`] the JSON bodies only
 //! these routes use, [`error`] the one mapping of errors to answers.
@@ -28,6 +29,7 @@ use utoipa_axum::routes;
 use crate::error::ControlError;
 
 mod account;
+mod commit;
 pub mod bodies;
 pub mod error;
 mod forward;
@@ -37,6 +39,7 @@ pub mod openapi;
 mod ports;
 mod probes;
 mod request;
+mod templates;
 
 pub use request::{
     AppState, MAX_BODY, MAX_INTERNAL_BODY, MAX_NETWORK_BODY, OPENAPI_PATH, edge_only,
@@ -66,6 +69,9 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(account::create_key))
         .routes(routes!(account::revoke_key))
         .routes(routes!(account::rotate))
+        .routes(routes!(templates::import, templates::list))
+        .routes(routes!(templates::get, templates::remove))
+        .routes(routes!(commit::commit))
         .routes(routes!(internal::enroll).layer(internal_limit()))
         .routes(routes!(internal::sync).layer(internal_limit()))
         .routes(routes!(internal::lost).layer(internal_limit()))

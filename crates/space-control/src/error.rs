@@ -103,6 +103,16 @@ pub enum ControlError {
     /// A request on a service-port connection that another sandbox or port holds.
     #[error("{0}")]
     Misdirected(String),
+    /// A template that live sandboxes are pinned to (and no other name keeps).
+    #[error(
+        "template_in_use: {live} live sandboxes use template {template}; delete them first"
+    )]
+    TemplateInUse {
+        /// `name:tag`.
+        template: String,
+        /// The live sandboxes pinned to its digest.
+        live: u64,
+    },
     /// A control-plane operation asked of a standalone edge.
     #[error("served by the control plane, not this edge")]
     NotHere,
@@ -183,6 +193,7 @@ impl ControlError {
             Self::PortNotExposed(_) => ErrorCode::PortNotExposed,
             Self::PortPrivate(_) => ErrorCode::Unauthorized,
             Self::Misdirected(_) => ErrorCode::Misdirected,
+            Self::TemplateInUse { .. } => ErrorCode::TemplateInUse,
             Self::Relayed(r) => r.code,
         }
     }

@@ -60,6 +60,15 @@ pub struct Metrics {
     port_refusals: Family<ReasonLabels, Counter>,
     /// Tunnels the edge opened to workers' netgtw.
     port_tunnels: Counter,
+    /// Templates sent to workers that lacked them, by result.
+    template_pushes: Family<ResultLabels, Counter>,
+}
+
+/// Labels of an outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// `ok` or `failed`.
+    pub result: String,
 }
 
 /// Labels of a refusal.
@@ -142,8 +151,15 @@ impl Default for Metrics {
             "Tunnels opened to workers' netgtw for service-port traffic",
             port_tunnels.clone(),
         );
+        let template_pushes = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "space_control_template_pushes",
+            "Templates sent to a worker that lacked one for an install, by result",
+            template_pushes.clone(),
+        );
         Self {
             registry,
+            template_pushes,
             port_refusals,
             port_tunnels,
             transition_timeouts,
@@ -173,6 +189,15 @@ impl Metrics {
         self.port_refusals
             .get_or_create(&ReasonLabels {
                 reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts a template sent to a worker (`ok` or `failed`).
+    pub fn template_pushed(&self, result: &str) {
+        self.template_pushes
+            .get_or_create(&ResultLabels {
+                result: result.to_owned(),
             })
             .inc();
     }

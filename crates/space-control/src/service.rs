@@ -14,12 +14,15 @@
 //!   migrations; `arrivals`: rebuilt attempts let in before a freeze;
 //! - `ports`: service ports, their tokens, links and cookies; `network`: the
 //!   default network policy, replacing a sandbox's and pushing it;
+//! - `templates`: templates imported (blobs only), listed, removed, pinned by a
+//!   create, pushed to a worker that lacks one;
 //! - `capabilities`: waiting for a settled sandbox, issuing a capability;
 //! - `reconcile`: background work (interrupted transitions, TTLs, gauges).
 
 mod arrivals;
 mod capabilities;
 mod channel;
+mod commit;
 mod executions;
 mod keys;
 mod load;
@@ -33,14 +36,16 @@ mod reconcile;
 mod sandboxes;
 mod snapshots;
 mod standby;
+mod templates;
 mod tenants;
 mod transitions;
 mod workers;
 
 pub use network::NetworkApplied;
 pub use plane::{
-    CAPABILITY_LIFETIME_SECS, ControlPlane, DEFAULT_TRANSITION_WAIT, MAX_TRANSITION_WAIT,
-    MAX_TTL_SECS, STANDBY_PER_WORKER, STANDBY_TENANT,
+    CAPABILITY_LIFETIME_SECS, ControlPlane, DEFAULT_TRANSITION_WAIT, MAX_TEMPLATE_BYTES,
+    MAX_TRANSITION_WAIT, MAX_TTL_SECS, STANDBY_PER_WORKER, STANDBY_TENANT,
 };
 pub use ports::{COOKIE_LIFETIME_SECS, PortUrls, cookie_valid, secret_matches};
 pub use sandboxes::api_state;
+pub use templates::{DEFAULT_TEMPLATE, TEMPLATE_MISSING, pinned_digest};

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 mod limits;
 pub mod ports;
+pub mod templates;
 
 pub use limits::{Limits, LimitsRequest, LimitsView};
 

@@ -78,6 +78,8 @@ codes! {
     PortClosed => "port_closed",
     /// A request on a service-port connection bound to another sandbox or port.
     Misdirected => "misdirected",
+    /// A template live sandboxes are pinned to cannot be removed.
+    TemplateInUse => "template_in_use",
 }
 
 impl ErrorCode {

@@ -17,9 +17,11 @@ pub fn status(e: &ControlError) -> StatusCode {
         E::Unauthorized | E::PortPrivate(_) => StatusCode::UNAUTHORIZED,
         E::Forbidden(_) | E::Deny { .. } => StatusCode::FORBIDDEN,
         E::NotFound(_) | E::Store(StoreError::NotFound(_)) => StatusCode::NOT_FOUND,
-        E::Conflict(_) | E::NotRunning | E::SnapshotCorrupt | E::Store(StoreError::Conflict(_)) => {
-            StatusCode::CONFLICT
-        }
+        E::Conflict(_)
+        | E::NotRunning
+        | E::SnapshotCorrupt
+        | E::TemplateInUse { .. }
+        | E::Store(StoreError::Conflict(_)) => StatusCode::CONFLICT,
         E::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
         E::Quota { .. } => StatusCode::TOO_MANY_REQUESTS,
         E::Transitioning { .. } | E::Unavailable(_) | E::RefreshRoute { .. } => {

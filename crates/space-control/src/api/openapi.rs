@@ -36,6 +36,7 @@ use utoipa::{IntoParams, Modify};
         (name = "sandboxes", description = "Sandbox lifecycle and capabilities, answered by the control plane."),
         (name = "operations", description = "Exec, files and streams, forwarded to the sandbox's worker."),
         (name = "account", description = "The caller, tenants, keys, signing keys and workers."),
+        (name = "templates", description = "Templates: images imported once, by digest, and sent to the workers that need them."),
         (name = "process", description = "Metrics, liveness, readiness and this document; no credential."),
         (name = "internal", description = "Called by workers, not clients."),
     )
@@ -278,6 +279,30 @@ error_responses!(
 error_responses!(
     /// A worker's report of a lost execution.
     LostReport: [BAD_REQUEST, UNAUTHORIZED, NOT_FOUND, INTERNAL]
+);
+const TEMPLATE_CONFLICT: (u16, &str) = (
+    409,
+    "`conflict`: the name holds another digest (templates are immutable: remove it first or choose another tag)",
+);
+const TEMPLATE_TOO_LARGE: (u16, &str) = (
+    413,
+    "`too_large`: the archive is over the import bound (8 GiB unless the operator chose less), or a document in it over its own",
+);
+const TEMPLATE_IN_USE: (u16, &str) = (
+    409,
+    "`template_in_use`: sandboxes that are not stopped were created from it (the message says how many)",
+);
+error_responses!(
+    /// A template import.
+    TemplateImport: [BAD_REQUEST, UNAUTHORIZED, FORBIDDEN, TEMPLATE_CONFLICT, TEMPLATE_TOO_LARGE, INTERNAL]
+);
+error_responses!(
+    /// A read of one template.
+    TemplateRead: [BAD_REQUEST, UNAUTHORIZED, NOT_FOUND, INTERNAL]
+);
+error_responses!(
+    /// A template removal.
+    TemplateRemoval: [BAD_REQUEST, UNAUTHORIZED, FORBIDDEN, NOT_FOUND, TEMPLATE_IN_USE, INTERNAL]
 );
 error_responses!(
     /// A readiness probe that says no.

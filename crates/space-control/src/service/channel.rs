@@ -2,7 +2,8 @@
 //! HTTP (as their client): updates signed under each worker's sequence numbers
 //! (reserved durably first), delivered with a signed single-use header and
 //! acknowledged once durable; the install a worker gets for an execution; key
-//! bundles pushed to every active worker; snapshot archives fetched and layers sent.
+//! bundles pushed to every active worker; snapshot archives fetched, layers and
+//! templates sent.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
@@ -78,6 +79,19 @@ impl ControlPlane {
         w: &WorkerRecord,
         update: Update,
     ) -> Result<UpdateAck, ControlError> {
+        match self.deliver_answer(w, update).await? {
+            Ok(ack) => Ok(ack),
+            Err((status, body)) => Err(refused(w, status, &body)),
+        }
+    }
+
+    /// As [`Self::deliver`], with a worker's refusal given back as its status and
+    /// body (for the caller that acts on one: an install of a template it lacks).
+    pub(super) async fn deliver_answer(
+        &self,
+        w: &WorkerRecord,
+        update: Update,
+    ) -> Result<Result<UpdateAck, (axum::http::StatusCode, bytes::Bytes)>, ControlError> {
         let signed = self.sign_update(&w.id, update).await?;
         let url = format!("{}/internal/v1/updates", w.url);
         let body = serde_json::to_vec(&signed)
@@ -97,13 +111,10 @@ impl ControlPlane {
             .await
             .map_err(|e| ControlError::BadGateway(format!("worker {}: {e}", w.id)))?;
         if !answer.status.is_success() {
-            let text = String::from_utf8_lossy(&answer.body);
-            return Err(ControlError::BadGateway(format!(
-                "worker {} answered {}: {text}",
-                w.id, answer.status
-            )));
+            return Ok(Err((answer.status, answer.body)));
         }
         serde_json::from_slice(&answer.body)
+            .map(Ok)
             .map_err(|e| ControlError::BadGateway(format!("worker {}: bad ack: {e}", w.id)))
     }
 
@@ -180,6 +191,41 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// Sends `w` the template bundle `file` (`size` bytes) under `template`, its
+    /// signed digest and length, which the worker checks before reading the body.
+    pub(super) async fn send_template(
+        &self,
+        w: &WorkerRecord,
+        template: &SignedUpdate,
+        file: std::fs::File,
+        size: u64,
+    ) -> Result<(), ControlError> {
+        let header = b64(&serde_json::to_vec(template).unwrap_or_default());
+        let placed = self
+            .http
+            .call_with_file(
+                axum::http::Method::POST,
+                &format!("{}/internal/v1/templates", w.url),
+                &[
+                    ("space-update", header.as_str()),
+                    ("content-type", "application/x-tar"),
+                ],
+                file,
+                size,
+            )
+            .await
+            .map_err(|e| ControlError::BadGateway(format!("template to {}: {e}", w.id)))?;
+        if !placed.status.is_success() {
+            return Err(ControlError::BadGateway(format!(
+                "template to {}: {} {}",
+                w.id,
+                placed.status,
+                String::from_utf8_lossy(&placed.body)
+            )));
+        }
+        Ok(())
+    }
+
     /// The signed [`space_proto::api::Delivery`] of a request body for worker `to`: it
     /// lets the worker authenticate the request before reading the body.
     pub async fn delivery_header(
@@ -224,6 +270,12 @@ impl ControlPlane {
         }
         Ok(failed)
     }
+}
+
+/// A worker's refusal of an update, as the error of the delivery.
+pub(super) fn refused(w: &WorkerRecord, status: axum::http::StatusCode, body: &[u8]) -> ControlError {
+    let text = String::from_utf8_lossy(body);
+    ControlError::BadGateway(format!("worker {} answered {status}: {text}", w.id))
 }
 
 /// What a worker must run for execution `exe` of sandbox `s`.

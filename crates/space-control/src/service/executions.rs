@@ -47,7 +47,9 @@ impl ControlPlane {
             network,
             ..install_of(s, &exe, ports)
         };
-        let outcome = self.deliver(w, Update::Install(install)).await;
+        // A worker that lacks the sandbox's template is sent it first (then the
+        // install once more): how a migration or a resume reaches a worker without it.
+        let outcome = self.deliver_install(w, install).await;
         if let Some(ready) = outcome.as_ref().ok().and_then(|a| a.warm_ready) {
             self.load
                 .lock()

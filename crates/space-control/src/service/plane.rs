@@ -74,7 +74,13 @@ pub struct ControlPlane {
     pub(super) port_urls: std::sync::RwLock<super::port_urls::PortUrls>,
     /// The key of one-time links' cookies (loaded from the store on first use).
     pub(super) cookie_key: std::sync::OnceLock<[u8; 32]>,
+    /// The largest image archive a template import takes ([`MAX_TEMPLATE_BYTES`]
+    /// unless set).
+    pub(super) max_template_bytes: std::sync::atomic::AtomicU64,
 }
+
+/// Largest image archive a template import takes (8 GiB): 413 past it.
+pub const MAX_TEMPLATE_BYTES: u64 = 8 << 30;
 
 /// The tenant that owns standby sandboxes until a create claims one. Tenant IDs that
 /// callers get are `ten_…`: no API key can ever act for it.
@@ -128,6 +134,7 @@ impl ControlPlane {
             arrivals: Arrivals::from_env(),
             port_urls: std::sync::RwLock::default(),
             cookie_key: std::sync::OnceLock::new(),
+            max_template_bytes: std::sync::atomic::AtomicU64::new(MAX_TEMPLATE_BYTES),
         }))
     }
 }

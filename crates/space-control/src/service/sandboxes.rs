@@ -92,12 +92,12 @@ impl ControlPlane {
         caller: &Caller,
         req: CreateSandbox,
     ) -> Result<api::Sandbox, ControlError> {
-        let template = req.template.unwrap_or_else(|| "default".into());
-        if template != "default" {
-            return Err(ControlError::BadRequest(format!(
-                "unknown template {template:?}"
-            )));
-        }
+        // `default`, or the template's name pinned to its digest (`NAME:TAG@sha256:…`:
+        // a later import under the name changes nothing of this sandbox); an unknown
+        // name is 400.
+        let template = self
+            .pin_template(req.template.as_deref().unwrap_or("default"))
+            .await?;
         if let Some(ttl) = req.ttl_secs {
             if ttl == 0 || ttl > MAX_TTL_SECS {
                 return Err(ControlError::BadRequest(format!(
@@ -150,11 +150,11 @@ impl ControlPlane {
         let now = now_secs() as i64;
         let expires_at = req.ttl_secs.map(|t| now + t as i64);
         // A standby sandbox is a default sandbox that already runs: claiming one is a
-        // single write. Sandboxes with their own environment or a chosen worker are
-        // started for the request.
+        // single write. Sandboxes of another template, with their own environment or
+        // a chosen worker are started for the request.
         // Standby sandboxes run with the default limits: other limits start their own.
         // Any network policy claims one (given to it below before the answer).
-        let plain = env.is_empty() && req.worker.is_none() && limits == policy.defaults;
+        let plain = template == "default" && env.is_empty() && req.worker.is_none() && limits == policy.defaults;
         if plain && caller.tenant != STANDBY_TENANT && self.standby_target() > 0 {
             let claim = space_store::Claim {
                 tenant: caller.tenant.clone(),
