@@ -46,7 +46,8 @@ pub(crate) struct Wanted {
 }
 
 /// Reads `layers/<hex>.json` if the layer is complete (its directory and its record
-/// are both there); a directory without its record is a crashed unpack, removed.
+/// are both there). Read-only: a directory without its record may be a commit in
+/// progress; [`ensure`] removes it under the layer's lock.
 pub(crate) fn info(paths: &Paths, diff_id: &Digest) -> Result<Option<LayerInfo>> {
     let dir = paths.layer_dir(diff_id);
     let record = paths.layer_record(diff_id);
@@ -55,13 +56,7 @@ pub(crate) fn info(paths: &Paths, diff_id: &Digest) -> Result<Option<LayerInfo>>
             .map(Some)
             .map_err(|e| ImageError::Format(format!("{}: {e}", record.display()))),
         Ok(_) => Ok(None),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            if dir.exists() {
-                std::fs::remove_dir_all(&dir)
-                    .map_err(|e| ImageError::io("remove incomplete layer", &dir, e))?;
-            }
-            Ok(None)
-        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(ImageError::io("read layer record", record, e)),
     }
 }
@@ -76,6 +71,12 @@ pub(crate) fn ensure<'r>(
 ) -> Result<LayerRecord> {
     let _lock = lock_file(&paths.layer_lock(&want.diff_id), true)?;
     let known = info(paths, &want.diff_id)?;
+    let dir = paths.layer_dir(&want.diff_id);
+    if known.is_none() && dir.exists() {
+        // A crash between the rename of the layer and the write of its record.
+        std::fs::remove_dir_all(&dir)
+            .map_err(|e| ImageError::io("remove incomplete layer", &dir, e))?;
+    }
     if let Some(info) = &known {
         if let Some(d) = want
             .digest
