@@ -34,6 +34,9 @@ pub enum BenchCmd {
     /// Issue 15: 50 concurrent creates in network mode egress, and TCP from a sandbox
     /// to a host outside it through NAT and through the SNI proxy, against the host.
     Egress(Strict),
+    /// Issue 16: the import of a 200 MB image into a template store against `tar -x`
+    /// of the same layers on the same disk (target ≤ 2 ×).
+    Image(Strict),
     /// A server P10 runs inside a sandbox.
     #[command(hide = true)]
     Serve(p10::serve::ServeArgs),

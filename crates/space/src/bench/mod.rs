@@ -7,6 +7,7 @@ pub mod cmd;
 pub mod egress;
 mod figures;
 pub mod files;
+pub mod image;
 pub mod p10;
 pub mod p1_p2;
 pub mod p3;
