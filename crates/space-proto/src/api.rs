@@ -6,10 +6,12 @@
 
 use std::collections::BTreeMap;
 
+mod accounts;
 mod limits;
 pub mod ports;
 pub mod templates;
 
+pub use accounts::User;
 pub use limits::{Limits, LimitsRequest, LimitsView};
 
 use serde::{Deserialize, Serialize};
@@ -191,47 +193,6 @@ pub struct ExecRequest {
     /// the sandbox's root when absent. An unknown name: 400 `unknown_user`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<User>,
-}
-
-/// An account of a sandbox: a user name of its `/etc/passwd` (`"user"`) or a uid
-/// (`1000`). Exec, terminals and uploads as it get its uid, groups and home; a uid
-/// the sandbox does not name runs with group = uid and home `/`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[serde(untagged)]
-pub enum User {
-    /// A uid.
-    Uid(u32),
-    /// A user name.
-    Name(String),
-}
-
-impl User {
-    /// The account a query parameter or a command-line flag names: digits are a uid,
-    /// anything else a name.
-    pub fn parse(text: &str) -> Self {
-        match text.parse::<u32>() {
-            Ok(uid) if text.bytes().all(|b| b.is_ascii_digit()) => Self::Uid(uid),
-            _ => Self::Name(text.to_owned()),
-        }
-    }
-
-    /// Its form in a query string (`user=…`).
-    pub fn as_query(&self) -> String {
-        match self {
-            Self::Uid(u) => u.to_string(),
-            Self::Name(n) => n.clone(),
-        }
-    }
-}
-
-impl From<User> for crate::guest::Account {
-    fn from(u: User) -> Self {
-        match u {
-            User::Uid(uid) => Self::Uid(uid),
-            User::Name(name) => Self::Name(name),
-        }
-    }
 }
 
 /// Largest stdin of a non-streaming exec, in bytes (decoded): 64 MiB. The streaming
