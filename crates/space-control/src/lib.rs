@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod placement;
 pub mod server;
 pub mod service;
+pub mod standby_plan;
 
 pub use server::{ControlConfig, ServerHandle, serve};
 /// The HTTP client, re-exported for the CLI and tests.

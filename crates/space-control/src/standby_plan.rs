@@ -1,0 +1,186 @@
+//! Which standby sandboxes to start next: pure, so every rule is testable.
+//!
+//! Standby sandboxes are kept per template (the default, and each template the
+//! operator names) and per worker: each active worker holds its share of a pool, so a
+//! burst of claims drains every worker evenly and the refills land where the claims
+//! were taken. Refills run while creates run — bounded to a few starts in flight per
+//! worker, so they never queue ahead of a burst's own launches — rather than waiting
+//! for a quiet moment, which back-to-back creates never leave.
+
+use std::collections::BTreeMap;
+
+use space_identity::WorkerId;
+
+/// A pool: how many standby sandboxes of `template` each active worker keeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pool {
+    /// The template as records name it (`default`, or `name:tag@sha256:…`).
+    pub template: String,
+    /// The pool's size, spread over the active workers.
+    pub total: usize,
+}
+
+/// A worker as the planner sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerView {
+    /// ID.
+    pub id: WorkerId,
+    /// Whether it takes new sandboxes (not draining, not dead, not full).
+    pub accepts: bool,
+    /// Standby sandboxes it holds (running or starting), by template.
+    pub standby: BTreeMap<String, usize>,
+    /// Standby starts under way on it (not yet in its counts).
+    pub in_flight: usize,
+}
+
+/// What the planner needs besides the pools and workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Most standby starts in flight on one worker at once.
+    pub per_worker: usize,
+}
+
+/// Each active worker's share of a pool of `total`: `total / n`, the first
+/// `total % n` workers (by ID) one more, so the shares add up to `total`.
+fn shares(total: usize, accepting: &[&WorkerView]) -> Vec<usize> {
+    let n = accepting.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    (0..n)
+        .map(|i| total / n + usize::from(i < total % n))
+        .collect()
+}
+
+/// The standby starts to begin now, `(worker, template)`, at most
+/// [`Bounds::per_worker`] in flight per worker: for every pool, each accepting
+/// worker below its share gets starts, the worker furthest below its share first,
+/// pools taking turns so that one template's refill does not starve another's.
+pub fn next_starts(
+    pools: &[Pool],
+    workers: &[WorkerView],
+    bounds: Bounds,
+) -> Vec<(WorkerId, String)> {
+    let mut accepting: Vec<&WorkerView> = workers.iter().filter(|w| w.accepts).collect();
+    accepting.sort_by(|a, b| a.id.cmp(&b.id));
+    // Deficits per (worker index, pool index).
+    let mut deficit: Vec<Vec<usize>> = vec![vec![0; pools.len()]; accepting.len()];
+    for (p, pool) in pools.iter().enumerate() {
+        for (w, share) in shares(pool.total, &accepting).into_iter().enumerate() {
+            let have = accepting[w]
+                .standby
+                .get(&pool.template)
+                .copied()
+                .unwrap_or(0);
+            deficit[w][p] = share.saturating_sub(have);
+        }
+    }
+    let mut room: Vec<usize> = accepting
+        .iter()
+        .map(|w| bounds.per_worker.saturating_sub(w.in_flight))
+        .collect();
+    let mut out = Vec::new();
+    loop {
+        let mut progressed = false;
+        for (p, pool) in pools.iter().enumerate() {
+            // The worker with room that lacks the most of this pool.
+            let best = (0..accepting.len())
+                .filter(|&w| room[w] > 0 && deficit[w][p] > 0)
+                .max_by(|&a, &b| deficit[a][p].cmp(&deficit[b][p]).then(b.cmp(&a)));
+            if let Some(w) = best {
+                out.push((accepting[w].id.clone(), pool.template.clone()));
+                deficit[w][p] -= 1;
+                room[w] -= 1;
+                progressed = true;
+            }
+        }
+        if !progressed {
+            return out;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker(id: &str, standby: &[(&str, usize)], in_flight: usize) -> WorkerView {
+        WorkerView {
+            id: id.parse().unwrap(),
+            accepts: true,
+            standby: standby.iter().map(|(t, n)| ((*t).to_owned(), *n)).collect(),
+            in_flight,
+        }
+    }
+
+    fn pool(template: &str, total: usize) -> Pool {
+        Pool {
+            template: template.into(),
+            total,
+        }
+    }
+
+    fn count(starts: &[(WorkerId, String)], w: &str, t: &str) -> usize {
+        starts
+            .iter()
+            .filter(|(id, tt)| id.as_str() == w && tt == t)
+            .count()
+    }
+
+    #[test]
+    fn a_pool_is_split_evenly_and_the_emptier_worker_is_refilled_first() {
+        // One worker drained by claims, the other full: every start goes to the drained one.
+        let workers = [
+            worker("w1", &[("default", 0)], 0),
+            worker("w2", &[("default", 16)], 0),
+        ];
+        let starts = next_starts(&[pool("default", 32)], &workers, Bounds { per_worker: 4 });
+        assert_eq!(count(&starts, "w1", "default"), 4);
+        assert_eq!(count(&starts, "w2", "default"), 0);
+        // An odd pool: 17 over two workers is 9 + 8, never 17 + 0.
+        let empty = [worker("w1", &[], 0), worker("w2", &[], 0)];
+        let starts = next_starts(&[pool("default", 17)], &empty, Bounds { per_worker: 100 });
+        assert_eq!(
+            (
+                count(&starts, "w1", "default"),
+                count(&starts, "w2", "default")
+            ),
+            (9, 8)
+        );
+    }
+
+    #[test]
+    fn starts_in_flight_bound_the_refill_per_worker() {
+        let workers = [worker("w1", &[], 2), worker("w2", &[], 0)];
+        let starts = next_starts(&[pool("default", 32)], &workers, Bounds { per_worker: 2 });
+        assert_eq!(count(&starts, "w1", "default"), 0);
+        assert_eq!(count(&starts, "w2", "default"), 2);
+    }
+
+    #[test]
+    fn pools_take_turns_and_a_full_pool_starts_nothing() {
+        let workers = [worker("w1", &[("a", 0), ("b", 0)], 0)];
+        let starts = next_starts(
+            &[pool("a", 8), pool("b", 8)],
+            &workers,
+            Bounds { per_worker: 2 },
+        );
+        assert_eq!(
+            (count(&starts, "w1", "a"), count(&starts, "w1", "b")),
+            (1, 1)
+        );
+        let full = [worker("w1", &[("a", 8)], 0)];
+        assert!(next_starts(&[pool("a", 8)], &full, Bounds { per_worker: 2 }).is_empty());
+    }
+
+    #[test]
+    fn a_worker_that_takes_no_sandboxes_gets_no_share() {
+        let mut draining = worker("w1", &[], 0);
+        draining.accepts = false;
+        let workers = [draining, worker("w2", &[], 0)];
+        let starts = next_starts(&[pool("default", 4)], &workers, Bounds { per_worker: 8 });
+        assert_eq!(count(&starts, "w1", "default"), 0);
+        assert_eq!(count(&starts, "w2", "default"), 4);
+        assert!(next_starts(&[pool("default", 4)], &[], Bounds { per_worker: 8 }).is_empty());
+    }
+}
