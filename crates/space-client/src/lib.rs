@@ -664,6 +664,7 @@ fn decode<T: DeserializeOwned>(a: &Answer) -> Result<T, Error> {
     serde_json::from_slice(&a.body).map_err(|e| Error::Decode(e.to_string()))
 }
 
+mod commit;
 mod files;
 mod platform;
 mod ports;

@@ -30,6 +30,10 @@ pub struct ControlConfig {
     pub domain: String,
     /// The network mode of a create that names no policy.
     pub network_default: space_proto::api::NetworkMode,
+    /// The template of a create that names none: `default` (the host's directories)
+    /// or an imported template's `name[:tag]` (`space up` changes it at run time once
+    /// its default image is imported).
+    pub default_template: String,
 }
 
 impl ControlConfig {
@@ -58,6 +62,10 @@ impl ControlConfig {
                 "--domain must be a lowercase DNS name (such as localhost or sandboxes.example.com), got {:?}",
                 self.domain
             ));
+        }
+        if self.default_template != crate::service::DEFAULT_TEMPLATE {
+            space_image::TemplateRef::parse(&self.default_template)
+                .map_err(|e| format!("--default-template: {e}"))?;
         }
         if self.standby > 1000 {
             return Err("--standby must be at most 1000".into());
@@ -215,6 +223,7 @@ pub async fn serve(config: ControlConfig) -> Result<ServerHandle, String> {
     let (stop, mut stopped) = watch::channel(false);
     cp.set_standby_target(config.standby);
     cp.set_default_network(config.network_default);
+    cp.set_default_template(&config.default_template);
     let background = spawn_background(Arc::clone(&cp), stop.subscribe());
     let keeper = spawn_standby_keeper(Arc::clone(&cp), stop.subscribe());
     let task = tokio::spawn(async move {

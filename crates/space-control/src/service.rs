@@ -23,6 +23,7 @@ mod arrivals;
 mod capabilities;
 mod channel;
 mod commit;
+mod default_template;
 mod executions;
 mod keys;
 mod load;

@@ -116,6 +116,12 @@ pub struct UpArgs {
     /// `network`, or `space sandbox create --net`, chooses otherwise).
     #[arg(long, env = "SPACE_NETWORK_DEFAULT", default_value = "none", value_parser = network_mode())]
     pub network_default: space_proto::api::NetworkMode,
+    /// The template of a sandbox created without one: `host` (the host's system
+    /// directories, read-only) or `debian` (Debian bookworm with Python 3, built with
+    /// mmdebstrap on the first start — progress shown — and kept as the template
+    /// `debian-default`; where it cannot be built, `host`, saying why).
+    #[arg(long, env = "SPACE_DEFAULT_TEMPLATE", default_value = "host", value_parser = ["host", "debian"])]
+    pub default_template: String,
     /// Sandbox egress.
     #[command(flatten)]
     pub egress: EgressArgs,
@@ -152,6 +158,10 @@ pub struct ControlArgs {
     /// `network`, or `space sandbox create --net`, chooses otherwise).
     #[arg(long, env = "SPACE_NETWORK_DEFAULT", default_value = "none", value_parser = network_mode())]
     pub network_default: space_proto::api::NetworkMode,
+    /// The template of a sandbox created without one: `default` (the host's system
+    /// directories) or an imported template's `name[:tag]`.
+    #[arg(long, default_value = space_control::service::DEFAULT_TEMPLATE)]
+    pub default_template: String,
 }
 
 /// `space worker`.

@@ -13,6 +13,7 @@ use space_proto::api::MAX_EXEC_STDIN;
 
 use crate::args::{Cli, Command, FsCmd, KeysCmd, SandboxCmd};
 
+pub(crate) mod build;
 pub(crate) mod errors;
 mod network;
 mod output;

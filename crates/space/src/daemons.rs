@@ -46,6 +46,7 @@ pub async fn control(a: ControlArgs) -> Result<(), String> {
         standby: a.standby,
         domain: a.domain.clone(),
         network_default: a.network_default,
+        default_template: a.default_template.clone(),
     })
     .await?;
     lock.record(Some(&format!("http://{}", handle.addr)))?;

@@ -53,6 +53,7 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
         standby: a.standby(),
         domain: a.domain.clone(),
         network_default: a.network_default,
+        default_template: space_control::service::DEFAULT_TEMPLATE.into(),
     })
     .await?;
     let url = format!("http://{}", handle.addr);
@@ -102,7 +103,13 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
         )));
     }
 
+    let default_template = (a.default_template == "debian")
+        .then(|| tokio::spawn(debian_default(Arc::clone(&handle.cp))));
+
     stop.await;
+    if let Some(t) = default_template {
+        t.abort();
+    }
     say(format_args!("stopping…"));
     // No new standby sandbox while the workers go.
     handle.cp.set_standby_target(0);
@@ -115,6 +122,80 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
     say(format_args!("stopped"));
     drop(lock);
     Ok(())
+}
+
+/// The template `space up --default-template debian` builds and keeps.
+pub const DEBIAN_DEFAULT: &str = "debian-default";
+
+/// `--default-template debian`: creates without a template get `debian-default`,
+/// built on the first start (Debian bookworm, `python3` and `ca-certificates`, with
+/// mmdebstrap; its progress shown) and imported into the platform, which keeps it in
+/// the data directory. Until it is there, and where it cannot be made, creates keep
+/// the host's directories, and one line says why.
+async fn debian_default(cp: Arc<space_control::service::ControlPlane>) {
+    let host = |why: &str| {
+        say(format_args!(
+            "default template: the host's directories ({why})"
+        ));
+    };
+    if let Ok(t) = cp.template(DEBIAN_DEFAULT).await {
+        cp.set_default_template(DEBIAN_DEFAULT);
+        say(format_args!(
+            "default template: {DEBIAN_DEFAULT} ({}, built {})",
+            t.digest, t.created
+        ));
+        return;
+    }
+    if let Err(why) = crate::cli::build::mode() {
+        host(&format!("no Debian image can be built here: {why}"));
+        return;
+    }
+    say(format_args!(
+        "default template: building {DEBIAN_DEFAULT} (Debian bookworm with Python 3, once;          creates get the host's directories until it is imported)…"
+    ));
+    let work = match tempfile::Builder::new()
+        .prefix("build-")
+        .tempdir_in(cp.template_dir())
+        .or_else(|_| tempfile::tempdir())
+    {
+        Ok(w) => w,
+        Err(e) => return host(&format!("no room to build {DEBIAN_DEFAULT}: {e}")),
+    };
+    let layout = work.path().join("image.tar");
+    let debian = crate::cli::build::Debian {
+        suite: "bookworm".into(),
+        packages: vec!["python3".into(), "ca-certificates".into()],
+        mirror: std::env::var("SPACE_DEBIAN_MIRROR").ok(),
+    };
+    let out = layout.clone();
+    let built = tokio::task::spawn_blocking(move || {
+        crate::cli::build::debian_layout(&debian, &out, &|line| {
+            say(format_args!("  {DEBIAN_DEFAULT}: {line}"));
+        })
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r);
+    let built = match built {
+        Ok(b) => b,
+        Err(e) => {
+            let first = e.lines().next().unwrap_or_default().to_owned();
+            return host(&format!("building {DEBIAN_DEFAULT} failed: {first}"));
+        }
+    };
+    match cp.import_template(DEBIAN_DEFAULT, &layout).await {
+        Ok(t) => {
+            cp.set_default_template(DEBIAN_DEFAULT);
+            say(format_args!(
+                "default template: {DEBIAN_DEFAULT} ({}, {:.1} MiB, built in {:.0} s with mmdebstrap --mode={})",
+                t.digest,
+                built.layer.size as f64 / f64::from(1u32 << 20),
+                built.elapsed.as_secs_f64(),
+                built.mode.name
+            ));
+        }
+        Err(e) => host(&format!("importing {DEBIAN_DEFAULT} failed: {e}")),
+    }
 }
 
 /// A short, stable tag of the data directory, so two `space up` on one host use

@@ -61,6 +61,8 @@ pub struct ControlPlane {
     pub(super) limits_policy: std::sync::RwLock<crate::limits::LimitsPolicy>,
     /// The network mode of a create that names no policy (`none` unless set).
     pub(super) network_default: std::sync::RwLock<space_proto::api::NetworkMode>,
+    /// The template of a create that names none (`default`: the host's directories).
+    pub(super) default_template: std::sync::RwLock<String>,
     /// Per tenant, this process's creates between their quota check and their
     /// sandbox's row: counted with the store's live sandboxes, so a burst cannot pass
     /// the quota together (see [`QuotaHold`](super::quota::QuotaHold)).
@@ -121,6 +123,7 @@ impl ControlPlane {
             quota_pending: Arc::default(),
             limits_policy: std::sync::RwLock::new(crate::limits::LimitsPolicy::from_env()),
             network_default: std::sync::RwLock::default(),
+            default_template: std::sync::RwLock::new(super::templates::DEFAULT_TEMPLATE.into()),
             reconcile_after_secs: std::env::var("SPACE_RECONCILE_AFTER_SECS")
                 .ok()
                 .and_then(|v| v.parse().ok())

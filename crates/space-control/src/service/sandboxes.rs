@@ -95,8 +95,9 @@ impl ControlPlane {
         // `default`, or the template's name pinned to its digest (`NAME:TAG@sha256:…`:
         // a later import under the name changes nothing of this sandbox); an unknown
         // name is 400.
+        let default_template = self.default_template();
         let template = self
-            .pin_template(req.template.as_deref().unwrap_or("default"))
+            .pin_template(req.template.as_deref().unwrap_or(&default_template))
             .await?;
         if let Some(ttl) = req.ttl_secs {
             if ttl == 0 || ttl > MAX_TTL_SECS {

@@ -59,7 +59,13 @@ impl ControlPlane {
             key_id: "standby".into(),
             admin: false,
         };
-        self.create_sandbox(&standby, CreateSandbox::default())
+        // Standby sandboxes are of the host-directories `default` (the only template
+        // a create claims one for), whatever template creates get by default.
+        let req = CreateSandbox {
+            template: Some(super::templates::DEFAULT_TEMPLATE.into()),
+            ..Default::default()
+        };
+        self.create_sandbox(&standby, req)
             .await?;
         Ok(true)
     }
