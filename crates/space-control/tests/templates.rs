@@ -649,3 +649,42 @@ async fn a_create_from_a_template_never_claims_a_standby_sandbox() {
     let plain = p.create("{}").await;
     assert_eq!(plain.body["id"], standby[0].id.to_string().as_str());
 }
+
+#[tokio::test]
+async fn the_sdk_imports_an_archive_file_and_a_layout_directory_lists_reads_and_removes_them() {
+    let p = Plane::start().await;
+    let router = api::router(AppState {
+        cp: Some(Arc::clone(&p.cp)),
+        edge: Edge::new(Authority::Local(Arc::clone(&p.cp))),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(api::serve_until(listener, router, std::future::pending()));
+    let admin = space_client::Client::new(&url, &p.admin);
+
+    let file = p.dir.path().join("python.tar");
+    std::fs::write(&file, python_image()).unwrap();
+    let from_file = admin.import_template("py", &file).await.unwrap();
+    // The same archive unpacked into a directory: packed again as it is sent, the
+    // same image.
+    let dir = p.dir.path().join("other-layout");
+    tar::Archive::new(&other_image()[..]).unpack(&dir).unwrap();
+    let from_dir = admin.import_template("other:1", &dir).await.unwrap();
+    assert_ne!(from_file.digest, from_dir.digest);
+    let user = space_client::Client::new(&url, &p.key);
+    let listed = user.templates().await.unwrap();
+    let names: Vec<String> = listed
+        .templates
+        .iter()
+        .map(|t| format!("{}:{}", t.name, t.tag))
+        .collect();
+    assert_eq!(names, ["other:1", "py:latest"]);
+    assert_eq!(user.template("other:1").await.unwrap(), from_dir);
+    let refused = user.import_template("x", &file).await.unwrap_err();
+    assert_eq!(refused.code(), Some("forbidden"));
+    admin.remove_template("other:1").await.unwrap();
+    assert_eq!(
+        user.template("other:1").await.unwrap_err().code(),
+        Some("not_found")
+    );
+}

@@ -73,6 +73,9 @@ pub enum Command {
     /// edge, list, close, browser links, a local TCP forward.
     #[command(subcommand)]
     Port(PortCmd),
+    /// Templates: images imported once (admin), listed, removed.
+    #[command(subcommand)]
+    Template(TemplateCmd),
     /// List workers.
     Workers,
     /// Signing keys.
@@ -296,6 +299,10 @@ pub enum SandboxCmd {
         /// Network (`--net`, `--allow`, `--deny`).
         #[command(flatten)]
         network: NetworkFlags,
+        /// Template, `NAME[:TAG]` (`space template ls`); the host-directories
+        /// `default` when absent.
+        #[arg(long)]
+        template: Option<String>,
     },
     /// Show a sandbox's network policy, or replace it with `--net` (and `--allow`,
     /// `--deny`): new connections of its running execution follow the new policy, and
@@ -442,6 +449,29 @@ pub enum FsCmd {
         /// Path in the sandbox.
         path: String,
     },
+}
+
+/// `space template …`.
+#[derive(Debug, Subcommand)]
+pub enum TemplateCmd {
+    /// Import an image as a template (admin key): an OCI image layout (a directory,
+    /// or a tar of one) or a `docker save` / `podman save` archive.
+    Import {
+        /// `NAME[:TAG]` (`latest` when no tag is given).
+        name: String,
+        /// The archive or OCI layout directory.
+        path: PathBuf,
+    },
+    /// List the templates.
+    Ls,
+    /// Remove a template (admin key); refused while sandboxes use it.
+    Rm {
+        /// `NAME[:TAG]`.
+        name: String,
+    },
+    /// Build a Debian template with mmdebstrap (admin key), then run each `--run`
+    /// step in a sandbox of it and commit its changes as one more layer.
+    Build(crate::cli::build::BuildArgs),
 }
 
 /// `space port …`.

@@ -18,6 +18,7 @@ pub(crate) mod errors;
 mod network;
 mod output;
 mod ports;
+mod templates;
 
 use output::{print_json, sandbox_id, table};
 
@@ -185,6 +186,7 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
             pids,
             disk_mib,
             network: flags,
+            template,
         }) => {
             let limits = space_proto::api::LimitsRequest {
                 memory_mib: *memory_mib,
@@ -205,7 +207,7 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
                 },
                 limits: (limits != space_proto::api::LimitsRequest::default()).then_some(limits),
                 network: network::from_flags(flags.net, &flags.allow, &flags.deny)?,
-                ..CreateSandbox::default()
+                template: template.clone(),
             };
             let s = c.create_sandbox(&req).await.map_err(sdk)?;
             if cli.json {
@@ -420,6 +422,7 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
             }
         }
         Command::Port(p) => return ports::run(&c, cli, url, p).await,
+        Command::Template(t) => return templates::run(&c, cli, url, t).await,
         Command::Term { sandbox, user } => {
             let user = user.as_deref().map(space_proto::api::User::parse);
             return crate::streams::term(&c, url, &sandbox_id(sandbox)?, user.as_ref()).await;
