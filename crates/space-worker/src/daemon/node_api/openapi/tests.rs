@@ -47,6 +47,8 @@ fn every_route_docs_api_md_lists_for_workers_is_in_the_document() {
         ("put", "/v1/sandboxes/{id}/files"),
         ("delete", "/v1/sandboxes/{id}/files"),
         ("get", "/v1/sandboxes/{id}/files/list"),
+        ("get", "/v1/sandboxes/{id}/files/tar"),
+        ("put", "/v1/sandboxes/{id}/files/tar"),
         ("get", "/v1/sandboxes/{id}/events"),
         ("get", "/v1/sandboxes/{id}/terminal"),
         ("get", "/v1/sandboxes/{id}/watch"),
