@@ -224,6 +224,7 @@ mod tests {
         elf[0x40..0x44].copy_from_slice(&3u32.to_le_bytes());
         assert_eq!(elf_has_no_interpreter(&elf), Some(false));
         // Program headers past the end: not an ELF this can judge.
+        elf[0x40..0x44].copy_from_slice(&1u32.to_le_bytes());
         elf[0x38..0x3a].copy_from_slice(&9u16.to_le_bytes());
         assert_eq!(elf_has_no_interpreter(&elf), None);
     }
