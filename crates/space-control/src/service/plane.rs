@@ -81,6 +81,9 @@ pub struct ControlPlane {
     pub(super) max_template_bytes: std::sync::atomic::AtomicU64,
 }
 
+/// The template of a sandbox started on the host's own system directories.
+pub const DEFAULT_TEMPLATE: &str = "default";
+
 /// Largest image archive a template import takes (8 GiB): 413 past it.
 pub const MAX_TEMPLATE_BYTES: u64 = 8 << 30;
 
@@ -123,7 +126,7 @@ impl ControlPlane {
             quota_pending: Arc::default(),
             limits_policy: std::sync::RwLock::new(crate::limits::LimitsPolicy::from_env()),
             network_default: std::sync::RwLock::default(),
-            default_template: std::sync::RwLock::new(super::templates::DEFAULT_TEMPLATE.into()),
+            default_template: std::sync::RwLock::new(DEFAULT_TEMPLATE.into()),
             reconcile_after_secs: std::env::var("SPACE_RECONCILE_AFTER_SECS")
                 .ok()
                 .and_then(|v| v.parse().ok())

@@ -19,8 +19,7 @@ use super::plane::ControlPlane;
 use crate::error::ControlError;
 use crate::now_secs;
 
-/// The template of a sandbox started on the host's own system directories.
-pub const DEFAULT_TEMPLATE: &str = "default";
+pub use super::plane::DEFAULT_TEMPLATE;
 
 /// The prefix of a worker's refusal of an install whose template it lacks.
 pub const TEMPLATE_MISSING: &str = "template_missing";
