@@ -1,10 +1,10 @@
 //! `space template build NAME --debian SUITE [--packages a,b,…] [--mirror URL]
-//! [--run CMD]…`: a Debian system made by `mmdebstrap` (its tar on a pipe, turned
-//! into a single-layer OCI image as it arrives: no root filesystem on disk), imported
-//! through the API; then each `--run` step executed (`sh -c`) in a sandbox of the
-//! template so far and committed as one more layer (`POST /v1/sandboxes/{id}/commit`).
-//! The steps' templates are `NAME:TAG-step<i>` while the build runs, removed once
-//! `NAME:TAG` is made.
+//! [--run CMD]…` (or `--from TEMPLATE --run CMD…`): a Debian system made by
+//! `mmdebstrap` (its tar on a pipe, turned into a single-layer OCI image as it
+//! arrives: no root filesystem on disk), imported through the API; then each `--run`
+//! step executed (`sh -c`) in a sandbox of the template so far and committed as one
+//! more layer (`POST /v1/sandboxes/{id}/commit`). The steps' templates are
+//! `NAME:TAG-step<i>` while the build runs, removed once `NAME:TAG` is made.
 //!
 //! [`debian_layout`] is shared with `space up`'s `debian` default template.
 
@@ -22,8 +22,16 @@ pub struct BuildArgs {
     /// The template to make, `name[:tag]`.
     pub name: String,
     /// The Debian suite to install (`bookworm`, `trixie`, …).
-    #[arg(long, value_name = "SUITE")]
-    pub debian: String,
+    #[arg(
+        long,
+        value_name = "SUITE",
+        required_unless_present = "from",
+        conflicts_with = "from"
+    )]
+    pub debian: Option<String>,
+    /// Build on an existing template instead (`name[:tag]`; needs a `--run`).
+    #[arg(long, value_name = "TEMPLATE", requires = "run")]
+    pub from: Option<String>,
     /// Packages to install besides the `apt` variant's (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub packages: Vec<String>,
@@ -262,12 +270,66 @@ pub async fn build(
     a: &BuildArgs,
     sdk: &dyn Fn(space_client::Error) -> String,
 ) -> Result<space_proto::api::templates::TemplateView, String> {
-    let (steps, last) = step_names(&a.name, a.run.len())?;
-    let first = steps.first().cloned().unwrap_or_else(|| last.clone());
+    let (mut steps, last) = step_names(&a.name, a.run.len())?;
+    // The templates this build makes and removes once it is done.
+    let mut made: Vec<String> = steps.clone();
+    let mut view = match (&a.debian, &a.from) {
+        (Some(suite), None) => {
+            let first = steps.first().cloned().unwrap_or_else(|| last.clone());
+            debian_base(c, a, suite, &first, sdk).await?
+        }
+        (None, Some(from)) if !a.run.is_empty() => {
+            let base = c.template(from).await.map_err(sdk)?;
+            steps[0] = format!("{}:{}", base.name, base.tag);
+            made.remove(0);
+            base
+        }
+        _ => return Err("a build takes --debian SUITE, or --from TEMPLATE with a --run".into()),
+    };
+    let mut failed = None;
+    for (i, cmd) in a.run.iter().enumerate() {
+        let current = steps[i].clone();
+        let next = steps.get(i + 1).cloned().unwrap_or_else(|| last.clone());
+        eprintln!("step {}/{}: {cmd}", i + 1, a.run.len());
+        match run_step(c, &current, &next, cmd, a.step_timeout, sdk).await {
+            Ok(v) => view = v,
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+        eprintln!(
+            "  committed as {next}: {} layers ({})",
+            view.layers, view.digest
+        );
+    }
+    // The steps' templates go, the build failed or not (the final one shares
+    // their layers).
+    for n in made.iter().filter(|n| **n != last) {
+        match c.remove_template(n).await {
+            Ok(()) => {}
+            Err(e) if e.status() == Some(hyper::StatusCode::NOT_FOUND) => {}
+            Err(e) => eprintln!("  (could not remove the step template {n}: {})", sdk(e)),
+        }
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(view),
+    }
+}
+
+/// The Debian base of a build, imported as `name`.
+async fn debian_base(
+    c: &Client,
+    a: &BuildArgs,
+    suite: &str,
+    name: &str,
+    sdk: &dyn Fn(space_client::Error) -> String,
+) -> Result<space_proto::api::templates::TemplateView, String> {
     let work = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
     let layout = work.path().join("image.tar");
     let debian = Debian {
-        suite: a.debian.clone(),
+        suite: suite.to_owned(),
         packages: a.packages.clone(),
         mirror: a.mirror.clone(),
     };
@@ -279,31 +341,15 @@ pub async fn build(
     .map_err(|e| e.to_string())??;
     eprintln!(
         "built {} in {:.0} s with mmdebstrap --mode={}: one layer, {} ({} entries, {} device nodes left out)",
-        a.debian,
+        suite,
         built.elapsed.as_secs_f64(),
         built.mode.name,
         mib(built.layer.size),
         built.layer.entries,
         built.layer.skipped
     );
-    let mut view = c.import_template(&first, &layout).await.map_err(sdk)?;
-    eprintln!("imported {first} ({})", view.digest);
-    drop(work);
-    for (i, cmd) in a.run.iter().enumerate() {
-        let current = steps[i].clone();
-        let next = steps.get(i + 1).cloned().unwrap_or_else(|| last.clone());
-        eprintln!("step {}/{}: {cmd}", i + 1, a.run.len());
-        view = run_step(c, &current, &next, cmd, a.step_timeout, sdk).await?;
-        eprintln!(
-            "  committed as {next}: {} layers ({})",
-            view.layers, view.digest
-        );
-    }
-    for n in steps.iter().filter(|n| **n != last) {
-        if let Err(e) = c.remove_template(n).await {
-            eprintln!("  (could not remove the step template {n}: {})", sdk(e));
-        }
-    }
+    let view = c.import_template(name, &layout).await.map_err(sdk)?;
+    eprintln!("imported {name} ({})", view.digest);
     Ok(view)
 }
 
