@@ -84,6 +84,8 @@ fn link(b: &mut tar::Builder<Vec<u8>>, path: &str, target: &str) {
     h.set_entry_type(tar::EntryType::Symlink);
     h.set_size(0);
     h.set_mode(0o777);
+    h.set_uid(0);
+    h.set_gid(0);
     h.set_mtime(1_700_000_000);
     b.append_link(&mut h, path, target).unwrap();
 }
@@ -164,6 +166,9 @@ fn docker_save(out: &Path) {
         let mut h = tar::Header::new_gnu();
         h.set_size(body.len() as u64);
         h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(1_700_000_000);
         archive.append_data(&mut h, name, body).unwrap();
     }
     archive.into_inner().unwrap().flush().unwrap();
@@ -196,7 +201,10 @@ fn sh(c: &Cluster, id: &str, script: &str) -> String {
 }
 
 fn worker_of(c: &Cluster, id: &str) -> String {
-    c.sandbox(id)["worker"].as_str().unwrap().to_owned()
+    c.sandbox(id)["execution"]["worker"]
+        .as_str()
+        .unwrap()
+        .to_owned()
 }
 
 /// Bytes under `dir` (apparent sizes of regular files), `0` when absent.
@@ -360,7 +368,7 @@ fn a_template_in_use_is_not_removed() {
     let refused = c.cli(&["template", "rm", "spacetest:1"]);
     assert!(!refused.status.success(), "{}", text(&refused));
     assert!(
-        String::from_utf8_lossy(&refused.stderr).contains("in use"),
+        String::from_utf8_lossy(&refused.stderr).contains("template_in_use"),
         "{}",
         String::from_utf8_lossy(&refused.stderr)
     );
