@@ -174,7 +174,7 @@ impl Client {
         archive: ImageArchive,
     ) -> Result<TemplateView, Error> {
         let url = format!(
-            "{}/v1/templates?name={}",
+            "{}/v1/templates/import?name={}",
             self.inner.url,
             encode_query(name)
         );

@@ -70,6 +70,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(account::revoke_key))
         .routes(routes!(account::rotate))
         .routes(routes!(templates::import, templates::list))
+        .routes(routes!(templates::import_named))
         .routes(routes!(templates::get, templates::remove))
         .routes(routes!(commit::commit))
         .routes(routes!(internal::enroll).layer(internal_limit()))

@@ -103,6 +103,21 @@ pub(super) async fn import(
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
 
+/// The same import at the path `API.md` names (`POST /v1/templates/import?name=`),
+/// which the SDK and the CLI use.
+#[utoipa::path(post, path = "/v1/templates/import", tag = "templates", params(ImportQuery),
+    request_body(content = Vec<u8>, content_type = "application/x-tar", description = "the image archive, at most 8 GiB"),
+    responses((status = 201, description = "the template", body = TemplateView), TemplateImport),
+    security(("api_key" = [])))]
+pub(super) async fn import_named(
+    st: State<AppState>,
+    headers: HeaderMap,
+    q: Result<Query<ImportQuery>, QueryRejection>,
+    body: axum::body::Body,
+) -> Result<Response, ControlError> {
+    import(st, headers, q, body).await
+}
+
 /// List the templates (any caller).
 #[utoipa::path(get, path = "/v1/templates", tag = "templates",
     responses((status = 200, description = "by name and tag; the host-directories `default` is not listed", body = TemplateList), Listed),
