@@ -3,7 +3,10 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use std::fs::{self, File};
+
 use super::*;
+use crate::oci::host_architecture;
 use crate::store::Store;
 
 fn ok<T, E: std::fmt::Display>(r: std::result::Result<T, E>) -> T {
@@ -439,4 +442,50 @@ fn a_pax_header_past_its_bound_is_refused_before_it_is_read() {
     ));
     let e = upper_refusal(ok(b.into_inner()));
     assert!(e.contains("PAX header") && e.contains("limit"), "{e}");
+}
+
+#[test]
+fn a_binary_xattr_with_a_newline_in_its_value_is_read_by_its_length() {
+    // overlayfs's `origin` is a file handle: any byte, a newline too.
+    let origin: &[u8] = b"\x00\xfb\n\x01=\n 7 x\n";
+    let mut b = tar::Builder::new(Vec::new());
+    ok(b.append_pax_extensions([("SCHILY.xattr.trusted.overlay.origin", origin)]));
+    ok(b.append_data(
+        &mut header(EntryType::Directory, 0o755, 0, 0),
+        "etc",
+        io::empty(),
+    ));
+    ok(b.append_pax_extensions([
+        ("SCHILY.xattr.trusted.overlay.origin", origin),
+        (
+            std::str::from_utf8(SNAPSHOT_WHITEOUT_KEY).unwrap_or(""),
+            &b"1"[..],
+        ),
+    ]));
+    ok(b.append_data(
+        &mut header(EntryType::Regular, 0, 0, 0),
+        "etc/motd",
+        io::empty(),
+    ));
+    let mut blob = Vec::new();
+    ok(layer_from_overlay_upper(&ok(b.into_inner())[..], &mut blob));
+    let entries = entries_of(&blob);
+    assert_eq!(entries, ["etc d 0", "etc/.wh.motd f 0"]);
+}
+
+#[test]
+fn pax_records_of_a_wrong_length_are_refused() {
+    assert!(pax_records(b"20 SPACE.whiteout=1\n").is_ok());
+    for bad in [
+        &b"21 SPACE.whiteout=1\n"[..],
+        b"19 SPACE.whiteout=1\n",
+        b"x SPACE=1\n",
+        b"9 nokey\n",
+    ] {
+        assert!(
+            pax_records(bad).is_err(),
+            "{:?}",
+            String::from_utf8_lossy(bad)
+        );
+    }
 }

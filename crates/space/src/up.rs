@@ -54,6 +54,7 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
         domain: a.domain.clone(),
         network_default: a.network_default,
         default_template: space_control::service::DEFAULT_TEMPLATE.into(),
+        standby_templates: a.standby_templates.clone(),
     })
     .await?;
     let url = format!("http://{}", handle.addr);
@@ -151,7 +152,8 @@ async fn debian_default(cp: Arc<space_control::service::ControlPlane>) {
         return;
     }
     say(format_args!(
-        "default template: building {DEBIAN_DEFAULT} (Debian bookworm with Python 3, once;          creates get the host's directories until it is imported)…"
+        "default template: building {DEBIAN_DEFAULT} (Debian bookworm with Python 3, once; \
+         creates get the host's directories until it is imported)…"
     ));
     let work = match tempfile::Builder::new()
         .prefix("build-")
