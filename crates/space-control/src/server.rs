@@ -34,6 +34,9 @@ pub struct ControlConfig {
     /// or an imported template's `name[:tag]` (`space up` changes it at run time once
     /// its default image is imported).
     pub default_template: String,
+    /// Standby pools of image templates, by name (the default template's is
+    /// `standby`).
+    pub standby_templates: Vec<crate::service::TemplatePool>,
 }
 
 impl ControlConfig {
@@ -222,6 +225,7 @@ pub async fn serve(config: ControlConfig) -> Result<ServerHandle, String> {
     let app = router(state);
     let (stop, mut stopped) = watch::channel(false);
     cp.set_standby_target(config.standby);
+    cp.set_standby_templates(config.standby_templates.clone());
     cp.set_default_network(config.network_default);
     cp.set_default_template(&config.default_template);
     let background = spawn_background(Arc::clone(&cp), stop.subscribe());
@@ -246,31 +250,29 @@ pub async fn serve(config: ControlConfig) -> Result<ServerHandle, String> {
     })
 }
 
-/// Keeps the standby sandboxes topped up, one at a time, in quiet moments.
+/// Keeps the standby pools topped up: a plan every [`KEEPER_TICK`] (refills begun in
+/// the background, a few in flight per worker), also while creates run.
 fn spawn_standby_keeper(cp: Arc<ControlPlane>, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut pause = Duration::from_millis(100);
+        let mut pause = KEEPER_TICK;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
                 _ = stop.changed() => return,
             }
-            if cp.standby_target() == 0 {
-                pause = Duration::from_millis(500);
-                continue;
-            }
             pause = match cp.keep_standby().await {
-                // Another one may be due right away.
-                Ok(true) => Duration::ZERO,
-                Ok(false) => Duration::from_millis(100),
+                Ok(_) => KEEPER_TICK,
                 Err(e) => {
-                    tracing::warn!(error = %e, "standby sandbox failed to start");
+                    tracing::warn!(error = %e, "standby keeper failed");
                     Duration::from_secs(2)
                 }
             };
         }
     })
 }
+
+/// How often the standby keeper plans.
+const KEEPER_TICK: Duration = Duration::from_millis(50);
 
 /// Periodic work: TTL expiry, key retirement, key reload, state gauges.
 fn spawn_background(cp: Arc<ControlPlane>, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {

@@ -49,4 +49,5 @@ pub use plane::{
 };
 pub use ports::{COOKIE_LIFETIME_SECS, PortUrls, cookie_valid, secret_matches};
 pub use sandboxes::api_state;
+pub use standby::{STARTS_PER_WORKER, TemplatePool};
 pub use templates::{DEFAULT_TEMPLATE, TEMPLATE_MISSING, pinned_digest};

@@ -473,7 +473,7 @@ async fn a_patch_body_over_its_limit_is_refused_with_413() {
 async fn a_standby_sandbox_started_under_another_default_is_handed_over_with_the_current_one() {
     let p = Plane::start().await;
     p.cp.set_standby_target(1);
-    assert!(p.cp.keep_standby().await.unwrap());
+    assert!(p.cp.keep_standby_now().await.unwrap() > 0);
     let standby = p.cp.store.list_sandboxes("_standby").await.unwrap();
     assert_eq!(standby[0].network, Policy::none());
     // The operator restarts with egress as the default.
@@ -530,7 +530,7 @@ async fn the_sdk_creates_with_a_policy_and_replaces_it_through_the_edge() {
 async fn a_create_with_its_own_policy_claims_a_standby_sandbox_answered_once_the_worker_took_it() {
     let p = Plane::start().await;
     p.cp.set_standby_target(1);
-    assert!(p.cp.keep_standby().await.unwrap());
+    assert!(p.cp.keep_standby_now().await.unwrap() > 0);
     let standby = p.cp.store.list_sandboxes("_standby").await.unwrap();
     assert_eq!(standby[0].network, Policy::none());
     let (id, view) = p.create(&format!(r#"{{"network":{EGRESS}}}"#)).await;
@@ -560,7 +560,7 @@ async fn a_claimed_standby_sandbox_whose_worker_refuses_the_policy_is_deleted_an
 {
     let p = Plane::start().await;
     p.cp.set_standby_target(1);
-    assert!(p.cp.keep_standby().await.unwrap());
+    assert!(p.cp.keep_standby_now().await.unwrap() > 0);
     let standby = p.cp.store.list_sandboxes("_standby").await.unwrap()[0].id;
     p.worker.refuse_network.store(true, Ordering::SeqCst);
     let a = p

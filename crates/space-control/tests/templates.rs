@@ -626,11 +626,11 @@ async fn a_sandbox_keeps_its_pinned_digest_when_the_name_is_bound_again_and_an_i
 }
 
 #[tokio::test]
-async fn a_create_from_a_template_never_claims_a_standby_sandbox() {
+async fn a_create_from_a_template_without_a_standby_pool_never_claims_a_standby_sandbox() {
     let p = Plane::start().await;
     p.import("py", python_image()).await;
     p.cp.set_standby_target(1);
-    assert!(p.cp.keep_standby().await.unwrap());
+    assert!(p.cp.keep_standby_now().await.unwrap() > 0);
     let standby = p.cp.store.list_sandboxes(STANDBY_TENANT).await.unwrap();
     assert_eq!(standby.len(), 1);
     let a = p.create(r#"{"template":"py"}"#).await;
@@ -648,6 +648,55 @@ async fn a_create_from_a_template_never_claims_a_standby_sandbox() {
     // A default create does claim it.
     let plain = p.create("{}").await;
     assert_eq!(plain.body["id"], standby[0].id.to_string().as_str());
+}
+
+#[tokio::test]
+async fn a_template_with_a_standby_pool_is_claimed_from_its_own_pool_only() {
+    let p = Plane::start().await;
+    p.import("py", python_image()).await;
+    // Only the image's pool: the default template keeps none.
+    p.cp.set_standby_target(0);
+    p.cp.set_standby_templates(vec![
+        space_control::service::TemplatePool::parse("py=2").unwrap(),
+    ]);
+    assert_eq!(p.cp.keep_standby_now().await.unwrap(), 2);
+    let standby = p.cp.store.list_sandboxes(STANDBY_TENANT).await.unwrap();
+    assert_eq!(standby.len(), 2);
+    assert!(
+        standby
+            .iter()
+            .all(|s| s.template.starts_with("py:latest@sha256:")),
+        "{standby:?}"
+    );
+    // Full: the next step starts nothing.
+    assert_eq!(p.cp.keep_standby_now().await.unwrap(), 0);
+    // A default create claims none of them; a create of the image does.
+    let plain = p.create("{}").await;
+    assert_eq!(plain.status, StatusCode::CREATED, "{}", plain.body);
+    assert!(
+        standby
+            .iter()
+            .all(|s| plain.body["id"] != s.id.to_string().as_str())
+    );
+    let a = p.create(r#"{"template":"py"}"#).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{}", a.body);
+    assert!(
+        standby
+            .iter()
+            .any(|s| a.body["id"] == s.id.to_string().as_str()),
+        "{}",
+        a.body
+    );
+    assert_eq!(
+        p.cp.store
+            .list_sandboxes(STANDBY_TENANT)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    // And the keeper refills the pool it was claimed from.
+    assert_eq!(p.cp.keep_standby_now().await.unwrap(), 1);
 }
 
 #[tokio::test]

@@ -229,6 +229,16 @@ impl Store {
         dispatch!(self.claim_standby(standby, claim))
     }
 
+    /// The standby tenant `standby`'s sandboxes that are not stopped, counted by the
+    /// worker of their current execution and their template: what the standby keeper
+    /// spreads its pools by. Sandboxes without an execution yet are not counted.
+    pub async fn count_standby_by_worker(
+        &self,
+        standby: &str,
+    ) -> Result<Vec<(WorkerId, String, u64)>, StoreError> {
+        dispatch!(self.count_standby_by_worker(standby))
+    }
+
     /// For capacity-aware placement: per worker, the number of sandboxes that are not
     /// stopped and whose current execution (see [`Store::current_execution`]) runs
     /// there. Workers with none are absent from the map.

@@ -86,6 +86,21 @@ pub(crate) fn new_execution(
     })
 }
 
+pub(crate) fn standby_counts(
+    rows: Vec<(String, String, i64)>,
+) -> Result<Vec<(WorkerId, String, u64)>, StoreError> {
+    rows.into_iter()
+        .map(|(worker, template, n)| {
+            let [(id, n)]: [(WorkerId, u64); 1] = worker_counts(vec![(worker, n)])?
+                .into_iter()
+                .collect::<Vec<_>>()
+                .try_into()
+                .map_err(|_| StoreError::Backend("a worker count".into()))?;
+            Ok((id, template, n))
+        })
+        .collect()
+}
+
 pub(crate) fn worker_counts(
     pairs: Vec<(String, i64)>,
 ) -> Result<BTreeMap<WorkerId, u64>, StoreError> {

@@ -391,6 +391,7 @@ impl PgStore {
             &claim.created_at,
             &claim.expires_at,
             &metadata,
+            &claim.template,
         ];
         self.one(&q, params, rows::sandbox).await
     }
@@ -439,6 +440,19 @@ impl PgStore {
             .all(sql::COUNT_LIVE_BY_TENANT, &[&tenant], |r| r.int(0))
             .await?;
         Ok(n.first().copied().unwrap_or(0).max(0) as u64)
+    }
+
+    /// See [`crate::Store::count_standby_by_worker`].
+    pub async fn count_standby_by_worker(
+        &self,
+        standby: &str,
+    ) -> Result<Vec<(WorkerId, String, u64)>, StoreError> {
+        let rows = self
+            .all(sql::COUNT_STANDBY_BY_WORKER, &[&standby], |r| {
+                Ok((r.text(0)?, r.text(1)?, r.int(2)?))
+            })
+            .await?;
+        outcomes::standby_counts(rows)
     }
 
     /// Active sandboxes per worker; workers with none are absent.

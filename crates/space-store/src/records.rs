@@ -305,6 +305,9 @@ pub struct Claim {
     pub expires_at: Option<i64>,
     /// The owner's metadata.
     pub metadata: serde_json::Value,
+    /// Only a standby sandbox of this template (as records name it: `default`, or
+    /// `NAME:TAG@sha256:…`) is taken.
+    pub template: String,
 }
 
 #[cfg(test)]

@@ -325,6 +325,15 @@ pub(crate) const SANDBOX_EXISTS: &str = "SELECT 1 FROM sandboxes WHERE id = $1";
 
 /// Counts, per worker, the sandboxes that are not stopped and whose current execution
 /// (the highest pending or running generation) is there.
+/// The standby tenant `$1`'s sandboxes that are not stopped, by the worker of their
+/// current execution and their template (ones with no execution yet are left out).
+pub(crate) const COUNT_STANDBY_BY_WORKER: &str = "SELECT e.worker, s.template, COUNT(*) FROM sandboxes s \
+     JOIN executions e ON e.sandbox = s.id \
+     WHERE s.tenant = $1 AND s.state <> 'stopped' AND e.state IN ('pending', 'running') \
+     AND e.generation = (SELECT MAX(x.generation) FROM executions x \
+         WHERE x.sandbox = s.id AND x.state IN ('pending', 'running')) \
+     GROUP BY e.worker, s.template ORDER BY e.worker, s.template";
+
 pub(crate) const COUNT_ACTIVE_BY_WORKER: &str = "SELECT e.worker, COUNT(*) FROM sandboxes s \
      JOIN executions e ON e.sandbox = s.id \
      WHERE s.state <> 'stopped' AND e.state IN ('pending', 'running') \
@@ -398,7 +407,7 @@ pub(crate) fn claim_standby(columns: &str, lock: &str) -> String {
     format!(
         "UPDATE sandboxes SET tenant = $2, created_at = $3, expires_at = $4, metadata = $5 \
          WHERE tenant = $1 AND id = (SELECT id FROM sandboxes WHERE tenant = $1 AND state = 'running' \
-         ORDER BY created_at, id LIMIT 1 {lock}) RETURNING {columns}"
+         AND template = $6 ORDER BY created_at, id LIMIT 1 {lock}) RETURNING {columns}"
     )
 }
 

@@ -396,6 +396,7 @@ impl SqliteStore {
                     &c2.created_at,
                     &c2.expires_at,
                     &metadata,
+                    &c2.template,
                 ],
                 |r| rows::sandbox(r),
             )
@@ -409,6 +410,21 @@ impl SqliteStore {
         self.read(move |c| {
             let n = query_one(c, sql::COUNT_LIVE_BY_TENANT, &[&tenant], |r| r.int(0))?;
             Ok(n.unwrap_or(0).max(0) as u64)
+        })
+        .await
+    }
+
+    /// See [`crate::Store::count_standby_by_worker`].
+    pub async fn count_standby_by_worker(
+        &self,
+        standby: &str,
+    ) -> Result<Vec<(WorkerId, String, u64)>, StoreError> {
+        let standby = standby.to_owned();
+        self.read(move |c| {
+            let rows = query_all(c, sql::COUNT_STANDBY_BY_WORKER, &[&standby], |r| {
+                Ok((r.text(0)?, r.text(1)?, r.int(2)?))
+            })?;
+            outcomes::standby_counts(rows)
         })
         .await
     }

@@ -125,6 +125,11 @@ pub struct UpArgs {
     /// `debian-default`; where it cannot be built, `host`, saying why).
     #[arg(long, env = "SPACE_DEFAULT_TEMPLATE", default_value = "host", value_parser = ["host", "debian"])]
     pub default_template: String,
+    /// Standby sandboxes of an image template as well, `NAME[:TAG]=N` (repeatable):
+    /// N in all, spread over the workers, for creates of that template to claim
+    /// (kept once the template is imported).
+    #[arg(long = "standby-template", env = "SPACE_STANDBY_TEMPLATES", value_delimiter = ',', value_parser = standby_template())]
+    pub standby_templates: Vec<space_control::service::TemplatePool>,
     /// Sandbox egress.
     #[command(flatten)]
     pub egress: EgressArgs,
@@ -165,6 +170,16 @@ pub struct ControlArgs {
     /// directories) or an imported template's `name[:tag]`.
     #[arg(long, default_value = space_control::service::DEFAULT_TEMPLATE)]
     pub default_template: String,
+    /// Standby sandboxes of an image template as well, `NAME[:TAG]=N` (repeatable):
+    /// N in all, spread over the workers, for creates of that template to claim
+    /// (kept once the template is imported).
+    #[arg(long = "standby-template", env = "SPACE_STANDBY_TEMPLATES", value_delimiter = ',', value_parser = standby_template())]
+    pub standby_templates: Vec<space_control::service::TemplatePool>,
+}
+
+fn standby_template()
+-> impl clap::builder::TypedValueParser<Value = space_control::service::TemplatePool> {
+    |s: &str| space_control::service::TemplatePool::parse(s)
 }
 
 /// `space worker`.

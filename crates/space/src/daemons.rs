@@ -47,6 +47,7 @@ pub async fn control(a: ControlArgs) -> Result<(), String> {
         domain: a.domain.clone(),
         network_default: a.network_default,
         default_template: a.default_template.clone(),
+        standby_templates: a.standby_templates.clone(),
     })
     .await?;
     lock.record(Some(&format!("http://{}", handle.addr)))?;

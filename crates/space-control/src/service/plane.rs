@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use space_identity::SandboxId;
+use space_identity::{SandboxId, WorkerId};
 use space_store::{Store, Tenant};
 use tokio::sync::RwLock;
 
@@ -54,9 +54,13 @@ pub struct ControlPlane {
     pub(super) load: std::sync::Mutex<LoadView>,
     /// Standby sandboxes to keep ready (0: none).
     pub(super) standby_target: std::sync::atomic::AtomicUsize,
-    /// When a create last ran in this process: the standby keeper waits for a quiet
-    /// moment before refilling, so refills never compete with a burst.
-    pub(super) last_create: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Standby pools of image templates the operator named (`--standby-template`).
+    pub(super) standby_templates: std::sync::RwLock<Vec<super::standby::TemplatePool>>,
+    /// Those pools' templates as records name them (pinned), with their sizes: which
+    /// creates may claim a standby sandbox.
+    pub(super) standby_pinned: std::sync::RwLock<std::collections::BTreeMap<String, usize>>,
+    /// Standby starts under way, per worker.
+    pub(super) standby_in_flight: std::sync::Mutex<std::collections::BTreeMap<WorkerId, usize>>,
     /// Default and largest sandbox limits, and the per-tenant sandbox quota.
     pub(super) limits_policy: std::sync::RwLock<crate::limits::LimitsPolicy>,
     /// The network mode of a create that names no policy (`none` unless set).
@@ -122,7 +126,9 @@ impl ControlPlane {
             busy: std::sync::Mutex::new(Default::default()),
             load: std::sync::Mutex::new(LoadView::default()),
             standby_target: std::sync::atomic::AtomicUsize::new(0),
-            last_create: std::sync::Mutex::new(None),
+            standby_templates: std::sync::RwLock::default(),
+            standby_pinned: std::sync::RwLock::default(),
+            standby_in_flight: std::sync::Mutex::default(),
             quota_pending: Arc::default(),
             limits_policy: std::sync::RwLock::new(crate::limits::LimitsPolicy::from_env()),
             network_default: std::sync::RwLock::default(),

@@ -142,26 +142,22 @@ impl ControlPlane {
             quota_hold = Some(hold);
             let live = self.store.count_live_sandboxes(&caller.tenant).await?;
             policy.admit(live + pending)?;
-            *self
-                .last_create
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) =
-                Some(std::time::Instant::now());
         }
         let now = now_secs() as i64;
         let expires_at = req.ttl_secs.map(|t| now + t as i64);
-        // A standby sandbox is a default sandbox that already runs: claiming one is a
-        // single write. Sandboxes of another template, with their own environment or
-        // a chosen worker are started for the request.
+        // A standby sandbox already runs: claiming one is a single write. Its template
+        // must have a pool (the default, or one `--standby-template` names); sandboxes
+        // with their own environment or a chosen worker are started for the request.
         // Standby sandboxes run with the default limits: other limits start their own.
         // Any network policy claims one (given to it below before the answer).
-        let plain = template == "default" && env.is_empty() && req.worker.is_none() && limits == policy.defaults;
-        if plain && caller.tenant != STANDBY_TENANT && self.standby_target() > 0 {
+        let plain = env.is_empty() && req.worker.is_none() && limits == policy.defaults;
+        if plain && caller.tenant != STANDBY_TENANT && self.has_standby_pool(&template) {
             let claim = space_store::Claim {
                 tenant: caller.tenant.clone(),
                 created_at: now,
                 expires_at,
                 metadata: metadata.clone(),
+                template: template.clone(),
             };
             if let Some(mut s) = self.store.claim_standby(STANDBY_TENANT, &claim).await? {
                 drop(quota_hold.take());

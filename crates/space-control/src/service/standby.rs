@@ -1,72 +1,277 @@
-//! Standby sandboxes: default sandboxes started ahead of demand, owned by
-//! [`STANDBY_TENANT`] until a create claims one.
+//! Standby sandboxes: sandboxes started ahead of demand, owned by [`STANDBY_TENANT`]
+//! until a create claims one, kept per template (the host-directories `default`, and
+//! each template the operator names with `--standby-template NAME=N`) and spread
+//! evenly over the active workers ([`crate::standby_plan`]).
+//!
+//! The keeper refills while creates run: every tick it starts what the plan says,
+//! at most [`STARTS_PER_WORKER`] in flight per worker, each on the worker it was
+//! planned for, so a burst of claims is refilled where it drained the pool without
+//! the refills queueing ahead of the burst's own launches.
 
-use std::time::Duration;
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
+use space_identity::WorkerId;
 use space_proto::api::CreateSandbox;
-use space_store::SandboxState;
+use space_store::{SandboxState, WorkerState};
 
-use super::plane::{ControlPlane, STANDBY_TENANT};
+use super::plane::{ControlPlane, DEFAULT_TEMPLATE, STANDBY_TENANT};
 use crate::auth::Caller;
 use crate::error::ControlError;
+use crate::standby_plan::{self, Bounds, Pool, WorkerView};
 
-/// How long after the last create the standby keeper waits before refilling.
-const STANDBY_QUIET: Duration = Duration::from_millis(300);
+/// Most standby starts in flight on one worker at once.
+pub const STARTS_PER_WORKER: usize = 2;
+
+/// A pool the operator asked for: a template by name, and its size over all workers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TemplatePool {
+    /// The template's `name[:tag]`.
+    pub name: String,
+    /// Standby sandboxes of it in all.
+    pub total: usize,
+}
+
+impl TemplatePool {
+    /// Parses `NAME[:TAG]=N` (`--standby-template`).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (name, total) = text
+            .rsplit_once('=')
+            .ok_or_else(|| format!("{text:?}: expected NAME[:TAG]=N"))?;
+        space_image::TemplateRef::parse(name).map_err(|e| format!("{text:?}: {e}"))?;
+        let total: usize = total
+            .parse()
+            .map_err(|_| format!("{text:?}: N must be a number"))?;
+        if total > 1000 {
+            return Err(format!(
+                "{text:?}: at most 1000 standby sandboxes per template"
+            ));
+        }
+        Ok(Self {
+            name: name.to_owned(),
+            total,
+        })
+    }
+}
 
 impl ControlPlane {
-    /// How many standby sandboxes this control plane keeps ready.
+    /// How many standby sandboxes of the default template this control plane keeps.
     pub fn standby_target(&self) -> usize {
         self.standby_target
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Sets how many standby sandboxes to keep ready (0: none; existing ones stay
-    /// until claimed).
+    /// Sets how many standby sandboxes of the default template to keep (0: none;
+    /// existing ones stay until claimed).
     pub fn set_standby_target(&self, n: usize) {
         self.standby_target
             .store(n, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// One step of the standby keeper: when no create ran for [`STANDBY_QUIET`] and
-    /// fewer than the target are ready or starting, starts one (through the normal
-    /// create path: placement, warm jail, acknowledged install). Returns whether it
-    /// started one.
-    pub async fn keep_standby(&self) -> Result<bool, ControlError> {
-        let target = self.standby_target();
-        let standby = self.store.list_sandboxes(STANDBY_TENANT).await?;
-        let ready = standby
+    /// Sets the pools of image templates (`--standby-template`).
+    pub fn set_standby_templates(&self, pools: Vec<TemplatePool>) {
+        *self
+            .standby_templates
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = pools;
+    }
+
+    /// Whether a create of `template` (as records name it) may claim a standby
+    /// sandbox: it has a pool.
+    pub(super) fn has_standby_pool(&self, template: &str) -> bool {
+        if template == DEFAULT_TEMPLATE {
+            return self.standby_target() > 0;
+        }
+        self.standby_pinned
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(template)
+            .is_some_and(|&total| total > 0)
+    }
+
+    /// The pools, their templates pinned as records name them (a named template not
+    /// imported yet has no pool), each with the name a create of it uses.
+    async fn pools(&self) -> Vec<(Pool, String)> {
+        let mut pools = vec![(
+            Pool {
+                template: DEFAULT_TEMPLATE.into(),
+                total: self.standby_target(),
+            },
+            DEFAULT_TEMPLATE.to_owned(),
+        )];
+        let named = self
+            .standby_templates
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let mut pinned = BTreeMap::new();
+        for p in named {
+            match self.pin_template(&p.name).await {
+                Ok(template) => {
+                    pinned.insert(template.clone(), p.total);
+                    pools.push((
+                        Pool {
+                            template,
+                            total: p.total,
+                        },
+                        p.name,
+                    ));
+                }
+                Err(e) => {
+                    tracing::debug!(template = %p.name, error = %e, "no standby pool yet");
+                }
+            }
+        }
+        *self
+            .standby_pinned
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = pinned;
+        pools.retain(|(p, _)| p.total > 0);
+        pools
+    }
+
+    /// One step of the standby keeper: the starts [`standby_plan::next_starts`] plans
+    /// for the pools, begun in the background (through the normal create path:
+    /// placement on the planned worker, warm jail, acknowledged install). Returns the
+    /// starts begun, to wait for if the caller wants to.
+    pub async fn keep_standby(
+        self: &Arc<Self>,
+    ) -> Result<Vec<tokio::task::JoinHandle<()>>, ControlError> {
+        let pools = self.pools().await;
+        let standby = self.store.count_standby_by_worker(STANDBY_TENANT).await?;
+        let ready = self
+            .store
+            .list_sandboxes(STANDBY_TENANT)
+            .await?
             .iter()
             .filter(|s| s.state == SandboxState::Running)
             .count();
         self.metrics
             .standby_ready
             .set(i64::try_from(ready).unwrap_or(i64::MAX));
-        // Starting ones count towards the target: they will be ready.
-        let ready = standby
-            .iter()
-            .filter(|s| s.state != SandboxState::Stopped)
-            .count();
-        let quiet = self
-            .last_create
+        if pools.is_empty() {
+            return Ok(Vec::new());
+        }
+        let in_flight = self
+            .standby_in_flight
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .is_none_or(|t| t.elapsed() >= STANDBY_QUIET);
-        if ready >= target || !quiet {
-            return Ok(false);
+            .clone();
+        let workers: Vec<WorkerView> = self
+            .store
+            .list_workers()
+            .await?
+            .into_iter()
+            .map(|w| WorkerView {
+                accepts: w.state == WorkerState::Active,
+                standby: standby
+                    .iter()
+                    .filter(|(id, _, _)| *id == w.id)
+                    .map(|(_, t, n)| (t.clone(), usize::try_from(*n).unwrap_or(usize::MAX)))
+                    .collect(),
+                in_flight: in_flight.get(&w.id).copied().unwrap_or(0),
+                id: w.id,
+            })
+            .collect();
+        let plan_pools: Vec<Pool> = pools.iter().map(|(p, _)| p.clone()).collect();
+        let starts = standby_plan::next_starts(
+            &plan_pools,
+            &workers,
+            Bounds {
+                per_worker: STARTS_PER_WORKER,
+            },
+        );
+        Ok(starts
+            .into_iter()
+            .map(|(worker, template)| {
+                let name = pools
+                    .iter()
+                    .find(|(p, _)| p.template == template)
+                    .map(|(_, name)| name.clone())
+                    .unwrap_or_else(|| DEFAULT_TEMPLATE.to_owned());
+                self.begin_standby(worker, name)
+            })
+            .collect())
+    }
+
+    /// One keeper step, waited for: how many standby sandboxes it started (tests).
+    pub async fn keep_standby_now(self: &Arc<Self>) -> Result<usize, ControlError> {
+        let started = self.keep_standby().await?;
+        let n = started.len();
+        for task in started {
+            task.await
+                .map_err(|e| ControlError::Internal(format!("standby start: {e}")))?;
         }
-        let standby = Caller {
-            tenant: STANDBY_TENANT.into(),
-            key_id: "standby".into(),
-            admin: false,
-        };
-        // Standby sandboxes are of the host-directories `default` (the only template
-        // a create claims one for), whatever template creates get by default.
-        let req = CreateSandbox {
-            template: Some(super::templates::DEFAULT_TEMPLATE.into()),
-            ..Default::default()
-        };
-        self.create_sandbox(&standby, req)
-            .await?;
-        Ok(true)
+        Ok(n)
+    }
+
+    /// Starts one standby sandbox of `template` on `worker` in the background,
+    /// counted in flight until its create returns.
+    fn begin_standby(
+        self: &Arc<Self>,
+        worker: WorkerId,
+        template: String,
+    ) -> tokio::task::JoinHandle<()> {
+        *self
+            .standby_in_flight
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(worker.clone())
+            .or_default() += 1;
+        let cp = Arc::clone(self);
+        tokio::spawn(async move {
+            let caller = Caller {
+                tenant: STANDBY_TENANT.into(),
+                key_id: "standby".into(),
+                admin: false,
+            };
+            let req = CreateSandbox {
+                template: Some(template.clone()),
+                worker: Some(worker.clone()),
+                ..Default::default()
+            };
+            if let Err(e) = cp.create_sandbox(&caller, req).await {
+                tracing::warn!(%worker, %template, error = %e, "standby sandbox failed to start");
+            }
+            let mut in_flight = cp
+                .standby_in_flight
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(n) = in_flight.get_mut(&worker) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    in_flight.remove(&worker);
+                }
+            }
+        })
+    }
+
+    /// Standby starts under way now, in all.
+    pub fn standby_starting(&self) -> usize {
+        self.standby_in_flight
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_standby_template_pool_is_name_equals_count() {
+        assert_eq!(
+            TemplatePool::parse("python:3.12=8").unwrap(),
+            TemplatePool {
+                name: "python:3.12".into(),
+                total: 8
+            }
+        );
+        assert!(TemplatePool::parse("python").is_err());
+        assert!(TemplatePool::parse("Python=2").is_err());
+        assert!(TemplatePool::parse("python=many").is_err());
+        assert!(TemplatePool::parse("python=1001").is_err());
     }
 }

@@ -50,6 +50,7 @@ conformance!(
     records::bundles_never_roll_back,
     records::kv_insert_if_absent_keeps_the_first_value,
     records::standby_sandboxes_are_claimed_oldest_first_once_each_and_only_when_running,
+    records::a_claim_takes_only_a_standby_sandbox_of_its_template_and_pools_are_counted_per_worker,
     records::sandbox_limits_round_trip_and_live_sandboxes_are_counted_per_tenant,
     executions::allocate_execution_gives_1_2_3_and_a_failed_execution_keeps_its_number,
     executions::an_execution_id_used_twice_conflicts_and_consumes_no_generation,

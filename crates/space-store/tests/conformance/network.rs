@@ -126,6 +126,7 @@ pub async fn a_claimed_standby_sandbox_keeps_its_network_policy(f: &Fixture) {
         created_at: fixture::NOW + 5,
         expires_at: None,
         metadata: serde_json::json!({}),
+        template: "default".into(),
     };
     let claimed = store
         .claim_standby("_standby", &claim)

@@ -413,6 +413,7 @@ pub async fn standby_sandboxes_are_claimed_oldest_first_once_each_and_only_when_
         created_at: NOW + 1000 + n,
         expires_at: None,
         metadata: serde_json::json!({ "claimed": n }),
+        template: "default".into(),
     };
     // None yet; a starting one is not ready.
     assert_eq!(
@@ -507,4 +508,83 @@ pub async fn sandbox_limits_round_trip_and_live_sandboxes_are_counted_per_tenant
         .unwrap();
     assert_eq!(store.count_live_sandboxes("ten_a").await.unwrap(), 3);
     assert_eq!(store.count_live_sandboxes("nobody").await.unwrap(), 0);
+}
+
+pub async fn a_claim_takes_only_a_standby_sandbox_of_its_template_and_pools_are_counted_per_worker(
+    f: &Fixture,
+) {
+    let store = f.open().await;
+    for t in ["_standby", "ten_a"] {
+        store.create_tenant(&tenant(t)).await.unwrap();
+    }
+    let image = "app:1@sha256:".to_owned() + &"ab".repeat(32);
+    let (w1, w2) = (worker_id("worker-a"), worker_id("worker-b"));
+    // Two of the default on worker-a, one of the image on worker-b, one of the
+    // image with no execution yet (not counted).
+    for (n, template, worker) in [
+        (1u8, "default", Some(&w1)),
+        (2, "default", Some(&w1)),
+        (3, image.as_str(), Some(&w2)),
+        (4, image.as_str(), None),
+    ] {
+        let mut s = sandbox(n, "_standby");
+        s.template = template.to_owned();
+        store.create_sandbox(&s).await.unwrap();
+        if let Some(w) = worker {
+            store
+                .allocate_execution(&s.id, fixture::execution_id(), w, Substrate::Jail, NOW)
+                .await
+                .unwrap();
+        }
+    }
+    let mut counts = store.count_standby_by_worker("_standby").await.unwrap();
+    counts.sort();
+    assert_eq!(
+        counts,
+        vec![
+            (w1.clone(), "default".to_owned(), 2),
+            (w2.clone(), image.clone(), 1)
+        ]
+    );
+    for n in 1..=4u8 {
+        store
+            .set_sandbox_state(&sandbox_id(n), SandboxState::Running, None)
+            .await
+            .unwrap();
+    }
+    let claim = |template: &str| space_store::Claim {
+        tenant: "ten_a".into(),
+        created_at: NOW + 10,
+        expires_at: None,
+        metadata: serde_json::json!({}),
+        template: template.into(),
+    };
+    // A claim of the image never takes a default one, nor one of another template.
+    let other = "app:2@sha256:".to_owned() + &"cd".repeat(32);
+    assert_eq!(
+        store
+            .claim_standby("_standby", &claim(&other))
+            .await
+            .unwrap(),
+        None
+    );
+    let got = store
+        .claim_standby("_standby", &claim(&image))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (got.id, got.template.as_str()),
+        (sandbox_id(3), image.as_str())
+    );
+    let got = store
+        .claim_standby("_standby", &claim("default"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.template, "default");
+    // Claimed ones are no longer the standby tenant's.
+    let mut counts = store.count_standby_by_worker("_standby").await.unwrap();
+    counts.sort();
+    assert_eq!(counts, vec![(w1, "default".to_owned(), 1)]);
 }
