@@ -62,6 +62,18 @@ pub struct Metrics {
     port_tunnels: Counter,
     /// Templates sent to workers that lacked them, by result.
     template_pushes: Family<ResultLabels, Counter>,
+    /// Standby sandboxes (ready or starting) per worker and template, as the keeper
+    /// last counted them.
+    pub standby_by_worker: Family<StandbyLabels, Gauge>,
+}
+
+/// Labels of a standby pool's share on a worker.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StandbyLabels {
+    /// The worker.
+    pub worker: String,
+    /// The template as records name it.
+    pub template: String,
 }
 
 /// Labels of an outcome.
@@ -106,6 +118,12 @@ impl Default for Metrics {
         );
         let standby_claims = Counter::default();
         let standby_ready = Gauge::default();
+        let standby_by_worker = Family::<StandbyLabels, Gauge>::default();
+        registry.register(
+            "space_control_standby_by_worker",
+            "Standby sandboxes (ready or starting) per worker and template",
+            standby_by_worker.clone(),
+        );
         registry.register(
             "space_control_standby_claims",
             "Creates served by claiming a standby sandbox",
@@ -172,6 +190,7 @@ impl Default for Metrics {
             recoveries,
             standby_claims,
             standby_ready,
+            standby_by_worker,
         }
     }
 }

@@ -22,6 +22,7 @@ pub mod limits;
 pub mod manifest;
 pub mod oci;
 pub mod rootfs;
+pub mod sample;
 pub mod store;
 pub mod unpack;
 

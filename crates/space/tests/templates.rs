@@ -1,15 +1,14 @@
-//! Templates end to end against a real `space up` (issue 16): an image built here as a
-//! `docker save` archive (busybox-static as its userland, a whiteout and an opaque
-//! directory in its upper layer, an `Env`, a `WorkingDir`, a `User`) imported through
+//! Templates end to end against a real `space up` (issue 16): the sample image of
+//! `space_image::sample` as a `docker save` archive (busybox-static as its userland,
+//! a whiteout and an opaque directory in its upper layer, an `Env`, a `WorkingDir`, a
+//! `User`) imported through
 //! `space template import`, sandboxes of it that see its files and defaults and none
 //! of the host's, two sandboxes sharing its layers (measured), a migration and a
 //! snapshot's resume onto a worker that did not have it, and `rm` refused while in use.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use sha2::{Digest as _, Sha256};
 use space_testkit::cluster as support;
 use support::{Cluster, can_run_jails};
 
@@ -29,14 +28,6 @@ fn ok(out: Output) -> String {
     text(&out)
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn sha256(bytes: &[u8]) -> String {
-    format!("sha256:{}", hex(&Sha256::digest(bytes)))
-}
-
 /// Why these tests cannot run here, if they cannot.
 fn missing() -> Option<String> {
     if !can_run_jails() {
@@ -50,130 +41,6 @@ fn missing() -> Option<String> {
     None
 }
 
-/// One layer as a tar: entries appended by `fill`.
-fn layer(fill: impl FnOnce(&mut tar::Builder<Vec<u8>>)) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    fill(&mut b);
-    b.into_inner().unwrap()
-}
-
-fn file(b: &mut tar::Builder<Vec<u8>>, path: &str, body: &[u8], mode: u32, owner: u64) {
-    let mut h = tar::Header::new_gnu();
-    h.set_entry_type(tar::EntryType::Regular);
-    h.set_size(body.len() as u64);
-    h.set_mode(mode);
-    h.set_uid(owner);
-    h.set_gid(owner);
-    h.set_mtime(1_700_000_000);
-    b.append_data(&mut h, path, body).unwrap();
-}
-
-fn dir(b: &mut tar::Builder<Vec<u8>>, path: &str, mode: u32, owner: u64) {
-    let mut h = tar::Header::new_gnu();
-    h.set_entry_type(tar::EntryType::Directory);
-    h.set_size(0);
-    h.set_mode(mode);
-    h.set_uid(owner);
-    h.set_gid(owner);
-    h.set_mtime(1_700_000_000);
-    b.append_data(&mut h, path, std::io::empty()).unwrap();
-}
-
-fn link(b: &mut tar::Builder<Vec<u8>>, path: &str, target: &str) {
-    let mut h = tar::Header::new_gnu();
-    h.set_entry_type(tar::EntryType::Symlink);
-    h.set_size(0);
-    h.set_mode(0o777);
-    h.set_uid(0);
-    h.set_gid(0);
-    h.set_mtime(1_700_000_000);
-    b.append_link(&mut h, path, target).unwrap();
-}
-
-/// A `docker save` archive of a two-layer image at `out`.
-fn docker_save(out: &Path) {
-    let busybox = std::fs::read(BUSYBOX).unwrap();
-    let base = layer(|b| {
-        dir(b, "bin", 0o755, 0);
-        file(b, "bin/busybox", &busybox, 0o755, 0);
-        for tool in [
-            "sh", "cat", "ls", "id", "pwd", "stat", "test", "echo", "du", "touch",
-        ] {
-            link(b, &format!("bin/{tool}"), "busybox");
-        }
-        dir(b, "etc", 0o755, 0);
-        file(
-            b,
-            "etc/passwd",
-            b"root:x:0:0:root:/root:/bin/sh\napp:x:1234:1234:app:/home/app:/bin/sh\n",
-            0o644,
-            0,
-        );
-        file(b, "etc/group", b"root:x:0:\napp:x:1234:\n", 0o644, 0);
-        file(
-            b,
-            "etc/os-release",
-            b"ID=spacetest\nVERSION_ID=1\n",
-            0o644,
-            0,
-        );
-        file(b, "etc/motd", b"the base layer's\n", 0o644, 0);
-        dir(b, "home", 0o755, 0);
-        dir(b, "home/app", 0o750, 1234);
-        dir(b, "dir", 0o755, 0);
-        file(b, "dir/old", b"old\n", 0o644, 0);
-    });
-    let top = layer(|b| {
-        dir(b, "etc", 0o755, 0);
-        file(
-            b,
-            "etc/os-release",
-            b"ID=spacetest\nVERSION_ID=2\n",
-            0o644,
-            0,
-        );
-        file(b, "etc/.wh.motd", b"", 0o644, 0);
-        dir(b, "dir", 0o755, 0);
-        file(b, "dir/.wh..wh..opq", b"", 0o644, 0);
-        file(b, "dir/new", b"new\n", 0o644, 0);
-    });
-    let config = serde_json::json!({
-        "architecture": "amd64",
-        "os": "linux",
-        "config": {
-            "Env": ["PATH=/bin", "GREETING=hello from the image"],
-            "WorkingDir": "/home/app",
-            "User": "app",
-            "Cmd": ["/bin/sh"],
-        },
-        "rootfs": {"type": "layers", "diff_ids": [sha256(&base), sha256(&top)]},
-    })
-    .to_string();
-    let config_name = format!("{}.json", &sha256(config.as_bytes())[7..]);
-    let manifest = serde_json::json!([{
-        "Config": config_name,
-        "RepoTags": ["spacetest:1"],
-        "Layers": ["base/layer.tar", "top/layer.tar"],
-    }])
-    .to_string();
-    let mut archive = tar::Builder::new(std::fs::File::create(out).unwrap());
-    for (name, body) in [
-        ("manifest.json", manifest.as_bytes()),
-        (config_name.as_str(), config.as_bytes()),
-        ("base/layer.tar", base.as_slice()),
-        ("top/layer.tar", top.as_slice()),
-    ] {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(body.len() as u64);
-        h.set_mode(0o644);
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_mtime(1_700_000_000);
-        archive.append_data(&mut h, name, body).unwrap();
-    }
-    archive.into_inner().unwrap().flush().unwrap();
-}
-
 /// A cluster whose workers run the static agent, with the test image imported as
 /// `spacetest:1`; the archive's directory is kept alive with it.
 fn cluster_with_image() -> Option<(Cluster, tempfile::TempDir)> {
@@ -185,7 +52,7 @@ fn cluster_with_image() -> Option<(Cluster, tempfile::TempDir)> {
     let c = Cluster::start_with_env(&[("SPACE_AGENT", agent.to_str().unwrap())]);
     let dir = tempfile::tempdir().unwrap();
     let archive = dir.path().join("image.tar");
-    docker_save(&archive);
+    space_image::sample::write_docker_save(&archive, Path::new(BUSYBOX)).unwrap();
     let out = ok(c.cli(&[
         "template",
         "import",

@@ -149,6 +149,16 @@ impl ControlPlane {
         self.metrics
             .standby_ready
             .set(i64::try_from(ready).unwrap_or(i64::MAX));
+        self.metrics.standby_by_worker.clear();
+        for (worker, template, n) in &standby {
+            self.metrics
+                .standby_by_worker
+                .get_or_create(&crate::metrics::StandbyLabels {
+                    worker: worker.to_string(),
+                    template: template.clone(),
+                })
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
+        }
         if pools.is_empty() {
             return Ok(Vec::new());
         }

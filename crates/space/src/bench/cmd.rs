@@ -37,6 +37,10 @@ pub enum BenchCmd {
     /// Issue 16: the import of a 200 MB image into a template store against `tar -x`
     /// of the same layers on the same disk (target ≤ 2 ×).
     Image(Strict),
+    /// Issue 16: creates from an image template with its standby pool (50 at once),
+    /// cold creates of it against the default's, and 20 creates a second for 60 s
+    /// while the pools refill (and how evenly they stay spread).
+    Templates(Strict),
     /// A server P10 runs inside a sandbox.
     #[command(hide = true)]
     Serve(p10::serve::ServeArgs),

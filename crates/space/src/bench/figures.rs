@@ -129,6 +129,11 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> Result<i32, String> {
             s.strict,
             true,
         ),
+        BenchCmd::Templates(s) => (
+            rows_or_failed("templates", super::templates::run().await),
+            s.strict,
+            true,
+        ),
         BenchCmd::P7(a) => (
             rows_or_failed("P7", p7::run(a.sandboxes).await),
             a.strict,

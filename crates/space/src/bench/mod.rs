@@ -14,6 +14,7 @@ pub mod p3;
 pub mod p4;
 pub mod p5_p6;
 pub mod p7;
+pub mod templates;
 pub mod p8;
 pub mod platform;
 mod row;
