@@ -19,8 +19,36 @@ fn over_limit(limit: u64, what: &str) -> io::Error {
     )
 }
 
-/// The `trusted.overlay.*` attributes of `path` (without following a symlink).
-fn overlay_xattrs(path: &Path) -> Vec<(String, Vec<u8>)> {
+/// The overlay attributes an archive carries: what the directory *is* in the merged
+/// view (opaque; renamed from a lower path). The others (`origin`, `impure`,
+/// `nlink`, `uuid`, …) are file handles and counters of this worker's own filesystem,
+/// meaningless anywhere else, and binary.
+const CARRIED_XATTRS: &[&str] = &["trusted.overlay.opaque", "trusted.overlay.redirect"];
+
+/// The carried `trusted.overlay.*` attributes of `path` (without following a
+/// symlink). A value holding a newline (a renamed directory's path can) is refused:
+/// an extended header's records are lines, and a reader that splits them would lose
+/// or invent records.
+fn overlay_xattrs(path: &Path) -> io::Result<Vec<(String, Vec<u8>)>> {
+    let all = all_overlay_xattrs(path);
+    let kept: Vec<_> = all
+        .into_iter()
+        .filter(|(k, _)| CARRIED_XATTRS.contains(&k.as_str()))
+        .collect();
+    if let Some((k, _)) = kept.iter().find(|(_, v)| v.contains(&b'\n')) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{}: its {k} holds a newline (a directory renamed from a path with one): it cannot be archived",
+                path.display()
+            ),
+        ));
+    }
+    Ok(kept)
+}
+
+/// Every `trusted.overlay.*` attribute of `path` (without following a symlink).
+fn all_overlay_xattrs(path: &Path) -> Vec<(String, Vec<u8>)> {
     let mut names = vec![0u8; 4096];
     let Ok(n) = rustix::fs::llistxattr(path, &mut names) else {
         return Vec::new();
@@ -166,7 +194,7 @@ impl<W: Write> Packer<W> {
         {
             return Ok(false);
         }
-        let xattrs = overlay_xattrs(&path);
+        let xattrs = overlay_xattrs(&path)?;
         let pax: Vec<(String, Vec<u8>)> = xattrs
             .into_iter()
             .map(|(k, v)| (format!("SCHILY.xattr.{k}"), v))

@@ -59,6 +59,78 @@ fn layer_with_files_links_whiteouts_and_opaque_dirs_round_trips() {
 }
 
 /// `depth` nested directories `d/d/…` below `root`, made relative to descriptors.
+#[test]
+fn an_opaque_directory_keeps_its_mark_whatever_binary_overlay_handle_sits_beside_it() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: trusted xattrs need root");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("upper");
+    fs::create_dir_all(src.join("root/dir")).unwrap();
+    let dir = src.join("root/dir");
+    let set = |name: &str, value: &[u8]| {
+        rustix::fs::setxattr(dir.as_path(), name, value, rustix::fs::XattrFlags::empty())
+    };
+    // What overlayfs leaves on a copied-up directory: a file handle of the lower
+    // inode (binary: any byte, a newline too), next to the opaque mark.
+    if set("trusted.overlay.origin", b"\x00\xfb\n=\n\x01\x02").is_err()
+        || set("trusted.overlay.opaque", b"y").is_err()
+    {
+        eprintln!("SKIPPED: this filesystem refuses trusted xattrs");
+        return;
+    }
+    let archive = pack(&src).unwrap();
+    let dst = t.path().join("restored");
+    unpack(&archive[..], &dst).unwrap();
+    let mut v = [0u8; 8];
+    let n = rustix::fs::getxattr(
+        dst.join("root/dir").as_path(),
+        "trusted.overlay.opaque",
+        &mut v,
+    )
+    .expect("the opaque mark was lost: the lower dir's files would come back");
+    assert_eq!(&v[..n], b"y");
+    // The handle names an inode of this worker's filesystem: never carried.
+    assert!(
+        rustix::fs::getxattr(
+            dst.join("root/dir").as_path(),
+            "trusted.overlay.origin",
+            &mut [0u8; 64],
+        )
+        .is_err()
+    );
+}
+
+#[test]
+fn a_malformed_extended_header_refuses_the_archive_rather_than_dropping_what_it_holds() {
+    let t = tempfile::tempdir().unwrap();
+    let mut b = tar::Builder::new(Vec::new());
+    // A record whose length runs past its header.
+    let mut pax = tar::Header::new_ustar();
+    let body = b"99 SCHILY.xattr.trusted.overlay.opaque=y\n";
+    pax.set_entry_type(tar::EntryType::XHeader);
+    pax.set_size(body.len() as u64);
+    pax.set_mode(0o644);
+    pax.set_mtime(0);
+    pax.set_uid(0);
+    pax.set_gid(0);
+    b.append_data(&mut pax, "././@PaxHeader", &body[..])
+        .unwrap();
+    let mut dir = tar::Header::new_ustar();
+    dir.set_entry_type(tar::EntryType::Directory);
+    dir.set_size(0);
+    dir.set_mode(0o755);
+    dir.set_mtime(0);
+    dir.set_uid(0);
+    dir.set_gid(0);
+    b.append_data(&mut dir, "root/dir", std::io::empty())
+        .unwrap();
+    let archive = b.into_inner().unwrap();
+    let err = unpack(&archive[..], &t.path().join("restored")).unwrap_err();
+    assert!(err.to_string().contains("extended header"), "{err}");
+}
+
 fn nest(root: &Path, depth: usize) {
     use rustix::fs::{Mode, OFlags};
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;

@@ -93,12 +93,16 @@ pub fn unpack<R: Read>(archive: R, dest: &Path) -> io::Result<()> {
         let mut entry = entry?;
         let mut whiteout = false;
         let mut xattrs: Vec<(String, Vec<u8>)> = Vec::new();
-        for x in entry
-            .pax_extensions()?
-            .into_iter()
-            .flatten()
-            .filter_map(Result::ok)
-        {
+        for x in entry.pax_extensions()?.into_iter().flatten() {
+            // Our own archives hold well-formed records only: one that does not parse
+            // is a damaged archive, refused rather than read without what it held
+            // (an opaque mark lost would bring a lower dir's files back).
+            let x = x.map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("a malformed extended header in the layer archive: {e}"),
+                )
+            })?;
             if x.key_bytes() == WHITEOUT_KEY.as_bytes() {
                 whiteout = true;
             } else if let Some(name) = x.key().ok().and_then(|k| k.strip_prefix("SCHILY.xattr.")) {
