@@ -700,6 +700,25 @@ async fn a_template_with_a_standby_pool_is_claimed_from_its_own_pool_only() {
 }
 
 #[tokio::test]
+async fn the_default_pool_follows_the_default_template() {
+    let p = Plane::start().await;
+    p.import("py", python_image()).await;
+    p.cp.set_default_template("py");
+    p.cp.set_standby_target(1);
+    assert_eq!(p.cp.keep_standby_now().await.unwrap(), 1);
+    let standby = p.cp.store.list_sandboxes(STANDBY_TENANT).await.unwrap();
+    assert_eq!(standby.len(), 1);
+    assert!(
+        standby[0].template.starts_with("py:latest@sha256:"),
+        "{standby:?}"
+    );
+    // A create without a template gets the default one, and claims from its pool.
+    let a = p.create("{}").await;
+    assert_eq!(a.status, StatusCode::CREATED, "{}", a.body);
+    assert_eq!(a.body["id"], standby[0].id.to_string().as_str());
+}
+
+#[tokio::test]
 async fn the_sdk_imports_an_archive_file_and_a_layout_directory_lists_reads_and_removes_them() {
     let p = Plane::start().await;
     let router = api::router(AppState {

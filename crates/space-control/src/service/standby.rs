@@ -79,7 +79,7 @@ impl ControlPlane {
     /// Whether a create of `template` (as records name it) may claim a standby
     /// sandbox: it has a pool.
     pub(super) fn has_standby_pool(&self, template: &str) -> bool {
-        if template == DEFAULT_TEMPLATE {
+        if template == DEFAULT_TEMPLATE && self.default_template() == DEFAULT_TEMPLATE {
             return self.standby_target() > 0;
         }
         self.standby_pinned
@@ -92,23 +92,34 @@ impl ControlPlane {
     /// The pools, their templates pinned as records name them (a named template not
     /// imported yet has no pool), each with the name a create of it uses.
     async fn pools(&self) -> Vec<(Pool, String)> {
+        // `--standby N` is the pool of the default template, whichever that is now
+        // (`space up --default-template debian` makes it `debian-default` once
+        // imported); the host directories until it resolves.
+        let default = self.default_template();
+        let default_pinned = match self.pin_template(&default).await {
+            Ok(t) => (t, default),
+            Err(_) => (DEFAULT_TEMPLATE.to_owned(), DEFAULT_TEMPLATE.to_owned()),
+        };
+        let mut pinned = BTreeMap::new();
+        if default_pinned.0 != DEFAULT_TEMPLATE {
+            pinned.insert(default_pinned.0.clone(), self.standby_target());
+        }
         let mut pools = vec![(
             Pool {
-                template: DEFAULT_TEMPLATE.into(),
+                template: default_pinned.0,
                 total: self.standby_target(),
             },
-            DEFAULT_TEMPLATE.to_owned(),
+            default_pinned.1,
         )];
         let named = self
             .standby_templates
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
-        let mut pinned = BTreeMap::new();
         for p in named {
             match self.pin_template(&p.name).await {
                 Ok(template) => {
-                    pinned.insert(template.clone(), p.total);
+                    *pinned.entry(template.clone()).or_default() += p.total;
                     pools.push((
                         Pool {
                             template,
