@@ -674,12 +674,12 @@ mod templates;
 pub use files::{ByteRange, READ_FILE_MAX, RangeRead, WriteOptions};
 pub use ports::{MAX_CONNECT_HEAD, PortCredential, PortTunnel};
 pub use space_identity::Protocol;
-pub use templates::{ImageArchive, TemplateConfig, TemplateList, TemplateView};
 pub use space_proto::api::ports::{ExposePort, PortList, PortView};
 pub use streams::{
     ExecEvent, ExecInput, ExecOutput, ExecStream, Terminal, TerminalEvent, TerminalInput,
     TerminalOutput, WatchStream,
 };
+pub use templates::{ImageArchive, TemplateConfig, TemplateList, TemplateView};
 
 #[cfg(test)]
 mod tests {

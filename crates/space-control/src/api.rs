@@ -29,8 +29,8 @@ use utoipa_axum::routes;
 use crate::error::ControlError;
 
 mod account;
-mod commit;
 pub mod bodies;
+mod commit;
 pub mod error;
 mod forward;
 mod internal;

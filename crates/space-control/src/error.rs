@@ -104,9 +104,7 @@ pub enum ControlError {
     #[error("{0}")]
     Misdirected(String),
     /// A template that live sandboxes are pinned to (and no other name keeps).
-    #[error(
-        "template_in_use: {live} live sandboxes use template {template}; delete them first"
-    )]
+    #[error("template_in_use: {live} live sandboxes use template {template}; delete them first")]
     TemplateInUse {
         /// `name:tag`.
         template: String,

@@ -49,7 +49,15 @@ fn launch_and_first_exec(
         disk_bytes: Some(256 << 20),
         ..Limits::default()
     };
-    let (handle, bridge) = launch::launch(driver, bins, data, &activation, limits, &TemplateSpec::Default).expect("launch");
+    let (handle, bridge) = launch::launch(
+        driver,
+        bins,
+        data,
+        &activation,
+        limits,
+        &TemplateSpec::Default,
+    )
+    .expect("launch");
     let mut conn =
         spaced_host::connect(&launch::bridge_target(&bridge, &activation)).expect("connect");
     let out = conn.exec(ExecSpec::command(["true"])).expect("exec");

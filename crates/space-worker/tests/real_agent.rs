@@ -78,8 +78,15 @@ fn start() -> Option<Running> {
         activation: 1,
         secret: random(),
     };
-    let (handle, bridge) =
-        launch::launch(&*driver, &bins, data.path(), &activation, Limits::default(), &TemplateSpec::Default).unwrap();
+    let (handle, bridge) = launch::launch(
+        &*driver,
+        &bins,
+        data.path(),
+        &activation,
+        Limits::default(),
+        &TemplateSpec::Default,
+    )
+    .unwrap();
     Some(Running {
         driver,
         data,
@@ -227,8 +234,15 @@ fn kept_layer_carries_the_files_into_the_next_execution() {
         secret: random(),
         ..r.activation.clone()
     };
-    let (handle, bridge) =
-        launch::launch(&*r.driver, &bins, r.data.path(), &next, Limits::default(), &TemplateSpec::Default).unwrap();
+    let (handle, bridge) = launch::launch(
+        &*r.driver,
+        &bins,
+        r.data.path(),
+        &next,
+        Limits::default(),
+        &TemplateSpec::Default,
+    )
+    .unwrap();
     let mut c = spaced_host::connect(&launch::bridge_target(&bridge, &next)).unwrap();
     assert_eq!(c.read_file("/root/carry.txt", 1024).unwrap(), b"across");
     assert!(!kept.exists(), "the layer moved into the new execution");

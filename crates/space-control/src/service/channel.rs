@@ -273,7 +273,11 @@ impl ControlPlane {
 }
 
 /// A worker's refusal of an update, as the error of the delivery.
-pub(super) fn refused(w: &WorkerRecord, status: axum::http::StatusCode, body: &[u8]) -> ControlError {
+pub(super) fn refused(
+    w: &WorkerRecord,
+    status: axum::http::StatusCode,
+    body: &[u8],
+) -> ControlError {
     let text = String::from_utf8_lossy(body);
     ControlError::BadGateway(format!("worker {} answered {status}: {text}", w.id))
 }

@@ -35,8 +35,8 @@ pub(crate) mod openapi;
 pub(crate) mod probes;
 pub(crate) mod refusal;
 pub(crate) mod snapshots;
-pub(crate) mod templates;
 pub mod streams;
+pub(crate) mod templates;
 pub(crate) mod tree;
 pub(crate) mod updates;
 

@@ -650,7 +650,10 @@ async fn install_execution(
     // The template before anything is recorded: one this worker lacks is refused
     // (`template_missing`), and the control plane sends it and installs again.
     let (template, image) = super::templates::resolve(worker, &i.template)?;
-    let mut env = image.env.into_iter().collect::<std::collections::BTreeMap<_, _>>();
+    let mut env = image
+        .env
+        .into_iter()
+        .collect::<std::collections::BTreeMap<_, _>>();
     env.extend(i.env.clone());
     let mut record = ExecutionRecord {
         sandbox: i.sandbox,
@@ -693,8 +696,15 @@ async fn install_execution(
                 Err(e) => tracing::warn!(error = %e, "warm activation failed; launching cold"),
             }
         }
-        launch::launch(&*substrate, &bins, &data_dir, &activation, limits, &template)
-            .map(|d| (d, false))
+        launch::launch(
+            &*substrate,
+            &bins,
+            &data_dir,
+            &activation,
+            limits,
+            &template,
+        )
+        .map(|d| (d, false))
     })
     .await
     .map_err(|e| internal(format!("launch task: {e}")))?;

@@ -14,11 +14,11 @@ pub mod p3;
 pub mod p4;
 pub mod p5_p6;
 pub mod p7;
-pub mod templates;
 pub mod p8;
 pub mod platform;
 mod row;
 pub mod soak;
+pub mod templates;
 
 use cmd::BenchCmd;
 use row::print_table;
