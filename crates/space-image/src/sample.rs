@@ -4,7 +4,8 @@
 //! distribution.
 //!
 //! - the base layer: `/bin/busybox` and links to it (`sh`, `cat`, `ls`, `id`, `pwd`,
-//!   `stat`, `test`, `echo`, `du`, `touch`), `/etc/passwd` (`root`, `app` = 1234),
+//!   `stat`, `test`, `echo`, `du`, `touch`, `true`, `false`, `env`, `grep`, `head`,
+//!   `rm`, `mkdir`, `sleep`), `/etc/passwd` (`root`, `app` = 1234),
 //!   `/etc/group`, `/etc/os-release` (`ID=spacetest`, `VERSION_ID=1`), `/etc/motd`,
 //!   `/home/app` (owned by 1234, 0750), `/dir/old`;
 //! - the top layer: `/etc/os-release` with `VERSION_ID=2`, a whiteout of
@@ -69,7 +70,8 @@ pub fn write_docker_save(out: &Path, busybox: &Path) -> io::Result<()> {
         dir(b, "bin", 0o755, 0)?;
         file(b, "bin/busybox", &busybox, 0o755, 0)?;
         for tool in [
-            "sh", "cat", "ls", "id", "pwd", "stat", "test", "echo", "du", "touch",
+            "sh", "cat", "ls", "id", "pwd", "stat", "test", "echo", "du", "touch", "true", "false",
+            "env", "grep", "head", "rm", "mkdir", "sleep",
         ] {
             link(b, &format!("bin/{tool}"), "busybox")?;
         }

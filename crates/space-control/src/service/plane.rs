@@ -61,6 +61,9 @@ pub struct ControlPlane {
     pub(super) standby_pinned: std::sync::RwLock<std::collections::BTreeMap<String, usize>>,
     /// Standby starts under way, per worker.
     pub(super) standby_in_flight: std::sync::Mutex<std::collections::BTreeMap<WorkerId, usize>>,
+    /// Workers that get no standby start until then (one failed there).
+    pub(super) standby_backoff:
+        std::sync::Mutex<std::collections::BTreeMap<WorkerId, std::time::Instant>>,
     /// Default and largest sandbox limits, and the per-tenant sandbox quota.
     pub(super) limits_policy: std::sync::RwLock<crate::limits::LimitsPolicy>,
     /// The network mode of a create that names no policy (`none` unless set).
@@ -129,6 +132,7 @@ impl ControlPlane {
             standby_templates: std::sync::RwLock::default(),
             standby_pinned: std::sync::RwLock::default(),
             standby_in_flight: std::sync::Mutex::default(),
+            standby_backoff: std::sync::Mutex::default(),
             quota_pending: Arc::default(),
             limits_policy: std::sync::RwLock::new(crate::limits::LimitsPolicy::from_env()),
             network_default: std::sync::RwLock::default(),

@@ -23,6 +23,9 @@ use crate::standby_plan::{self, Bounds, Pool, WorkerView};
 /// Most standby starts in flight on one worker at once.
 pub const STARTS_PER_WORKER: usize = 2;
 
+/// How long a worker gets no standby start after one failed there.
+const FAILED_START_BACKOFF: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A pool the operator asked for: a template by name, and its size over all workers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TemplatePool {
@@ -178,13 +181,21 @@ impl ControlPlane {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
+        let resting: Vec<WorkerId> = {
+            let mut backoff = self
+                .standby_backoff
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            backoff.retain(|_, until| *until > std::time::Instant::now());
+            backoff.keys().cloned().collect()
+        };
         let workers: Vec<WorkerView> = self
             .store
             .list_workers()
             .await?
             .into_iter()
             .map(|w| WorkerView {
-                accepts: w.state == WorkerState::Active,
+                accepts: w.state == WorkerState::Active && !resting.contains(&w.id),
                 standby: standby
                     .iter()
                     .filter(|(id, _, _)| *id == w.id)
@@ -253,6 +264,14 @@ impl ControlPlane {
             };
             if let Err(e) = cp.create_sandbox(&caller, req).await {
                 tracing::warn!(%worker, %template, error = %e, "standby sandbox failed to start");
+                // No storm of starts at a worker that refuses them (or is gone).
+                cp.standby_backoff
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(
+                        worker.clone(),
+                        std::time::Instant::now() + FAILED_START_BACKOFF,
+                    );
             }
             let mut in_flight = cp
                 .standby_in_flight

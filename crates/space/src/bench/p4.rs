@@ -29,7 +29,7 @@ async fn create(client: Client, network: Option<Policy>) -> Result<(f64, Sandbox
 }
 
 /// One create of `body`: its time (ms) and the sandbox.
-async fn create_body(client: Client, body: CreateSandbox) -> Result<(f64, SandboxId), String> {
+pub async fn create_body(client: Client, body: CreateSandbox) -> Result<(f64, SandboxId), String> {
     let t = Instant::now();
     let s = client
         .create_sandbox(&body)

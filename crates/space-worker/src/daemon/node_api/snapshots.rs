@@ -16,6 +16,16 @@ use crate::daemon::snapshot::transfer;
 use crate::daemon::state::Worker;
 use crate::daemon::updates::UpdateError;
 
+/// The signed update of header `space-update` (base64url of its JSON), if it holds
+/// one: what a transfer's body is verified against before a byte of it is read.
+pub(crate) fn signed_header(headers: &HeaderMap) -> Option<SignedUpdate> {
+    headers
+        .get("space-update")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| B64.decode(v).ok())
+        .and_then(|b| serde_json::from_slice(&b).ok())
+}
+
 /// A refused transfer, answered as a refused update.
 fn refused(why: UpdateError) -> Response {
     Refusal::Update(why).into_response()
@@ -57,12 +67,7 @@ pub(crate) async fn layer(
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> Response {
-    let signed: Option<SignedUpdate> = headers
-        .get("space-update")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| B64.decode(v).ok())
-        .and_then(|b| serde_json::from_slice(&b).ok());
-    let Some(signed) = signed else {
+    let Some(signed) = signed_header(&headers) else {
         return refused(UpdateError::Invalid(
             "header space-update must hold a signed layer update".into(),
         ));

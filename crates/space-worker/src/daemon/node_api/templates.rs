@@ -6,9 +6,7 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
-use space_proto::api::{AckState, SignedUpdate};
+use space_proto::api::AckState;
 
 use super::refusal::Refusal;
 use crate::daemon::snapshot::transfer;
@@ -31,12 +29,7 @@ pub(crate) async fn receive(
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> Response {
-    let signed: Option<SignedUpdate> = headers
-        .get("space-update")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| B64.decode(v).ok())
-        .and_then(|b| serde_json::from_slice(&b).ok());
-    let Some(signed) = signed else {
+    let Some(signed) = super::snapshots::signed_header(&headers) else {
         return refused(UpdateError::Invalid(
             "header space-update must hold a signed template update".into(),
         ));
