@@ -42,6 +42,7 @@ mod tenants;
 mod transitions;
 mod workers;
 
+pub use crate::standby_plan::TemplatePool;
 pub use network::NetworkApplied;
 pub use plane::{
     CAPABILITY_LIFETIME_SECS, ControlPlane, DEFAULT_TRANSITION_WAIT, MAX_TEMPLATE_BYTES,
@@ -49,5 +50,5 @@ pub use plane::{
 };
 pub use ports::{COOKIE_LIFETIME_SECS, PortUrls, cookie_valid, secret_matches};
 pub use sandboxes::api_state;
-pub use standby::{STARTS_PER_WORKER, TemplatePool};
+pub use standby::STARTS_PER_WORKER;
 pub use templates::{DEFAULT_TEMPLATE, TEMPLATE_MISSING, pinned_digest};

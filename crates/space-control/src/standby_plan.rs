@@ -33,6 +33,37 @@ pub struct WorkerView {
     pub in_flight: usize,
 }
 
+/// A pool the operator asked for: a template by name, and its size over all workers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TemplatePool {
+    /// The template's `name[:tag]`.
+    pub name: String,
+    /// Standby sandboxes of it in all.
+    pub total: usize,
+}
+
+impl TemplatePool {
+    /// Parses `NAME[:TAG]=N` (`--standby-template`).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (name, total) = text
+            .rsplit_once('=')
+            .ok_or_else(|| format!("{text:?}: expected NAME[:TAG]=N"))?;
+        space_image::TemplateRef::parse(name).map_err(|e| format!("{text:?}: {e}"))?;
+        let total: usize = total
+            .parse()
+            .map_err(|_| format!("{text:?}: N must be a number"))?;
+        if total > 1000 {
+            return Err(format!(
+                "{text:?}: at most 1000 standby sandboxes per template"
+            ));
+        }
+        Ok(Self {
+            name: name.to_owned(),
+            total,
+        })
+    }
+}
+
 /// What the planner needs besides the pools and workers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bounds {
@@ -182,5 +213,20 @@ mod tests {
         assert_eq!(count(&starts, "w1", "default"), 0);
         assert_eq!(count(&starts, "w2", "default"), 4);
         assert!(next_starts(&[pool("default", 4)], &[], Bounds { per_worker: 8 }).is_empty());
+    }
+
+    #[test]
+    fn a_standby_template_pool_is_name_equals_count() {
+        assert_eq!(
+            TemplatePool::parse("python:3.12=8").unwrap(),
+            TemplatePool {
+                name: "python:3.12".into(),
+                total: 8
+            }
+        );
+        assert!(TemplatePool::parse("python").is_err());
+        assert!(TemplatePool::parse("Python=2").is_err());
+        assert!(TemplatePool::parse("python=many").is_err());
+        assert!(TemplatePool::parse("python=1001").is_err());
     }
 }

@@ -6,7 +6,6 @@
 
 use std::fs::File;
 use std::io::{self, BufReader, Read, Write};
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
@@ -14,7 +13,7 @@ use crate::decode::{self, Compression};
 use crate::digest::{Digest, HashingReader};
 use crate::error::{ImageError, Result};
 use crate::manifest::LayerRecord;
-use crate::store::{Paths, lock_file, write_json_atomic};
+use crate::paths::{Paths, lock_file, sync_dir, write_json_atomic};
 use crate::unpack::{UnpackOptions, unpack};
 
 /// What is known of a layer beside its directory (`layers/<diff_id>.json`): the blobs
@@ -276,11 +275,4 @@ fn stream(
     };
     write_json_atomic(paths, &paths.layer_record(&want.diff_id), &info)?;
     record(paths, want, digest, Some(compression))
-}
-
-/// fsyncs the directory `dir` (a rename in it reaches the disk).
-pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| ImageError::io("sync directory", dir, e))
 }

@@ -21,6 +21,7 @@ pub mod error;
 pub mod limits;
 pub mod manifest;
 pub mod oci;
+mod paths;
 pub mod rootfs;
 pub mod sample;
 pub mod store;

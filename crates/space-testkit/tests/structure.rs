@@ -67,7 +67,10 @@ fn counted_lines(text: &str) -> usize {
         }
         let opens_module = lines.get(j).is_some_and(|l| {
             let l = l.trim_end();
-            l.ends_with(" {") && l.trim_start_matches("pub ").starts_with("mod ")
+            l.ends_with(" {")
+                && l.trim_start_matches("pub(crate) ")
+                    .trim_start_matches("pub ")
+                    .starts_with("mod ")
         });
         if !opens_module {
             continue;

@@ -55,7 +55,7 @@ pub struct ControlPlane {
     /// Standby sandboxes to keep ready (0: none).
     pub(super) standby_target: std::sync::atomic::AtomicUsize,
     /// Standby pools of image templates the operator named (`--standby-template`).
-    pub(super) standby_templates: std::sync::RwLock<Vec<super::standby::TemplatePool>>,
+    pub(super) standby_templates: std::sync::RwLock<Vec<crate::standby_plan::TemplatePool>>,
     /// Those pools' templates as records name them (pinned), with their sizes: which
     /// creates may claim a standby sandbox.
     pub(super) standby_pinned: std::sync::RwLock<std::collections::BTreeMap<String, usize>>,

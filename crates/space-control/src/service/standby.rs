@@ -18,44 +18,13 @@ use space_store::{SandboxState, WorkerState};
 use super::plane::{ControlPlane, DEFAULT_TEMPLATE, STANDBY_TENANT};
 use crate::auth::Caller;
 use crate::error::ControlError;
-use crate::standby_plan::{self, Bounds, Pool, WorkerView};
+use crate::standby_plan::{self, Bounds, Pool, TemplatePool, WorkerView};
 
 /// Most standby starts in flight on one worker at once.
 pub const STARTS_PER_WORKER: usize = 2;
 
 /// How long a worker gets no standby start after one failed there.
 const FAILED_START_BACKOFF: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// A pool the operator asked for: a template by name, and its size over all workers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TemplatePool {
-    /// The template's `name[:tag]`.
-    pub name: String,
-    /// Standby sandboxes of it in all.
-    pub total: usize,
-}
-
-impl TemplatePool {
-    /// Parses `NAME[:TAG]=N` (`--standby-template`).
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let (name, total) = text
-            .rsplit_once('=')
-            .ok_or_else(|| format!("{text:?}: expected NAME[:TAG]=N"))?;
-        space_image::TemplateRef::parse(name).map_err(|e| format!("{text:?}: {e}"))?;
-        let total: usize = total
-            .parse()
-            .map_err(|_| format!("{text:?}: N must be a number"))?;
-        if total > 1000 {
-            return Err(format!(
-                "{text:?}: at most 1000 standby sandboxes per template"
-            ));
-        }
-        Ok(Self {
-            name: name.to_owned(),
-            total,
-        })
-    }
-}
 
 impl ControlPlane {
     /// How many standby sandboxes of the default template this control plane keeps.
@@ -293,25 +262,5 @@ impl ControlPlane {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .values()
             .sum()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_standby_template_pool_is_name_equals_count() {
-        assert_eq!(
-            TemplatePool::parse("python:3.12=8").unwrap(),
-            TemplatePool {
-                name: "python:3.12".into(),
-                total: 8
-            }
-        );
-        assert!(TemplatePool::parse("python").is_err());
-        assert!(TemplatePool::parse("Python=2").is_err());
-        assert!(TemplatePool::parse("python=many").is_err());
-        assert!(TemplatePool::parse("python=1001").is_err());
     }
 }

@@ -14,10 +14,9 @@ use std::io::{self, Read, Seek, SeekFrom};
 use std::sync::Arc;
 
 use space_image::{Digest, ImageDefaults, ImageError};
-use space_proto::api::{SignedUpdate, Update};
+use space_proto::api::Update;
 
 use super::state::Worker;
-use super::updates::{self, UpdateError};
 use crate::substrate::TemplateSpec;
 
 /// The largest template archive a worker receives (the control plane's import bound
@@ -81,8 +80,8 @@ impl Defaults {
 /// The substrate's template for `reference` and the image's defaults; an image this
 /// worker lacks is a conflict starting `template_missing` (the control plane sends it
 /// and installs again).
-pub fn resolve(w: &Worker, reference: &str) -> Result<(TemplateSpec, Defaults), UpdateError> {
-    let Some(digest) = pinned_digest(reference).map_err(UpdateError::Invalid)? else {
+pub fn resolve(w: &Worker, reference: &str) -> Result<(TemplateSpec, Defaults), TemplateError> {
+    let Some(digest) = pinned_digest(reference).map_err(TemplateError::Invalid)? else {
         return Ok((TemplateSpec::Default, Defaults::default()));
     };
     match w.images.resolve(&digest.to_string()) {
@@ -93,10 +92,10 @@ pub fn resolve(w: &Worker, reference: &str) -> Result<(TemplateSpec, Defaults), 
             },
             Defaults::of(&r.config),
         )),
-        Err(e) if is_missing(&e) => Err(UpdateError::Conflict(format!(
+        Err(e) if is_missing(&e) => Err(TemplateError::Missing(format!(
             "template_missing: template {digest} is not on this worker"
         ))),
-        Err(e) => Err(UpdateError::Internal(format!("template {digest}: {e}"))),
+        Err(e) => Err(TemplateError::Internal(format!("template {digest}: {e}"))),
     }
 }
 
@@ -109,32 +108,49 @@ fn is_missing(e: &ImageError) -> bool {
 }
 
 /// What a verified `Template` update promises: the template's digest and the
-/// archive's length.
-pub fn expect(w: &Worker, signed: &SignedUpdate) -> Result<(Digest, u64), UpdateError> {
-    let (digest, size) = match updates::verify(w, signed)? {
-        (_, Update::Template { digest, size }) => (digest, size),
-        _ => return Err(UpdateError::Invalid("not a template update".into())),
+/// archive's length (the update already verified by the caller).
+pub fn expect(update: Update) -> Result<(Digest, u64), TemplateError> {
+    let (digest, size) = match update {
+        Update::Template { digest, size } => (digest, size),
+        _ => return Err(TemplateError::Invalid("not a template update".into())),
     };
     let digest: Digest = digest
         .parse()
-        .map_err(|_| UpdateError::Invalid(format!("template digest {digest:?}")))?;
+        .map_err(|_| TemplateError::Invalid(format!("template digest {digest:?}")))?;
     if size > MAX_TEMPLATE_ARCHIVE {
-        return Err(UpdateError::Invalid(format!(
+        return Err(TemplateError::Invalid(format!(
             "the template archive is {size} bytes, over the limit of {MAX_TEMPLATE_ARCHIVE}"
         )));
     }
     Ok((digest, size))
 }
 
+/// Why a template could not be used or received.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TemplateError {
+    /// Not a valid reference, update or archive.
+    #[error("{0}")]
+    Invalid(String),
+    /// This worker does not hold it (`template_missing: …`).
+    #[error("{0}")]
+    Missing(String),
+    /// Its archive does not hold what its manifest says.
+    #[error("{0}")]
+    Refused(String),
+    /// The store failed.
+    #[error("{0}")]
+    Internal(String),
+}
+
 /// Installs the template `digest` from the received archive `file` (rewound) into
 /// the worker's store; layers it already holds are not unpacked again.
-pub async fn receive(w: &Arc<Worker>, digest: Digest, file: File) -> Result<(), UpdateError> {
+pub async fn receive(w: &Arc<Worker>, digest: Digest, file: File) -> Result<(), TemplateError> {
     let store = w.images.clone();
     let done = tokio::task::spawn_blocking(move || install_archive(&store, &digest, file)).await;
     match done {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(UpdateError::Refused(format!("template: {e}"))),
-        Err(e) => Err(UpdateError::Internal(format!("template task: {e}"))),
+        Ok(Err(e)) => Err(TemplateError::Refused(format!("template: {e}"))),
+        Err(e) => Err(TemplateError::Internal(format!("template task: {e}"))),
     }
 }
 

@@ -243,6 +243,17 @@ fn bundle_version(worker: &Worker) -> u64 {
         .unwrap_or(0)
 }
 
+/// A template that cannot be used or received, as a refused update.
+pub(crate) fn template_refusal(e: super::templates::TemplateError) -> UpdateError {
+    use super::templates::TemplateError;
+    match e {
+        TemplateError::Invalid(m) => UpdateError::Invalid(m),
+        TemplateError::Missing(m) => UpdateError::Conflict(m),
+        TemplateError::Refused(m) => UpdateError::Refused(m),
+        TemplateError::Internal(m) => UpdateError::Internal(m),
+    }
+}
+
 pub(crate) fn ack(worker: &Worker, state: AckState, message: Option<String>) -> UpdateAck {
     UpdateAck {
         state,
@@ -649,7 +660,8 @@ async fn install_execution(
     }
     // The template before anything is recorded: one this worker lacks is refused
     // (`template_missing`), and the control plane sends it and installs again.
-    let (template, image) = super::templates::resolve(worker, &i.template)?;
+    let (template, image) =
+        super::templates::resolve(worker, &i.template).map_err(template_refusal)?;
     let mut env = image
         .env
         .into_iter()

@@ -34,7 +34,10 @@ pub(crate) async fn receive(
             "header space-update must hold a signed template update".into(),
         ));
     };
-    let (digest, size) = match templates::expect(&w, &signed) {
+    let expected = updates::verify(&w, &signed).and_then(|(_, update)| {
+        templates::expect(update).map_err(|e| UpdateError::Invalid(e.to_string()))
+    });
+    let (digest, size) = match expected {
         Ok(v) => v,
         Err(e) => return refused(e),
     };
@@ -58,6 +61,6 @@ pub(crate) async fn receive(
     }
     match templates::receive(&w, digest, file).await {
         Ok(()) => axum::Json(updates::ack(&w, AckState::Installed, None)).into_response(),
-        Err(e) => refused(e),
+        Err(e) => refused(updates::template_refusal(e)),
     }
 }
