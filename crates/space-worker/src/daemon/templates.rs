@@ -231,6 +231,78 @@ fn install_archive(
 mod tests {
     use super::*;
 
+    /// The sample image's bundle as the control plane sends it, and its digest; `None`
+    /// (with why) where this host cannot make it.
+    fn bundle(dir: &std::path::Path) -> Option<(Vec<u8>, Digest)> {
+        let busybox = std::path::Path::new("/bin/busybox");
+        if !rustix::process::geteuid().is_root() || !busybox.exists() {
+            eprintln!("SKIPPED: needs root (whiteouts) and /bin/busybox (busybox-static)");
+            return None;
+        }
+        let archive = dir.join("image.tar");
+        space_image::sample::write_docker_save(&archive, busybox).unwrap();
+        let blobs = dir.join("control-blobs");
+        let manifest = space_image::blobs::import_blobs(&archive, &blobs).unwrap();
+        let mut out = Vec::new();
+        space_image::blobs::write_bundle(&manifest, &blobs, &mut out).unwrap();
+        Some((out, manifest.digest()))
+    }
+
+    fn file_of(bytes: &[u8], dir: &std::path::Path) -> File {
+        let path = dir.join("received");
+        std::fs::write(&path, bytes).unwrap();
+        File::open(path).unwrap()
+    }
+
+    #[test]
+    fn a_bundle_from_the_control_plane_installs_and_resolves_to_its_layers() {
+        let dir = tempfile::tempdir().unwrap();
+        let Some((bytes, digest)) = bundle(dir.path()) else {
+            return;
+        };
+        let store = space_image::Store::open(dir.path().join("images")).unwrap();
+        install_archive(&store, &digest, file_of(&bytes, dir.path())).unwrap();
+        let r = store.resolve(&digest.to_string()).unwrap();
+        assert_eq!(r.lower_dirs.len(), 2);
+        assert!(r.lower_dirs[1].join("bin/busybox").is_file());
+    }
+
+    #[test]
+    fn a_bundle_that_is_not_the_signed_template_is_refused_and_nothing_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let Some((bytes, digest)) = bundle(dir.path()) else {
+            return;
+        };
+        let store = space_image::Store::open(dir.path().join("images")).unwrap();
+        // Signed for another template.
+        let other = Digest::of(b"another manifest");
+        let err = install_archive(&store, &other, file_of(&bytes, dir.path())).unwrap_err();
+        assert!(err.contains("digest"), "{err}");
+        // A byte of the last blob changed: its digest no longer matches its manifest.
+        let mut tampered = bytes.clone();
+        let at = tampered.len() - 1024 - 600;
+        tampered[at] ^= 0x55;
+        let err = install_archive(&store, &digest, file_of(&tampered, dir.path())).unwrap_err();
+        assert!(err.contains("sha256"), "{err}");
+        assert!(
+            store.resolve(&digest.to_string()).is_err(),
+            "a template was kept"
+        );
+        // A first member that is not the manifest.
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(2);
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        b.append_data(&mut h, "blobs/sha256/00", &b"{}"[..])
+            .unwrap();
+        let odd = b.into_inner().unwrap();
+        let err = install_archive(&store, &digest, file_of(&odd, dir.path())).unwrap_err();
+        assert!(err.contains("first member"), "{err}");
+    }
+
     #[test]
     fn an_installs_template_is_the_default_or_pinned_by_its_digest() {
         let hex = "ab".repeat(32);
