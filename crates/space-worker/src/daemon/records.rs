@@ -167,6 +167,23 @@ pub struct Records {
     conn: Mutex<Connection>,
     group: Mutex<Group>,
     committed: Condvar,
+    claims: Mutex<ClaimGroup>,
+    claimed: Condvar,
+}
+
+/// A claim waiting for its group: its ticket, its numbers with their `issued_at`,
+/// and the caller's clock.
+type WaitingClaim = (u64, Vec<(u64, u64)>, u64);
+
+/// Update claims waiting for one transaction (as [`Group`] for puts): a burst of
+/// updates costs one fsync, not one each.
+#[derive(Debug, Default)]
+struct ClaimGroup {
+    /// (ticket, the numbers with their `issued_at`, the caller's clock).
+    waiting: Vec<WaitingClaim>,
+    next: u64,
+    leading: bool,
+    outcomes: HashMap<u64, Result<Vec<Claim>, String>>,
 }
 
 #[derive(Debug, Default)]
@@ -256,6 +273,8 @@ impl Records {
             conn: Mutex::new(conn),
             group: Mutex::new(Group::default()),
             committed: Condvar::new(),
+            claims: Mutex::new(ClaimGroup::default()),
+            claimed: Condvar::new(),
         })
     }
 
@@ -409,9 +428,67 @@ impl Records {
     /// the table stays as small as the updates of the last two minutes, and a
     /// forgotten number can still not come back. A claim returns only once durable.
     pub fn claim_updates(&self, seqs: &[(u64, u64)], now: u64) -> Result<Vec<Claim>, RecordError> {
+        let mut group = self.claims.lock().unwrap_or_else(|e| e.into_inner());
+        let ticket = group.next;
+        group.next += 1;
+        group.waiting.push((ticket, seqs.to_vec(), now));
+        loop {
+            if let Some(outcome) = group.outcomes.remove(&ticket) {
+                return outcome.map_err(RecordError::Group);
+            }
+            if group.leading {
+                group = self.claimed.wait(group).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            // Lead: every claim waiting (this one included) in one transaction, each
+            // in its turn as if alone (its numbers, then the forgetting its clock
+            // allows), so the outcomes are those of one transaction per claim.
+            group.leading = true;
+            let batch = std::mem::take(&mut group.waiting);
+            drop(group);
+            // Each claim in a savepoint of its own: one that fails (a number out of
+            // range) is rolled back alone, and the others are committed.
+            let outcomes = self.with(|c| {
+                let mut tx = c.unchecked_transaction()?;
+                let mut out = Vec::with_capacity(batch.len());
+                for (_, seqs, now) in &batch {
+                    let sp = tx.savepoint()?;
+                    match Self::claim_in(&sp, seqs, *now) {
+                        Ok(claims) => {
+                            sp.commit()?;
+                            out.push(Ok(claims));
+                        }
+                        Err(e) => {
+                            drop(sp);
+                            out.push(Err(e.to_string()));
+                        }
+                    }
+                }
+                tx.commit()?;
+                Ok(out)
+            });
+            group = self.claims.lock().unwrap_or_else(|e| e.into_inner());
+            match outcomes {
+                Ok(all) => {
+                    for ((t, ..), claims) in batch.iter().zip(all) {
+                        group.outcomes.insert(*t, claims);
+                    }
+                }
+                Err(e) => {
+                    for (t, ..) in &batch {
+                        group.outcomes.insert(*t, Err(e.to_string()));
+                    }
+                }
+            }
+            group.leading = false;
+            self.claimed.notify_all();
+        }
+    }
+
+    /// One claim of [`Records::claim_updates`] inside the group's transaction.
+    fn claim_in(tx: &Connection, seqs: &[(u64, u64)], now: u64) -> Result<Vec<Claim>, RecordError> {
         let as_i64 = |v: u64| i64::try_from(v).map_err(|_| RecordError::Corrupt("sequence"));
-        self.with(|c| {
-            let tx = c.unchecked_transaction()?;
+        {
             let floor: i64 = tx
                 .query_row(
                     "SELECT value FROM settings WHERE name = 'update_seq_floor'",
@@ -456,9 +533,8 @@ impl Records {
                     params![horizon, forgotten.unwrap_or(0).max(floor)],
                 )?;
             }
-            tx.commit()?;
             Ok(out)
-        })
+        }
     }
 
     /// Sequence numbers remembered (for tests and metrics).
@@ -609,6 +685,42 @@ mod tests {
             r.claim_updates(&[(5, later), (7, later), (8, later)], later)
                 .unwrap(),
             vec![Claim::BelowFloor, Claim::BelowFloor, Claim::Fresh]
+        );
+    }
+
+    #[test]
+    fn concurrent_claims_of_one_number_admit_it_once_and_a_bad_claim_fails_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = std::sync::Arc::new(Records::open(&dir.path().join("r.db")).unwrap());
+        let now = 10_000;
+        // 16 threads claim 42 (and a number of their own) at once: grouped into as
+        // few transactions as they meet in, 42 is fresh for exactly one of them.
+        let threads: Vec<_> = (0..16u64)
+            .map(|i| {
+                let r = std::sync::Arc::clone(&r);
+                std::thread::spawn(move || r.claim_updates(&[(42, now), (100 + i, now)], now))
+            })
+            .collect();
+        let mut fresh_42 = 0;
+        for t in threads {
+            let claims = t.join().unwrap().unwrap();
+            assert_eq!(claims[1], Claim::Fresh);
+            fresh_42 += usize::from(claims[0] == Claim::Fresh);
+            assert!(matches!(claims[0], Claim::Fresh | Claim::Replayed));
+        }
+        assert_eq!(fresh_42, 1);
+        assert_eq!(r.seen_updates().unwrap(), 17);
+        // A number the database cannot hold fails its own claim, not the others'.
+        let (bad, good) = std::thread::scope(|s| {
+            let bad = s.spawn(|| r.claim_updates(&[(u64::MAX, now)], now));
+            let good = s.spawn(|| r.claim_updates(&[(7, now)], now));
+            (bad.join().unwrap(), good.join().unwrap())
+        });
+        assert!(bad.is_err());
+        assert_eq!(good.unwrap(), vec![Claim::Fresh]);
+        assert_eq!(
+            r.claim_updates(&[(7, now)], now).unwrap(),
+            vec![Claim::Replayed]
         );
     }
 
