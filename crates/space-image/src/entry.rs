@@ -4,7 +4,7 @@
 
 use std::io::Read;
 
-use tar::{EntryType, PaxExtensions};
+use tar::EntryType;
 
 use crate::error::{ImageError, Result};
 use crate::limits::{MAX_PATH, MAX_PAX};
@@ -42,6 +42,32 @@ impl Member {
     pub fn name(&self) -> String {
         shown(&self.path)
     }
+}
+
+/// A PAX record: its key and its value.
+pub(crate) type PaxRecord<'a> = (&'a [u8], &'a [u8]);
+
+/// The records of a PAX extended header: `LEN key=value\n`, each `LEN` bytes long
+/// (read by length: an xattr's value, such as overlayfs's `trusted.overlay.origin`
+/// file handle, is binary and may hold any byte, a newline too).
+pub(crate) fn pax_records(mut data: &[u8]) -> std::result::Result<Vec<PaxRecord<'_>>, String> {
+    let mut out = Vec::new();
+    while !data.is_empty() {
+        let bad = || "a malformed record".to_owned();
+        let space = data.iter().position(|&b| b == b' ').ok_or_else(bad)?;
+        let len: usize = std::str::from_utf8(&data[..space])
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(bad)?;
+        if len <= space + 1 || len > data.len() || data[len - 1] != b'\n' {
+            return Err(bad());
+        }
+        let record = &data[space + 1..len - 1];
+        let eq = record.iter().position(|&b| b == b'=').ok_or_else(bad)?;
+        out.push((&record[..eq], &record[eq + 1..]));
+        data = &data[len..];
+    }
+    Ok(out)
 }
 
 /// Calls `each` with every member of the tar stream `r` and the `tar` entry (a
@@ -126,17 +152,24 @@ pub(crate) fn for_each<R: Read>(
         );
         let mut mtime = header.mtime().map_or(0, |t| t as i64);
         if let Some(records) = pax.take() {
-            for record in PaxExtensions::new(&records) {
-                let record = record.map_err(|e| bad(format!("PAX header: {e}")))?;
-                let value = record.value_bytes();
+            // Read by length: a record's value (an xattr such as a file capability,
+            // a path) may hold any byte, a newline too.
+            for (key, value) in
+                pax_records(&records).map_err(|why| bad(format!("PAX header: {why}")))?
+            {
                 let number = || -> Result<u64> {
                     std::str::from_utf8(value)
                         .ok()
                         .and_then(|v| v.split('.').next())
                         .and_then(|v| v.parse().ok())
-                        .ok_or_else(|| bad(format!("PAX {:?}: not a number", record.key())))
+                        .ok_or_else(|| {
+                            bad(format!(
+                                "PAX {:?}: not a number",
+                                String::from_utf8_lossy(key)
+                            ))
+                        })
                 };
-                match record.key_bytes() {
+                match key {
                     b"path" => path = value.to_vec(),
                     b"linkpath" => link = value.to_vec(),
                     b"uid" => uid = number()?,
@@ -151,7 +184,7 @@ pub(crate) fn for_each<R: Read>(
                             shown(&path)
                         )));
                     }
-                    _ if record.key_bytes().starts_with(b"GNU.sparse") => {
+                    _ if key.starts_with(b"GNU.sparse") => {
                         return Err(bad(format!(
                             "entry {:?}: sparse files are refused",
                             shown(&path)
@@ -216,5 +249,40 @@ pub(crate) fn shown(path: &[u8]) -> String {
 fn strip_nul(v: &mut Vec<u8>) {
     while v.last() == Some(&0) {
         v.pop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pax_value_holding_a_newline_is_read_by_its_length_not_split() {
+        // A file capability (binary: a newline in it) and a path with a newline: a
+        // reader that splits records on newlines refused such a layer, or worse.
+        let mut b = tar::Builder::new(Vec::new());
+        let cap: &[u8] = b"\x01\x00\x00\x02\n\x20\x00\x00";
+        b.append_pax_extensions([
+            ("SCHILY.xattr.security.capability", cap),
+            ("path", &b"usr/bin/odd\nname"[..]),
+            ("uid", &b"1234"[..]),
+        ])
+        .unwrap();
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_size(2);
+        h.set_mode(0o755);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        b.append_data(&mut h, "usr/bin/short", &b"hi"[..]).unwrap();
+        let layer = b.into_inner().unwrap();
+        let mut seen = Vec::new();
+        for_each(&layer[..], "test", 10, |m, _| {
+            seen.push((m.path.clone(), m.uid));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(seen, vec![(b"usr/bin/odd\nname".to_vec(), 1234)]);
     }
 }

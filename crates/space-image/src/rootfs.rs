@@ -32,6 +32,7 @@ use tar::{EntryType, Header};
 
 use crate::decode;
 use crate::digest::Digest;
+use crate::entry::pax_records;
 use crate::error::{ImageError, Result};
 use crate::limits::{MAX_ENTRIES_PER_LAYER, MAX_PATH, MAX_PAX};
 use crate::manifest::LayerRecord;
@@ -233,32 +234,6 @@ fn for_each_entry<R: Read>(
         return Err(bad("an extension header describes no member".to_owned()));
     }
     Ok(())
-}
-
-/// A PAX record: its key and its value.
-type PaxRecord<'a> = (&'a [u8], &'a [u8]);
-
-/// The records of a PAX extended header: `LEN key=value\n`, each `LEN` bytes long
-/// (read by length: an xattr's value, such as overlayfs's `trusted.overlay.origin`
-/// file handle, is binary and may hold any byte, a newline too).
-fn pax_records(mut data: &[u8]) -> std::result::Result<Vec<PaxRecord<'_>>, String> {
-    let mut out = Vec::new();
-    while !data.is_empty() {
-        let bad = || "a malformed record".to_owned();
-        let space = data.iter().position(|&b| b == b' ').ok_or_else(bad)?;
-        let len: usize = std::str::from_utf8(&data[..space])
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .ok_or_else(bad)?;
-        if len <= space + 1 || len > data.len() || data[len - 1] != b'\n' {
-            return Err(bad());
-        }
-        let record = &data[space + 1..len - 1];
-        let eq = record.iter().position(|&b| b == b'=').ok_or_else(bad)?;
-        out.push((&record[..eq], &record[eq + 1..]));
-        data = &data[len..];
-    }
-    Ok(out)
 }
 
 fn trim_nul(mut v: Vec<u8>) -> Vec<u8> {
