@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use crate::decode::{self, Compression};
 use crate::digest::{Digest, HashingReader};
 use crate::error::{ImageError, Result};
+use crate::layer::Tee;
 use crate::manifest::{LayerRecord, SCHEMA, TemplateManifest};
 use crate::oci::{self, Archive, PlannedLayer};
 
@@ -75,22 +76,6 @@ pub fn import_blobs(archive: &Path, blob_root: &Path) -> Result<TemplateManifest
     };
     manifest.validate()?;
     Ok(manifest)
-}
-
-/// Copies `w` to its spool (when given) as it is read.
-struct Tee<'a, R> {
-    inner: R,
-    out: Option<&'a mut File>,
-}
-
-impl<R: Read> Read for Tee<'_, R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        if let Some(out) = self.out.as_mut() {
-            out.write_all(&buf[..n])?;
-        }
-        Ok(n)
-    }
 }
 
 /// One layer's blob: streamed once — spooled (unless kept already), hashed, and

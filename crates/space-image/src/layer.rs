@@ -162,10 +162,10 @@ fn record(
     })
 }
 
-/// Copies what is read into `out` as well.
-struct Tee<'a, R> {
-    inner: &'a mut R,
-    out: Option<&'a mut File>,
+/// Copies what is read into `out` as well (a blob's spool as it streams).
+pub(crate) struct Tee<'a, R> {
+    pub(crate) inner: R,
+    pub(crate) out: Option<&'a mut File>,
 }
 
 impl<R: Read> Read for Tee<'_, R> {
