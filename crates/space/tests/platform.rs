@@ -1404,32 +1404,41 @@ fn tampered_or_truncated_layer_is_refused_by_the_receiving_worker() {
         );
         b64(signed.as_bytes())
     };
-    let post = |bytes: Vec<u8>| {
+    let post = |what: &str, bytes: Vec<u8>| {
         let header = header();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
+        let started = std::time::Instant::now();
         rt.block_on(async {
-            space_http::HttpClient::new(std::time::Duration::from_secs(30))
+            let answer = space_http::HttpClient::new(std::time::Duration::from_secs(60))
                 .call(
                     hyper::Method::POST,
                     &format!("{worker}/internal/v1/layers"),
                     &[("space-update", header.as_str())],
                     bytes::Bytes::from(bytes),
                 )
-                .await
-                .unwrap()
-                .status
-                .as_u16()
+                .await;
+            // Which post, and how long it took, if the worker did not answer.
+            let answer = answer.unwrap_or_else(|e| {
+                panic!(
+                    "the {what} layer: no answer after {:?}: {e}",
+                    started.elapsed()
+                )
+            });
+            answer.status.as_u16()
         })
     };
     let mut tampered = archive.clone();
     tampered[3] ^= 1;
-    assert_eq!(post(tampered), 403);
-    assert_eq!(post(archive[..archive.len() - 1].to_vec()), 403);
+    assert_eq!(post("tampered", tampered), 403);
+    assert_eq!(
+        post("truncated", archive[..archive.len() - 1].to_vec()),
+        403
+    );
     // The genuine bytes pass the check (and then fail to unpack: they are no tar).
-    assert_eq!(post(archive), 400);
+    assert_eq!(post("genuine", archive), 400);
 }
 
 #[test]

@@ -316,6 +316,19 @@ impl Worker {
         self.stopping.load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// Waits until no update is under way and takes the update lock exclusively, for
+    /// `what` (named in a warning when the wait passes a second: an update that holds
+    /// a sandbox's turn that long is worth finding).
+    pub async fn exclusive(&self, what: &str) -> tokio::sync::RwLockWriteGuard<'_, ()> {
+        let asked = std::time::Instant::now();
+        let guard = self.update_lock.write().await;
+        let waited = asked.elapsed();
+        if waited > std::time::Duration::from_secs(1) {
+            tracing::warn!(?waited, what, "waited long for updates under way to finish");
+        }
+        guard
+    }
+
     /// Waits for `sandbox`'s turn to apply an update (and for no exclusive work).
     pub async fn lock_sandbox(&self, sandbox: &SandboxId) -> SandboxTurn<'_> {
         let shared = self.update_lock.read().await;

@@ -98,7 +98,7 @@ pub async fn reconcile(
     let jail = Arc::clone(&worker.substrate);
     let data_dir = worker.data_dir.clone();
     // No install may create directories while the sweep decides what is left over.
-    let _applying = worker.update_lock.write().await;
+    let _applying = worker.exclusive("the startup sweep").await;
     match tokio::task::spawn_blocking(move || jail.sweep_leftovers(&data_dir, &keep, &keep_runs))
         .await
     {

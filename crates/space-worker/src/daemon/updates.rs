@@ -271,7 +271,7 @@ pub async fn apply(
 ) -> Result<UpdateAck, UpdateError> {
     match update {
         Update::Bundle { bundle } => {
-            let _applying = worker.update_lock.write().await;
+            let _applying = worker.exclusive("a key bundle").await;
             let bytes = B64
                 .decode(&bundle)
                 .map_err(|_| invalid("bundle is not base64url"))?;

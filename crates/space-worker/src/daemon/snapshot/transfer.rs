@@ -53,7 +53,7 @@ pub async fn take(
         ),
         _ => return Err(UpdateError::Invalid("not a snapshot update".into()).into()),
     };
-    let _applying = w.update_lock.write().await;
+    let _applying = w.exclusive("a snapshot").await;
     updates::freeze(w, &sandbox, execution, true).await?;
     w.set_snapshot_frozen(&sandbox, execution.generation, true);
     let Some(upper) = w
@@ -127,7 +127,7 @@ pub async fn keep(
     mut file: std::fs::File,
     got: &str,
 ) -> Result<UpdateAck, UpdateError> {
-    let _applying = w.update_lock.write().await;
+    let _applying = w.exclusive("a received layer").await;
     let dest = launch::kept_layer(&w.data_dir, &sandbox);
     let incoming = dest.with_extension(format!("incoming-{}", got.get(..12).unwrap_or("x")));
     let result = tokio::task::spawn_blocking(move || {
