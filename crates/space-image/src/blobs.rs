@@ -13,15 +13,17 @@
 //!
 //! Blocking I/O (call it from a blocking thread).
 
+use std::cell::Cell;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
-use crate::decode::{self, Compression};
+use crate::decode::{self, Bounded, Compression};
 use crate::digest::{Digest, HashingReader};
 use crate::error::{ImageError, Result};
 use crate::layer::Tee;
+use crate::limits::{ImageLimits, LayerBudget};
 use crate::manifest::{LayerRecord, SCHEMA, TemplateManifest};
 use crate::oci::{self, Archive, PlannedLayer};
 
@@ -47,8 +49,20 @@ fn io_err(what: &'static str, path: &Path, e: io::Error) -> ImageError {
 /// Imports the blobs of the image at `archive` (an OCI layout directory or tar, or a
 /// `docker save` / `podman save` archive) into `blob_root`, verifying every layer,
 /// and returns the template's manifest. A blob already kept is not written again
-/// (the archive's copy is verified all the same).
+/// (the archive's copy is verified all the same). The default [`ImageLimits`] bound
+/// what the layers decompress to.
 pub fn import_blobs(archive: &Path, blob_root: &Path) -> Result<TemplateManifest> {
+    import_blobs_bounded(archive, blob_root, &ImageLimits::default())
+}
+
+/// [`import_blobs`] with `limits` on what each layer, and the image, decompress to
+/// while they are hashed: a decompression bomb stops at the bound (an
+/// [`ImageError::Unpacked`] naming it), having cost no more than the bound's reading.
+pub fn import_blobs_bounded(
+    archive: &Path,
+    blob_root: &Path,
+    limits: &ImageLimits,
+) -> Result<TemplateManifest> {
     let source = Archive::open(archive)?;
     let plan = oci::read_image(&source)?;
     let blobs = blob_root.join("sha256");
@@ -61,10 +75,14 @@ pub fn import_blobs(archive: &Path, blob_root: &Path) -> Result<TemplateManifest
     }
     let n = plan.layers.len();
     let mut layers = Vec::with_capacity(n);
+    let mut unpacked = 0u64;
     for (i, l) in plan.layers.iter().enumerate() {
         let label = format!("{} ({} of {n})", l.diff_id, i + 1);
         let member = source.open_member(&l.member)?;
-        layers.push(copy_layer(l, &label, member, blob_root, &tmp)?);
+        let budget = limits.next_layer(unpacked);
+        let (record, tar_bytes) = copy_layer(l, &label, member, blob_root, &tmp, budget)?;
+        unpacked += tar_bytes;
+        layers.push(record);
     }
     let manifest = TemplateManifest {
         schema: SCHEMA,
@@ -79,17 +97,25 @@ pub fn import_blobs(archive: &Path, blob_root: &Path) -> Result<TemplateManifest
 }
 
 /// One layer's blob: streamed once — spooled (unless kept already), hashed, and
-/// decompressed into a hash of its tar stream — then checked and renamed into place.
+/// decompressed into a hash of its tar stream (within `budget`) — then checked and
+/// renamed into place. Also gives the tar stream's length.
 fn copy_layer(
     l: &PlannedLayer,
     label: &str,
     member: Box<dyn Read + Send + '_>,
     blob_root: &Path,
     tmp: &Path,
-) -> Result<LayerRecord> {
-    let read_error = |e: io::Error| ImageError::Layer {
-        layer: label.to_owned(),
-        why: format!("read: {e}"),
+    budget: LayerBudget,
+) -> Result<(LayerRecord, u64)> {
+    let over = Cell::new(false);
+    let read_error = |e: io::Error| {
+        if over.get() {
+            return budget.exceeded(label);
+        }
+        ImageError::Layer {
+            layer: label.to_owned(),
+            why: format!("read: {e}"),
+        }
     };
     let kept = l.digest.is_some_and(|d| blob_path(blob_root, &d).is_file());
     let mut spool = if kept {
@@ -101,12 +127,13 @@ fn copy_layer(
         inner: member,
         out: spool.as_mut().map(|f| f.as_file_mut()),
     });
-    let (compression, diff_id) = {
+    let (compression, diff_id, tar_bytes) = {
         let mut buffered = decode::buffered(&mut blob);
         let compression = decode::detect(&mut buffered).map_err(read_error)?;
         let decoder = decode::decompress(buffered).map_err(read_error)?;
-        let (diff_id, _, _) = HashingReader::new(decoder).finish().map_err(read_error)?;
-        (compression, diff_id)
+        let bounded = Bounded::new(decoder, budget.bytes, &over);
+        let (diff_id, tar_bytes, _) = HashingReader::new(bounded).finish().map_err(read_error)?;
+        (compression, diff_id, tar_bytes)
     };
     // What the decompressor left unread is part of the blob too.
     let (digest, size, _) = blob.finish().map_err(read_error)?;
@@ -143,7 +170,7 @@ fn copy_layer(
             .and_then(|d| d.sync_all())
             .map_err(|e| io_err("sync directory", &dir, e))?;
     }
-    Ok(LayerRecord {
+    let record = LayerRecord {
         digest,
         diff_id: l.diff_id,
         size,
@@ -155,7 +182,8 @@ fn copy_layer(
             }
             .to_owned()
         }),
-    })
+    };
+    Ok((record, tar_bytes))
 }
 
 /// A member's length in the archive: its header and its data padded to a block.

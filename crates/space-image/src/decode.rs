@@ -2,6 +2,7 @@
 //! `docker save` layers are plain tar whatever they were pushed as): gzip (any number
 //! of members), zstd (any number of frames, skippable frames skipped) or plain tar.
 
+use std::cell::Cell;
 use std::io::{self, BufRead, BufReader, Read};
 
 use flate2::bufread::MultiGzDecoder;
@@ -128,6 +129,52 @@ impl<R: BufRead> Read for ZstdFrames<R> {
     }
 }
 
+/// A decompressed stream cut at `limit` bytes: a read that would pass it fails (and
+/// hands on none of its bytes), and `over` is set, so that the caller — behind a tar
+/// reader and an unpacker that turn the error into their own — tells the bound from a
+/// broken stream. What is behind the bound is never decompressed further.
+pub(crate) struct Bounded<'a, R> {
+    inner: R,
+    left: u64,
+    over: &'a Cell<bool>,
+}
+
+impl<'a, R: Read> Bounded<'a, R> {
+    pub(crate) fn new(inner: R, limit: u64, over: &'a Cell<bool>) -> Self {
+        Self {
+            inner,
+            left: limit,
+            over,
+        }
+    }
+}
+
+impl<R: Read> Read for Bounded<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.over.get() {
+            return Err(past_bound());
+        }
+        // One byte more than is left tells a stream that goes on from one that ends.
+        let cap = usize::try_from(self.left.saturating_add(1))
+            .unwrap_or(usize::MAX)
+            .min(buf.len());
+        let n = self.inner.read(&mut buf[..cap])?;
+        if n as u64 > self.left {
+            self.over.set(true);
+            return Err(past_bound());
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+fn past_bound() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::FileTooLarge,
+        "the layer unpacks to more than its bound",
+    )
+}
+
 /// A buffered reader of the capacity the unpacker uses.
 pub fn buffered<R: Read>(r: R) -> BufReader<R> {
     BufReader::with_capacity(256 << 10, r)
@@ -162,6 +209,27 @@ mod tests {
         assert_eq!(all(&data[..]), data);
         assert_eq!(all(&gz[..]), data);
         assert_eq!(all(&zst[..]), data);
+    }
+
+    #[test]
+    fn a_bounded_stream_gives_up_to_its_bound_and_fails_one_byte_past_it() {
+        let data = vec![7u8; 10_000];
+        let over = Cell::new(false);
+        let mut out = Vec::new();
+        let n = Bounded::new(&data[..], 10_000, &over)
+            .read_to_end(&mut out)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((n, over.get()), (10_000, false));
+        let mut out = Vec::new();
+        let e = Bounded::new(&data[..], 9_999, &over)
+            .read_to_end(&mut out)
+            .map_or_else(|e| e.kind(), |n| panic!("read {n} bytes past the bound"));
+        assert_eq!(e, io::ErrorKind::FileTooLarge);
+        assert!(
+            over.get() && out.len() <= 9_999,
+            "{} bytes handed on",
+            out.len()
+        );
     }
 
     #[test]

@@ -39,6 +39,17 @@ impl Digest {
         }
         Some(Self(out))
     }
+
+    /// The OCI chain ID of a layer stacked on the layers whose chain ID is `parent`
+    /// (`None`: the bottom layer, whose chain ID is its `diff_id`). An unpacked layer
+    /// is named by it: what a layer unpacks to depends on the layers below (a path
+    /// through their symbolic links), so one `diff_id` over two bases is two layers.
+    pub fn chain(parent: Option<&Digest>, diff_id: &Digest) -> Self {
+        match parent {
+            None => *diff_id,
+            Some(p) => Self::of(format!("{p} {diff_id}").as_bytes()),
+        }
+    }
 }
 
 const HEX: &[u8; 16] = b"0123456789abcdef";

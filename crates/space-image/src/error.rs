@@ -57,6 +57,23 @@ pub enum ImageError {
         /// The bound.
         limit: u64,
     },
+    /// An image, or one of its layers, unpacks to more than its bound (a
+    /// decompression bomb, or an image larger than this host takes): nothing past the
+    /// bound was written.
+    #[error(
+        "{what} unpacks to more than {limit} bytes, the limit of {scope}; raise it with \
+         {setting} (on the control plane and on every worker)"
+    )]
+    Unpacked {
+        /// The layer (or the image).
+        what: String,
+        /// The bound, in bytes.
+        limit: u64,
+        /// Which bound: `one layer` or `one image`.
+        scope: &'static str,
+        /// The setting that raises it.
+        setting: &'static str,
+    },
     /// A template name, tag or reference that is not valid.
     #[error("invalid template reference {reference:?}: {why}")]
     InvalidName {

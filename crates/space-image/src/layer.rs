@@ -1,22 +1,26 @@
 //! One layer into the store: its blob streamed once — hashed, spooled to a temp file
-//! and decompressed into the unpacker at the same time — then checked (blob digest
-//! and size, `diff_id`) before the blob and the unpacked directory are renamed into
-//! place. A layer is unpacked once: an exclusive `flock` per `diff_id` serialises
-//! concurrent requests, and whoever comes second finds it done.
+//! and decompressed into the unpacker at the same time, within its budget of unpacked
+//! bytes — then checked (blob digest and size, `diff_id`) before the blob and the
+//! unpacked directory are renamed into place. An unpacked layer is named by its chain
+//! ID (what it unpacks to depends on the layers below it: a path through one of their
+//! symbolic links lands where the link leads), and unpacked once: an exclusive `flock`
+//! per chain ID serialises concurrent requests, and whoever comes second finds it done.
 
+use std::cell::Cell;
 use std::fs::File;
 use std::io::{self, BufReader, Read, Write};
 
 use serde::{Deserialize, Serialize};
 
-use crate::decode::{self, Compression};
+use crate::decode::{self, Bounded, Compression};
 use crate::digest::{Digest, HashingReader};
 use crate::error::{ImageError, Result};
+use crate::limits::LayerBudget;
 use crate::manifest::LayerRecord;
 use crate::paths::{Paths, lock_file, sync_dir, write_json_atomic};
-use crate::unpack::{UnpackOptions, unpack};
+use crate::unpack::{UnpackOptions, unpack_on};
 
-/// What is known of a layer beside its directory (`layers/<diff_id>.json`): the blobs
+/// What is known of a layer beside its directory (`layers/<chain id>.json`): the blobs
 /// verified to decompress to it and what it holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -28,6 +32,17 @@ pub(crate) struct LayerInfo {
     pub bytes: u64,
     /// Tar entries applied.
     pub entries: u64,
+    /// Bytes of its tar stream (what counts against the bounds of unpacked bytes);
+    /// records from before the bounds lack it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tar_bytes: Option<u64>,
+}
+
+impl LayerInfo {
+    /// What the layer unpacked from, as the bounds count it.
+    pub(crate) fn unpacked(&self) -> u64 {
+        self.tar_bytes.unwrap_or(self.bytes)
+    }
 }
 
 /// The layer a caller wants, as the image (or a manifest from elsewhere) states it.
@@ -39,17 +54,23 @@ pub(crate) struct Wanted {
     pub size: Option<u64>,
     pub media_type: Option<String>,
     pub diff_id: Digest,
+    /// Its chain ID (the name of its unpacked directory).
+    pub chain: Digest,
+    /// The chain IDs of the layers below it, top first (unpacked already).
+    pub lowers: Vec<Digest>,
+    /// What it may unpack to.
+    pub budget: LayerBudget,
     /// Read and hash the blob even when the store has it (an archive must show it
     /// holds the blob it names; a peer's blob is only fetched when missing).
     pub verify_known: bool,
 }
 
-/// Reads `layers/<hex>.json` if the layer is complete (its directory and its record
-/// are both there). Read-only: a directory without its record may be a commit in
-/// progress; [`ensure`] removes it under the layer's lock.
-pub(crate) fn info(paths: &Paths, diff_id: &Digest) -> Result<Option<LayerInfo>> {
-    let dir = paths.layer_dir(diff_id);
-    let record = paths.layer_record(diff_id);
+/// Reads `layers/<chain hex>.json` if the layer is complete (its directory and its
+/// record are both there). Read-only: a directory without its record may be a commit
+/// in progress; [`ensure`] removes it under the layer's lock.
+pub(crate) fn info(paths: &Paths, chain: &Digest) -> Result<Option<LayerInfo>> {
+    let dir = paths.layer_dir(chain);
+    let record = paths.layer_record(chain);
     match std::fs::read(&record) {
         Ok(bytes) if dir.is_dir() => serde_json::from_slice(&bytes)
             .map(Some)
@@ -61,27 +82,38 @@ pub(crate) fn info(paths: &Paths, diff_id: &Digest) -> Result<Option<LayerInfo>>
 }
 
 /// Makes sure the layer `want` is unpacked in the store, reading its blob from
-/// `open` only if needed.
+/// `open` only if needed; also gives what it unpacked from (its tar stream's bytes).
 pub(crate) fn ensure<'r>(
     paths: &Paths,
     want: &Wanted,
     options: &UnpackOptions,
     open: &mut dyn FnMut() -> Result<Box<dyn Read + 'r>>,
-) -> Result<LayerRecord> {
-    let _lock = lock_file(&paths.layer_lock(&want.diff_id), true)?;
-    let known = info(paths, &want.diff_id)?;
-    let dir = paths.layer_dir(&want.diff_id);
+) -> Result<(LayerRecord, u64)> {
+    let _lock = lock_file(&paths.layer_lock(&want.chain), true)?;
+    let known = info(paths, &want.chain)?;
+    let dir = paths.layer_dir(&want.chain);
     if known.is_none() && dir.exists() {
         // A crash between the rename of the layer and the write of its record.
         std::fs::remove_dir_all(&dir)
             .map_err(|e| ImageError::io("remove incomplete layer", &dir, e))?;
     }
     if let Some(info) = &known {
+        if info.diff_id != want.diff_id {
+            return Err(ImageError::Format(format!(
+                "layer {}: the store's layer {} holds diff_id {}",
+                want.label, want.chain, info.diff_id
+            )));
+        }
+        // The same image counts the same wherever its layers were unpacked first.
+        if info.unpacked() > want.budget.bytes {
+            return Err(want.budget.exceeded(&want.label));
+        }
+        let done = |d| record(paths, want, d, None).map(|r| (r, info.unpacked()));
         if let Some(d) = want
             .digest
             .filter(|&d| !want.verify_known && has_blob(paths, info, d))
         {
-            return record(paths, want, d, None);
+            return done(d);
         }
         if want.verify_known || want.digest.is_none() {
             let (d, size, _) = HashingReader::new(open()?)
@@ -89,7 +121,7 @@ pub(crate) fn ensure<'r>(
                 .map_err(|e| read_error(want, e))?;
             check_blob(want, d, size)?;
             if has_blob(paths, info, d) {
-                return record(paths, want, d, None);
+                return done(d);
             }
         }
     }
@@ -178,15 +210,16 @@ impl<R: Read> Read for Tee<'_, R> {
     }
 }
 
-/// Streams the blob: spooled (unless the store has it), decompressed, hashed and
-/// unpacked (unless the layer is there) in one pass, then checked and committed.
+/// Streams the blob: spooled (unless the store has it), decompressed (within the
+/// layer's budget), hashed and unpacked (unless the layer is there) over the layers
+/// below in one pass, then checked and committed.
 fn stream(
     paths: &Paths,
     want: &Wanted,
     options: &UnpackOptions,
     known: Option<LayerInfo>,
     blob: Box<dyn Read + '_>,
-) -> Result<LayerRecord> {
+) -> Result<(LayerRecord, u64)> {
     let tmp = paths.tmp();
     let have_blob = want.digest.is_some_and(|d| paths.blob(&d).is_file());
     let mut spool = if have_blob {
@@ -207,8 +240,18 @@ fn stream(
     } else {
         None
     };
+    let lowers: Vec<_> = want.lowers.iter().map(|c| paths.layer_dir(c)).collect();
+    let over = Cell::new(false);
+    // Past the budget, whatever error the tar reader or the unpacker made of it.
+    let bound = |e: ImageError| {
+        if over.get() {
+            want.budget.exceeded(&want.label)
+        } else {
+            e
+        }
+    };
     let mut blob = HashingReader::new(blob);
-    let (compression, diff_id, stats) = {
+    let (compression, diff_id, tar_bytes, stats) = {
         let tee = Tee {
             inner: &mut blob,
             out: spool.as_mut().map(|f| f.as_file_mut()),
@@ -216,13 +259,15 @@ fn stream(
         let mut buffered = decode::buffered(tee);
         let compression = decode::detect(&mut buffered).map_err(|e| read_error(want, e))?;
         let decoder = decode::decompress(buffered).map_err(|e| read_error(want, e))?;
-        let mut tar = HashingReader::new(decoder);
+        let mut tar = HashingReader::new(Bounded::new(decoder, want.budget.bytes, &over));
         let stats = match &staging {
-            Some(dir) => Some(unpack(&want.label, &mut tar, dir.path(), options)?),
+            Some(dir) => Some(
+                unpack_on(&want.label, &mut tar, dir.path(), &lowers, options).map_err(bound)?,
+            ),
             None => None,
         };
-        let (diff_id, _, _) = tar.finish().map_err(|e| read_error(want, e))?;
-        (compression, diff_id, stats)
+        let (diff_id, tar_bytes, _) = tar.finish().map_err(|e| bound(read_error(want, e)))?;
+        (compression, diff_id, tar_bytes, stats)
     };
     let (digest, size, _) = blob.finish().map_err(|e| read_error(want, e))?;
     check_blob(want, digest, size)?;
@@ -246,7 +291,7 @@ fn stream(
     }
     let info = match (staging, stats, known) {
         (Some(dir), Some(stats), _) => {
-            let target = paths.layer_dir(&want.diff_id);
+            let target = paths.layer_dir(&want.chain);
             let fd =
                 File::open(dir.path()).map_err(|e| ImageError::io("open layer", dir.path(), e))?;
             // The unpacked files reach the disk before the layer is named.
@@ -259,12 +304,14 @@ fn stream(
                 blobs: vec![digest],
                 bytes: stats.bytes,
                 entries: stats.entries,
+                tar_bytes: Some(tar_bytes),
             }
         }
         (_, _, Some(mut info)) => {
             if !info.blobs.contains(&digest) {
                 info.blobs.push(digest);
             }
+            info.tar_bytes.get_or_insert(tar_bytes);
             info
         }
         _ => {
@@ -273,6 +320,6 @@ fn stream(
             ));
         }
     };
-    write_json_atomic(paths, &paths.layer_record(&want.diff_id), &info)?;
-    record(paths, want, digest, Some(compression))
+    write_json_atomic(paths, &paths.layer_record(&want.chain), &info)?;
+    record(paths, want, digest, Some(compression)).map(|r| (r, tar_bytes))
 }

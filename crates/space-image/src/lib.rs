@@ -30,9 +30,11 @@ pub mod unpack;
 mod at;
 mod entry;
 mod layer;
+mod view;
 
 pub use digest::Digest;
 pub use error::{ImageError, Result};
+pub use limits::ImageLimits;
 pub use manifest::{ImageDefaults, LayerRecord, TemplateManifest, TemplateRef};
-pub use store::{Removed, Resolved, Store, Template, TemplateInfo};
-pub use unpack::{UnpackOptions, UnpackStats, unpack};
+pub use store::{Removed, Resolved, Store, Swept, Template, TemplateInfo};
+pub use unpack::{UnpackOptions, UnpackStats, unpack, unpack_on};

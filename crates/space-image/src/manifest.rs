@@ -92,6 +92,16 @@ impl TemplateManifest {
         Ok(())
     }
 
+    /// The chain ID of each layer, bottom first (the names of its unpacked layers).
+    pub fn chain_ids(&self) -> Vec<Digest> {
+        let mut out: Vec<Digest> = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
+            let c = Digest::chain(out.last(), &l.diff_id);
+            out.push(c);
+        }
+        out
+    }
+
     /// The unpacked size is not part of the manifest; this is the blobs' total.
     pub fn blob_bytes(&self) -> u64 {
         self.layers.iter().map(|l| l.size).sum()

@@ -3,11 +3,11 @@
 //!
 //! ```text
 //! blobs/sha256/<hex>             layer blobs, compressed as imported
-//! layers/<diff_id hex>/          an unpacked layer: an overlayfs lower dir
-//! layers/<diff_id hex>.json      the blobs verified to give it, its size
+//! layers/<chain id hex>/         an unpacked layer: an overlayfs lower dir
+//! layers/<chain id hex>.json     the blobs verified to give it, its size
 //! templates/manifests/<hex>.json our manifests, by template digest
 //! templates/names/<name>:<tag>   a name → {digest, imported}
-//! locks/<diff_id hex>            the flock of one layer's unpack
+//! locks/<chain id hex>           the flock of one layer's unpack
 //! lock                           the store's flock (shared: imports; exclusive: rm)
 //! tmp/                           spooled blobs and staging dirs, renamed into place
 //! ```
@@ -15,6 +15,13 @@
 //! Every file is written to `tmp/`, fsynced and renamed; a layer is unpacked into a
 //! staging directory, synced (`syncfs`) and renamed. A template is immutable: a name
 //! once given keeps its digest until it is removed.
+//!
+//! An unpacked layer is named by its chain ID (the bottom layer's is its `diff_id`):
+//! it is unpacked over the layers below it, and a path through one of their links
+//! lands where the link leads. Stores written before kept upper layers under their
+//! `diff_id`; such a directory is kept while a template that has the layer is (a
+//! sandbox may run on it), and the template resolves only once its layers are there
+//! under their chain IDs (the worker reports it missing and is sent it again).
 
 use std::fs::{self, File};
 use std::io::{self, Read};
@@ -28,7 +35,8 @@ use serde::{Deserialize, Serialize};
 use crate::digest::Digest;
 use crate::error::{ImageError, Result};
 use crate::layer::{self, Wanted};
-use crate::limits::MAX_JSON;
+use crate::limits::{ImageLimits, MAX_JSON};
+use crate::manifest::LayerRecord;
 use crate::manifest::{ImageDefaults, SCHEMA, TemplateManifest, TemplateRef};
 use crate::oci::{self, Archive};
 use crate::paths::{Paths, lock_file, read_json, write_atomic, write_json_atomic};
@@ -39,6 +47,7 @@ use crate::unpack::UnpackOptions;
 pub struct Store {
     paths: Paths,
     options: UnpackOptions,
+    limits: ImageLimits,
 }
 
 /// A template as imported or installed.
@@ -81,6 +90,17 @@ pub struct Resolved {
     pub config: ImageDefaults,
     /// The whole manifest.
     pub manifest: TemplateManifest,
+}
+
+/// What a [`Store::retain`] deleted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// The templates it removed.
+    pub templates: Vec<Digest>,
+    /// Unpacked layers no template referenced any more.
+    pub layers: usize,
+    /// Blobs no template referenced any more.
+    pub blobs: usize,
 }
 
 /// What a [`Store::remove`] deleted.
@@ -127,6 +147,7 @@ impl Store {
         let store = Self {
             paths,
             options: UnpackOptions::default(),
+            limits: ImageLimits::default(),
         };
         store.clean_tmp()?;
         Ok(store)
@@ -136,6 +157,12 @@ impl Store {
     /// 65,536 by default).
     pub fn with_id_limit(mut self, id_limit: u64) -> Self {
         self.options.id_limit = id_limit;
+        self
+    }
+
+    /// With `limits` on what an image's layers unpack to (16 GiB by default).
+    pub fn with_limits(mut self, limits: ImageLimits) -> Self {
+        self.limits = limits;
         self
     }
 
@@ -181,6 +208,7 @@ impl Store {
         let plan = oci::read_image(&archive)?;
         let _lock = self.lock(false)?;
         let mut layers = Vec::with_capacity(plan.layers.len());
+        let mut stack = Stacking::default();
         for (i, l) in plan.layers.iter().enumerate() {
             let want = Wanted {
                 label: format!("{} ({} of {})", l.diff_id, i + 1, plan.layers.len()),
@@ -188,10 +216,14 @@ impl Store {
                 size: l.size,
                 media_type: l.media_type.clone(),
                 diff_id: l.diff_id,
+                chain: stack.chain(&l.diff_id),
+                lowers: stack.lowers(),
+                budget: self.limits.next_layer(stack.unpacked),
                 verify_known: true,
             };
             let mut open = || archive.open_member(&l.member).map(|r| r as Box<dyn Read>);
-            layers.push(layer::ensure(&self.paths, &want, &self.options, &mut open)?);
+            let got = layer::ensure(&self.paths, &want, &self.options, &mut open)?;
+            layers.push(stack.push(&want, got));
         }
         let manifest = TemplateManifest {
             schema: SCHEMA,
@@ -231,6 +263,7 @@ impl Store {
             });
         }
         let _lock = self.lock(false)?;
+        let mut stack = Stacking::default();
         for (i, l) in manifest.layers.iter().enumerate() {
             let want = Wanted {
                 label: format!("{} ({} of {})", l.diff_id, i + 1, manifest.layers.len()),
@@ -238,6 +271,9 @@ impl Store {
                 size: Some(l.size),
                 media_type: Some(l.media_type.clone()),
                 diff_id: l.diff_id,
+                chain: stack.chain(&l.diff_id),
+                lowers: stack.lowers(),
+                budget: self.limits.next_layer(stack.unpacked),
                 verify_known: false,
             };
             let mut open = || {
@@ -249,6 +285,7 @@ impl Store {
                     })
             };
             let got = layer::ensure(&self.paths, &want, &self.options, &mut open)?;
+            let got = stack.push(&want, got);
             if got != *l {
                 return Err(ImageError::Format(format!(
                     "layer {}: stored as {got:?}, the manifest says {l:?}",
@@ -325,9 +362,9 @@ impl Store {
     ) -> Result<TemplateInfo> {
         let m = self.manifest(&digest)?;
         let mut size = 0;
-        for l in &m.layers {
+        for (l, chain) in m.layers.iter().zip(m.chain_ids()) {
             size += l.size;
-            if let Some(info) = layer::info(&self.paths, &l.diff_id)? {
+            if let Some(info) = layer::info(&self.paths, &chain)? {
                 size += info.bytes;
             }
         }
@@ -407,15 +444,15 @@ impl Store {
         let digest = self.digest_of(reference)?;
         let manifest = self.manifest(&digest)?;
         let mut lower_dirs = Vec::with_capacity(manifest.layers.len());
-        for l in manifest.layers.iter().rev() {
-            let dir = self.paths.layer_dir(&l.diff_id);
-            if layer::info(&self.paths, &l.diff_id)?.is_none() {
-                return Err(ImageError::Format(format!(
-                    "template {digest}: layer {} is missing from the store",
+        for (l, chain) in manifest.layers.iter().zip(manifest.chain_ids()).rev() {
+            if layer::info(&self.paths, &chain)?.is_none() {
+                // Missing, not broken: whoever sent the template sends it again.
+                return Err(ImageError::NotFound(format!(
+                    "{digest} (its layer {} is not unpacked here)",
                     l.diff_id
                 )));
             }
-            lower_dirs.push(dir);
+            lower_dirs.push(self.paths.layer_dir(&chain));
         }
         Ok(Resolved {
             digest,
@@ -435,7 +472,7 @@ impl Store {
     /// `in_use` says a sandbox or a snapshot uses it; then every layer and blob that
     /// no template references any more is deleted.
     pub fn remove(&self, reference: &str, in_use: &dyn Fn(&Digest) -> bool) -> Result<Removed> {
-        let _lock = self.lock(true)?;
+        let lock = self.lock(true)?;
         let digest = self.digest_of(reference)?;
         if !self.paths.manifest(&digest).is_file() {
             return Err(ImageError::NotFound(reference.to_owned()));
@@ -467,20 +504,68 @@ impl Store {
             fs::remove_file(&p).map_err(|e| ImageError::io("remove manifest", &p, e))?;
             removed.template = Some(digest);
         }
-        self.collect(&mut removed)?;
+        let gone = self.collect()?;
+        removed.layers = gone.layers;
+        removed.blobs = gone.blobs;
+        drop(lock);
+        // The trees are deleted out of the lock (imports wait for none of it).
+        drop(gone.trees);
         Ok(removed)
     }
 
-    /// Deletes layers and blobs no manifest references (under the exclusive lock).
-    fn collect(&self, removed: &mut Removed) -> Result<()> {
+    /// Removes every template known here by digest only (installed from elsewhere:
+    /// a worker's, sent by the control plane) that `keep` does not list and that was
+    /// installed before `installed_before`, then every layer and blob no template left
+    /// references. Named templates stay (they go with [`Store::remove`]). The caller
+    /// puts into `keep` every template a sandbox runs on: its layers are that
+    /// sandbox's lower dirs, and nothing here can tell.
+    pub fn retain(
+        &self,
+        keep: &std::collections::HashSet<Digest>,
+        installed_before: SystemTime,
+    ) -> Result<Swept> {
+        let lock = self.lock(true)?;
+        let named: std::collections::HashSet<Digest> =
+            self.names()?.into_iter().map(|(_, r)| r.digest).collect();
+        let mut swept = Swept::default();
+        for digest in self.manifest_digests()? {
+            if keep.contains(&digest) || named.contains(&digest) {
+                continue;
+            }
+            let p = self.paths.manifest(&digest);
+            let installed = fs::symlink_metadata(&p)
+                .and_then(|m| m.modified())
+                .map_err(|e| ImageError::io("stat manifest", &p, e))?;
+            if installed >= installed_before {
+                continue;
+            }
+            fs::remove_file(&p).map_err(|e| ImageError::io("remove manifest", &p, e))?;
+            swept.templates.push(digest);
+        }
+        let gone = self.collect()?;
+        swept.layers = gone.layers;
+        swept.blobs = gone.blobs;
+        drop(lock);
+        drop(gone.trees);
+        Ok(swept)
+    }
+
+    /// Moves out of sight the layers, and deletes the blobs, that no manifest
+    /// references (under the exclusive lock); the moved trees are deleted when the
+    /// result is dropped.
+    fn collect(&self) -> Result<Collected> {
         let mut layers = std::collections::HashSet::new();
         let mut blobs = std::collections::HashSet::new();
         for d in self.manifest_digests()? {
-            for l in self.manifest(&d)?.layers {
+            let m = self.manifest(&d)?;
+            layers.extend(m.chain_ids());
+            for l in m.layers {
+                // A store's older name of an upper layer (see the module's doc).
                 layers.insert(l.diff_id);
                 blobs.insert(l.digest);
             }
         }
+        let mut out = Collected::default();
         let ldir = self.paths.layers();
         for e in fs::read_dir(&ldir).map_err(|e| ImageError::io("read", &ldir, e))? {
             let e = e.map_err(|e| ImageError::io("read", &ldir, e))?;
@@ -497,12 +582,17 @@ impl Store {
                 fs::remove_file(&p).map_err(|e| ImageError::io("remove layer record", &p, e))?;
                 continue;
             }
-            // Out of sight first, then deleted.
-            let gone = self.paths.tmp().join(format!("gc-{name}"));
-            fs::rename(&p, &gone).map_err(|e| ImageError::io("remove layer", &p, e))?;
-            fs::remove_dir_all(&gone).map_err(|e| ImageError::io("remove layer", &gone, e))?;
+            // Out of sight first (a directory of its own in tmp/), deleted later.
+            let tmp = self.paths.tmp();
+            let trash = tempfile::Builder::new()
+                .prefix("gc-")
+                .tempdir_in(&tmp)
+                .map_err(|e| ImageError::io("remove layer", &tmp, e))?;
+            fs::rename(&p, trash.path().join(name))
+                .map_err(|e| ImageError::io("remove layer", &p, e))?;
+            out.trees.push(trash);
             let _ = fs::remove_file(self.paths.layer_lock(&d));
-            removed.layers += 1;
+            out.layers += 1;
         }
         let bdir = self.paths.blobs();
         for e in fs::read_dir(&bdir).map_err(|e| ImageError::io("read", &bdir, e))? {
@@ -515,9 +605,45 @@ impl Store {
             if !keep {
                 let p = e.path();
                 fs::remove_file(&p).map_err(|e| ImageError::io("remove blob", &p, e))?;
-                removed.blobs += 1;
+                out.blobs += 1;
             }
         }
-        Ok(())
+        Ok(out)
+    }
+}
+
+/// What [`Store::collect`] took away: counts, and the layers' trees (deleted when
+/// this is dropped).
+#[derive(Default)]
+struct Collected {
+    layers: usize,
+    blobs: usize,
+    trees: Vec<tempfile::TempDir>,
+}
+
+/// The layers of an image being stacked, bottom first: their chain IDs and what they
+/// unpacked to so far.
+#[derive(Default)]
+struct Stacking {
+    chains: Vec<Digest>,
+    unpacked: u64,
+}
+
+impl Stacking {
+    /// The chain ID of the next layer, `diff_id`.
+    fn chain(&self, diff_id: &Digest) -> Digest {
+        Digest::chain(self.chains.last(), diff_id)
+    }
+
+    /// The chain IDs of the layers so far, top first.
+    fn lowers(&self) -> Vec<Digest> {
+        self.chains.iter().rev().copied().collect()
+    }
+
+    /// Adds the layer `want` became (its record and unpacked bytes).
+    fn push(&mut self, want: &Wanted, (record, unpacked): (LayerRecord, u64)) -> LayerRecord {
+        self.chains.push(want.chain);
+        self.unpacked = self.unpacked.saturating_add(unpacked);
+        record
     }
 }

@@ -1,12 +1,20 @@
 //! Unpacks one layer's tar stream into a new, empty directory, as an overlayfs lower
-//! layer, without ever following a link.
+//! layer over the layers below it, without ever following a link.
 //!
 //! Every path is made relative (a leading `/` is dropped) and normalised lexically; a
 //! `..` that would climb above the layer's root refuses the whole layer, naming the
-//! entry. Parents are opened with [`crate::at::RESOLVE`] (`RESOLVE_NO_SYMLINKS`): a
-//! path through a symbolic link of the layer refuses it too, so a link pointing
-//! anywhere (`evil -> /`) is created as it is and is harmless — nothing of ours ever
-//! resolves it. Missing parents are created as `0755` directories owned by root.
+//! entry. An entry's parent is opened with [`crate::at::RESOLVE`]
+//! (`RESOLVE_NO_SYMLINKS`) when the layer has it as directories; otherwise its path is
+//! resolved in the root the layers make ([`crate::view`]): through a symbolic link —
+//! of this layer or of one below — the entry lands where the link leads *within that
+//! root*, in this layer (`lib -> usr/lib` below, `lib/x.so` here: `usr/lib/x.so`
+//! here), as `tar -x` in a chroot of the root would put it. A link pointing anywhere
+//! (`evil -> /`) is created as it is: resolved, it names a path of the root, never of
+//! the host, and the kernel never follows it for us. A parent that is neither a
+//! directory nor a link, or a path through more than 40 links, refuses the layer.
+//! Missing parents are created with the owner, mode and mtime of the directory the
+//! layers below have there (so that the merged directory keeps them), or as `0755`
+//! directories owned by root.
 //!
 //! Refused, each with an error naming the entry: character and block devices, ids at
 //! or above `id_limit`, hard links whose target is not an earlier entry of the same
@@ -44,6 +52,7 @@ use crate::at::{self, DIR};
 use crate::entry::{self, Kind, Member};
 use crate::error::{ImageError, Result};
 use crate::limits::{DEFAULT_ID_LIMIT, MAX_ENTRIES_PER_LAYER};
+use crate::view::{Found, MAX_LINKS, MergedDir, Stack, Unresolved};
 
 /// Bounds of one unpack.
 #[derive(Debug, Clone)]
@@ -73,18 +82,41 @@ pub struct UnpackStats {
 }
 
 /// Unpacks the tar stream `stream` (already decompressed) into `dest`, an existing
-/// empty directory; `layer` names the layer in errors.
+/// empty directory, as a layer of its own (a bottom layer); `layer` names the layer in
+/// errors.
 pub fn unpack(
     layer: &str,
     stream: impl Read,
     dest: &Path,
     options: &UnpackOptions,
 ) -> Result<UnpackStats> {
+    unpack_on(layer, stream, dest, &[], options)
+}
+
+/// [`unpack`] over `lowers`, the unpacked layers below it (top first): paths resolve
+/// in the root they make with it.
+pub fn unpack_on(
+    layer: &str,
+    stream: impl Read,
+    dest: &Path,
+    lowers: &[std::path::PathBuf],
+    options: &UnpackOptions,
+) -> Result<UnpackStats> {
     let root = rustix::fs::open(dest, DIR, Mode::empty())
         .map_err(|e| ImageError::io("open layer directory", dest, e.into()))?;
+    let lowers = lowers
+        .iter()
+        .map(|p| {
+            rustix::fs::open(p, DIR, Mode::empty())
+                .map_err(|e| ImageError::io("open lower layer", p, e.into()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let stack =
+        Stack::new(&root, lowers).map_err(|e| ImageError::io("open layer directory", dest, e))?;
     let mut u = Unpacker {
         layer,
         root,
+        stack,
         options,
         privileged: rustix::process::geteuid().is_root(),
         whiteouts: HashSet::new(),
@@ -114,14 +146,17 @@ struct DirMeta {
 struct Unpacker<'a> {
     layer: &'a str,
     root: OwnedFd,
+    /// This layer over the layers below it.
+    stack: Stack,
     options: &'a UnpackOptions,
     privileged: bool,
     /// Whiteouts this layer created (path), which a later entry may replace.
     whiteouts: HashSet<Vec<u8>>,
     /// Directory entries of the stream (path → metadata).
     dirs: HashMap<Vec<u8>, DirMeta>,
-    /// The last parent directory opened (path, fd): consecutive entries share it.
-    parent: Option<(Vec<u8>, OwnedFd)>,
+    /// The last parent directory opened (its path in the stream, its path in the
+    /// layer, its fd): consecutive entries share it.
+    parent: Option<(Vec<u8>, Vec<u8>, OwnedFd)>,
     stats: UnpackStats,
     buf: Vec<u8>,
 }
@@ -143,6 +178,24 @@ fn normalise(path: &[u8]) -> Option<Vec<&[u8]>> {
 
 fn join(components: &[&[u8]]) -> Vec<u8> {
     components.join(&b'/')
+}
+
+/// The path of `name` in the directory at `dir` (`""`: the layer's root).
+fn child(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut path = dir.to_vec();
+    if !path.is_empty() {
+        path.push(b'/');
+    }
+    path.extend_from_slice(name);
+    path
+}
+
+/// Whether opening a path failed on its way: a component missing, a link or not a
+/// directory (resolved in the merged root instead).
+fn is_walk_error(e: &io::Error) -> bool {
+    [Errno::NOENT, Errno::LOOP, Errno::NOTDIR, Errno::XDEV]
+        .iter()
+        .any(|c| e.raw_os_error() == Some(c.raw_os_error()))
 }
 
 const WH: &[u8] = b".wh.";
@@ -201,8 +254,8 @@ impl Unpacker<'_> {
             }
             _ => {}
         }
-        let parent_path = join(parents);
-        let parent = self.parent_dir(&m, parents, &parent_path)?;
+        let literal = join(parents);
+        let (parent_path, parent) = self.parent_dir(&m, parents, &literal)?;
         if name == OPAQUE {
             self.need_root(&m)?;
             return at::set_opaque(&parent).map_err(|e| self.fail(&m, "mark opaque", e));
@@ -217,14 +270,14 @@ impl Unpacker<'_> {
             }
             return self.whiteout(&m, parent.as_fd(), &parent_path, hidden);
         }
-        let full = join(&parts);
+        let full = child(&parent_path, name);
         let mut opaque = false;
         match at::kind_of(parent.as_fd(), name).map_err(|e| self.fail(&m, "stat", e))? {
             None => {}
             Some((FileType::Directory, _)) if m.kind == Kind::Dir => {
                 self.chown(&m, parent.as_fd(), name)?;
                 self.dirs.insert(full, dir_meta(&m));
-                self.put_parent(parent_path, parent);
+                self.put_parent(literal, parent_path, parent);
                 return Ok(());
             }
             Some((kind, rdev)) => {
@@ -276,7 +329,7 @@ impl Unpacker<'_> {
                 return Err(self.refuse(&m, "device nodes are refused in images"));
             }
         }
-        self.put_parent(parent_path, parent);
+        self.put_parent(literal, parent_path, parent);
         Ok(())
     }
 
@@ -299,11 +352,7 @@ impl Unpacker<'_> {
         dir_path: &[u8],
         hidden: &[u8],
     ) -> Result<()> {
-        let mut path = dir_path.to_vec();
-        if !path.is_empty() {
-            path.push(b'/');
-        }
-        path.extend_from_slice(hidden);
+        let path = child(dir_path, hidden);
         match at::kind_of(dir, hidden).map_err(|e| self.fail(m, "stat", e))? {
             None => {
                 let dev = rustix::fs::makedev(0, 0);
@@ -370,9 +419,6 @@ impl Unpacker<'_> {
         let Some((&tname, tparents)) = target.split_last() else {
             return Err(self.refuse(m, "a hard link to the layer's root"));
         };
-        if join(&target) == full {
-            return Err(self.refuse(m, "a hard link to itself"));
-        }
         let not_here = || {
             self.refuse(
                 m,
@@ -382,11 +428,21 @@ impl Unpacker<'_> {
                 ),
             )
         };
-        let tdir = match at::open_dir(self.root.as_fd(), &join(tparents)) {
+        // The target's directory as the entries' own: in the root the layers make.
+        let tpath = match at::open_dir(self.root.as_fd(), &join(tparents)) {
+            Ok(_) => join(tparents),
+            Err(_) => match self.stack.resolve(tparents) {
+                Ok(p) => p.join(&b'/'),
+                Err(Unresolved::Io(e)) => return Err(self.fail(m, "hard link target", e)),
+                Err(_) => return Err(not_here()),
+            },
+        };
+        if child(&tpath, tname) == full {
+            return Err(self.refuse(m, "a hard link to itself"));
+        }
+        let tdir = match at::open_dir(self.root.as_fd(), &tpath) {
             Ok(d) => d,
-            Err(e) if e.raw_os_error() == Some(Errno::NOENT.raw_os_error()) => {
-                return Err(not_here());
-            }
+            Err(e) if is_walk_error(&e) => return Err(not_here()),
             Err(e) => return Err(self.fail(m, "hard link target's directory", e)),
         };
         match at::kind_of(tdir.as_fd(), tname).map_err(|e| self.fail(m, "stat", e))? {
@@ -423,79 +479,143 @@ impl Unpacker<'_> {
             .map_err(|e| self.fail(m, "set mtime", e))
     }
 
-    /// The parent directory of an entry, created (`0755`, root's) where missing.
-    fn parent_dir(&mut self, m: &Member, parents: &[&[u8]], path: &[u8]) -> Result<OwnedFd> {
-        if let Some((cached, fd)) = self.parent.take() {
-            if cached == path {
-                return Ok(fd);
+    /// The parent directory of an entry (`parents`, `literal` joined) and its path in
+    /// the layer: the layer's own directories if it has them, else the path resolved
+    /// in the root the layers make, created where missing.
+    fn parent_dir(
+        &mut self,
+        m: &Member,
+        parents: &[&[u8]],
+        literal: &[u8],
+    ) -> Result<(Vec<u8>, OwnedFd)> {
+        if let Some((cached, path, fd)) = self.parent.take() {
+            if cached == literal {
+                return Ok((path, fd));
             }
         }
-        match at::open_dir(self.root.as_fd(), path) {
-            Ok(fd) => return Ok(fd),
-            Err(e) if e.raw_os_error() == Some(Errno::NOENT.raw_os_error()) => {}
-            Err(e) => return Err(self.parent_error(m, parents, e)),
+        // Directories of this layer all the way: the top of the merged root, whatever
+        // the layers below have there.
+        match at::open_dir(self.root.as_fd(), literal) {
+            Ok(fd) => return Ok((literal.to_vec(), fd)),
+            Err(e) if is_walk_error(&e) => {}
+            Err(e) => return Err(self.fail(m, "open parent", e)),
         }
-        // Component by component, creating what is missing.
+        let resolved = match self.stack.resolve(parents) {
+            Ok(p) => p,
+            Err(Unresolved::TooManyLinks) => {
+                return Err(self.refuse(
+                    m,
+                    format!("its path goes through more than {MAX_LINKS} symbolic links"),
+                ));
+            }
+            Err(Unresolved::NotADirectory(at)) => {
+                let shown = entry::shown(&at);
+                return Err(self.refuse(
+                    m,
+                    format!("its path goes through {shown:?}, not a directory"),
+                ));
+            }
+            Err(Unresolved::Io(e)) => return Err(self.fail(m, "resolve parent", e)),
+        };
+        if resolved.iter().any(|c| c.starts_with(WH)) {
+            return Err(self.refuse(m, "its path resolves through a whiteout name"));
+        }
+        let fd = self.make_dirs(m, &resolved)?;
+        Ok((resolved.join(&b'/'), fd))
+    }
+
+    /// Opens `path` (directories of the merged root, or missing ones) in this layer,
+    /// creating what it lacks.
+    fn make_dirs(&mut self, m: &Member, path: &[Vec<u8>]) -> Result<OwnedFd> {
         let mut dir = rustix::io::dup(&self.root).map_err(|e| self.fail(m, "dup", e))?;
-        for &c in parents {
+        let mut here: Option<MergedDir> = None;
+        if self.stack.has_lowers() {
+            here = Some(
+                self.stack
+                    .root()
+                    .map_err(|e| self.fail(m, "open lower", e))?,
+            );
+        }
+        for (i, c) in path.iter().enumerate() {
+            let below = match &here {
+                Some(h) => match self.stack.lookup(h, c) {
+                    Ok(Found::Dir(d)) => Some(d),
+                    Ok(_) => None,
+                    Err(e) => return Err(self.fail(m, "look up parent", e)),
+                },
+                None => None,
+            };
             let next = match rustix::fs::openat(&dir, c, DIR, Mode::empty()) {
                 Ok(fd) => fd,
-                Err(Errno::NOENT) => {
-                    rustix::fs::mkdirat(&dir, c, Mode::from_raw_mode(0o755))
-                        .map_err(|e| self.fail(m, "create parent", e))?;
-                    let fd = rustix::fs::openat(&dir, c, DIR, Mode::empty())
-                        .map_err(|e| self.fail(m, "open parent", e))?;
-                    rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o755))
-                        .map_err(|e| self.fail(m, "chmod parent", e))?;
-                    fd
+                Err(e) => {
+                    let sub = path[..=i].join(&b'/');
+                    let lower = below.as_ref().and_then(MergedDir::below_top);
+                    self.make_dir(m, dir.as_fd(), c, &sub, lower, e)?
                 }
-                Err(e) => return Err(self.parent_error(m, parents, e.into())),
             };
             dir = next;
+            here = below;
         }
         Ok(dir)
     }
 
-    fn parent_error(&self, m: &Member, parents: &[&[u8]], e: io::Error) -> ImageError {
-        let walk_fails = [Errno::LOOP, Errno::NOTDIR, Errno::XDEV]
-            .iter()
-            .any(|c| e.raw_os_error() == Some(c.raw_os_error()));
-        if !walk_fails {
-            return self.fail(m, "open parent", e);
-        }
-        // Which component stopped the walk, and what it is.
-        let mut dir = match rustix::io::dup(&self.root) {
-            Ok(d) => d,
-            Err(e) => return self.fail(m, "dup", e),
-        };
-        for (i, &c) in parents.iter().enumerate() {
-            let shown = entry::shown(&join(&parents[..=i]));
-            match at::kind_of(dir.as_fd(), c) {
-                Ok(Some((FileType::Directory, _))) => {}
-                Ok(Some((FileType::Symlink, _))) => {
-                    return self.refuse(
-                        m,
-                        format!("its path goes through {shown:?}, a symbolic link"),
-                    );
+    /// Creates the missing directory `name` (at `path`) in `dir` after `open` failed:
+    /// with the metadata of `lower` (the layers below's directory there), or `0755`
+    /// and root's. This layer's own whiteout of it gives way to an opaque directory
+    /// (the lower one's contents stay hidden).
+    fn make_dir(
+        &mut self,
+        m: &Member,
+        dir: BorrowedFd<'_>,
+        name: &[u8],
+        path: &[u8],
+        lower: Option<BorrowedFd<'_>>,
+        open: Errno,
+    ) -> Result<OwnedFd> {
+        let mut opaque = false;
+        if open != Errno::NOENT {
+            match at::kind_of(dir, name).map_err(|e| self.fail(m, "stat", e))? {
+                Some((k, rdev)) if at::is_whiteout(k, rdev) && self.whiteouts.remove(path) => {
+                    rustix::fs::unlinkat(dir, name, AtFlags::empty())
+                        .map_err(|e| self.fail(m, "replace whiteout", e))?;
+                    opaque = true;
                 }
-                Ok(_) => {
-                    return self.refuse(
-                        m,
-                        format!("its path goes through {shown:?}, not a directory"),
-                    );
-                }
-                Err(e) => return self.fail(m, "open parent", e),
+                _ => return Err(self.fail(m, "open parent", open)),
             }
-            dir = match rustix::fs::openat(&dir, c, DIR, Mode::empty()) {
-                Ok(d) => d,
-                Err(e) => return self.fail(m, "open parent", e),
-            };
         }
-        self.refuse(m, "its path leaves the layer")
+        rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o700))
+            .map_err(|e| self.fail(m, "create parent", e))?;
+        let fd = rustix::fs::openat(dir, name, DIR, Mode::empty())
+            .map_err(|e| self.fail(m, "open parent", e))?;
+        if opaque {
+            at::set_opaque(&fd).map_err(|e| self.fail(m, "mark opaque", e))?;
+        }
+        match lower.map(rustix::fs::fstat).transpose() {
+            Ok(Some(st)) => {
+                if self.privileged {
+                    rustix::fs::fchown(
+                        &fd,
+                        Some(Uid::from_raw(st.st_uid)),
+                        Some(Gid::from_raw(st.st_gid)),
+                    )
+                    .map_err(|e| self.fail(m, "chown parent", e))?;
+                }
+                // Applied at the end, like an entry's (unless an entry sets them).
+                let meta = DirMeta {
+                    mode: st.st_mode & 0o7777,
+                    mtime: st.st_mtime,
+                };
+                self.dirs.entry(path.to_vec()).or_insert(meta);
+            }
+            Ok(None) => rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o755))
+                .map_err(|e| self.fail(m, "chmod parent", e))?,
+            Err(e) => return Err(self.fail(m, "stat lower directory", e)),
+        }
+        Ok(fd)
     }
 
-    fn put_parent(&mut self, path: Vec<u8>, fd: OwnedFd) {
-        self.parent = Some((path, fd));
+    fn put_parent(&mut self, literal: Vec<u8>, path: Vec<u8>, fd: OwnedFd) {
+        self.parent = Some((literal, path, fd));
     }
 
     /// A directory is being removed: entries under it are gone (and so may be the

@@ -47,8 +47,18 @@ impl Drop for HostFile {
     }
 }
 
+/// The directory of the only layer of `t`.
+fn only_layer(store: &Store, t: &space_image::Template) -> std::path::PathBuf {
+    store
+        .root()
+        .join("layers")
+        .join(t.manifest.layers[0].diff_id.hex())
+}
+
 #[test]
-fn a_symlink_to_root_then_a_file_through_it_is_refused_and_the_host_untouched() {
+fn a_symlink_to_root_then_a_file_through_it_lands_in_the_layer_and_the_host_untouched() {
+    // `evil -> /` resolves in the image's root, as in a chroot: `evil/etc/x` is the
+    // image's `/etc/x`, written into the layer, never the host's.
     let victim = format!("etc/{}", unique("space-pwned"));
     let host = HostFile(Path::new("/").join(&victim));
     let (_t, image) = one_layer_image(Layer::new().symlink("evil", "/").file(
@@ -56,23 +66,27 @@ fn a_symlink_to_root_then_a_file_through_it_is_refused_and_the_host_untouched() 
         b"pwned",
         0o644,
     ));
-    let err = refused(&image);
+    let (_d, store) = store();
+    let t = store
+        .import_archive(&image, "through-root")
+        .unwrap_or_else(|e| panic!("import: {e}"));
     assert!(
         !host.0.exists(),
         "the host's {} was written",
         host.0.display()
     );
-    let msg = err.to_string();
-    assert!(matches!(err, ImageError::Refused { .. }), "{msg}");
-    assert!(
-        msg.contains("symbolic link") && msg.contains("evil/"),
-        "{msg}"
+    let dir = only_layer(&store, &t);
+    assert_eq!(
+        std::fs::read(dir.join(&victim)).ok(),
+        Some(b"pwned".to_vec())
     );
+    assert_eq!(std::fs::read_link(dir.join("evil")).ok(), Some("/".into()));
 }
 
 #[test]
-fn a_directory_replaced_by_a_symlink_is_not_followed_by_later_entries() {
-    // `a` is a directory when `a/first` is written, a symlink when `a/second` is.
+fn a_directory_replaced_by_a_symlink_to_a_host_path_keeps_later_entries_in_the_layer() {
+    // `a` is a directory when `a/first` is written, a link to a host directory when
+    // `a/second` is: that lands at the host directory's path *in the layer*.
     let target = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let link = target.path().display().to_string();
     let (_t, image) = one_layer_image(
@@ -82,12 +96,46 @@ fn a_directory_replaced_by_a_symlink_is_not_followed_by_later_entries() {
             .symlink("a", &link)
             .file("a/second", b"2", 0o644),
     );
-    let err = refused(&image);
+    let (_d, store) = store();
+    let t = store
+        .import_archive(&image, "replaced")
+        .unwrap_or_else(|e| panic!("import: {e}"));
     assert!(
         !target.path().join("second").exists(),
-        "a file was written through the symlink"
+        "a file was written through the symlink on the host"
     );
-    assert!(err.to_string().contains("symbolic link"), "{err}");
+    let dir = only_layer(&store, &t);
+    let inside = dir.join(link.trim_start_matches('/')).join("second");
+    assert_eq!(std::fs::read(&inside).ok(), Some(b"2".to_vec()));
+    assert!(
+        !dir.join("a/first").exists(),
+        "the replaced directory is gone"
+    );
+}
+
+#[test]
+fn a_path_through_a_symlink_loop_or_a_file_is_refused() {
+    let (_t, image) = one_layer_image(
+        Layer::new()
+            .symlink("loop", "loop/x")
+            .file("loop/y", b"", 0o644),
+    );
+    let err = refused(&image);
+    assert!(
+        err.to_string().contains("more than 40 symbolic links"),
+        "{err}"
+    );
+    let (_t, image) = one_layer_image(
+        Layer::new()
+            .file("plain", b"", 0o644)
+            .symlink("to-plain", "plain")
+            .file("to-plain/y", b"", 0o644),
+    );
+    let err = refused(&image);
+    assert!(
+        err.to_string().contains("\"plain\", not a directory"),
+        "{err}"
+    );
 }
 
 #[test]

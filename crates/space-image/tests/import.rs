@@ -6,9 +6,8 @@ mod common;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use common::{Comp, Image, Layer, is_root, tar_dir};
+use common::{Comp, Image, Layer, is_root, overlay_view, tar_dir};
 use space_image::{ImageDefaults, Store};
 
 /// Three layers: a base (gzip), one with whiteouts and opaque dirs (zstd), one that
@@ -60,32 +59,6 @@ fn three_layers() -> Image {
 
 /// What `find` shows of the overlay of `lower_dirs` (top first): one line per entry
 /// (`path type mode uid`) and the content of each regular file.
-fn overlay_view(lower_dirs: &[PathBuf]) -> String {
-    let mnt = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let lower = lower_dirs
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect::<Vec<_>>()
-        .join(":");
-    // A private mount namespace: the mount goes away with the child.
-    let script = format!(
-        "set -e; mount -t overlay overlay -o ro,lowerdir={lower} {m}; cd {m}; \
-         find . -mindepth 1 -printf '%p %y %m %U\\n' | sort; \
-         for f in $(find . -type f | sort); do printf '%s=%s\\n' \"$f\" \"$(cat $f)\"; done",
-        m = mnt.path().display()
-    );
-    let out = Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
-        .output()
-        .unwrap_or_else(|e| panic!("unshare: {e}"));
-    assert!(
-        out.status.success(),
-        "overlay mount: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 fn check_the_view(lower_dirs: &[PathBuf]) {
     let view = overlay_view(lower_dirs);
     for line in [
@@ -183,14 +156,15 @@ fn an_oci_layout_directory_imports_with_its_whiteouts_opaque_dirs_and_defaults()
         store.resolve(&t.digest.to_string()).map(|x| x.digest).ok(),
         Some(t.digest)
     );
-    // Top first.
+    // Top first, each named by its chain ID (the bottom one's is its diff_id).
     let expected: Vec<PathBuf> = t
         .manifest
-        .layers
+        .chain_ids()
         .iter()
         .rev()
-        .map(|l| store.root().join("layers").join(l.diff_id.hex()))
+        .map(|c| store.root().join("layers").join(c.hex()))
         .collect();
+    assert_eq!(t.manifest.chain_ids()[0], t.manifest.layers[0].diff_id);
     assert_eq!(r.lower_dirs, expected);
     check_defaults(&r.config);
     check_the_view(&r.lower_dirs);

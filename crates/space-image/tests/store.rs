@@ -3,8 +3,10 @@
 
 mod common;
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use common::{Comp, Image, Layer, blob_files, layer_dirs};
 use space_image::{Digest, ImageError, Store};
@@ -204,4 +206,86 @@ fn concurrent_imports_of_one_image_unpack_each_layer_once() {
         assert!(digests.windows(2).all(|w| w[0] == w[1]));
     });
     assert_eq!((layer_dirs(store.root()), blob_files(store.root())), (2, 2));
+}
+
+/// Imports the image at `path` into `source` and installs it into `target` by digest
+/// only, as a worker receives a template from the control plane.
+fn install_from(source: &Store, target: &Store, path: &Path, name: &str) -> Digest {
+    let t = ok(source.import_archive(path, name));
+    let from_source = |d: &Digest| {
+        source
+            .blob_path(d)
+            .ok_or_else(|| std::io::Error::other("no such blob"))
+            .and_then(File::open)
+    };
+    ok(target.install(None, &t.manifest.canonical_json(), &t.digest, from_source)).digest
+}
+
+fn tmp_entries(store_root: &Path) -> usize {
+    std::fs::read_dir(store_root.join("tmp")).map_or(0, Iterator::count)
+}
+
+#[test]
+fn retain_removes_the_templates_not_kept_and_only_the_layers_no_other_uses() {
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (_d1, source) = store();
+    let (_d2, worker) = store();
+    let a = install_from(&source, &worker, &image_with(tmp.path(), "a"), "a");
+    let b = install_from(&source, &worker, &image_with(tmp.path(), "b"), "b");
+    assert_eq!(layer_dirs(worker.root()), 3);
+    let later = SystemTime::now() + Duration::from_secs(5);
+    let swept = ok(worker.retain(&HashSet::from([a]), later));
+    assert_eq!(
+        (swept.templates, swept.layers, swept.blobs),
+        (vec![b], 1, 1)
+    );
+    assert!(matches!(
+        worker.resolve(&b.to_string()),
+        Err(ImageError::NotFound(_))
+    ));
+    // a keeps the shared base, and every layer of its own.
+    let r = ok(worker.resolve(&a.to_string()));
+    assert!(
+        r.lower_dirs
+            .iter()
+            .all(|d| d.join("etc").exists() || d.join("a").is_file())
+    );
+    assert_eq!(
+        (layer_dirs(worker.root()), blob_files(worker.root())),
+        (2, 2)
+    );
+    assert_eq!(
+        tmp_entries(worker.root()),
+        0,
+        "a removed layer was left in tmp/"
+    );
+    let swept = ok(worker.retain(&HashSet::new(), later));
+    assert_eq!(
+        (swept.templates, swept.layers, swept.blobs),
+        (vec![a], 2, 2)
+    );
+    assert_eq!(
+        (layer_dirs(worker.root()), blob_files(worker.root())),
+        (0, 0)
+    );
+}
+
+#[test]
+fn retain_keeps_templates_installed_after_its_list_and_named_ones() {
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (_d1, source) = store();
+    let (_d2, worker) = store();
+    let before = SystemTime::now() - Duration::from_secs(5);
+    let a = install_from(&source, &worker, &image_with(tmp.path(), "a"), "a");
+    let named = ok(worker.import_archive(&image_with(tmp.path(), "n"), "named"));
+    // Installed after the list was made: it may be what the list is too old to name.
+    assert_eq!(
+        ok(worker.retain(&HashSet::new(), before)),
+        space_image::Swept::default()
+    );
+    let later = SystemTime::now() + Duration::from_secs(5);
+    let swept = ok(worker.retain(&HashSet::new(), later));
+    assert_eq!(swept.templates, vec![a]);
+    // A name is removed by `remove`, never by a list.
+    assert_eq!(ok(worker.resolve("named")).digest, named.digest);
 }

@@ -7,6 +7,7 @@
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use space_image::Digest;
 use tar::{EntryType, Header};
@@ -360,4 +361,33 @@ pub fn blob_files(store_root: &Path) -> usize {
     fs::read_dir(store_root.join("blobs/sha256"))
         .unwrap_or_else(|e| panic!("{e}"))
         .count()
+}
+
+/// What a read-only overlay of `lower_dirs` (top first) shows, mounted in a private
+/// mount namespace (root only): `PATH TYPE MODE UID` of every entry, then
+/// `PATH=CONTENT` of every regular file.
+pub fn overlay_view(lower_dirs: &[PathBuf]) -> String {
+    let mnt = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let lower = lower_dirs
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(":");
+    // A private mount namespace: the mount goes away with the child.
+    let script = format!(
+        "set -e; mount -t overlay overlay -o ro,lowerdir={lower} {m}; cd {m}; \
+         find . -mindepth 1 -printf '%p %y %m %U\\n' | sort; \
+         for f in $(find . -type f | sort); do printf '%s=%s\\n' \"$f\" \"$(cat $f)\"; done",
+        m = mnt.path().display()
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .unwrap_or_else(|e| panic!("unshare: {e}"));
+    assert!(
+        out.status.success(),
+        "overlay mount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -1,0 +1,211 @@
+//! The root filesystem a layer is unpacked onto, as overlayfs will show it: the layer
+//! being unpacked on top of the layers below it (unpacked already), looked up name by
+//! name without following anything.
+//!
+//! An entry's path is resolved in it the way `tar -x` run in a chroot of that root
+//! resolves it (the OCI image spec's "applying changesets": a layer is extracted onto
+//! the root its lower layers make): a symbolic link met on the way — of this layer or
+//! of one below — is read and its target resolved in the same root, an absolute target
+//! from the root's top, `..` never above it, at most [`MAX_LINKS`] links per path.
+//! Whatever a link says, the result is a path of directory names in the root, and the
+//! entry is written there *in the layer being unpacked*: no link is ever handed to the
+//! kernel to follow, so nothing can lead out of the layer (every lookup is a `statat`
+//! with `AT_SYMLINK_NOFOLLOW` or an `openat` with `O_NOFOLLOW` on a directory of a
+//! layer). With usrmerge bases (`lib -> usr/lib`), a layer's `lib/x.so` lands in
+//! `usr/lib/x.so` instead of a real `lib` directory that would hide the base's link
+//! (and every library behind it) in the overlay.
+//!
+//! Overlay semantics of the lookup, top layer first: a whiteout (a character device
+//! 0/0) hides the name and everything below; a directory merges with the directories
+//! of that name below it until an opaque one (`trusted.overlay.opaque=y`) or a
+//! non-directory stops it; a non-directory on top hides everything below.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use rustix::fs::{FileType, Mode};
+
+use crate::at::{self, DIR};
+
+/// The most symbolic links one path may go through (Linux's `MAXSYMLINKS`).
+pub(crate) const MAX_LINKS: usize = 40;
+
+/// The layers of the root, top first: the first is the layer being unpacked.
+pub(crate) struct Stack {
+    roots: Vec<OwnedFd>,
+}
+
+/// A directory of the merged root: its directory in each layer (by position) that
+/// shows through it, `None` where a layer has none or is hidden.
+pub(crate) struct MergedDir(Vec<Option<OwnedFd>>);
+
+impl MergedDir {
+    /// The directory of the first layer below the top that shows through (where a
+    /// directory created in the top layer takes its owner, mode and mtime from).
+    pub(crate) fn below_top(&self) -> Option<BorrowedFd<'_>> {
+        self.0.iter().skip(1).flatten().next().map(AsFd::as_fd)
+    }
+}
+
+/// What a name is in the merged root.
+pub(crate) enum Found {
+    /// Nothing (or a whiteout hides it).
+    Missing,
+    /// A directory.
+    Dir(MergedDir),
+    /// A symbolic link, and its target.
+    Symlink(Vec<u8>),
+    /// Anything else (a regular file, a FIFO).
+    Other,
+}
+
+/// Why a path does not resolve to a directory of the root.
+#[derive(Debug)]
+pub(crate) enum Unresolved {
+    /// It goes through more than [`MAX_LINKS`] symbolic links.
+    TooManyLinks,
+    /// A component (the path up to it given) is neither a directory nor a link.
+    NotADirectory(Vec<u8>),
+    /// A lookup failed.
+    Io(io::Error),
+}
+
+impl From<io::Error> for Unresolved {
+    fn from(e: io::Error) -> Self {
+        Self::Io(e)
+    }
+}
+
+fn is_opaque(dir: BorrowedFd<'_>) -> bool {
+    let mut v = [0u8; 2];
+    // Unprivileged, `trusted.*` reads as absent (and such a store has no opaque mark).
+    rustix::fs::fgetxattr(dir, "trusted.overlay.opaque", &mut v).is_ok_and(|n| v[..n] == *b"y")
+}
+
+impl Stack {
+    /// The stack of `top` (the layer being unpacked) over `lowers` (top first).
+    pub(crate) fn new(top: &OwnedFd, lowers: Vec<OwnedFd>) -> io::Result<Self> {
+        let mut roots = Vec::with_capacity(lowers.len() + 1);
+        roots.push(rustix::io::dup(top)?);
+        roots.extend(lowers);
+        Ok(Self { roots })
+    }
+
+    /// Whether there are layers below the top one.
+    pub(crate) fn has_lowers(&self) -> bool {
+        self.roots.len() > 1
+    }
+
+    /// The root directory.
+    pub(crate) fn root(&self) -> io::Result<MergedDir> {
+        self.roots
+            .iter()
+            .map(|r| rustix::io::dup(r).map(Some).map_err(io::Error::from))
+            .collect::<io::Result<_>>()
+            .map(MergedDir)
+    }
+
+    fn none(&self) -> MergedDir {
+        MergedDir(self.roots.iter().map(|_| None).collect())
+    }
+
+    /// What `name` is in the merged directory `dir`.
+    pub(crate) fn lookup(&self, dir: &MergedDir, name: &[u8]) -> io::Result<Found> {
+        let mut dirs: Vec<Option<OwnedFd>> = self.roots.iter().map(|_| None).collect();
+        let mut merged = false;
+        for (i, fd) in dir.0.iter().enumerate() {
+            let Some(fd) = fd else { continue };
+            match at::kind_of(fd.as_fd(), name)? {
+                None => {}
+                Some((k, rdev)) if at::is_whiteout(k, rdev) => break,
+                Some((FileType::Directory, _)) => {
+                    let sub = rustix::fs::openat(fd, name, DIR, Mode::empty())?;
+                    let opaque = is_opaque(sub.as_fd());
+                    dirs[i] = Some(sub);
+                    merged = true;
+                    if opaque {
+                        break;
+                    }
+                }
+                // Below a directory of a layer above, a non-directory is hidden.
+                Some(_) if merged => break,
+                Some((FileType::Symlink, _)) => {
+                    let target = rustix::fs::readlinkat(fd, name, Vec::new())?;
+                    return Ok(Found::Symlink(target.into_bytes()));
+                }
+                Some(_) => return Ok(Found::Other),
+            }
+        }
+        Ok(if merged {
+            Found::Dir(MergedDir(dirs))
+        } else {
+            Found::Missing
+        })
+    }
+
+    /// The merged directory at `path` (names [`Self::resolve`] gave: directories, or
+    /// missing ones).
+    pub(crate) fn at(&self, path: &[Vec<u8>]) -> Result<MergedDir, Unresolved> {
+        let mut here = self.root()?;
+        for (i, c) in path.iter().enumerate() {
+            here = match self.lookup(&here, c)? {
+                Found::Dir(d) => d,
+                Found::Missing => self.none(),
+                Found::Symlink(_) | Found::Other => {
+                    return Err(Unresolved::NotADirectory(path[..=i].join(&b'/')));
+                }
+            };
+        }
+        Ok(here)
+    }
+
+    /// Resolves `path` (normal components) in the merged root, following its links
+    /// there: the path of the directory it names, as names of directories of the root
+    /// (or of ones to create).
+    pub(crate) fn resolve(&self, path: &[&[u8]]) -> Result<Vec<Vec<u8>>, Unresolved> {
+        let mut out: Vec<Vec<u8>> = Vec::with_capacity(path.len());
+        let mut todo: VecDeque<Vec<u8>> = path.iter().map(|c| c.to_vec()).collect();
+        let mut here = self.root()?;
+        let mut links = 0;
+        while let Some(c) = todo.pop_front() {
+            match c.as_slice() {
+                b"" | b"." => continue,
+                b".." => {
+                    out.pop();
+                    here = self.at(&out)?;
+                    continue;
+                }
+                _ => {}
+            }
+            match self.lookup(&here, &c)? {
+                Found::Dir(d) => {
+                    out.push(c);
+                    here = d;
+                }
+                Found::Missing => {
+                    out.push(c);
+                    here = self.none();
+                }
+                Found::Symlink(target) => {
+                    links += 1;
+                    if links > MAX_LINKS {
+                        return Err(Unresolved::TooManyLinks);
+                    }
+                    if target.starts_with(b"/") {
+                        out.clear();
+                    }
+                    for t in target.split(|&b| b == b'/').rev() {
+                        todo.push_front(t.to_vec());
+                    }
+                    here = self.at(&out)?;
+                }
+                Found::Other => {
+                    out.push(c);
+                    return Err(Unresolved::NotADirectory(out.join(&b'/')));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
