@@ -49,7 +49,7 @@ pub fn workspace_bins(bins: &[(&str, &str)]) -> Vec<PathBuf> {
 }
 
 /// `<target>/<profile>/`: the test executable lives in its `deps/`.
-fn profile_dir() -> PathBuf {
+pub(crate) fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     exe.parent()
         .and_then(Path::parent)

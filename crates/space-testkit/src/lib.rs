@@ -22,7 +22,9 @@
 //! - `jail`: a jail driver on a private data dir and jails destroyed on drop ([`jail`];
 //!   space-worker's);
 //! - `cluster`: a real `space up`, its CLI, HTTP calls and a second signer
-//!   ([`cluster`]; space's).
+//!   ([`cluster`]; space's);
+//! - `debian`: a Debian image with apt made from the host's packages
+//!   ([`debian_image`]) and a flat apt repository ([`apt_repo`]; space's egress tests).
 
 mod clock;
 mod ids;
@@ -36,10 +38,14 @@ pub mod wait;
 
 #[cfg(feature = "agent")]
 pub mod agent;
+#[cfg(feature = "debian")]
+pub mod apt_repo;
 #[cfg(feature = "bridge")]
 pub mod bridge;
 #[cfg(feature = "cluster")]
 pub mod cluster;
+#[cfg(feature = "debian")]
+pub mod debian_image;
 #[cfg(feature = "jail")]
 pub mod jail;
 

@@ -15,16 +15,21 @@ use std::time::{Duration, Instant};
 
 use dns::DnsServer;
 use net::{ECHO, TestCa, TestHost};
+use probes::{
+    CONNECT_TIMEOUT_SECS, api, curl, dig, egress_metric, forbidden, gateway, getent, own_addr,
+    reached, refused_event, run, sh, tcp,
+};
 use serde_json::{Value, json};
-use space_testkit::cluster::{Cluster, can_run_jails, http};
+use space_testkit::cluster::{Cluster, can_run_jails};
 
 #[path = "egress/dns.rs"]
 mod dns;
 #[path = "egress/net.rs"]
 mod net;
-
-/// How long a refused connection may take to fail: the client's own timeout.
-const CONNECT_TIMEOUT_SECS: u32 = 3;
+#[path = "egress/packages.rs"]
+mod packages;
+#[path = "egress/probes.rs"]
+mod probes;
 
 /// Whether this host can run these tests; prints what is missing otherwise.
 fn can_run() -> bool {
@@ -82,23 +87,6 @@ fn world_with(test: u8, env: &[(&str, &str)]) -> World {
     World { c, dns, a, b, ca }
 }
 
-fn bearer(key: &str) -> String {
-    format!("Bearer {key}")
-}
-
-/// An API call at the edge with the admin key.
-fn api(c: &Cluster, method: &str, path: &str, body: &str) -> (u16, Value) {
-    let (status, body) = http(
-        method,
-        &format!("{}{path}", c.url),
-        Some(&bearer(&c.admin_key)),
-        body.as_bytes(),
-    );
-    let value = serde_json::from_slice(&body)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
-    (status, value)
-}
-
 /// `POST /v1/sandboxes` on `worker` with `network` (left out when `None`): its ID.
 fn create(c: &Cluster, worker: &str, network: Option<Value>) -> String {
     let mut body = json!({ "worker": worker });
@@ -114,23 +102,6 @@ fn egress(allow: &[&str], deny: &[&str]) -> Value {
     json!({ "mode": "egress", "allow": allow, "deny": deny })
 }
 
-/// `sh -c script` in the sandbox: its exit code, stdout and stderr.
-fn run(c: &Cluster, id: &str, script: &str) -> (i32, String, String) {
-    let out = c.cli(&["exec", id, "--", "sh", "-c", script]);
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// `sh -c script` that must succeed: its stdout.
-fn sh(c: &Cluster, id: &str, script: &str) -> String {
-    let (code, out, err) = run(c, id, script);
-    assert_eq!(code, 0, "{script}: {out}{err}");
-    out
-}
-
 fn upload(c: &Cluster, id: &str, path: &str, bytes: &[u8]) {
     let out = c.cli_with_stdin(&["fs", "put", id, "-", path], bytes);
     assert!(
@@ -138,179 +109,6 @@ fn upload(c: &Cluster, id: &str, path: &str, bytes: &[u8]) {
         "fs put {path}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// What one `curl` in a sandbox did.
-#[derive(Debug)]
-struct Curl {
-    /// curl's exit code (0, 6 = could not resolve, 7 = could not connect, 28 =
-    /// timeout, 35 / 56 = TLS or receive failure, …).
-    exit: i32,
-    /// The HTTP status (0 without an answer).
-    status: u16,
-    body: String,
-    stderr: String,
-}
-
-impl std::fmt::Display for Curl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "curl exit {} status {} body {:?} stderr {:?}",
-            self.exit, self.status, self.body, self.stderr
-        )
-    }
-}
-
-/// `curl args` in the sandbox (args are the test's own, not quoted further).
-fn curl(c: &Cluster, id: &str, args: &str) -> Curl {
-    let script = format!(
-        "curl -sS --connect-timeout {CONNECT_TIMEOUT_SECS} --max-time 10 -w '\\n%{{http_code}}' \
-         {args} 2>/tmp/curl.err; echo \" $?\"; cat /tmp/curl.err >&2"
-    );
-    let (code, out, err) = run(c, id, &script);
-    assert_eq!(code, 0, "{script}: {out}{err}");
-    let (body, tail) = out
-        .trim_end_matches('\n')
-        .rsplit_once('\n')
-        .unwrap_or_else(|| panic!("no status line from curl: {out:?} {err}"));
-    let (status, exit) = tail
-        .split_once(' ')
-        .unwrap_or_else(|| panic!("no exit code from curl: {out:?}"));
-    Curl {
-        exit: exit.trim().parse().expect("curl's exit code"),
-        status: status.trim().parse().expect("curl's status"),
-        body: body.to_owned(),
-        stderr: err,
-    }
-}
-
-/// `curl` that must be answered 200 by test host `name`.
-fn reached(c: &Cluster, id: &str, args: &str, name: &str) {
-    let got = curl(c, id, args);
-    assert_eq!(
-        (got.exit, got.status, got.body.trim_end()),
-        (0, 200, name),
-        "{args}: {got}"
-    );
-}
-
-/// `curl` that the platform's proxy must answer 403 with a body naming `rule`.
-fn forbidden(c: &Cluster, id: &str, args: &str, rule: &str) {
-    let got = curl(c, id, args);
-    assert_eq!(got.status, 403, "{args}: {got}");
-    assert!(
-        got.body.starts_with("space egress: ") && got.body.contains(rule),
-        "{args}: the refusal does not name {rule:?}: {got}"
-    );
-}
-
-/// A line to `addr:port` from the sandbox (the test hosts' echo answers
-/// `<name> hello`): the answer, or why not.
-fn tcp(c: &Cluster, id: &str, addr: impl std::fmt::Display, port: u16) -> Result<String, String> {
-    let script = format!(
-        "python3 -c \"import socket\ns = socket.create_connection(('{addr}', {port}), \
-         timeout={CONNECT_TIMEOUT_SECS})\ns.settimeout({CONNECT_TIMEOUT_SECS})\n\
-         s.sendall(b'hello\\n')\nprint(s.makefile().readline().strip())\""
-    );
-    let (code, out, err) = run(c, id, &script);
-    if code == 0 {
-        Ok(out.trim().to_owned())
-    } else {
-        Err(format!("exit {code}: {}", err.trim()))
-    }
-}
-
-/// `getent hosts name` in the sandbox: the address, or `None` when it fails.
-fn getent(c: &Cluster, id: &str, name: &str) -> Option<String> {
-    let (code, out, _) = run(c, id, &format!("getent hosts {name}"));
-    (code == 0).then(|| out.split_whitespace().next().unwrap_or("").to_owned())
-}
-
-/// A DNS question for `name` (type A) sent from the sandbox to `server:53` by hand:
-/// `(rcode, answer count)`, or why no answer came.
-fn dig(c: &Cluster, id: &str, name: &str, server: &str) -> Result<(u8, u16), String> {
-    let script = format!(
-        "python3 -c \"import socket, struct\n\
-         q = struct.pack('>HHHHHH', 4660, 256, 1, 0, 0, 0)\n\
-         q += b''.join(bytes([len(l)]) + l.encode() for l in '{name}'.split('.')) + b'\\0'\n\
-         q += struct.pack('>HH', 1, 1)\n\
-         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
-         s.settimeout({CONNECT_TIMEOUT_SECS})\n\
-         s.sendto(q, ('{server}', 53))\n\
-         r = s.recv(512)\n\
-         print(r[3] & 15, struct.unpack('>H', r[6:8])[0])\""
-    );
-    let (code, out, err) = run(c, id, &script);
-    if code != 0 {
-        return Err(format!("exit {code}: {}", err.trim()));
-    }
-    let mut words = out.split_whitespace();
-    let rcode = words.next().and_then(|w| w.parse().ok());
-    let count = words.next().and_then(|w| w.parse().ok());
-    rcode.zip(count).ok_or(format!("unexpected output {out:?}"))
-}
-
-/// The sandbox's default gateway (the host side of its link).
-fn gateway(c: &Cluster, id: &str) -> String {
-    let routes = sh(c, id, "ip -4 route show default");
-    routes
-        .split_whitespace()
-        .skip_while(|w| *w != "via")
-        .nth(1)
-        .unwrap_or_else(|| panic!("no default route in the sandbox: {routes:?}"))
-        .to_owned()
-}
-
-/// The sandbox's own address on `eth0`.
-fn own_addr(c: &Cluster, id: &str) -> String {
-    let line = sh(c, id, "ip -4 -o addr show dev eth0");
-    line.split_whitespace()
-        .skip_while(|w| *w != "inet")
-        .nth(1)
-        .and_then(|a| a.split('/').next())
-        .unwrap_or_else(|| panic!("no address on eth0: {line:?}"))
-        .to_owned()
-}
-
-/// `GET /v1/sandboxes/{id}/events` at the edge: the refusals, newest first.
-fn events(c: &Cluster, id: &str) -> Vec<Value> {
-    let path = format!("/v1/sandboxes/{id}/events");
-    let (status, body) = api(c, "GET", &path, "");
-    assert_eq!(status, 200, "events at the edge: {body}");
-    body["events"].as_array().cloned().unwrap_or_default()
-}
-
-/// Asserts that the sandbox's events hold a `network_refused` of `target` by `via`
-/// whose rule contains `rule`.
-fn refused_event(c: &Cluster, id: &str, via: &str, target: &str, rule: &str) {
-    let list = events(c, id);
-    assert!(
-        list.iter().any(|e| e["kind"] == "network_refused"
-            && e["via"] == via
-            && e["target"].as_str().is_some_and(|t| t.contains(target))
-            && e["rule"].as_str().is_some_and(|r| r.contains(rule))),
-        "no refusal of {target} by {via} under {rule:?} in {list:?}"
-    );
-}
-
-/// The sum of worker `worker`'s samples of `name` for sandbox `id` whose labels also
-/// contain `more`.
-fn egress_metric(c: &Cluster, worker: &str, name: &str, id: &str, more: &str) -> f64 {
-    let (_, url) = c
-        .worker_urls()
-        .into_iter()
-        .find(|(w, _)| w == worker)
-        .unwrap_or_else(|| panic!("no worker {worker}"));
-    let (status, body) = http("GET", &format!("{url}/metrics"), None, b"");
-    assert_eq!(status, 200);
-    let sandbox = format!("sandbox=\"{id}\"");
-    String::from_utf8_lossy(&body)
-        .lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")))
-        .filter(|l| l.contains(&sandbox) && l.contains(more))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// A TCP server the test binds on the host: it answers `host\n` to every connection
@@ -845,130 +643,6 @@ fn a_sandbox_without_a_network_has_only_loopback() {
     assert!(tcp(c, &id, w.a.addr, ECHO).is_err());
     assert_eq!(getent(c, &id, "a.test"), None);
     assert_eq!(w.dns.asked("a.test"), 0);
-}
-
-/// Builds, in `dir`, a PEP 503 index (`simple/tinypkg/`) with a wheel of `tinypkg`
-/// and an npm registry document (`tinynpm`) with its tarball, both naming
-/// `http(s)://pkgs.test/`.
-const MAKE_PACKAGES: &str = r#"
-import base64, hashlib, io, json, os, sys, tarfile, zipfile
-root = sys.argv[1]
-def record_line(name, data):
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    return "%s,sha256=%s,%d" % (name, digest, len(data))
-files = {
-    "tinypkg/__init__.py": b"VALUE = 'from the test index'\n",
-    "tinypkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n",
-    "tinypkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: space-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-}
-record = "\n".join(record_line(n, d) for n, d in files.items()) + "\ntinypkg-1.0.dist-info/RECORD,,\n"
-wheel = "tinypkg-1.0-py3-none-any.whl"
-os.makedirs(os.path.join(root, "simple", "tinypkg"))
-os.makedirs(os.path.join(root, "packages"))
-with zipfile.ZipFile(os.path.join(root, "packages", wheel), "w") as z:
-    for n, d in files.items():
-        z.writestr(n, d)
-    z.writestr("tinypkg-1.0.dist-info/RECORD", record)
-with open(os.path.join(root, "simple", "tinypkg", "index.html"), "w") as f:
-    f.write('<html><body><a href="../../packages/%s">%s</a></body></html>\n' % (wheel, wheel))
-with open(os.path.join(root, "simple", "index.html"), "w") as f:
-    f.write('<html><body><a href="tinypkg/">tinypkg</a></body></html>\n')
-buf = io.BytesIO()
-with tarfile.open(fileobj=buf, mode="w:gz") as t:
-    for n, d in {
-        "package/package.json": json.dumps({"name": "tinynpm", "version": "1.0.0", "main": "index.js"}).encode(),
-        "package/index.js": b"module.exports = 'from the test registry';\n",
-    }.items():
-        info = tarfile.TarInfo(n)
-        info.size = len(d)
-        t.addfile(info, io.BytesIO(d))
-tgz = buf.getvalue()
-os.makedirs(os.path.join(root, "tarballs"))
-with open(os.path.join(root, "tarballs", "tinynpm-1.0.0.tgz"), "wb") as f:
-    f.write(tgz)
-doc = {"name": "tinynpm", "dist-tags": {"latest": "1.0.0"}, "versions": {"1.0.0": {
-    "name": "tinynpm", "version": "1.0.0", "main": "index.js",
-    "dist": {"tarball": "http://pkgs.test/tarballs/tinynpm-1.0.0.tgz",
-             "shasum": hashlib.sha1(tgz).hexdigest()}}}}
-with open(os.path.join(root, "tinynpm"), "w") as f:
-    json.dump(doc, f)
-"#;
-
-#[test]
-fn pip_and_npm_install_from_an_allowed_host_by_name_and_nothing_else() {
-    if !can_run() {
-        return;
-    }
-    let (pip, npm) = (
-        std::path::Path::new("/usr/bin/python3").exists(),
-        std::path::Path::new("/usr/bin/npm").exists(),
-    );
-    if !pip || !npm {
-        eprintln!(
-            "SKIPPED: needs the host's /usr/bin/python3 (with venv and pip) and /usr/bin/npm, which sandboxes of the default template run"
-        );
-        return;
-    }
-    let test = 11;
-    let files = tempfile::tempdir().expect("tempdir");
-    let made = std::process::Command::new("python3")
-        .args(["-c", MAKE_PACKAGES])
-        .arg(files.path())
-        .output()
-        .expect("python3");
-    assert!(made.status.success(), "make the packages: {made:?}");
-    let ca = TestCa::make("pkgs.test");
-    let tls = Some((ca.cert.as_path(), ca.key.as_path()));
-    let pkgs = TestHost::serving(test, 0, "pkgs", tls, Some(files.path()));
-    let other = TestHost::start(test, 1, "other", None);
-    let dns = DnsServer::start(&[("pkgs.test", pkgs.addr), ("other.test", other.addr)]);
-    let slot = (200 + 2 * u32::from(test)).to_string();
-    let upstream = dns.addr.to_string();
-    let c = Cluster::start_with_env(&[
-        ("SPACE_NO_EGRESS", "0"),
-        ("SPACE_EGRESS_SLOT", &slot),
-        ("SPACE_EGRESS_DNS", &upstream),
-    ]);
-    // The name only: every connection goes through the proxy, which dials pkgs.test.
-    let id = create(&c, "w1", Some(egress(&["pkgs.test"], &[])));
-    upload(
-        &c,
-        &id,
-        "/root/ca.pem",
-        &std::fs::read(&ca.ca).expect("the CA"),
-    );
-
-    // pip over HTTPS (the SNI path), in a venv: the default template's system Python
-    // is externally managed (PEP 668), as on the host.
-    let out = sh(
-        &c,
-        &id,
-        "python3 -m venv /root/venv && /root/venv/bin/pip install --disable-pip-version-check \
-         --no-cache-dir --cert /root/ca.pem --index-url https://pkgs.test/simple/ tinypkg \
-         >/root/pip.log 2>&1 || { cat /root/pip.log; exit 1; }; \
-         /root/venv/bin/python -c 'import tinypkg; print(tinypkg.VALUE)'",
-    );
-    assert_eq!(out.trim(), "from the test index");
-
-    // npm over HTTP (the Host path).
-    let out = sh(
-        &c,
-        &id,
-        "mkdir -p /root/proj && cd /root/proj && npm install --no-audit --no-fund \
-         --registry http://pkgs.test/ tinynpm >/root/npm.log 2>&1 || { cat /root/npm.log; exit 1; }; \
-         node -e 'console.log(require(\"tinynpm\"))'",
-    );
-    assert_eq!(out.trim(), "from the test registry");
-
-    // Another index is refused by name, though it serves the same path.
-    let (code, out, err) = run(
-        &c,
-        &id,
-        "/root/venv/bin/pip download --disable-pip-version-check --no-cache-dir --retries 0 \
-         --timeout 5 --cert /root/ca.pem --index-url https://other.test/simple/ tinypkg -d /tmp/x",
-    );
-    assert_ne!(code, 0, "pip reached other.test: {out}{err}");
-    refused_event(&c, &id, "dns", "other.test", "allow list");
 }
 
 /// Waits until `n` standby sandboxes are ready.

@@ -1,5 +1,6 @@
 # A test host's servers: HTTP on --http answering "<name>\n" to every GET (or, with
-# --files DIR, the file of DIR the path names, when there is one: a package index),
+# --files DIR, the file of DIR the path names, when there is one: a package index;
+# with --only-files too, 404 when there is none: an apt repository),
 # the same over TLS on --tls (certificate and key files given), and a TCP echo on
 # --echo that answers each line with "<name> <line>". Binds --bind (0.0.0.0 by
 # default); prints "ready" once everything listens, then serves until killed.
@@ -19,6 +20,7 @@ p.add_argument("--cert")
 p.add_argument("--key")
 p.add_argument("--echo", type=int)
 p.add_argument("--files")
+p.add_argument("--only-files", action="store_true")
 a = p.parse_args()
 
 
@@ -52,6 +54,11 @@ class Answer(http.server.BaseHTTPRequestHandler):
                 kind = "application/json"  # an npm package document
             else:
                 kind = "application/octet-stream"
+        elif a.only_files:
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         else:
             body = (a.name + "\n").encode()
             kind = "text/plain"

@@ -139,6 +139,23 @@ impl TestHost {
         tls: Option<(&Path, &Path)>,
         files: Option<&Path>,
     ) -> Self {
+        Self::serving_with(test, index, name, tls, files, false)
+    }
+
+    /// A test host over HTTP whose paths name files of `files` or nothing (404): an
+    /// apt repository.
+    pub fn repository(test: u8, index: u8, name: &str, files: &Path) -> Self {
+        Self::serving_with(test, index, name, None, Some(files), true)
+    }
+
+    fn serving_with(
+        test: u8,
+        index: u8,
+        name: &str,
+        tls: Option<(&Path, &Path)>,
+        files: Option<&Path>,
+        only_files: bool,
+    ) -> Self {
         let http = HTTP.to_string();
         let echo = ECHO.to_string();
         let tls_port = TLS.to_string();
@@ -146,6 +163,9 @@ impl TestHost {
         let mut args = vec![name, "--http", &http, "--echo", &echo];
         if let Some(f) = &files {
             args.extend(["--files", f]);
+            if only_files {
+                args.push("--only-files");
+            }
         }
         let (cert, key);
         if let Some((c, k)) = tls {
