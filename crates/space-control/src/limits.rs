@@ -1,5 +1,5 @@
-//! Per-sandbox resource limits (defaults and maxima of the platform) and the
-//! per-tenant sandbox quota.
+//! Per-sandbox resource limits (defaults and maxima of the platform), the
+//! per-tenant sandbox quota, and what an imported template's layers may unpack to.
 //!
 //! A create's `limits` are resolved once, against the defaults and maxima in force,
 //! and stored with the sandbox: every execution of it (relaunch, resume, migration)
@@ -32,6 +32,10 @@ pub struct LimitsPolicy {
     /// Live (not stopped) sandboxes one tenant may have; standby sandboxes belong to
     /// no tenant until claimed and do not count.
     pub tenant_sandboxes: u64,
+    /// What an imported image's layers may decompress to, each and together, while
+    /// the import hashes them (`SPACE_TEMPLATE_MAX_LAYER_BYTES`,
+    /// `SPACE_TEMPLATE_MAX_IMAGE_BYTES`; 16 GiB each by default).
+    pub templates: space_image::ImageLimits,
 }
 
 impl Default for LimitsPolicy {
@@ -42,6 +46,7 @@ impl Default for LimitsPolicy {
             defaults: Limits::default(),
             maxima: Limits::DEFAULT_MAXIMA,
             tenant_sandboxes: DEFAULT_TENANT_SANDBOXES,
+            templates: space_image::ImageLimits::default(),
         }
     }
 }
@@ -60,6 +65,10 @@ impl LimitsPolicy {
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(base.tenant_sandboxes),
+            templates: space_image::ImageLimits::from_env().unwrap_or_else(|e| {
+                tracing::error!(error = %e, "template limits: the defaults are used");
+                base.templates
+            }),
         }
     }
 }

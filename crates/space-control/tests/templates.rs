@@ -756,3 +756,66 @@ async fn the_sdk_imports_an_archive_file_and_a_layout_directory_lists_reads_and_
         Some("not_found")
     );
 }
+
+#[tokio::test]
+async fn a_layer_that_unpacks_past_the_bound_is_413_naming_the_bound_and_nothing_is_kept() {
+    let p = Plane::start().await;
+    // 8 MiB of zeros: a few KiB of gzip, far below the archive's bound.
+    let zeros = vec![0u8; 8 << 20];
+    let image = docker_save(&[("zeros", &zeros[..])]);
+    assert!(image.len() < 1 << 20, "{} bytes", image.len());
+    let roomy = p.cp.limits_policy();
+    p.cp.set_limits_policy(space_control::limits::LimitsPolicy {
+        templates: space_image::ImageLimits {
+            max_layer_bytes: 1 << 20,
+            max_image_bytes: 4 << 20,
+        },
+        ..roomy
+    });
+    let a = p.import("bomb", image.clone()).await;
+    assert_eq!(
+        (a.status, a.code()),
+        (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
+        "{}",
+        a.body
+    );
+    assert!(
+        a.message().contains("SPACE_TEMPLATE_MAX_LAYER_BYTES") && a.message().contains("1048576"),
+        "{}",
+        a.message()
+    );
+    assert_eq!((p.files("blobs/sha256"), p.files("spool")), (0, 0));
+    assert_eq!(p.files("blobs/tmp"), 0, "a spooled blob was left");
+    assert!(p.cp.store.list_templates().await.unwrap().is_empty());
+    // Under bounds that hold it, the same archive imports.
+    p.cp.set_limits_policy(roomy);
+    assert_eq!(p.import("bomb", image).await.status, StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn a_workers_sync_names_the_templates_kept_here_and_not_a_removed_one() {
+    let p = Plane::start().await;
+    let digest = |a: Answer| {
+        assert_eq!(a.status, StatusCode::CREATED, "{}", a.body);
+        a.body["digest"].as_str().unwrap().to_owned()
+    };
+    let py = digest(p.import("py:3.12", python_image()).await);
+    let other = digest(p.import("other", other_image()).await);
+    let w = p.cp.store.get_worker(&"w1".parse().unwrap()).await.unwrap();
+    let kept = |list: Vec<SignedUpdate>| -> Vec<Vec<String>> {
+        list.iter()
+            .filter_map(|s| match decode(s).update {
+                Update::Templates { keep } => Some(keep),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut both = vec![py.clone(), other];
+    both.sort();
+    assert_eq!(kept(p.cp.sync_for(&w).await.unwrap()), [both]);
+    let removed = p
+        .call(&p.admin, "DELETE", "/v1/templates/other", Vec::new())
+        .await;
+    assert_eq!(removed.status, StatusCode::NO_CONTENT, "{}", removed.body);
+    assert_eq!(kept(p.cp.sync_for(&w).await.unwrap()), [vec![py]]);
+}

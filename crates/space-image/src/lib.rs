@@ -36,5 +36,5 @@ pub use digest::Digest;
 pub use error::{ImageError, Result};
 pub use limits::ImageLimits;
 pub use manifest::{ImageDefaults, LayerRecord, TemplateManifest, TemplateRef};
-pub use store::{Removed, Resolved, Store, Swept, Template, TemplateInfo};
+pub use store::{Removed, Resolved, Store, Swept, Template, TemplateInfo, Trash};
 pub use unpack::{UnpackOptions, UnpackStats, unpack, unpack_on};

@@ -73,6 +73,21 @@ pub(crate) fn lock_file(path: &Path, exclusive: bool) -> Result<File> {
     Ok(f)
 }
 
+/// [`lock_file`] exclusively without waiting: `None` while another holds it.
+pub(crate) fn try_lock_file(path: &Path) -> Result<Option<File>> {
+    let f = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| ImageError::io("open lock", path, e))?;
+    match rustix::fs::flock(&f, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(Some(f)),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
+        Err(e) => Err(ImageError::io("lock", path, e.into())),
+    }
+}
+
 /// Writes `value` as JSON to `target` through a synced temp file.
 pub(crate) fn write_json_atomic(
     paths: &Paths,

@@ -39,7 +39,7 @@ use crate::limits::{ImageLimits, MAX_JSON};
 use crate::manifest::LayerRecord;
 use crate::manifest::{ImageDefaults, SCHEMA, TemplateManifest, TemplateRef};
 use crate::oci::{self, Archive};
-use crate::paths::{Paths, lock_file, read_json, write_atomic, write_json_atomic};
+use crate::paths::{Paths, lock_file, read_json, try_lock_file, write_atomic, write_json_atomic};
 use crate::unpack::UnpackOptions;
 
 /// The store.
@@ -92,8 +92,8 @@ pub struct Resolved {
     pub manifest: TemplateManifest,
 }
 
-/// What a [`Store::retain`] deleted.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// What a [`Store::retain`] removed.
+#[derive(Debug, Default)]
 pub struct Swept {
     /// The templates it removed.
     pub templates: Vec<Digest>,
@@ -101,7 +101,14 @@ pub struct Swept {
     pub layers: usize,
     /// Blobs no template referenced any more.
     pub blobs: usize,
+    /// The removed layers' files, deleted when it is dropped.
+    pub trash: Trash,
 }
+
+/// Layers taken out of the store (moved into its `tmp/`), deleted when this is
+/// dropped: outside the store's lock, so that a large tree holds no import up.
+#[derive(Debug, Default)]
+pub struct Trash(Vec<tempfile::TempDir>);
 
 /// What a [`Store::remove`] deleted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -509,7 +516,7 @@ impl Store {
         removed.blobs = gone.blobs;
         drop(lock);
         // The trees are deleted out of the lock (imports wait for none of it).
-        drop(gone.trees);
+        drop(gone.trash);
         Ok(removed)
     }
 
@@ -518,36 +525,58 @@ impl Store {
     /// installed before `installed_before`, then every layer and blob no template left
     /// references. Named templates stay (they go with [`Store::remove`]). The caller
     /// puts into `keep` every template a sandbox runs on: its layers are that
-    /// sandbox's lower dirs, and nothing here can tell.
+    /// sandbox's lower dirs, and nothing here can tell. The removed layers' files go
+    /// when the result's [`Swept::trash`] is dropped. `None`, having done nothing,
+    /// while an import or an install is under way (it would wait for it, and whoever
+    /// waits for the sweep with it): the next sweep does it.
     pub fn retain(
         &self,
         keep: &std::collections::HashSet<Digest>,
         installed_before: SystemTime,
-    ) -> Result<Swept> {
-        let lock = self.lock(true)?;
-        let named: std::collections::HashSet<Digest> =
-            self.names()?.into_iter().map(|(_, r)| r.digest).collect();
+    ) -> Result<Option<Swept>> {
+        let Some(lock) = try_lock_file(&self.paths.root.join("lock"))? else {
+            return Ok(None);
+        };
         let mut swept = Swept::default();
-        for digest in self.manifest_digests()? {
-            if keep.contains(&digest) || named.contains(&digest) {
-                continue;
-            }
+        for digest in self.unkept(keep, installed_before)? {
             let p = self.paths.manifest(&digest);
-            let installed = fs::symlink_metadata(&p)
-                .and_then(|m| m.modified())
-                .map_err(|e| ImageError::io("stat manifest", &p, e))?;
-            if installed >= installed_before {
-                continue;
-            }
             fs::remove_file(&p).map_err(|e| ImageError::io("remove manifest", &p, e))?;
             swept.templates.push(digest);
         }
         let gone = self.collect()?;
         swept.layers = gone.layers;
         swept.blobs = gone.blobs;
+        swept.trash = gone.trash;
         drop(lock);
-        drop(gone.trees);
-        Ok(swept)
+        Ok(Some(swept))
+    }
+
+    /// The templates [`Store::retain`] would remove (read only: whether a sweep has
+    /// anything to do, before it waits for a lock).
+    pub fn unkept(
+        &self,
+        keep: &std::collections::HashSet<Digest>,
+        installed_before: SystemTime,
+    ) -> Result<Vec<Digest>> {
+        let named: std::collections::HashSet<Digest> =
+            self.names()?.into_iter().map(|(_, r)| r.digest).collect();
+        let mut out = Vec::new();
+        for digest in self.manifest_digests()? {
+            if keep.contains(&digest) || named.contains(&digest) {
+                continue;
+            }
+            let p = self.paths.manifest(&digest);
+            let installed = match fs::symlink_metadata(&p).and_then(|m| m.modified()) {
+                Ok(t) => t,
+                // Removed meanwhile.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(ImageError::io("stat manifest", &p, e)),
+            };
+            if installed < installed_before {
+                out.push(digest);
+            }
+        }
+        Ok(out)
     }
 
     /// Moves out of sight the layers, and deletes the blobs, that no manifest
@@ -590,7 +619,7 @@ impl Store {
                 .map_err(|e| ImageError::io("remove layer", &tmp, e))?;
             fs::rename(&p, trash.path().join(name))
                 .map_err(|e| ImageError::io("remove layer", &p, e))?;
-            out.trees.push(trash);
+            out.trash.0.push(trash);
             let _ = fs::remove_file(self.paths.layer_lock(&d));
             out.layers += 1;
         }
@@ -612,13 +641,12 @@ impl Store {
     }
 }
 
-/// What [`Store::collect`] took away: counts, and the layers' trees (deleted when
-/// this is dropped).
+/// What [`Store::collect`] took away: counts, and the layers' trees.
 #[derive(Default)]
 struct Collected {
     layers: usize,
     blobs: usize,
-    trees: Vec<tempfile::TempDir>,
+    trash: Trash,
 }
 
 /// The layers of an image being stacked, bottom first: their chain IDs and what they

@@ -234,7 +234,8 @@ fn retain_removes_the_templates_not_kept_and_only_the_layers_no_other_uses() {
     let b = install_from(&source, &worker, &image_with(tmp.path(), "b"), "b");
     assert_eq!(layer_dirs(worker.root()), 3);
     let later = SystemTime::now() + Duration::from_secs(5);
-    let swept = ok(worker.retain(&HashSet::from([a]), later));
+    let swept = ok(worker.retain(&HashSet::from([a]), later))
+        .unwrap_or_else(|| panic!("the store was busy"));
     assert_eq!(
         (swept.templates, swept.layers, swept.blobs),
         (vec![b], 1, 1)
@@ -254,12 +255,16 @@ fn retain_removes_the_templates_not_kept_and_only_the_layers_no_other_uses() {
         (layer_dirs(worker.root()), blob_files(worker.root())),
         (2, 2)
     );
+    // Out of the store at once, its files deleted with the trash.
+    assert_eq!(tmp_entries(worker.root()), 1);
+    drop(swept.trash);
     assert_eq!(
         tmp_entries(worker.root()),
         0,
         "a removed layer was left in tmp/"
     );
-    let swept = ok(worker.retain(&HashSet::new(), later));
+    let swept =
+        ok(worker.retain(&HashSet::new(), later)).unwrap_or_else(|| panic!("the store was busy"));
     assert_eq!(
         (swept.templates, swept.layers, swept.blobs),
         (vec![a], 2, 2)
@@ -279,13 +284,34 @@ fn retain_keeps_templates_installed_after_its_list_and_named_ones() {
     let a = install_from(&source, &worker, &image_with(tmp.path(), "a"), "a");
     let named = ok(worker.import_archive(&image_with(tmp.path(), "n"), "named"));
     // Installed after the list was made: it may be what the list is too old to name.
+    let swept =
+        ok(worker.retain(&HashSet::new(), before)).unwrap_or_else(|| panic!("the store was busy"));
     assert_eq!(
-        ok(worker.retain(&HashSet::new(), before)),
-        space_image::Swept::default()
+        (swept.templates.len(), swept.layers, swept.blobs),
+        (0, 0, 0)
     );
     let later = SystemTime::now() + Duration::from_secs(5);
-    let swept = ok(worker.retain(&HashSet::new(), later));
+    let swept =
+        ok(worker.retain(&HashSet::new(), later)).unwrap_or_else(|| panic!("the store was busy"));
     assert_eq!(swept.templates, vec![a]);
     // A name is removed by `remove`, never by a list.
     assert_eq!(ok(worker.resolve("named")).digest, named.digest);
+}
+
+#[test]
+fn retain_while_an_import_holds_the_store_waits_for_nothing_and_removes_nothing() {
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (_d1, source) = store();
+    let (_d2, worker) = store();
+    let a = install_from(&source, &worker, &image_with(tmp.path(), "a"), "a");
+    // An import under way holds the store's lock shared for as long as it unpacks.
+    let lock = File::open(worker.root().join("lock")).unwrap_or_else(|e| panic!("{e}"));
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockShared)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let later = SystemTime::now() + Duration::from_secs(5);
+    assert!(ok(worker.retain(&HashSet::new(), later)).is_none());
+    assert!(worker.resolve(&a.to_string()).is_ok());
+    drop(lock);
+    let swept = ok(worker.retain(&HashSet::new(), later));
+    assert_eq!(swept.map(|s| s.templates), Some(vec![a]));
 }

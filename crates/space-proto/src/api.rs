@@ -585,6 +585,16 @@ pub enum Update {
         /// The archive's length.
         size: u64,
     },
+    /// The templates the control plane still has (`sha256:<hex>` digests, at most
+    /// [`MAX_KEPT_TEMPLATES`]): the worker removes from its store every template it
+    /// received before it asked for the sync carrying this list, that the list does
+    /// not name and that no execution on the worker runs on — and the layers and
+    /// blobs no template left uses. Only in a sync's list (refused on its own: the
+    /// worker's time of asking is what tells a template sent after the list was made).
+    Templates {
+        /// The digests.
+        keep: Vec<String>,
+    },
     /// The sandbox's exposed service ports are now `ports` (by port), for this
     /// execution; netgtw closes connections to a port no longer listed.
     Ports {
@@ -622,6 +632,9 @@ pub enum Update {
         bundle: String,
     },
 }
+
+/// The most digests an [`Update::Templates`] list holds.
+pub const MAX_KEPT_TEMPLATES: usize = 100_000;
 
 /// The signed envelope: `body` is the JSON of an [`UpdateBody`], as signed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

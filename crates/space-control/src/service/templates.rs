@@ -41,7 +41,7 @@ fn image_error(e: space_image::ImageError) -> ControlError {
     use space_image::ImageError as E;
     match e {
         E::Io { .. } => ControlError::Internal(format!("template store: {e}")),
-        E::Limit { .. } => ControlError::TooLarge(e.to_string()),
+        E::Limit { .. } | E::Unpacked { .. } => ControlError::TooLarge(e.to_string()),
         other => ControlError::BadRequest(other.to_string()),
     }
 }
@@ -125,7 +125,9 @@ impl ControlPlane {
     }
 
     /// Imports the image archive at `archive` as `reference` (`name[:tag]`): its
-    /// blobs verified into the blob store, its manifest bound to the name.
+    /// blobs verified into the blob store (each layer decompressed within the limits'
+    /// [`templates`](crate::limits::LimitsPolicy::templates) bounds: 413 past them),
+    /// its manifest bound to the name.
     pub async fn import_template(
         &self,
         reference: &str,
@@ -133,10 +135,13 @@ impl ControlPlane {
     ) -> Result<TemplateView, ControlError> {
         let name = parse_ref(reference)?;
         let (archive, root) = (archive.to_owned(), self.blob_root());
-        let manifest = tokio::task::spawn_blocking(move || blobs::import_blobs(&archive, &root))
-            .await
-            .map_err(blocking_failed)?
-            .map_err(image_error)?;
+        let limits = self.limits_policy().templates;
+        let manifest = tokio::task::spawn_blocking(move || {
+            blobs::import_blobs_bounded(&archive, &root, &limits)
+        })
+        .await
+        .map_err(blocking_failed)?
+        .map_err(image_error)?;
         let record = TemplateRecord {
             name: name.name.clone(),
             tag: name.tag.clone(),
@@ -220,6 +225,28 @@ impl ControlPlane {
             .map_err(image_error)?;
         tracing::info!(template = %t.reference(), digest = %t.digest, blobs_removed = removed, "template removed");
         Ok(())
+    }
+
+    /// The update of a worker's sync that names every template kept here: the worker
+    /// removes what it received before asking that the list does not name (and that
+    /// no execution of its own runs on).
+    pub(super) async fn templates_to_keep(&self) -> Result<Update, ControlError> {
+        let mut keep: Vec<String> = self
+            .store
+            .list_templates()
+            .await?
+            .into_iter()
+            .map(|t| t.digest)
+            .collect();
+        keep.sort();
+        keep.dedup();
+        if keep.len() > space_proto::api::MAX_KEPT_TEMPLATES {
+            return Err(ControlError::Internal(format!(
+                "{} templates: more than a worker's sync lists",
+                keep.len()
+            )));
+        }
+        Ok(Update::Templates { keep })
     }
 
     /// What a create's `template` becomes in the sandbox's record: `default` as is,

@@ -104,7 +104,8 @@ impl ControlPlane {
     }
 
     /// What a (re)starting worker must hold: the newest bundle, then an install for each
-    /// execution the control plane believes runs there.
+    /// execution the control plane believes runs there, then the templates kept here
+    /// (the worker drops the others it holds; see [`Update::Templates`]).
     pub async fn sync_for(&self, w: &WorkerRecord) -> Result<Vec<SignedUpdate>, ControlError> {
         self.store.touch_worker(&w.id, now_secs() as i64).await?;
         let keys = self.keys().await;
@@ -122,6 +123,7 @@ impl ControlPlane {
             let ports = self.exposed_ports(&s.id).await?;
             updates.push(Update::Install(install_of(&s, &exe, ports)));
         }
+        updates.push(self.templates_to_keep().await?);
         self.sign_updates(&w.id, updates).await
     }
 

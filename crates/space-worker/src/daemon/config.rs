@@ -87,6 +87,9 @@ impl WorkerConfig {
         if self.warm_pool > 1024 {
             return Err("--warm-pool must be at most 1024".into());
         }
+        // Read from the environment into `limits` (the default where unreadable):
+        // an unreadable value stops the worker here, before it binds.
+        space_image::ImageLimits::from_env()?;
         Ok(())
     }
 }

@@ -14,6 +14,9 @@ pub struct WorkerLimits {
     /// Size of the disk volume's sparse image when the worker makes it (`None`: a
     /// quarter of the free space, at most 64 GiB).
     pub disk_image_bytes: Option<u64>,
+    /// What a template's layers may unpack to in the worker's store (see
+    /// [`space_image::ImageLimits`]).
+    pub images: space_image::ImageLimits,
 }
 
 impl Default for WorkerLimits {
@@ -23,13 +26,16 @@ impl Default for WorkerLimits {
             defaults: Limits::default(),
             maxima: Limits::DEFAULT_MAXIMA,
             disk_image_bytes: None,
+            images: space_image::ImageLimits::default(),
         }
     }
 }
 
 impl WorkerLimits {
     /// The defaults with what the environment changes (see [`Limits::configured`];
-    /// `SPACE_DISK_IMAGE_GIB` for the volume).
+    /// `SPACE_DISK_IMAGE_GIB` for the volume; `SPACE_TEMPLATE_MAX_LAYER_BYTES` and
+    /// `SPACE_TEMPLATE_MAX_IMAGE_BYTES` for templates, whose bad values
+    /// [`super::config::WorkerConfig::validate`] refuses).
     pub fn from_env() -> Self {
         let base = Self::default();
         Self {
@@ -41,6 +47,7 @@ impl WorkerLimits {
                 .ok()
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .map(|g| g.saturating_mul(1 << 30)),
+            images: space_image::ImageLimits::from_env().unwrap_or_default(),
         }
     }
 

@@ -97,6 +97,11 @@ pub struct ExecutionRecord {
     /// working directory and user; nothing for the default template).
     #[serde(default)]
     pub defaults: ProcessDefaults,
+    /// The template it runs on, as its install named it (`default`, or pinned by
+    /// digest): its layers are this execution's lower dirs, which the template sweep
+    /// keeps. `None` in records from before it was kept (the sweep then keeps all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
     /// Unix seconds of the last change.
     pub updated_at: i64,
 }
@@ -589,6 +594,7 @@ mod tests {
             ports: Vec::new(),
             network: space_proto::api::Policy::none(),
             defaults: Default::default(),
+            template: None,
             updated_at: 100,
         }
     }

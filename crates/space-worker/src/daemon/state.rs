@@ -233,7 +233,8 @@ impl Worker {
     ) -> Result<Arc<Self>, String> {
         let images = Arc::new(
             space_image::Store::open(config.data_dir.join("images"))
-                .map_err(|e| format!("template store: {e}"))?,
+                .map_err(|e| format!("template store: {e}"))?
+                .with_limits(config.limits.images),
         );
         let worker = Arc::new(Self {
             id: config.id.clone(),

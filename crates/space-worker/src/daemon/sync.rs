@@ -9,7 +9,7 @@ use space_proto::api::{SignedUpdate, Update};
 
 use super::records::{ExecutionRecord, RecordState};
 use super::state::{AgentPool, Worker, activation_of, now_secs};
-use super::{agent_watch, launch, updates};
+use super::{agent_watch, launch, templates, updates};
 
 /// Applies the control plane's sync: bundle first, then re-adopt each execution it
 /// lists if its processes survived and verify, report it lost otherwise, and retire
@@ -23,6 +23,7 @@ pub async fn reconcile(
     credential: &str,
 ) -> Result<(), String> {
     let mut wanted = Vec::new();
+    let mut kept_templates = None;
     // One durable claim of every sequence number in the list.
     for (body, update) in updates::verify_all(worker, &list).map_err(|e| e.to_string())? {
         match update {
@@ -32,6 +33,7 @@ pub async fn reconcile(
                     .map_err(|e| e.to_string())?;
             }
             Update::Install(i) => wanted.push(i),
+            Update::Templates { keep } => kept_templates = Some(keep),
             Update::Retire { .. }
             | Update::Pause { .. }
             | Update::Resume { .. }
@@ -108,6 +110,10 @@ pub async fn reconcile(
     }
     launch::kill_stray_bridges(&worker.data_dir, &worker.binaries.bridge, &live);
     drop(_applying);
+    // With the executions that did not survive failed: what they ran on may go.
+    if let Some(keep) = kept_templates {
+        sweep_templates(worker, &keep, asked_at).await;
+    }
     for (sandbox, generation) in lost {
         let url = format!(
             "{}/internal/v1/workers/{}/lost",
@@ -221,6 +227,7 @@ async fn readopt(
 /// predate them.
 pub async fn resync(worker: &Arc<Worker>, list: Vec<SignedUpdate>, asked_at: i64) {
     let mut listed = Vec::new();
+    let mut kept_templates = None;
     let verified = match updates::verify_all(worker, &list) {
         Ok(v) => v,
         Err(e) => {
@@ -236,6 +243,7 @@ pub async fn resync(worker: &Arc<Worker>, list: Vec<SignedUpdate>, asked_at: i64
                 }
             }
             Update::Install(i) => listed.push((i.sandbox, i.generation)),
+            Update::Templates { keep } => kept_templates = Some(keep),
             _ => {}
         }
     }
@@ -254,5 +262,17 @@ pub async fn resync(worker: &Arc<Worker>, list: Vec<SignedUpdate>, asked_at: i64
             };
             let _ = updates::apply(worker, Vec::new(), retire).await;
         }
+    }
+    if let Some(keep) = kept_templates {
+        sweep_templates(worker, &keep, asked_at).await;
+    }
+}
+
+/// The template sweep of a sync's list (see [`templates::sweep`]); a failure is
+/// logged, and the next sync tries again.
+async fn sweep_templates(worker: &Arc<Worker>, keep: &[String], asked_at: i64) {
+    let asked_at = u64::try_from(asked_at).unwrap_or(0);
+    if let Err(e) = templates::sweep(worker, keep, asked_at).await {
+        tracing::warn!(error = %e, "template sweep failed");
     }
 }

@@ -12,10 +12,12 @@
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
 
 use space_image::{Digest, ImageDefaults, ImageError};
 use space_proto::api::Update;
 
+use super::records::RecordState;
 use super::state::Worker;
 use crate::substrate::TemplateSpec;
 
@@ -152,6 +154,124 @@ pub async fn receive(w: &Arc<Worker>, digest: Digest, file: File) -> Result<(), 
         Ok(Err(e)) => Err(TemplateError::Refused(format!("template: {e}"))),
         Err(e) => Err(TemplateError::Internal(format!("template task: {e}"))),
     }
+}
+
+/// How long before its time of asking a template must have arrived for a sync's list
+/// to judge it (a template received while the list was being made may be what the
+/// list is too old to name).
+const SETTLED_SECS: u64 = 2;
+
+/// Drops from this worker's store every template the control plane's list `keep`
+/// (from the sync asked for at `asked_at`, worker time) does not name, that arrived
+/// before then and that no execution here runs on — and every layer and blob no
+/// template left uses. A live execution recorded before records named their template
+/// keeps every template (nothing tells which layers it runs on). Returns the digests
+/// removed.
+pub async fn sweep(
+    w: &Arc<Worker>,
+    keep: &[String],
+    asked_at: u64,
+) -> Result<Vec<Digest>, TemplateError> {
+    if keep.len() > space_proto::api::MAX_KEPT_TEMPLATES {
+        return Err(TemplateError::Invalid(format!(
+            "a list of {} templates to keep; at most {}",
+            keep.len(),
+            space_proto::api::MAX_KEPT_TEMPLATES
+        )));
+    }
+    let mut kept = keep
+        .iter()
+        .map(|d| {
+            d.parse::<Digest>().map_err(|_| {
+                TemplateError::Invalid(format!(
+                    "template to keep {:?} is not a digest",
+                    d.chars().take(80).collect::<String>()
+                ))
+            })
+        })
+        .collect::<Result<std::collections::HashSet<_>, _>>()?;
+    let before = UNIX_EPOCH + Duration::from_secs(asked_at.saturating_sub(SETTLED_SECS));
+    let blocking =
+        |e: tokio::task::JoinError| TemplateError::Internal(format!("template sweep: {e}"));
+    let failed = |e: ImageError| TemplateError::Internal(format!("template sweep: {e}"));
+    // Nothing to remove, no lock taken (the common case, every resync): updates are
+    // not held up for a sweep that has nothing to do.
+    let Some(in_use) = used_by_executions(w)? else {
+        return Ok(Vec::new());
+    };
+    let store = w.images.clone();
+    let mut candidates = kept.clone();
+    candidates.extend(in_use);
+    let unkept = tokio::task::spawn_blocking(move || store.unkept(&candidates, before))
+        .await
+        .map_err(blocking)?
+        .map_err(failed)?;
+    if unkept.is_empty() {
+        return Ok(Vec::new());
+    }
+    let swept = {
+        // No install between the look at the records and the removal: an install
+        // resolves its template, records it, then launches on its layers.
+        let _applying = w.exclusive("the template sweep").await;
+        let Some(in_use) = used_by_executions(w)? else {
+            return Ok(Vec::new());
+        };
+        kept.extend(in_use);
+        let store = w.images.clone();
+        let swept = tokio::task::spawn_blocking(move || store.retain(&kept, before))
+            .await
+            .map_err(blocking)?
+            .map_err(failed)?;
+        let Some(swept) = swept else {
+            tracing::debug!("template sweep put off: a template is being installed");
+            return Ok(Vec::new());
+        };
+        swept
+    };
+    // The removed layers' files are deleted with nothing waiting for it (what a stop
+    // cuts short stays in the store's tmp/, which its next start empties).
+    let space_image::Swept {
+        templates,
+        layers,
+        blobs,
+        trash,
+    } = swept;
+    drop(tokio::task::spawn_blocking(move || drop(trash)));
+    if !templates.is_empty() || layers > 0 || blobs > 0 {
+        tracing::info!(
+            templates = templates.len(),
+            layers,
+            blobs,
+            "removed templates the control plane no longer has"
+        );
+    }
+    Ok(templates)
+}
+
+/// The templates live executions here run on (their layers are those executions'
+/// lower dirs); `None` when one was recorded before records named their template
+/// (it may run on any).
+fn used_by_executions(w: &Worker) -> Result<Option<Vec<Digest>>, TemplateError> {
+    let records = w
+        .records
+        .all()
+        .map_err(|e| TemplateError::Internal(format!("records: {e}")))?;
+    let mut used = Vec::new();
+    for r in records.iter().filter(|r| {
+        matches!(
+            r.state,
+            RecordState::Starting | RecordState::Running | RecordState::Paused
+        )
+    }) {
+        let Some(template) = &r.template else {
+            tracing::info!(sandbox = %r.sandbox, "template sweep skipped: an execution recorded without its template runs here");
+            return Ok(None);
+        };
+        if let Ok(Some(d)) = pinned_digest(template) {
+            used.push(d);
+        }
+    }
+    Ok(Some(used))
 }
 
 /// One member of the archive: where its bytes are in the file.
@@ -301,6 +421,247 @@ mod tests {
         let odd = b.into_inner().unwrap();
         let err = install_archive(&store, &digest, file_of(&odd, dir.path())).unwrap_err();
         assert!(err.contains("first member"), "{err}");
+    }
+
+    /// The sample image with `content` standing in for its busybox, installed into
+    /// `w`'s store by digest as the control plane sends it; `None` without root (the
+    /// sample has whiteouts).
+    fn install_sample(w: &Worker, dir: &std::path::Path, content: &[u8]) -> Option<Digest> {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("SKIPPED: needs root (the sample image has whiteouts)");
+            return None;
+        }
+        let tag = Digest::of(content).hex();
+        let stand_in = dir.join(format!("busybox-{tag}"));
+        std::fs::write(&stand_in, content).unwrap();
+        let archive = dir.join(format!("image-{tag}.tar"));
+        space_image::sample::write_docker_save(&archive, &stand_in).unwrap();
+        let blobs = dir.join("control-blobs");
+        let manifest = space_image::blobs::import_blobs(&archive, &blobs).unwrap();
+        let mut bundle = Vec::new();
+        space_image::blobs::write_bundle(&manifest, &blobs, &mut bundle).unwrap();
+        let digest = manifest.digest();
+        install_archive(&w.images, &digest, file_of(&bundle, dir)).unwrap();
+        Some(digest)
+    }
+
+    /// Sandbox `n`'s execution recorded in `state`, on `template`.
+    fn execution(
+        n: u8,
+        state: RecordState,
+        template: Option<String>,
+    ) -> super::super::records::ExecutionRecord {
+        super::super::records::ExecutionRecord {
+            sandbox: space_identity::SandboxId::from_bytes([n; 16]),
+            generation: space_identity::Generation(1),
+            execution_id: space_identity::ExecutionId::from_bytes([n; 16]),
+            substrate: space_identity::Substrate::Jail,
+            activation: 1,
+            state,
+            secret: [7; 32],
+            handle: None,
+            bridge: None,
+            env: Default::default(),
+            ports: Vec::new(),
+            network: space_proto::api::Policy::none(),
+            defaults: Default::default(),
+            template,
+            updated_at: 100,
+        }
+    }
+
+    fn now() -> u64 {
+        super::super::state::now_secs()
+    }
+
+    #[tokio::test]
+    async fn a_sync_list_removes_the_templates_it_does_not_name_unless_an_execution_runs_on_one() {
+        let data = tempfile::tempdir().unwrap();
+        let w = crate::daemon::node_api::tests::bare_worker(&data, "tsweep");
+        let Some(a) = install_sample(&w, data.path(), b"a") else {
+            return;
+        };
+        let (b, c) = (
+            install_sample(&w, data.path(), b"b").unwrap(),
+            install_sample(&w, data.path(), b"c").unwrap(),
+        );
+        let b_layers = w.images.resolve(&b.to_string()).unwrap().lower_dirs;
+        // c is what a sandbox runs on; the list (asked for after all three arrived)
+        // names a only.
+        w.records
+            .put(&execution(
+                1,
+                RecordState::Running,
+                Some(format!("c:1@{c}")),
+            ))
+            .unwrap();
+        let asked = now() + 5;
+        let removed = sweep(&w, &[a.to_string()], asked).await.unwrap();
+        assert_eq!(removed, [b]);
+        assert!(b_layers.iter().all(|d| !d.exists()), "b's layers were kept");
+        assert!(matches!(
+            w.images.resolve(&b.to_string()),
+            Err(ImageError::NotFound(_))
+        ));
+        let c_layers = w.images.resolve(&c.to_string()).unwrap().lower_dirs;
+        assert!(
+            c_layers.iter().all(|d| d.is_dir()),
+            "a running sandbox's layers went"
+        );
+        assert!(w.images.resolve(&a.to_string()).is_ok());
+        // Its execution retired, c goes with the next list.
+        w.records
+            .put(&execution(
+                1,
+                RecordState::Retired,
+                Some(format!("c:1@{c}")),
+            ))
+            .unwrap();
+        assert_eq!(sweep(&w, &[a.to_string()], asked).await.unwrap(), [c]);
+        // A template that arrived after the list was asked for is not the list's to
+        // judge.
+        let d = install_sample(&w, data.path(), b"d").unwrap();
+        let asked_before = now() - 10;
+        assert!(sweep(&w, &[], asked_before).await.unwrap().is_empty());
+        assert!(w.images.resolve(&d.to_string()).is_ok());
+    }
+
+    /// `update` signed by `anchor` for the test worker, number `seq`.
+    fn signed(
+        anchor: &space_identity::BundleSigner,
+        seq: u64,
+        update: Update,
+    ) -> space_proto::api::SignedUpdate {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let body = serde_json::to_vec(&space_proto::api::UpdateBody {
+            worker: space_testkit::worker("w1"),
+            issued_at: now(),
+            seq,
+            update,
+        })
+        .unwrap();
+        space_proto::api::SignedUpdate {
+            signature: b64.encode(anchor.sign_update(&body)),
+            body: b64.encode(&body),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_resync_removes_what_its_signed_list_does_not_name_and_a_forged_list_nothing() {
+        let data = tempfile::tempdir().unwrap();
+        let w = crate::daemon::node_api::tests::bare_worker(&data, "tsweep-sync");
+        let keys = space_testkit::TestKeys::new();
+        crate::daemon::node_api::tests::enroll(&w, &keys, &[space_identity::Purpose::Control]);
+        let Some(a) = install_sample(&w, data.path(), b"a") else {
+            return;
+        };
+        let b = install_sample(&w, data.path(), b"b").unwrap();
+        let list = |anchor: &space_identity::BundleSigner, seq| {
+            vec![signed(
+                anchor,
+                seq,
+                Update::Templates {
+                    keep: vec![a.to_string()],
+                },
+            )]
+        };
+        let asked = i64::try_from(now()).unwrap() + 5;
+        // Signed by another anchor: refused whole, nothing removed.
+        let forger = space_identity::BundleSigner::from_seed([9; 32]);
+        super::super::sync::resync(&w, list(&forger, 1), asked).await;
+        assert!(
+            w.images.resolve(&b.to_string()).is_ok(),
+            "a forged list removed b"
+        );
+        super::super::sync::resync(&w, list(&keys.anchor, 2), asked).await;
+        assert!(matches!(
+            w.images.resolve(&b.to_string()),
+            Err(ImageError::NotFound(_))
+        ));
+        assert!(w.images.resolve(&a.to_string()).is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_live_execution_recorded_without_its_template_keeps_every_template() {
+        let data = tempfile::tempdir().unwrap();
+        let w = crate::daemon::node_api::tests::bare_worker(&data, "tsweep-old");
+        let Some(a) = install_sample(&w, data.path(), b"a") else {
+            return;
+        };
+        // Recorded before records named their template: it may run on a.
+        w.records
+            .put(&execution(2, RecordState::Paused, None))
+            .unwrap();
+        assert!(sweep(&w, &[], now() + 5).await.unwrap().is_empty());
+        assert!(w.images.resolve(&a.to_string()).is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_templates_list_on_its_own_or_naming_no_digest_is_refused_and_removes_nothing() {
+        let data = tempfile::tempdir().unwrap();
+        let w = crate::daemon::node_api::tests::bare_worker(&data, "tsweep-bad");
+        let alone =
+            crate::daemon::updates::apply(&w, Vec::new(), Update::Templates { keep: Vec::new() })
+                .await;
+        assert!(
+            matches!(&alone, Err(crate::daemon::updates::UpdateError::Invalid(m)) if m.contains("with a sync")),
+            "{alone:?}"
+        );
+        let installed = install_sample(&w, data.path(), b"a");
+        let bad = sweep(&w, &["sha256:nothex".into()], now() + 5).await;
+        assert!(matches!(bad, Err(TemplateError::Invalid(_))), "{bad:?}");
+        if let Some(a) = installed {
+            assert!(
+                w.images.resolve(&a.to_string()).is_ok(),
+                "a bad list removed a template"
+            );
+        }
+    }
+
+    #[test]
+    fn a_bundle_whose_layer_unpacks_past_the_workers_bound_is_refused_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        // 8 MiB of zeros: a layer blob of a few KiB.
+        let mut rootfs = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_size(8 << 20);
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        rootfs
+            .append_data(&mut h, "zeros", io::repeat(0).take(8 << 20))
+            .unwrap();
+        let rootfs = rootfs.into_inner().unwrap();
+        let image = dir.path().join("bomb");
+        let spec = space_image::rootfs::ImageSpec::debian(None);
+        let dir_format = space_image::rootfs::LayoutFormat::Dir;
+        space_image::rootfs::layout_from_rootfs(&rootfs[..], &spec, &image, dir_format).unwrap();
+        // The control plane's bounds hold it; this worker's do not.
+        let blobs = dir.path().join("control-blobs");
+        let manifest = space_image::blobs::import_blobs(&image, &blobs).unwrap();
+        let mut bundle = Vec::new();
+        space_image::blobs::write_bundle(&manifest, &blobs, &mut bundle).unwrap();
+        assert!(bundle.len() < 1 << 20, "{} bytes", bundle.len());
+        let store = space_image::Store::open(dir.path().join("images"))
+            .unwrap()
+            .with_limits(space_image::ImageLimits {
+                max_layer_bytes: 1 << 20,
+                max_image_bytes: 1 << 30,
+            });
+        let digest = manifest.digest();
+        let err = install_archive(&store, &digest, file_of(&bundle, dir.path())).unwrap_err();
+        assert!(
+            err.contains("SPACE_TEMPLATE_MAX_LAYER_BYTES") && err.contains("1048576"),
+            "{err}"
+        );
+        assert!(store.resolve(&digest.to_string()).is_err());
+        let layers = std::fs::read_dir(store.root().join("layers"))
+            .unwrap()
+            .count();
+        assert_eq!(layers, 0, "a layer was kept");
     }
 
     #[test]

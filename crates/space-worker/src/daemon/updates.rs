@@ -379,6 +379,10 @@ pub async fn apply(
         Update::Snapshot { .. } | Update::Layer { .. } | Update::Template { .. } => {
             Err(invalid("this update has its own endpoint"))
         }
+        // Its list is only as good as the moment the worker asked for it.
+        Update::Templates { .. } => Err(invalid(
+            "a list of templates to keep comes with a sync, never on its own",
+        )),
     }
 }
 
@@ -563,6 +567,7 @@ async fn retire_execution(
         ports: Vec::new(),
         network: space_proto::api::Policy::none(),
         defaults: Default::default(),
+        template: None,
         updated_at: 0,
     });
     if tomb.execution_id != execution_id {
@@ -684,6 +689,7 @@ async fn install_execution(
             cwd: image.cwd,
             user: image.user,
         },
+        template: Some(i.template.clone()),
         updated_at: now_secs() as i64,
     };
     put_record(worker, &record).await.map_err(internal)?;

@@ -178,6 +178,7 @@ impl Gateway {
                 .collect(),
             network: space_proto::api::Policy::none(),
             defaults: Default::default(),
+            template: None,
             updated_at: now_secs() as i64,
         };
         worker.records.put(&record).unwrap();

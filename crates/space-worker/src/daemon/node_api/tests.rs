@@ -148,6 +148,7 @@ impl Fixture {
             ports: Vec::new(),
             network: space_proto::api::Policy::none(),
             defaults: Default::default(),
+            template: None,
             updated_at: now_secs() as i64,
         };
         self.worker.records.put(&record).unwrap();
