@@ -74,6 +74,8 @@ pub struct StandbyLabels {
     pub worker: String,
     /// The template as records name it.
     pub template: String,
+    /// The network mode they were started in (`egress`: with their link made).
+    pub network: String,
 }
 
 /// Labels of an outcome.

@@ -26,6 +26,9 @@ pub struct ControlConfig {
     pub database_url: Option<String>,
     /// Standby sandboxes to keep ready for creates to claim (0: none).
     pub standby: usize,
+    /// Standby sandboxes of the default template to keep ready with their network
+    /// link made, for creates in mode `egress` to claim (0: none).
+    pub standby_egress: usize,
     /// Domain of service-port URLs (`{port}-{sandbox}.{domain}`).
     pub domain: String,
     /// The network mode of a create that names no policy.
@@ -225,6 +228,7 @@ pub async fn serve(config: ControlConfig) -> Result<ServerHandle, String> {
     let app = router(state);
     let (stop, mut stopped) = watch::channel(false);
     cp.set_standby_target(config.standby);
+    cp.set_standby_egress_target(config.standby_egress);
     cp.set_standby_templates(config.standby_templates.clone());
     cp.set_default_network(config.network_default);
     cp.set_default_template(&config.default_template);

@@ -50,5 +50,5 @@ pub use plane::{
 };
 pub use ports::{COOKIE_LIFETIME_SECS, PortUrls, cookie_valid, secret_matches};
 pub use sandboxes::api_state;
-pub use standby::STARTS_PER_WORKER;
+pub use standby::{STARTS_PER_WORKER, held_link_policy};
 pub use templates::{DEFAULT_TEMPLATE, TEMPLATE_MISSING, pinned_digest};

@@ -1,7 +1,8 @@
 //! Which standby sandboxes to start next: pure, so every rule is testable.
 //!
 //! Standby sandboxes are kept per template (the default, and each template the
-//! operator names) and per worker: each active worker holds its share of a pool, so a
+//! operator names), per network kind (with a link already, for creates in mode
+//! `egress`, or without one) and per worker: each active worker holds its share of a pool, so a
 //! burst of claims drains every worker evenly and the refills land where the claims
 //! were taken. Refills run while creates run — bounded to a few starts in flight per
 //! worker, so they never queue ahead of a burst's own launches — rather than waiting
@@ -11,11 +12,32 @@ use std::collections::BTreeMap;
 
 use space_identity::WorkerId;
 
-/// A pool: how many standby sandboxes of `template` each active worker keeps.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pool {
+/// What tells one pool's standby sandboxes from another's: a create claims only one
+/// of its own kind.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PoolKey {
     /// The template as records name it (`default`, or `name:tag@sha256:…`).
     pub template: String,
+    /// In network mode `egress`, its link already made (claimed by creates in mode
+    /// `egress`); otherwise in mode `none`, with no link (claimed by the others).
+    pub linked: bool,
+}
+
+impl PoolKey {
+    /// The key of `template`'s standby sandboxes without a link.
+    pub fn bare(template: impl Into<String>) -> Self {
+        Self {
+            template: template.into(),
+            linked: false,
+        }
+    }
+}
+
+/// A pool: how many standby sandboxes of one kind the active workers keep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pool {
+    /// Its kind.
+    pub key: PoolKey,
     /// The pool's size, spread over the active workers.
     pub total: usize,
 }
@@ -27,8 +49,8 @@ pub struct WorkerView {
     pub id: WorkerId,
     /// Whether it takes new sandboxes (not draining, not dead, not full).
     pub accepts: bool,
-    /// Standby sandboxes it holds (running or starting), by template.
-    pub standby: BTreeMap<String, usize>,
+    /// Standby sandboxes it holds (running or starting), by kind.
+    pub standby: BTreeMap<PoolKey, usize>,
     /// Standby starts under way on it (not yet in its counts).
     pub in_flight: usize,
 }
@@ -83,7 +105,7 @@ fn shares(total: usize, accepting: &[&WorkerView]) -> Vec<usize> {
         .collect()
 }
 
-/// The standby starts to begin now, `(worker, template)`, at most
+/// The standby starts to begin now, `(worker, kind)`, at most
 /// [`Bounds::per_worker`] in flight per worker: for every pool, each accepting
 /// worker below its share gets starts, the worker furthest below its share first,
 /// pools taking turns so that one template's refill does not starve another's.
@@ -91,18 +113,14 @@ pub fn next_starts(
     pools: &[Pool],
     workers: &[WorkerView],
     bounds: Bounds,
-) -> Vec<(WorkerId, String)> {
+) -> Vec<(WorkerId, PoolKey)> {
     let mut accepting: Vec<&WorkerView> = workers.iter().filter(|w| w.accepts).collect();
     accepting.sort_by(|a, b| a.id.cmp(&b.id));
     // Deficits per (worker index, pool index).
     let mut deficit: Vec<Vec<usize>> = vec![vec![0; pools.len()]; accepting.len()];
     for (p, pool) in pools.iter().enumerate() {
         for (w, share) in shares(pool.total, &accepting).into_iter().enumerate() {
-            let have = accepting[w]
-                .standby
-                .get(&pool.template)
-                .copied()
-                .unwrap_or(0);
+            let have = accepting[w].standby.get(&pool.key).copied().unwrap_or(0);
             deficit[w][p] = share.saturating_sub(have);
         }
     }
@@ -119,7 +137,7 @@ pub fn next_starts(
                 .filter(|&w| room[w] > 0 && deficit[w][p] > 0)
                 .max_by(|&a, &b| deficit[a][p].cmp(&deficit[b][p]).then(b.cmp(&a)));
             if let Some(w) = best {
-                out.push((accepting[w].id.clone(), pool.template.clone()));
+                out.push((accepting[w].id.clone(), pool.key.clone()));
                 deficit[w][p] -= 1;
                 room[w] -= 1;
                 progressed = true;
@@ -139,23 +157,52 @@ mod tests {
         WorkerView {
             id: id.parse().unwrap(),
             accepts: true,
-            standby: standby.iter().map(|(t, n)| ((*t).to_owned(), *n)).collect(),
+            standby: standby
+                .iter()
+                .map(|(t, n)| (PoolKey::bare(*t), *n))
+                .collect(),
             in_flight,
         }
     }
 
     fn pool(template: &str, total: usize) -> Pool {
         Pool {
-            template: template.into(),
+            key: PoolKey::bare(template),
             total,
         }
     }
 
-    fn count(starts: &[(WorkerId, String)], w: &str, t: &str) -> usize {
+    fn count(starts: &[(WorkerId, PoolKey)], w: &str, t: &str) -> usize {
         starts
             .iter()
-            .filter(|(id, tt)| id.as_str() == w && tt == t)
+            .filter(|(id, k)| id.as_str() == w && k.template == t && !k.linked)
             .count()
+    }
+
+    #[test]
+    fn linked_and_bare_pools_of_one_template_are_kept_apart() {
+        let linked = PoolKey {
+            template: "default".into(),
+            linked: true,
+        };
+        // w1 holds its share of bare sandboxes and none with a link: only linked
+        // starts, though the template is the same.
+        let mut w1 = worker("w1", &[("default", 4)], 0);
+        w1.standby.insert(linked.clone(), 1);
+        let pools = [
+            pool("default", 4),
+            Pool {
+                key: linked.clone(),
+                total: 4,
+            },
+        ];
+        let starts = next_starts(&pools, &[w1], Bounds { per_worker: 8 });
+        assert_eq!(count(&starts, "w1", "default"), 0);
+        assert_eq!(
+            starts.iter().filter(|(_, k)| *k == linked).count(),
+            3,
+            "{starts:?}"
+        );
     }
 
     #[test]

@@ -472,10 +472,15 @@ async fn a_patch_body_over_its_limit_is_refused_with_413() {
 #[tokio::test]
 async fn a_standby_sandbox_started_under_another_default_is_handed_over_with_the_current_one() {
     let p = Plane::start().await;
-    p.cp.set_standby_target(1);
+    p.cp.set_standby_egress_target(1);
     assert!(p.cp.keep_standby_now().await.unwrap() > 0);
     let standby = p.cp.store.list_sandboxes("_standby").await.unwrap();
-    assert_eq!(standby[0].network, Policy::none());
+    // With its link, holding it for a claim: nothing is allowed out.
+    assert_eq!(standby.len(), 1);
+    assert_eq!(
+        standby[0].network,
+        space_control::service::held_link_policy()
+    );
     // The operator restarts with egress as the default.
     p.cp.set_default_network(NetworkMode::Egress);
     let (id, view) = p.create("{}").await;
@@ -529,12 +534,20 @@ async fn the_sdk_creates_with_a_policy_and_replaces_it_through_the_edge() {
 #[tokio::test]
 async fn a_create_with_its_own_policy_claims_a_standby_sandbox_answered_once_the_worker_took_it() {
     let p = Plane::start().await;
+    // One standby sandbox without a link, one with.
     p.cp.set_standby_target(1);
-    assert!(p.cp.keep_standby_now().await.unwrap() > 0);
+    p.cp.set_standby_egress_target(1);
+    assert_eq!(p.cp.keep_standby_now().await.unwrap(), 2);
     let standby = p.cp.store.list_sandboxes("_standby").await.unwrap();
-    assert_eq!(standby[0].network, Policy::none());
+    let held = space_control::service::held_link_policy();
+    let linked = standby.iter().find(|s| s.network == held).unwrap().id;
+    let bare = standby
+        .iter()
+        .find(|s| s.network == Policy::none())
+        .unwrap()
+        .id;
     let (id, view) = p.create(&format!(r#"{{"network":{EGRESS}}}"#)).await;
-    assert_eq!(id, standby[0].id, "the standby sandbox was claimed");
+    assert_eq!(id, linked, "the standby sandbox with a link was claimed");
     let want = policy(serde_json::from_str(EGRESS).unwrap());
     assert_eq!(policy(view["network"].clone()), want);
     // Before the answer, the worker was told (and acknowledged) the policy of the
@@ -551,15 +564,24 @@ async fn a_create_with_its_own_policy_claims_a_standby_sandbox_answered_once_the
             &want
         )
     );
-    assert_eq!(p.worker.installs().len(), 1);
+    assert_eq!(p.worker.installs().len(), 2);
     assert_eq!(p.cp.store.get_sandbox(&id).await.unwrap().network, want);
+    // A create in mode none takes the one without a link, and nothing is pushed.
+    let (id, view) = p.create("{}").await;
+    assert_eq!(id, bare, "the standby sandbox without a link was claimed");
+    assert_eq!(view["network"]["mode"], "none");
+    assert_eq!(p.worker.network_updates().len(), 1);
+    // None of either kind is left: the next of each kind starts its own.
+    let (id, _) = p.create(&format!(r#"{{"network":{EGRESS}}}"#)).await;
+    assert!(id != linked && id != bare);
+    assert_eq!(p.worker.installs().len(), 3);
 }
 
 #[tokio::test]
 async fn a_claimed_standby_sandbox_whose_worker_refuses_the_policy_is_deleted_and_the_create_fails()
 {
     let p = Plane::start().await;
-    p.cp.set_standby_target(1);
+    p.cp.set_standby_egress_target(1);
     assert!(p.cp.keep_standby_now().await.unwrap() > 0);
     let standby = p.cp.store.list_sandboxes("_standby").await.unwrap()[0].id;
     p.worker.refuse_network.store(true, Ordering::SeqCst);

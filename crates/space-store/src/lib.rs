@@ -32,9 +32,9 @@ use space_identity::{ExecutionId, Generation, PodUid, SandboxId, Substrate, Work
 pub use error::StoreError;
 pub use postgres::PgStore;
 pub use records::{
-    ApiKeyRecord, Claim, ExecutionRecord, ExecutionState, KeyState, ParseStateError, Policy,
-    PortRecord, SandboxLimits, SandboxRecord, SandboxState, SigningKeyRecord, Tenant, WorkerRecord,
-    WorkerState,
+    ApiKeyRecord, Claim, ExecutionRecord, ExecutionState, KeyState, NetworkMode, ParseStateError,
+    Policy, PortRecord, SandboxLimits, SandboxRecord, SandboxState, SigningKeyRecord, StandbyCount,
+    Tenant, WorkerRecord, WorkerState,
 };
 pub use sqlite::SqliteStore;
 pub use templates::TemplateRecord;
@@ -217,9 +217,10 @@ impl Store {
         dispatch!(self.set_network(id, network))
     }
 
-    /// Hands one running sandbox of the standby tenant `standby` (the oldest) to
-    /// `claim.tenant`, stamping its creation time, expiry and metadata; `None` when
-    /// there is none. Atomic: concurrent claims, also from other replicas, never get
+    /// Hands one running sandbox of the standby tenant `standby` (the oldest of
+    /// `claim.template` in the mode of `claim.network`) to `claim.tenant`, stamping
+    /// its creation time, expiry, metadata and network policy; `None` when there is
+    /// none. Atomic: concurrent claims, also from other replicas, never get
     /// the same sandbox.
     pub async fn claim_standby(
         &self,
@@ -230,12 +231,13 @@ impl Store {
     }
 
     /// The standby tenant `standby`'s sandboxes that are not stopped, counted by the
-    /// worker of their current execution and their template: what the standby keeper
-    /// spreads its pools by. Sandboxes without an execution yet are not counted.
+    /// worker of their current execution, their template and their network mode: what
+    /// the standby keeper spreads its pools by. Sandboxes without an execution yet are
+    /// not counted.
     pub async fn count_standby_by_worker(
         &self,
         standby: &str,
-    ) -> Result<Vec<(WorkerId, String, u64)>, StoreError> {
+    ) -> Result<Vec<StandbyCount>, StoreError> {
         dispatch!(self.count_standby_by_worker(standby))
     }
 

@@ -87,16 +87,24 @@ pub(crate) fn new_execution(
 }
 
 pub(crate) fn standby_counts(
-    rows: Vec<(String, String, i64)>,
-) -> Result<Vec<(WorkerId, String, u64)>, StoreError> {
+    rows: Vec<(String, String, String, i64)>,
+) -> Result<Vec<crate::StandbyCount>, StoreError> {
     rows.into_iter()
-        .map(|(worker, template, n)| {
-            let [(id, n)]: [(WorkerId, u64); 1] = worker_counts(vec![(worker, n)])?
+        .map(|(worker, template, mode, n)| {
+            let [(worker, n)]: [(WorkerId, u64); 1] = worker_counts(vec![(worker, n)])?
                 .into_iter()
                 .collect::<Vec<_>>()
                 .try_into()
                 .map_err(|_| StoreError::Backend("a worker count".into()))?;
-            Ok((id, template, n))
+            let mode = serde_json::from_value(serde_json::Value::String(mode)).map_err(|e| {
+                StoreError::Backend(format!("a standby sandbox's network mode: {e}"))
+            })?;
+            Ok(crate::StandbyCount {
+                worker,
+                template,
+                mode,
+                n,
+            })
         })
         .collect()
 }

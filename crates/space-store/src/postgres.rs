@@ -384,7 +384,9 @@ impl PgStore {
         claim: &Claim,
     ) -> Result<Option<SandboxRecord>, StoreError> {
         let metadata = rows::to_json("metadata", &claim.metadata)?;
-        let q = sql::claim_standby(rows::SANDBOX_COLUMNS, "FOR UPDATE SKIP LOCKED");
+        let network = rows::network_json(&claim.network)?;
+        let mode = rows::mode_text(claim.network.mode);
+        let q = sql::claim_standby(rows::SANDBOX_COLUMNS, sql::Backend::Postgres);
         let params: Params = &[
             &standby,
             &claim.tenant,
@@ -392,6 +394,8 @@ impl PgStore {
             &claim.expires_at,
             &metadata,
             &claim.template,
+            &network,
+            &mode,
         ];
         self.one(&q, params, rows::sandbox).await
     }
@@ -446,10 +450,12 @@ impl PgStore {
     pub async fn count_standby_by_worker(
         &self,
         standby: &str,
-    ) -> Result<Vec<(WorkerId, String, u64)>, StoreError> {
+    ) -> Result<Vec<crate::StandbyCount>, StoreError> {
+        let q =
+            sql::count_standby_by_worker(&sql::network_mode(sql::Backend::Postgres, "s.network"));
         let rows = self
-            .all(sql::COUNT_STANDBY_BY_WORKER, &[&standby], |r| {
-                Ok((r.text(0)?, r.text(1)?, r.int(2)?))
+            .all(&q, &[&standby], |r| {
+                Ok((r.text(0)?, r.text(1)?, r.text(2)?, r.int(3)?))
             })
             .await?;
         outcomes::standby_counts(rows)

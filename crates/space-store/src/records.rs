@@ -9,7 +9,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
-pub use space_egress::Policy;
+pub use space_egress::{NetworkMode, Policy};
 use space_identity::{Execution, ExecutionId, Generation, PodUid, SandboxId, Substrate, WorkerId};
 
 /// A text form that is not one of an enum's variants.
@@ -308,6 +308,23 @@ pub struct Claim {
     /// Only a standby sandbox of this template (as records name it: `default`, or
     /// `NAME:TAG@sha256:…`) is taken.
     pub template: String,
+    /// The claimed sandbox's network policy from now on (written with the claim).
+    /// Only a standby sandbox of the same mode is taken: one in mode `egress` already
+    /// has its link, and a sandbox in mode `none` must never have one.
+    pub network: Policy,
+}
+
+/// Standby sandboxes of one kind on one worker ([`crate::Store::count_standby_by_worker`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StandbyCount {
+    /// The worker of their current execution.
+    pub worker: WorkerId,
+    /// Their template, as records name it.
+    pub template: String,
+    /// Their network mode (`egress`: each has its link already).
+    pub mode: NetworkMode,
+    /// How many.
+    pub n: u64,
 }
 
 #[cfg(test)]

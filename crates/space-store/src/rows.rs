@@ -195,6 +195,15 @@ pub(crate) fn limits_json(s: &SandboxRecord) -> Result<Option<String>, StoreErro
     s.limits.as_ref().map(|l| to_json("limits", l)).transpose()
 }
 
+/// A network mode as the policy's JSON spells it (`none`, `egress`).
+pub(crate) fn mode_text(mode: space_egress::NetworkMode) -> String {
+    match mode {
+        space_egress::NetworkMode::None => "none",
+        space_egress::NetworkMode::Egress => "egress",
+    }
+    .to_owned()
+}
+
 /// A network policy as the JSON text both databases store.
 pub(crate) fn network_json(p: &space_egress::Policy) -> Result<String, StoreError> {
     to_json("network policy", p)

@@ -327,12 +327,37 @@ pub(crate) const SANDBOX_EXISTS: &str = "SELECT 1 FROM sandboxes WHERE id = $1";
 /// (the highest pending or running generation) is there.
 /// The standby tenant `$1`'s sandboxes that are not stopped, by the worker of their
 /// current execution and their template (ones with no execution yet are left out).
-pub(crate) const COUNT_STANDBY_BY_WORKER: &str = "SELECT e.worker, s.template, COUNT(*) FROM sandboxes s \
-     JOIN executions e ON e.sandbox = s.id \
-     WHERE s.tenant = $1 AND s.state <> 'stopped' AND e.state IN ('pending', 'running') \
-     AND e.generation = (SELECT MAX(x.generation) FROM executions x \
-         WHERE x.sandbox = s.id AND x.state IN ('pending', 'running')) \
-     GROUP BY e.worker, s.template ORDER BY e.worker, s.template";
+/// Standby sandboxes by worker, template and network mode; `mode` is the backend's
+/// [`network_mode`] of `s.network`.
+pub(crate) fn count_standby_by_worker(mode: &str) -> String {
+    format!(
+        "SELECT e.worker, s.template, {mode}, COUNT(*) FROM sandboxes s \
+         JOIN executions e ON e.sandbox = s.id \
+         WHERE s.tenant = $1 AND s.state <> 'stopped' AND e.state IN ('pending', 'running') \
+         AND e.generation = (SELECT MAX(x.generation) FROM executions x \
+             WHERE x.sandbox = s.id AND x.state IN ('pending', 'running')) \
+         GROUP BY e.worker, s.template, {mode} ORDER BY e.worker, s.template, {mode}"
+    )
+}
+
+/// The network mode (`none`, `egress`) of the policy in column `column` (JSON text):
+/// SQLite's and PostgreSQL's spelling.
+pub(crate) fn network_mode(backend: Backend, column: &str) -> String {
+    match backend {
+        // `->>` with a label (not a `$` path: `$` starts this crate's placeholders).
+        Backend::Sqlite => format!("({column} ->> 'mode')"),
+        Backend::Postgres => format!("({column}::json ->> 'mode')"),
+    }
+}
+
+/// Which database a statement is written for, where their SQL differs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Backend {
+    /// SQLite.
+    Sqlite,
+    /// PostgreSQL.
+    Postgres,
+}
 
 pub(crate) const COUNT_ACTIVE_BY_WORKER: &str = "SELECT e.worker, COUNT(*) FROM sandboxes s \
      JOIN executions e ON e.sandbox = s.id \
@@ -399,15 +424,21 @@ pub(crate) const TAKE_PORT_LINK: &str =
     "DELETE FROM port_links WHERE code_hash = $1 RETURNING sandbox_id, port, expires_at";
 pub(crate) const PURGE_PORT_LINKS: &str = "DELETE FROM port_links WHERE expires_at < $1";
 
-/// Hands the oldest running sandbox of the standby tenant `$1` to tenant `$2`, with
-/// its creation time, expiry and metadata (`$3`–`$5`); returns its row. `lock` is
-/// PostgreSQL's `FOR UPDATE SKIP LOCKED` (concurrent claims take different rows), or
-/// empty on SQLite (whose writes are serialised).
-pub(crate) fn claim_standby(columns: &str, lock: &str) -> String {
+/// Hands the oldest running sandbox of the standby tenant `$1`, template `$6` and
+/// network mode `$8` to tenant `$2`, with its creation time, expiry, metadata and
+/// network policy (`$3`–`$5`, `$7`); returns its row. On PostgreSQL the row is taken
+/// `FOR UPDATE SKIP LOCKED` (concurrent claims take different rows); SQLite's writes
+/// are serialised.
+pub(crate) fn claim_standby(columns: &str, backend: Backend) -> String {
+    let mode = network_mode(backend, "network");
+    let lock = match backend {
+        Backend::Sqlite => "",
+        Backend::Postgres => "FOR UPDATE SKIP LOCKED",
+    };
     format!(
-        "UPDATE sandboxes SET tenant = $2, created_at = $3, expires_at = $4, metadata = $5 \
+        "UPDATE sandboxes SET tenant = $2, created_at = $3, expires_at = $4, metadata = $5, network = $7 \
          WHERE tenant = $1 AND id = (SELECT id FROM sandboxes WHERE tenant = $1 AND state = 'running' \
-         AND template = $6 ORDER BY created_at, id LIMIT 1 {lock}) RETURNING {columns}"
+         AND template = $6 AND {mode} = $8 ORDER BY created_at, id LIMIT 1 {lock}) RETURNING {columns}"
     )
 }
 

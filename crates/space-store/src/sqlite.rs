@@ -384,9 +384,11 @@ impl SqliteStore {
         claim: &Claim,
     ) -> Result<Option<SandboxRecord>, StoreError> {
         let metadata = rows::to_json("metadata", &claim.metadata)?;
+        let network = rows::network_json(&claim.network)?;
+        let mode = rows::mode_text(claim.network.mode);
         let (standby, c2) = (standby.to_owned(), claim.clone());
         self.call(move |c| {
-            let q = sql::claim_standby(rows::SANDBOX_COLUMNS, "");
+            let q = sql::claim_standby(rows::SANDBOX_COLUMNS, sql::Backend::Sqlite);
             query_one(
                 c,
                 &q,
@@ -397,6 +399,8 @@ impl SqliteStore {
                     &c2.expires_at,
                     &metadata,
                     &c2.template,
+                    &network,
+                    &mode,
                 ],
                 |r| rows::sandbox(r),
             )
@@ -418,11 +422,13 @@ impl SqliteStore {
     pub async fn count_standby_by_worker(
         &self,
         standby: &str,
-    ) -> Result<Vec<(WorkerId, String, u64)>, StoreError> {
+    ) -> Result<Vec<crate::StandbyCount>, StoreError> {
         let standby = standby.to_owned();
         self.read(move |c| {
-            let rows = query_all(c, sql::COUNT_STANDBY_BY_WORKER, &[&standby], |r| {
-                Ok((r.text(0)?, r.text(1)?, r.int(2)?))
+            let q =
+                sql::count_standby_by_worker(&sql::network_mode(sql::Backend::Sqlite, "s.network"));
+            let rows = query_all(c, &q, &[&standby], |r| {
+                Ok((r.text(0)?, r.text(1)?, r.text(2)?, r.int(3)?))
             })?;
             outcomes::standby_counts(rows)
         })

@@ -106,6 +106,12 @@ pub struct UpArgs {
     /// worker].
     #[arg(long, env = "SPACE_STANDBY")]
     pub standby: Option<usize>,
+    /// Standby sandboxes with their network link made, for creates in mode `egress`
+    /// (of the default template; their policy is the create's, set at the claim): a
+    /// link is the one step of such a create the kernel serialises, so a burst of them
+    /// needs these to stay fast. 0 turns it off; needs egress on the workers.
+    #[arg(long, env = "SPACE_STANDBY_EGRESS", default_value_t = 0)]
+    pub standby_egress: usize,
     /// Workers run jails as host uid 0 without user namespaces (weaker; see
     /// `space worker --no-userns`).
     #[arg(long, env = "SPACE_NO_USERNS")]
@@ -158,6 +164,12 @@ pub struct ControlArgs {
     /// Sandboxes kept running, unowned, for creates to claim (0 turns it off).
     #[arg(long, env = "SPACE_STANDBY", default_value_t = 0)]
     pub standby: usize,
+    /// Standby sandboxes with their network link made, for creates in mode `egress`
+    /// (of the default template; their policy is the create's, set at the claim): a
+    /// link is the one step of such a create the kernel serialises, so a burst of them
+    /// needs these to stay fast. 0 turns it off; needs egress on the workers.
+    #[arg(long, env = "SPACE_STANDBY_EGRESS", default_value_t = 0)]
+    pub standby_egress: usize,
     /// Domain of service-port URLs, `{port}-{sandbox}.{domain}`.
     #[arg(long, env = "SPACE_DOMAIN", default_value = "localhost")]
     pub domain: String,

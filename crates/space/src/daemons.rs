@@ -44,6 +44,7 @@ pub async fn control(a: ControlArgs) -> Result<(), String> {
         data_dir: a.data_dir,
         database_url: a.database_url,
         standby: a.standby,
+        standby_egress: a.standby_egress,
         domain: a.domain.clone(),
         network_default: a.network_default,
         default_template: a.default_template.clone(),

@@ -51,6 +51,7 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
         data_dir: data_dir.clone(),
         database_url: None,
         standby: a.standby(),
+        standby_egress: a.standby_egress,
         domain: a.domain.clone(),
         network_default: a.network_default,
         default_template: space_control::service::DEFAULT_TEMPLATE.into(),
@@ -114,6 +115,7 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
     say(format_args!("stopping…"));
     // No new standby sandbox while the workers go.
     handle.cp.set_standby_target(0);
+    handle.cp.set_standby_egress_target(0);
     stopping.store(true, Ordering::SeqCst);
     stop_children(&children).await;
     for s in supervisors {

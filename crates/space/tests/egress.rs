@@ -672,15 +672,20 @@ fn a_standby_sandbox_claimed_with_an_egress_policy_has_it_before_the_create_retu
     if !can_run() {
         return;
     }
-    // Standby sandboxes run the default policy, `none`.
-    let w = world_with(12, &[("SPACE_STANDBY", "2")]);
+    // Two standby sandboxes of the default policy, `none`, and two with their link
+    // made (`--standby-egress`), holding it for a claim.
+    let w = world_with(12, &[("SPACE_STANDBY", "2"), ("SPACE_STANDBY_EGRESS", "2")]);
     let c = &w.c;
-    wait_for_standby(c, 2.0);
+    wait_for_standby(c, 4.0);
     let id = create_plain(c, egress(&["a.test"], &[]));
     assert_eq!(
         c.control_metric("space_control_standby_claims_total"),
         1.0,
         "the create claimed a standby sandbox"
+    );
+    assert!(
+        sh(c, &id, "ip -o link").contains("eth0"),
+        "the claimed sandbox has its link"
     );
     // The very first exec after the answer: the allowed host is reached by name, the
     // other is refused by name and by address.
@@ -693,10 +698,19 @@ fn a_standby_sandbox_claimed_with_an_egress_policy_has_it_before_the_create_retu
     );
     assert!(tcp(c, &id, w.b.addr, ECHO).is_err());
     assert_eq!(c.sandbox(&id)["network"], egress(&["a.test"], &[]));
+    // A create in mode none claims one without a link, never one with.
+    let bare = create_plain(c, json!({"mode": "none", "allow": [], "deny": []}));
+    assert_eq!(
+        c.control_metric("space_control_standby_claims_total"),
+        2.0,
+        "the create claimed a standby sandbox"
+    );
+    let links = sh(c, &bare, "ip -o link; ip -4 -o addr");
+    assert!(!links.contains("eth0"), "a link in mode none: {links}");
 }
 
 #[test]
-fn a_standby_sandbox_claimed_with_network_none_when_the_default_is_egress_has_only_loopback() {
+fn a_create_in_mode_none_never_claims_a_standby_sandbox_with_a_link() {
     if !can_run() {
         return;
     }
@@ -711,17 +725,21 @@ fn a_standby_sandbox_claimed_with_network_none_when_the_default_is_egress_has_on
     let id = create_plain(c, json!({"mode": "none", "allow": [], "deny": []}));
     assert_eq!(
         c.control_metric("space_control_standby_claims_total"),
-        1.0,
-        "the create claimed a standby sandbox"
+        0.0,
+        "a create in mode none claimed a standby sandbox with a link"
     );
-    // The first exec after the answer finds no link left.
+    // Its own launch: no link at its first exec.
     let links = sh(c, &id, "ip -o link; ip -4 -o addr");
-    assert!(!links.contains("eth0"), "a link is left: {links}");
+    assert!(!links.contains("eth0"), "a link: {links}");
     let by_addr = curl(c, &id, &format!("http://{}/", w.a.addr));
     assert_eq!((by_addr.exit, by_addr.status), (7, 0), "{by_addr}");
     assert_eq!(getent(c, &id, "a.test"), None);
-    // A sandbox created with the default still gets a link (the standby sandboxes'
-    // policy is in force there).
+    // A create with the default claims one, and its policy is in force there.
     let other = create_plain(c, egress(&[], &[]));
+    assert_eq!(
+        c.control_metric("space_control_standby_claims_total"),
+        1.0,
+        "the create claimed a standby sandbox"
+    );
     reached(c, &other, "http://a.test/", "a");
 }

@@ -54,11 +54,15 @@ pub struct ControlPlane {
     pub(super) load: std::sync::Mutex<LoadView>,
     /// Standby sandboxes to keep ready (0: none).
     pub(super) standby_target: std::sync::atomic::AtomicUsize,
+    /// Standby sandboxes of the default template to keep ready with a link made
+    /// (`--standby-egress`), for creates in mode `egress` (0: none).
+    pub(super) standby_egress_target: std::sync::atomic::AtomicUsize,
     /// Standby pools of image templates the operator named (`--standby-template`).
     pub(super) standby_templates: std::sync::RwLock<Vec<crate::standby_plan::TemplatePool>>,
-    /// Those pools' templates as records name them (pinned), with their sizes: which
-    /// creates may claim a standby sandbox.
-    pub(super) standby_pinned: std::sync::RwLock<std::collections::BTreeMap<String, usize>>,
+    /// Every pool's kind (its template as records name it, pinned), with its size:
+    /// which creates may claim a standby sandbox.
+    pub(super) standby_pinned:
+        std::sync::RwLock<std::collections::BTreeMap<crate::standby_plan::PoolKey, usize>>,
     /// Standby starts under way, per worker.
     pub(super) standby_in_flight: std::sync::Mutex<std::collections::BTreeMap<WorkerId, usize>>,
     /// Workers that get no standby start until then (one failed there).
@@ -129,6 +133,7 @@ impl ControlPlane {
             busy: std::sync::Mutex::new(Default::default()),
             load: std::sync::Mutex::new(LoadView::default()),
             standby_target: std::sync::atomic::AtomicUsize::new(0),
+            standby_egress_target: std::sync::atomic::AtomicUsize::new(0),
             standby_templates: std::sync::RwLock::default(),
             standby_pinned: std::sync::RwLock::default(),
             standby_in_flight: std::sync::Mutex::default(),

@@ -149,25 +149,36 @@ impl ControlPlane {
         // must have a pool (the default, or one `--standby-template` names); sandboxes
         // with their own environment or a chosen worker are started for the request.
         // Standby sandboxes run with the default limits: other limits start their own.
-        // Any network policy claims one (given to it below before the answer).
+        // Any network policy claims one of its mode (one in mode `egress` has its
+        // link made already): the claim writes the policy, given to the worker below
+        // before the answer.
         let plain = env.is_empty() && req.worker.is_none() && limits == policy.defaults;
-        if plain && caller.tenant != STANDBY_TENANT && self.has_standby_pool(&template) {
+        let kind = crate::standby_plan::PoolKey {
+            template: template.clone(),
+            linked: network.mode == space_proto::api::NetworkMode::Egress,
+        };
+        if plain && caller.tenant != STANDBY_TENANT && self.has_standby_pool(&kind) {
             let claim = space_store::Claim {
                 tenant: caller.tenant.clone(),
                 created_at: now,
                 expires_at,
                 metadata: metadata.clone(),
                 template: template.clone(),
+                network: network.clone(),
             };
-            if let Some(mut s) = self.store.claim_standby(STANDBY_TENANT, &claim).await? {
+            if let Some(s) = self.store.claim_standby(STANDBY_TENANT, &claim).await? {
                 drop(quota_hold.take());
-                if s.network != network {
-                    // Standby sandboxes run the default policy (or one from before a
-                    // restart that changed it): handed over only once the worker has
-                    // put the policy asked for in force (a link given, changed or
-                    // removed); one whose worker does not take it is stopped, not
-                    // handed over.
-                    if let Err(e) = self.apply_network(&s.id, &network).await {
+                // A sandbox in mode `none` with no lists is what every standby sandbox
+                // of its kind runs. Any other policy is pushed (the standby sandbox ran
+                // its pool's, or one from before a restart that changed it): handed
+                // over only once the worker has put it in force; one whose worker
+                // does not take it is stopped, not handed over.
+                if network != space_proto::api::Policy::none() {
+                    let pushed = self.push_network(&s.id).await;
+                    if let Ok(applied) = &pushed {
+                        tracing::debug!(sandbox = %s.id, ?applied, "claimed standby sandbox given its policy");
+                    }
+                    if let Err(e) = pushed {
                         let _ = self.delete_sandbox(&s).await;
                         // Its message speaks of a running sandbox (the push's own
                         // log line keeps the worker's reason).
@@ -181,7 +192,6 @@ impl ControlPlane {
                             other => other,
                         });
                     }
-                    s.network = network;
                 }
                 if pause_at_ttl {
                     self.store.kv_set(&ttl_pause_key(&s.id), "pause").await?;

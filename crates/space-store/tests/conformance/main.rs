@@ -77,7 +77,7 @@ conformance!(
     network::a_network_policy_round_trips_through_create_set_network_and_a_reopen,
     network::set_network_is_refused_for_a_stopped_or_missing_sandbox_and_changes_nothing,
     network::a_row_written_without_a_policy_reads_as_none,
-    network::a_claimed_standby_sandbox_keeps_its_network_policy,
+    network::a_claim_takes_a_standby_sandbox_of_its_network_mode_and_writes_its_policy,
     templates::a_template_name_is_bound_once_and_the_same_digest_again_changes_nothing,
     templates::templates_are_found_by_digest_under_any_name_listed_by_name_and_removed,
     templates::a_malformed_template_record_is_refused,

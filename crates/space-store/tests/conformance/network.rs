@@ -110,28 +110,89 @@ pub async fn a_row_written_without_a_policy_reads_as_none(f: &Fixture) {
     assert_eq!(store.get_sandbox(&id).await.unwrap().network, p);
 }
 
-pub async fn a_claimed_standby_sandbox_keeps_its_network_policy(f: &Fixture) {
+pub async fn a_claim_takes_a_standby_sandbox_of_its_network_mode_and_writes_its_policy(
+    f: &Fixture,
+) {
     let store = f.open().await;
     for t in ["_standby", "ten_a"] {
         store.create_tenant(&tenant(t)).await.unwrap();
     }
-    let standby = sandbox(3, "_standby");
-    store.create_sandbox(&standby).await.unwrap();
-    store
-        .set_sandbox_state(&standby.id, SandboxState::Running, None)
+    // Sandbox 3 is in mode egress (it would have its link), sandbox 1 in mode none.
+    let w = fixture::worker_id("worker-a");
+    let (linked, bare) = (sandbox(3, "_standby"), sandbox(1, "_standby"));
+    for s in [&linked, &bare] {
+        store.create_sandbox(s).await.unwrap();
+        store
+            .allocate_execution(
+                &s.id,
+                fixture::execution_id(),
+                &w,
+                space_identity::Substrate::Jail,
+                fixture::NOW,
+            )
+            .await
+            .unwrap();
+        store
+            .set_sandbox_state(&s.id, SandboxState::Running, None)
+            .await
+            .unwrap();
+    }
+    let mut counts: Vec<_> = store
+        .count_standby_by_worker("_standby")
         .await
-        .unwrap();
-    let claim = space_store::Claim {
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.worker.to_string(), c.template, c.mode, c.n))
+        .collect();
+    counts.sort_by_key(|c| c.2 == space_egress::NetworkMode::None);
+    assert_eq!(
+        counts,
+        vec![
+            (
+                w.to_string(),
+                "default".into(),
+                space_egress::NetworkMode::Egress,
+                1
+            ),
+            (
+                w.to_string(),
+                "default".into(),
+                space_egress::NetworkMode::None,
+                1
+            ),
+        ]
+    );
+    let claim = |network: Policy| space_store::Claim {
         tenant: "ten_a".into(),
         created_at: fixture::NOW + 5,
         expires_at: None,
         metadata: serde_json::json!({}),
         template: "default".into(),
+        network,
     };
-    let claimed = store
-        .claim_standby("_standby", &claim)
+    // A claim in mode egress takes the one in mode egress and writes its own policy.
+    let asked = egress(&["pypi.org"], &[]);
+    assert_ne!(asked, linked.network);
+    let got = store
+        .claim_standby("_standby", &claim(asked.clone()))
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(claimed.network, standby.network);
+    assert_eq!((got.id, &got.network), (linked.id, &asked));
+    assert_eq!(store.get_sandbox(&linked.id).await.unwrap().network, asked);
+    // None in mode egress is left: another such claim gets none, never the bare one.
+    assert_eq!(
+        store
+            .claim_standby("_standby", &claim(egress(&[], &[])))
+            .await
+            .unwrap(),
+        None
+    );
+    // A claim in mode none takes the one without a link.
+    let got = store
+        .claim_standby("_standby", &claim(Policy::none()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((got.id, got.network), (bare.id, Policy::none()));
 }

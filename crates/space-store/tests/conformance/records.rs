@@ -414,6 +414,7 @@ pub async fn standby_sandboxes_are_claimed_oldest_first_once_each_and_only_when_
         expires_at: None,
         metadata: serde_json::json!({ "claimed": n }),
         template: "default".into(),
+        network: space_store::Policy::none(),
     };
     // None yet; a starting one is not ready.
     assert_eq!(
@@ -423,8 +424,11 @@ pub async fn standby_sandboxes_are_claimed_oldest_first_once_each_and_only_when_
             .unwrap(),
         None
     );
+    // All in mode none, as the claims (the fixture gives every third a network).
     for n in 1..=6u8 {
-        store.create_sandbox(&sandbox(n, "_standby")).await.unwrap();
+        let mut s = sandbox(n, "_standby");
+        s.network = space_store::Policy::none();
+        store.create_sandbox(&s).await.unwrap();
     }
     assert_eq!(
         store
@@ -529,6 +533,7 @@ pub async fn a_claim_takes_only_a_standby_sandbox_of_its_template_and_pools_are_
     ] {
         let mut s = sandbox(n, "_standby");
         s.template = template.to_owned();
+        s.network = space_store::Policy::none();
         store.create_sandbox(&s).await.unwrap();
         if let Some(w) = worker {
             store
@@ -537,10 +542,8 @@ pub async fn a_claim_takes_only_a_standby_sandbox_of_its_template_and_pools_are_
                 .unwrap();
         }
     }
-    let mut counts = store.count_standby_by_worker("_standby").await.unwrap();
-    counts.sort();
     assert_eq!(
-        counts,
+        standby_counts(&store).await,
         vec![
             (w1.clone(), "default".to_owned(), 2),
             (w2.clone(), image.clone(), 1)
@@ -558,6 +561,7 @@ pub async fn a_claim_takes_only_a_standby_sandbox_of_its_template_and_pools_are_
         expires_at: None,
         metadata: serde_json::json!({}),
         template: template.into(),
+        network: space_store::Policy::none(),
     };
     // A claim of the image never takes a default one, nor one of another template.
     let other = "app:2@sha256:".to_owned() + &"cd".repeat(32);
@@ -584,7 +588,26 @@ pub async fn a_claim_takes_only_a_standby_sandbox_of_its_template_and_pools_are_
         .unwrap();
     assert_eq!(got.template, "default");
     // Claimed ones are no longer the standby tenant's.
-    let mut counts = store.count_standby_by_worker("_standby").await.unwrap();
+    assert_eq!(
+        standby_counts(&store).await,
+        vec![(w1, "default".to_owned(), 1)]
+    );
+}
+
+/// The standby counts, sorted, as (worker, template, n); every one in mode `none`.
+async fn standby_counts(
+    store: &space_store::Store,
+) -> Vec<(space_identity::WorkerId, String, u64)> {
+    let mut counts: Vec<_> = store
+        .count_standby_by_worker("_standby")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| {
+            assert_eq!(c.mode, space_store::NetworkMode::None);
+            (c.worker, c.template, c.n)
+        })
+        .collect();
     counts.sort();
-    assert_eq!(counts, vec![(w1, "default".to_owned(), 1)]);
+    counts
 }

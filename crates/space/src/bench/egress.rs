@@ -1,7 +1,8 @@
 //! Issue 15's figures: sandbox creates in network mode `egress` (P4's burst: creates
 //! with a names-only policy while the default is `none`, each claiming a standby
-//! sandbox that its worker gives a link before the answer; with an address rule, and
-//! claiming none, for information), and TCP throughput from a sandbox to a host
+//! sandbox whose link is made already (`--standby-egress`), which its worker gives the
+//! create's policy before the answer; with an address rule, and claiming none, for
+//! information), and TCP throughput from a sandbox to a host
 //! outside it — through the worker's NAT (an address rule) and through its SNI proxy
 //! (a name rule) — against the same transfer from the host, in one run.
 //!
@@ -38,6 +39,17 @@ const TLS_PORT: u16 = 443;
 const MIB: u64 = 512;
 /// The egress slot of the bench's platform (its workers take this one and the next).
 const SLOT: &str = "250";
+/// Standby sandboxes kept with their link made (`--standby-egress`): more than a burst.
+const LINKED: usize = 64;
+
+/// The pools of the bench's platform: warm jails per worker, standby sandboxes in all
+/// (those without a link and those with one).
+fn pools() -> (usize, usize) {
+    (
+        space_worker::daemon::DEFAULT_WARM_POOL,
+        space_control::service::STANDBY_PER_WORKER * 2 + LINKED,
+    )
+}
 
 /// Why this host cannot run the figures, if it cannot.
 fn missing_requirement() -> Option<String> {
@@ -197,16 +209,17 @@ impl Drop for Outside {
 /// The platform of these figures: `space up` with egress on (its own slots), the
 /// bench's DNS server upstream, the defaults otherwise.
 async fn platform(dns: SocketAddr) -> Result<Platform, String> {
-    let (warm_pool, standby) = (
-        space_worker::daemon::DEFAULT_WARM_POOL,
-        space_control::service::STANDBY_PER_WORKER * 2,
+    let warm_pool = space_worker::daemon::DEFAULT_WARM_POOL;
+    let standby = space_control::service::STANDBY_PER_WORKER * 2;
+    eprintln!(
+        "egress: starting space up (2 workers, egress on, slots {SLOT}+, {LINKED} standby sandboxes with links)"
     );
-    eprintln!("egress: starting space up (2 workers, egress on, slots {SLOT}+)");
     Platform::start(PlatformOptions {
         workers: 2,
         warm_pool,
         standby,
         env: vec![
+            ("SPACE_STANDBY_EGRESS".into(), LINKED.to_string()),
             ("SPACE_TENANT_SANDBOXES".into(), "100000".into()),
             ("SPACE_NO_EGRESS".into(), "0".into()),
             ("SPACE_EGRESS_SLOT".into(), SLOT.into()),
@@ -380,10 +393,7 @@ pub async fn run() -> Result<Vec<Row>, String> {
 }
 
 async fn measure(p: &Platform) -> Result<Vec<Row>, String> {
-    let (warm, standby) = (
-        space_worker::daemon::DEFAULT_WARM_POOL,
-        space_control::service::STANDBY_PER_WORKER * 2,
-    );
+    let (warm, standby) = pools();
     p.wait_for_pools(warm, standby, Duration::from_secs(180))
         .await?;
     // What a burst costs when it cannot claim standby sandboxes at all (an environment
@@ -407,9 +417,9 @@ async fn measure(p: &Platform) -> Result<Vec<Row>, String> {
     p.wait_for_pools(warm, standby, Duration::from_secs(180))
         .await?;
     // The headline: the usual policy names what it reaches (`--allow pypi.org`) while
-    // the default stays `none`, so each create claims a standby sandbox and has the
-    // worker give it a link before the answer; its sandbox needs no rules of its own
-    // in the worker's table. One with an address rule does.
+    // the default stays `none`, so each create claims a standby sandbox with its link
+    // made and has the worker give it the policy before the answer; its sandbox needs
+    // no rules of its own in the worker's table. One with an address rule does.
     let mut rows = super::p4::run_with(p, warm, standby, Some(names_policy())).await?;
     p.wait_for_pools(warm, standby, Duration::from_secs(180))
         .await?;
