@@ -18,6 +18,39 @@ use crate::{now_secs, random_bytes};
 /// Largest archive of a writable layer taken or sent (the workers' limit).
 const MAX_ARCHIVE: u64 = 1 << 30;
 
+/// Update sequence numbers reserved in one store write for the updates that follow.
+pub(super) const SEQ_BLOCK: u64 = 32;
+
+/// How long numbers reserved ahead may still be signed. Far below what makes a number
+/// unsafe to sign late: a worker forgets the numbers of updates issued
+/// `SEEN_UPDATES_KEPT_SECS` (90 s) before its clock, the highest of them becoming its
+/// floor, and a number reserved after ours was issued after our reservation; ours,
+/// signed within this time of it, is refused by its age (60 s plus 15 s of skew) before
+/// any such later number can be forgotten.
+pub(super) const SEQ_BLOCK_LIFETIME: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Numbers of one worker's update sequence reserved durably and not signed yet:
+/// `next..end`, reserved at `reserved`.
+#[derive(Debug)]
+pub(super) struct SeqBlock {
+    next: u64,
+    end: u64,
+    reserved: std::time::Instant,
+}
+
+impl SeqBlock {
+    /// `n` consecutive numbers from the block (the first), if it holds them and is
+    /// young enough to sign them.
+    fn take(&mut self, n: u64, now: std::time::Instant) -> Option<u64> {
+        let fresh = now.saturating_duration_since(self.reserved) < SEQ_BLOCK_LIFETIME;
+        (fresh && self.end - self.next >= n).then(|| {
+            let first = self.next;
+            self.next += n;
+            first
+        })
+    }
+}
+
 /// URL-safe base64 without padding, the encoding of every binary field sent to workers.
 pub(super) fn b64(bytes: &[u8]) -> String {
     B64.encode(bytes)
@@ -25,8 +58,9 @@ pub(super) fn b64(bytes: &[u8]) -> String {
 
 impl ControlPlane {
     /// Signs an update for `worker` under the next number of its update sequence
-    /// (reserved durably in the store first, so no number is signed twice, also by
-    /// two replicas or across restarts); the worker applies each number once.
+    /// (reserved durably in the store first — in blocks, see `take_update_seqs` — so
+    /// no number is signed twice, also by two replicas or across restarts); the worker
+    /// applies each number once.
     pub async fn sign_update(
         &self,
         worker: &WorkerId,
@@ -49,12 +83,12 @@ impl ControlPlane {
         if n == 0 {
             return Ok(Vec::new());
         }
-        let last = self.store.reserve_update_seqs(worker, n).await?;
+        let first = self.take_update_seqs(worker, n).await?;
         let issued_at = now_secs();
         let keys = self.keys().await;
         Ok(updates
             .into_iter()
-            .zip(last + 1 - n..)
+            .zip(first..)
             .map(|(update, seq)| {
                 let body = serde_json::to_vec(&UpdateBody {
                     worker: worker.clone(),
@@ -70,6 +104,33 @@ impl ControlPlane {
                 }
             })
             .collect())
+    }
+
+    /// The first of `n` consecutive sequence numbers of `worker`'s updates, never
+    /// signed before: from the numbers reserved ahead when they hold them and are
+    /// fresh ([`SEQ_BLOCK_LIFETIME`]), else from a new reservation of [`SEQ_BLOCK`] (or
+    /// `n`, if more) in one store write, whose rest is kept for the updates that
+    /// follow. A burst of updates costs one reservation per block, not one each.
+    /// Several replicas reserve from the one counter: their blocks never overlap.
+    async fn take_update_seqs(&self, worker: &WorkerId, n: u64) -> Result<u64, ControlError> {
+        let mut blocks = self.seq_blocks.lock().await;
+        let now = std::time::Instant::now();
+        if let Some(first) = blocks.get_mut(worker).and_then(|b| b.take(n, now)) {
+            return Ok(first);
+        }
+        // Reserved under the lock: updates waiting meanwhile take from this block.
+        let size = n.max(SEQ_BLOCK);
+        let last = self.store.reserve_update_seqs(worker, size).await?;
+        let first = last + 1 - size;
+        blocks.insert(
+            worker.clone(),
+            SeqBlock {
+                next: first + n,
+                end: last + 1,
+                reserved: now,
+            },
+        );
+        Ok(first)
     }
 
     /// Pushes one signed update to a worker and returns its acknowledgement, which the
@@ -302,5 +363,34 @@ pub(super) fn install_of(
         needs_layer: exe.generation > Generation::FIRST,
         ports,
         network: s.network.clone(),
+    }
+}
+
+#[cfg(test)]
+mod seq_tests {
+    use super::*;
+
+    #[test]
+    fn a_block_hands_out_each_number_once_and_nothing_once_stale_or_short() {
+        let t0 = std::time::Instant::now();
+        let mut b = SeqBlock {
+            next: 10,
+            end: 42,
+            reserved: t0,
+        };
+        assert_eq!(b.take(1, t0), Some(10));
+        assert_eq!(b.take(3, t0), Some(11));
+        assert_eq!(b.take(1, t0), Some(14));
+        // Short: more than is left is not taken (and what is left stays).
+        assert_eq!(b.take(28, t0), None);
+        assert_eq!(b.take(27, t0), Some(15));
+        assert_eq!(b.take(1, t0), None);
+        // Stale: nothing, however much is left.
+        let mut old = SeqBlock {
+            next: 1,
+            end: 33,
+            reserved: t0,
+        };
+        assert_eq!(old.take(1, t0 + SEQ_BLOCK_LIFETIME), None);
     }
 }

@@ -66,6 +66,9 @@ pub struct ControlPlane {
     /// Standby starts under way, per worker.
     pub(super) standby_in_flight: std::sync::Mutex<std::collections::BTreeMap<WorkerId, usize>>,
     /// Workers that get no standby start until then (one failed there).
+    /// Update sequence numbers reserved ahead, per worker (`channel::SeqBlock`).
+    pub(super) seq_blocks:
+        tokio::sync::Mutex<std::collections::HashMap<WorkerId, super::channel::SeqBlock>>,
     pub(super) standby_backoff:
         std::sync::Mutex<std::collections::BTreeMap<WorkerId, std::time::Instant>>,
     /// Default and largest sandbox limits, and the per-tenant sandbox quota.
@@ -138,6 +141,7 @@ impl ControlPlane {
             standby_pinned: std::sync::RwLock::default(),
             standby_in_flight: std::sync::Mutex::default(),
             standby_backoff: std::sync::Mutex::default(),
+            seq_blocks: tokio::sync::Mutex::default(),
             quota_pending: Arc::default(),
             limits_policy: std::sync::RwLock::new(crate::limits::LimitsPolicy::from_env()),
             network_default: std::sync::RwLock::default(),
