@@ -173,3 +173,42 @@ fn the_control_planes_blob_import_stops_a_bomb_at_the_bound_and_keeps_no_blob() 
         assert_eq!((kept, spooled), (0, 0), "{c:?}: a blob was kept");
     }
 }
+
+#[test]
+fn sparse_entries_are_refused_so_no_file_claims_more_than_its_bytes() {
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let header = |kind: tar::EntryType| {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_size(0);
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        h
+    };
+    // A PAX sparse map claiming 100 GiB of holes for a file of no data.
+    let mut pax = tar::Builder::new(Vec::new());
+    pax.append_pax_extensions([
+        ("GNU.sparse.size", &b"107374182400"[..]),
+        ("GNU.sparse.map", &b"107374182399,0"[..]),
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    pax.append_data(&mut header(tar::EntryType::Regular), "holes", &[][..])
+        .unwrap_or_else(|e| panic!("{e}"));
+    // An old GNU sparse entry.
+    let mut gnu = tar::Builder::new(Vec::new());
+    gnu.append_data(&mut header(tar::EntryType::GNUSparse), "holes", &[][..])
+        .unwrap_or_else(|e| panic!("{e}"));
+    for (name, layer) in [("pax", pax), ("gnu", gnu)] {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let tar = layer.into_inner().unwrap_or_else(|e| panic!("{e}"));
+        let image = layout(&dir, vec![(tar, Comp::Gzip)]);
+        let msg = refused(&image).to_string();
+        assert!(
+            msg.contains("sparse files are refused") || msg.contains("unsupported tar entry type"),
+            "{name}: {msg}"
+        );
+    }
+}
