@@ -68,6 +68,20 @@ fn internal(why: impl Into<String>) -> UpdateError {
     UpdateError::Internal(why.into())
 }
 
+/// [`verify`] on a blocking thread: its claim waits for a durable commit (one fsync
+/// for every claim waiting), which must not hold a runtime thread — with the runtime's
+/// threads each waiting on a commit, no other request is read meanwhile, and a burst of
+/// updates commits two at a time instead of together.
+pub async fn verify_detached(
+    worker: &Arc<Worker>,
+    signed: SignedUpdate,
+) -> Result<(Vec<u8>, Update), UpdateError> {
+    let w = Arc::clone(worker);
+    tokio::task::spawn_blocking(move || verify(&w, &signed))
+        .await
+        .map_err(|e| internal(format!("update check task: {e}")))?
+}
+
 /// Checks an update the way [`verify_all`] does; for one arriving on its own.
 pub fn verify(worker: &Worker, signed: &SignedUpdate) -> Result<(Vec<u8>, Update), UpdateError> {
     let mut one = verify_all(worker, std::slice::from_ref(signed))?;
@@ -500,10 +514,7 @@ pub(crate) async fn freeze(
     let mut record = slot.record.clone();
     record.state = to;
     record.updated_at = now_secs() as i64;
-    worker
-        .records
-        .put(&record)
-        .map_err(|e| internal(e.to_string()))?;
+    put_record(worker, &record).await.map_err(internal)?;
     let substrate = Arc::clone(&worker.substrate);
     let acted = tokio::task::spawn_blocking(move || {
         if pause {
@@ -515,7 +526,7 @@ pub(crate) async fn freeze(
     .await
     .map_err(|e| internal(e.to_string()))?;
     if let Err(e) = acted {
-        let _ = worker.records.put(&slot.record);
+        let _ = put_record(worker, &slot.record).await;
         return Err(internal(format!("freezer: {e}")));
     }
     worker.put_slot(record, slot.pool.clone());
@@ -575,7 +586,7 @@ async fn retire_execution(
     }
     tomb.state = RecordState::Retired;
     tomb.updated_at = now_secs() as i64;
-    if let Err(e) = worker.records.put(&tomb) {
+    if let Err(e) = put_record(worker, &tomb).await {
         tracing::error!(sandbox = %sandbox, error = %e, "cannot persist retirement");
         return;
     }
@@ -762,7 +773,7 @@ async fn install_execution(
         Err(e) => {
             record.state = RecordState::Failed;
             record.updated_at = now_secs() as i64;
-            let _ = worker.records.put(&record);
+            let _ = put_record(worker, &record).await;
             worker.put_slot(record, None);
             tracing::warn!(sandbox = %i.sandbox, generation = i.generation.get(), error = %e, "launch failed");
             Ok(ack(worker, AckState::Failed, Some(e.to_string())))

@@ -47,7 +47,7 @@ pub(crate) async fn apply_update(
         Ok(s) => s,
         Err(e) => return Refusal::BadRequest(format!("invalid update: {e}")).into_response(),
     };
-    let result = match updates::verify(&w, &signed) {
+    let result = match updates::verify_detached(&w, signed).await {
         Ok((body, update)) => updates::apply(&w, body, update).await,
         Err(e) => Err(e),
     };
