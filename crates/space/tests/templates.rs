@@ -4,10 +4,13 @@
 //! `User`) imported through
 //! `space template import`, sandboxes of it that see its files and defaults and none
 //! of the host's, two sandboxes sharing its layers (measured), a migration and a
-//! snapshot's resume onto a worker that did not have it, and `rm` refused while in use.
+//! snapshot's resume onto a worker that did not have it, `rm` refused while in use,
+//! and a template removed at the control plane gone from the worker's disk at its
+//! next sync.
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
+use std::time::{Duration, Instant};
 
 use space_testkit::cluster as support;
 use support::{Cluster, can_run_jails};
@@ -251,5 +254,37 @@ fn a_template_in_use_is_not_removed() {
         String::from_utf8_lossy(&out.stderr).contains("unknown template"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_template_removed_at_the_control_plane_leaves_the_workers_disk_at_its_next_sync() {
+    let Some((c, _dir)) = cluster_with_image() else {
+        return;
+    };
+    let id = c.create(&["--template", "spacetest:1"]);
+    let images = images_dir(&c, &worker_of(&c, &id));
+    assert!(bytes_under(&images.join("layers")) > 500_000);
+    ok(c.cli(&["sandbox", "rm", &id]));
+    ok(c.cli(&["template", "rm", "spacetest:1"]));
+    // The worker's periodic sync (every 15 s) carries the control plane's list of
+    // templates, which no longer names it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = bytes_under(&images.join("layers")) + bytes_under(&images.join("blobs"));
+        if left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{left} bytes of the removed template are still on the worker"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(
+        std::fs::read_dir(images.join("templates/manifests"))
+            .map(Iterator::count)
+            .ok(),
+        Some(0)
     );
 }
