@@ -508,6 +508,15 @@ impl Unpacker<'_> {
                     format!("its path goes through more than {MAX_LINKS} symbolic links"),
                 ));
             }
+            Err(Unresolved::TooLong) => {
+                return Err(self.refuse(
+                    m,
+                    format!(
+                        "its path resolves to more than {} bytes",
+                        crate::limits::MAX_PATH
+                    ),
+                ));
+            }
             Err(Unresolved::NotADirectory(at)) => {
                 let shown = entry::shown(&at);
                 return Err(self.refuse(

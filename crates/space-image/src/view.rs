@@ -27,6 +27,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{FileType, Mode};
 
 use crate::at::{self, DIR};
+use crate::limits::MAX_PATH;
 
 /// The most symbolic links one path may go through (Linux's `MAXSYMLINKS`).
 pub(crate) const MAX_LINKS: usize = 40;
@@ -67,6 +68,9 @@ pub(crate) enum Unresolved {
     TooManyLinks,
     /// A component (the path up to it given) is neither a directory nor a link.
     NotADirectory(Vec<u8>),
+    /// What it resolves to is longer than [`MAX_PATH`] (links can make a path far
+    /// deeper than its entry's name; a tree that deep is refused, as any path is).
+    TooLong,
     /// A lookup failed.
     Io(io::Error),
 }
@@ -168,17 +172,28 @@ impl Stack {
         let mut todo: VecDeque<Vec<u8>> = path.iter().map(|c| c.to_vec()).collect();
         let mut here = self.root()?;
         let mut links = 0;
+        // The length of `out` joined with `/`.
+        let mut len = 0usize;
         while let Some(c) = todo.pop_front() {
             match c.as_slice() {
                 b"" | b"." => continue,
                 b".." => {
-                    out.pop();
+                    if let Some(gone) = out.pop() {
+                        len = len.saturating_sub(gone.len() + 1);
+                    }
                     here = self.at(&out)?;
                     continue;
                 }
                 _ => {}
             }
-            match self.lookup(&here, &c)? {
+            let found = self.lookup(&here, &c)?;
+            if matches!(found, Found::Dir(_) | Found::Missing) {
+                len += c.len() + usize::from(!out.is_empty());
+                if len > MAX_PATH {
+                    return Err(Unresolved::TooLong);
+                }
+            }
+            match found {
                 Found::Dir(d) => {
                     out.push(c);
                     here = d;
@@ -194,6 +209,7 @@ impl Stack {
                     }
                     if target.starts_with(b"/") {
                         out.clear();
+                        len = 0;
                     }
                     for t in target.split(|&b| b == b'/').rev() {
                         todo.push_front(t.to_vec());

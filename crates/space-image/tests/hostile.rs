@@ -341,3 +341,39 @@ fn whiteouts_need_root_and_say_so() {
     let err = refused(&image);
     assert!(err.to_string().contains("whiteouts need root"), "{err}");
 }
+
+#[test]
+fn a_path_that_links_make_longer_than_path_max_is_refused() {
+    // `x` is a link to a path 3,001 bytes long; `x/e/e/…/f` (1,205 bytes) resolves
+    // to more than 4,096: links chained this way would make trees of any depth.
+    let deep = format!("{}d", "d/".repeat(1500));
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Symlink);
+    h.set_size(0);
+    h.set_mode(0o777);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    b.append_link(&mut h, "x", &deep)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_size(0);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    let name = format!("x/{}e/f", "e/".repeat(600));
+    b.append_data(&mut h, &name, &[][..])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let tar = b.into_inner().unwrap_or_else(|e| panic!("{e}"));
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let image = tmp.path().join("image");
+    Image::new(vec![(tar, Comp::Gzip)]).write_oci(&image);
+    let err = refused(&image);
+    assert!(
+        err.to_string().contains("resolves to more than 4096 bytes"),
+        "{err}"
+    );
+}
