@@ -21,6 +21,12 @@ pub const MAX_PATH: usize = 4096;
 /// The largest PAX extension header of one entry.
 pub const MAX_PAX: u64 = 64 << 10;
 
+/// The most directory entries the resolution of one layer's paths through symbolic
+/// links may look at by default (every layer's, for every name): a layer of a million
+/// entries each through a link of its own would otherwise make its unpack a search
+/// of every lower layer a million times.
+pub const MAX_LOOKUPS_PER_LAYER: u64 = 1 << 25;
+
 /// How deep an OCI index may nest indexes.
 pub const MAX_INDEX_DEPTH: usize = 4;
 

@@ -51,8 +51,8 @@ use rustix::io::Errno;
 use crate::at::{self, DIR};
 use crate::entry::{self, Kind, Member};
 use crate::error::{ImageError, Result};
-use crate::limits::{DEFAULT_ID_LIMIT, MAX_ENTRIES_PER_LAYER};
-use crate::view::{Found, MAX_LINKS, MergedDir, Stack, Unresolved};
+use crate::limits::{DEFAULT_ID_LIMIT, MAX_ENTRIES_PER_LAYER, MAX_LOOKUPS_PER_LAYER};
+use crate::view::{Found, MAX_LINKS, MAX_LOOKUPS_PER_PATH, MergedDir, Stack, Unresolved};
 
 /// Bounds of one unpack.
 #[derive(Debug, Clone)]
@@ -61,6 +61,9 @@ pub struct UnpackOptions {
     pub id_limit: u64,
     /// The most tar entries.
     pub max_entries: u64,
+    /// The most names the resolution of the layer's paths through links may look up
+    /// in its layers, altogether (see [`crate::view`]).
+    pub max_lookups: u64,
 }
 
 impl Default for UnpackOptions {
@@ -68,6 +71,7 @@ impl Default for UnpackOptions {
         Self {
             id_limit: DEFAULT_ID_LIMIT,
             max_entries: MAX_ENTRIES_PER_LAYER,
+            max_lookups: MAX_LOOKUPS_PER_LAYER,
         }
     }
 }
@@ -111,8 +115,8 @@ pub fn unpack_on(
                 .map_err(|e| ImageError::io("open lower layer", p, e.into()))
         })
         .collect::<Result<Vec<_>>>()?;
-    let stack =
-        Stack::new(&root, lowers).map_err(|e| ImageError::io("open layer directory", dest, e))?;
+    let stack = Stack::new(&root, lowers, options.max_lookups)
+        .map_err(|e| ImageError::io("open layer directory", dest, e))?;
     let mut u = Unpacker {
         layer,
         root,
@@ -500,37 +504,48 @@ impl Unpacker<'_> {
             Err(e) if is_walk_error(&e) => {}
             Err(e) => return Err(self.fail(m, "open parent", e)),
         }
-        let resolved = match self.stack.resolve(parents) {
-            Ok(p) => p,
-            Err(Unresolved::TooManyLinks) => {
-                return Err(self.refuse(
-                    m,
-                    format!("its path goes through more than {MAX_LINKS} symbolic links"),
-                ));
-            }
-            Err(Unresolved::TooLong) => {
-                return Err(self.refuse(
-                    m,
-                    format!(
-                        "its path resolves to more than {} bytes",
-                        crate::limits::MAX_PATH
-                    ),
-                ));
-            }
-            Err(Unresolved::NotADirectory(at)) => {
-                let shown = entry::shown(&at);
-                return Err(self.refuse(
-                    m,
-                    format!("its path goes through {shown:?}, not a directory"),
-                ));
-            }
-            Err(Unresolved::Io(e)) => return Err(self.fail(m, "resolve parent", e)),
-        };
+        let resolved = self
+            .stack
+            .resolve(parents)
+            .map_err(|e| self.unresolved(m, e))?;
         if resolved.iter().any(|c| c.starts_with(WH)) {
             return Err(self.refuse(m, "its path resolves through a whiteout name"));
         }
         let fd = self.make_dirs(m, &resolved)?;
         Ok((resolved.join(&b'/'), fd))
+    }
+
+    /// The refusal of an entry whose parent does not resolve.
+    fn unresolved(&self, m: &Member, e: Unresolved) -> ImageError {
+        match e {
+            Unresolved::TooManyLinks => self.refuse(
+                m,
+                format!("its path goes through more than {MAX_LINKS} symbolic links"),
+            ),
+            Unresolved::TooCostly => self.refuse(
+                m,
+                format!(
+                    "resolving its path through links looks up too many names (more than \
+                     {MAX_LOOKUPS_PER_PATH} for one path, or {} for the layer)",
+                    self.options.max_lookups
+                ),
+            ),
+            Unresolved::TooLong => self.refuse(
+                m,
+                format!(
+                    "its path resolves to more than {} bytes",
+                    crate::limits::MAX_PATH
+                ),
+            ),
+            Unresolved::NotADirectory(at) => {
+                let shown = entry::shown(&at);
+                self.refuse(
+                    m,
+                    format!("its path goes through {shown:?}, not a directory"),
+                )
+            }
+            Unresolved::Io(e) => self.fail(m, "resolve parent", e),
+        }
     }
 
     /// Opens `path` (directories of the merged root, or missing ones) in this layer,
@@ -550,7 +565,7 @@ impl Unpacker<'_> {
                 Some(h) => match self.stack.lookup(h, c) {
                     Ok(Found::Dir(d)) => Some(d),
                     Ok(_) => None,
-                    Err(e) => return Err(self.fail(m, "look up parent", e)),
+                    Err(e) => return Err(self.unresolved(m, e)),
                 },
                 None => None,
             };

@@ -32,9 +32,18 @@ use crate::limits::MAX_PATH;
 /// The most symbolic links one path may go through (Linux's `MAXSYMLINKS`).
 pub(crate) const MAX_LINKS: usize = 40;
 
+/// The most names one path's resolution may look up (a layer's directory each): a
+/// path of the deepest a name allows, through every link it may go through, takes
+/// far fewer; `..` after `..` through links would otherwise cost the square of it.
+pub(crate) const MAX_LOOKUPS_PER_PATH: u64 = 8192;
+
 /// The layers of the root, top first: the first is the layer being unpacked.
 pub(crate) struct Stack {
     roots: Vec<OwnedFd>,
+    /// Names looked up in a layer so far, and the most allowed (see
+    /// [`crate::limits::MAX_LOOKUPS_PER_LAYER`]).
+    looked_up: std::cell::Cell<u64>,
+    max_lookups: u64,
 }
 
 /// A directory of the merged root: its directory in each layer (by position) that
@@ -66,6 +75,9 @@ pub(crate) enum Found {
 pub(crate) enum Unresolved {
     /// It goes through more than [`MAX_LINKS`] symbolic links.
     TooManyLinks,
+    /// Its resolution looks up more than [`MAX_LOOKUPS_PER_PATH`] names, or the
+    /// layer's more than their bound altogether.
+    TooCostly,
     /// A component (the path up to it given) is neither a directory nor a link.
     NotADirectory(Vec<u8>),
     /// What it resolves to is longer than [`MAX_PATH`] (links can make a path far
@@ -81,6 +93,12 @@ impl From<io::Error> for Unresolved {
     }
 }
 
+impl From<rustix::io::Errno> for Unresolved {
+    fn from(e: rustix::io::Errno) -> Self {
+        Self::Io(e.into())
+    }
+}
+
 fn is_opaque(dir: BorrowedFd<'_>) -> bool {
     let mut v = [0u8; 2];
     // Unprivileged, `trusted.*` reads as absent (and such a store has no opaque mark).
@@ -88,12 +106,17 @@ fn is_opaque(dir: BorrowedFd<'_>) -> bool {
 }
 
 impl Stack {
-    /// The stack of `top` (the layer being unpacked) over `lowers` (top first).
-    pub(crate) fn new(top: &OwnedFd, lowers: Vec<OwnedFd>) -> io::Result<Self> {
+    /// The stack of `top` (the layer being unpacked) over `lowers` (top first), whose
+    /// resolutions may look up `max_lookups` names altogether.
+    pub(crate) fn new(top: &OwnedFd, lowers: Vec<OwnedFd>, max_lookups: u64) -> io::Result<Self> {
         let mut roots = Vec::with_capacity(lowers.len() + 1);
         roots.push(rustix::io::dup(top)?);
         roots.extend(lowers);
-        Ok(Self { roots })
+        Ok(Self {
+            roots,
+            looked_up: std::cell::Cell::new(0),
+            max_lookups,
+        })
     }
 
     /// Whether there are layers below the top one.
@@ -115,11 +138,16 @@ impl Stack {
     }
 
     /// What `name` is in the merged directory `dir`.
-    pub(crate) fn lookup(&self, dir: &MergedDir, name: &[u8]) -> io::Result<Found> {
+    pub(crate) fn lookup(&self, dir: &MergedDir, name: &[u8]) -> Result<Found, Unresolved> {
         let mut dirs: Vec<Option<OwnedFd>> = self.roots.iter().map(|_| None).collect();
         let mut merged = false;
         for (i, fd) in dir.0.iter().enumerate() {
             let Some(fd) = fd else { continue };
+            let n = self.looked_up.get() + 1;
+            if n > self.max_lookups {
+                return Err(Unresolved::TooCostly);
+            }
+            self.looked_up.set(n);
             match at::kind_of(fd.as_fd(), name)? {
                 None => {}
                 Some((k, rdev)) if at::is_whiteout(k, rdev) => break,
@@ -172,9 +200,13 @@ impl Stack {
         let mut todo: VecDeque<Vec<u8>> = path.iter().map(|c| c.to_vec()).collect();
         let mut here = self.root()?;
         let mut links = 0;
+        let start = self.looked_up.get();
         // The length of `out` joined with `/`.
         let mut len = 0usize;
         while let Some(c) = todo.pop_front() {
+            if self.looked_up.get() - start > MAX_LOOKUPS_PER_PATH {
+                return Err(Unresolved::TooCostly);
+            }
             match c.as_slice() {
                 b"" | b"." => continue,
                 b".." => {

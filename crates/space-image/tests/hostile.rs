@@ -377,3 +377,68 @@ fn a_path_that_links_make_longer_than_path_max_is_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn a_path_whose_links_take_too_many_lookups_to_resolve_is_refused() {
+    // `up` leads 150 directories down and 150 back up: each `..` looks the path up
+    // again from the root, so the one path costs 11,000 lookups.
+    let deep = "a/".repeat(150);
+    let header = |kind: tar::EntryType, mode: u32| {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_size(0);
+        h.set_mode(mode);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        h
+    };
+    let mut b = tar::Builder::new(Vec::new());
+    b.append_data(
+        &mut header(tar::EntryType::Directory, 0o755),
+        &deep,
+        &[][..],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let target = format!("{deep}{}", "../".repeat(150));
+    b.append_link(&mut header(tar::EntryType::Symlink, 0o777), "up", &target)
+        .unwrap_or_else(|e| panic!("{e}"));
+    b.append_data(&mut header(tar::EntryType::Regular, 0o644), "up/f", &[][..])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let tar = b.into_inner().unwrap_or_else(|e| panic!("{e}"));
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let image = tmp.path().join("image");
+    Image::new(vec![(tar, Comp::Gzip)]).write_oci(&image);
+    let err = refused(&image);
+    assert!(err.to_string().contains("too many names"), "{err}");
+}
+
+#[test]
+fn a_layer_whose_entries_all_go_through_links_stops_at_its_lookup_bound() {
+    // Each entry under a link of its own: every one is resolved from the root (two
+    // names looked up: its link, and where it leads). With a bound of 10 lookups the
+    // sixth entry passes it.
+    let mut layer = Layer::new();
+    layer.dir("real", 0o755);
+    for i in 0..20 {
+        layer.symlink(&format!("l{i}"), "real");
+        layer.file(&format!("l{i}/f{i}"), b"", 0o644);
+    }
+    let tar = layer.tar();
+    let dest = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let options = space_image::UnpackOptions {
+        max_lookups: 10,
+        ..Default::default()
+    };
+    let err = match space_image::unpack("test", &tar[..], dest.path(), &options) {
+        Ok(s) => panic!("unpacked past the bound: {s:?}"),
+        Err(e) => e,
+    };
+    assert!(err.to_string().contains("10 for the layer"), "{err}");
+    assert!(err.to_string().contains("l5/f5"), "{err}");
+    // With the default bound, the same layer unpacks, every file behind its link.
+    let dest = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    space_image::unpack("test", &tar[..], dest.path(), &Default::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(dest.path().join("real/f19").is_file());
+}
