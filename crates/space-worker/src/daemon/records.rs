@@ -163,42 +163,45 @@ pub enum RecordError {
 
 /// The records database.
 ///
-/// [`Records::put`] commits in groups: concurrent puts (installs of several sandboxes
-/// at once) share one transaction and one fsync. The first put to arrive while no
-/// commit is under way leads: it writes every put waiting, commits, and wakes the
-/// others; each returns only once its own record is on disk.
+/// [`Records::put`] and [`Records::claim_updates`] commit in groups: concurrent
+/// writes of either kind (installs of several sandboxes at once, a burst of updates
+/// whose numbers are claimed while earlier ones record what they did) share one
+/// transaction and one fsync. The first write to arrive while no commit is under way
+/// leads: it writes every one waiting, each in a savepoint of its own (one that fails
+/// rolls back alone), commits, and wakes the others; each returns only once its own
+/// write is on disk.
 #[derive(Debug)]
 pub struct Records {
     conn: Mutex<Connection>,
     group: Mutex<Group>,
     committed: Condvar,
-    claims: Mutex<ClaimGroup>,
-    claimed: Condvar,
 }
 
-/// A claim waiting for its group: its ticket, its numbers with their `issued_at`,
-/// and the caller's clock.
-type WaitingClaim = (u64, Vec<(u64, u64)>, u64);
+/// A write waiting for its group's commit.
+#[derive(Debug)]
+enum Pending {
+    /// A record: sandbox, generation, body, state.
+    Put(String, i64, String, &'static str),
+    /// Update numbers with their `issued_at`, and the caller's clock.
+    Claim(Vec<(u64, u64)>, u64),
+}
 
-/// Update claims waiting for one transaction (as [`Group`] for puts): a burst of
-/// updates costs one fsync, not one each.
-#[derive(Debug, Default)]
-struct ClaimGroup {
-    /// (ticket, the numbers with their `issued_at`, the caller's clock).
-    waiting: Vec<WaitingClaim>,
-    next: u64,
-    leading: bool,
-    outcomes: HashMap<u64, Result<Vec<Claim>, String>>,
+/// What a write of the group came to (the error's text: shared by the group when the
+/// commit fails).
+#[derive(Debug)]
+enum Outcome {
+    Put(Result<(), String>),
+    Claim(Result<Vec<Claim>, String>),
 }
 
 #[derive(Debug, Default)]
 struct Group {
-    /// Puts waiting for a leader: (sequence number, sandbox, generation, body, state).
-    waiting: Vec<(u64, String, i64, String, &'static str)>,
+    /// Writes waiting for a leader, by ticket.
+    waiting: Vec<(u64, Pending)>,
     next: u64,
     leading: bool,
-    /// Outcomes not yet collected by their put.
-    outcomes: HashMap<u64, Result<(), String>>,
+    /// Outcomes not yet collected by their writer.
+    outcomes: HashMap<u64, Outcome>,
 }
 
 const SCHEMA: &str = "
@@ -278,8 +281,6 @@ impl Records {
             conn: Mutex::new(conn),
             group: Mutex::new(Group::default()),
             committed: Condvar::new(),
-            claims: Mutex::new(ClaimGroup::default()),
-            claimed: Condvar::new(),
         })
     }
 
@@ -309,19 +310,28 @@ impl Records {
     /// durably, in one transaction.
     pub fn put(&self, record: &ExecutionRecord) -> Result<(), RecordError> {
         let body = serde_json::to_string(record).map_err(|_| RecordError::Corrupt("record"))?;
-        let mut group = self.group.lock().unwrap_or_else(|e| e.into_inner());
-        let seq = group.next;
-        group.next += 1;
-        group.waiting.push((
-            seq,
+        let pending = Pending::Put(
             record.sandbox.to_string(),
             record.generation.get() as i64,
             body,
             record.state.as_str(),
-        ));
+        );
+        match self.commit_in_group(pending) {
+            Outcome::Put(r) => r.map_err(RecordError::Group),
+            Outcome::Claim(_) => Err(RecordError::Group("a put answered as a claim".into())),
+        }
+    }
+
+    /// Waits for `pending`'s group to commit (leading it when no commit is under way)
+    /// and returns its outcome.
+    fn commit_in_group(&self, pending: Pending) -> Outcome {
+        let mut group = self.group.lock().unwrap_or_else(|e| e.into_inner());
+        let ticket = group.next;
+        group.next += 1;
+        group.waiting.push((ticket, pending));
         loop {
-            if let Some(outcome) = group.outcomes.remove(&seq) {
-                return outcome.map_err(RecordError::Group);
+            if let Some(outcome) = group.outcomes.remove(&ticket) {
+                return outcome;
             }
             if group.leading {
                 group = self
@@ -330,37 +340,89 @@ impl Records {
                     .unwrap_or_else(|e| e.into_inner());
                 continue;
             }
-            // Lead: commit everything waiting (this put included) in one transaction.
+            // Lead: every write waiting (this one included) in one transaction.
             group.leading = true;
             let batch = std::mem::take(&mut group.waiting);
             drop(group);
-            let outcome = self
-                .with(|c| {
-                    let tx = c.unchecked_transaction()?;
-                    let mut record = tx.prepare_cached(
-                        "INSERT INTO executions (sandbox, generation, body, state) VALUES (?1, ?2, ?3, ?4)
-                         ON CONFLICT (sandbox, generation) DO UPDATE SET body = excluded.body, state = excluded.state",
-                    )?;
-                    let mut highest = tx.prepare_cached(
-                        "INSERT INTO generations (sandbox, max_generation) VALUES (?1, ?2)
-                         ON CONFLICT (sandbox) DO UPDATE SET max_generation = MAX(max_generation, excluded.max_generation)",
-                    )?;
-                    for (_, sandbox, generation, body, state) in &batch {
-                        record.execute(params![sandbox, generation, body, state])?;
-                        highest.execute(params![sandbox, generation])?;
-                    }
-                    drop((record, highest));
-                    tx.commit()?;
-                    Ok(())
-                })
-                .map_err(|e| e.to_string());
+            let outcomes = self.with(|c| Self::write_group(c, &batch));
             group = self.group.lock().unwrap_or_else(|e| e.into_inner());
-            for (s, ..) in &batch {
-                group.outcomes.insert(*s, outcome.clone());
+            match outcomes {
+                Ok(all) => {
+                    for ((t, _), outcome) in batch.iter().zip(all) {
+                        group.outcomes.insert(*t, outcome);
+                    }
+                }
+                Err(e) => {
+                    let e = e.to_string();
+                    for (t, p) in &batch {
+                        let failed = match p {
+                            Pending::Put(..) => Outcome::Put(Err(e.clone())),
+                            Pending::Claim(..) => Outcome::Claim(Err(e.clone())),
+                        };
+                        group.outcomes.insert(*t, failed);
+                    }
+                }
             }
             group.leading = false;
             self.committed.notify_all();
         }
+    }
+
+    /// One group's transaction: each write in a savepoint of its own, so one that
+    /// fails (a number out of range) is rolled back alone and the others committed;
+    /// each claim in its turn as if alone (its numbers, then the forgetting its clock
+    /// allows), so the outcomes are those of one transaction per write.
+    fn write_group(c: &Connection, batch: &[(u64, Pending)]) -> Result<Vec<Outcome>, RecordError> {
+        let mut tx = c.unchecked_transaction()?;
+        let mut out = Vec::with_capacity(batch.len());
+        for (_, pending) in batch {
+            let sp = tx.savepoint()?;
+            let done = match pending {
+                Pending::Put(sandbox, generation, body, state) => {
+                    Self::put_in(&sp, sandbox, *generation, body, state).map(|()| None)
+                }
+                Pending::Claim(seqs, now) => Self::claim_in(&sp, seqs, *now).map(Some),
+            };
+            match done {
+                Ok(claims) => {
+                    sp.commit()?;
+                    out.push(match claims {
+                        None => Outcome::Put(Ok(())),
+                        Some(c) => Outcome::Claim(Ok(c)),
+                    });
+                }
+                Err(e) => {
+                    drop(sp);
+                    out.push(match pending {
+                        Pending::Put(..) => Outcome::Put(Err(e.to_string())),
+                        Pending::Claim(..) => Outcome::Claim(Err(e.to_string())),
+                    });
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(out)
+    }
+
+    /// One put of the group, inside its transaction.
+    fn put_in(
+        tx: &Connection,
+        sandbox: &str,
+        generation: i64,
+        body: &str,
+        state: &str,
+    ) -> Result<(), RecordError> {
+        tx.prepare_cached(
+            "INSERT INTO executions (sandbox, generation, body, state) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (sandbox, generation) DO UPDATE SET body = excluded.body, state = excluded.state",
+        )?
+        .execute(params![sandbox, generation, body, state])?;
+        tx.prepare_cached(
+            "INSERT INTO generations (sandbox, max_generation) VALUES (?1, ?2)
+             ON CONFLICT (sandbox) DO UPDATE SET max_generation = MAX(max_generation, excluded.max_generation)",
+        )?
+        .execute(params![sandbox, generation])?;
+        Ok(())
     }
 
     /// Every recorded execution.
@@ -433,60 +495,9 @@ impl Records {
     /// the table stays as small as the updates of the last two minutes, and a
     /// forgotten number can still not come back. A claim returns only once durable.
     pub fn claim_updates(&self, seqs: &[(u64, u64)], now: u64) -> Result<Vec<Claim>, RecordError> {
-        let mut group = self.claims.lock().unwrap_or_else(|e| e.into_inner());
-        let ticket = group.next;
-        group.next += 1;
-        group.waiting.push((ticket, seqs.to_vec(), now));
-        loop {
-            if let Some(outcome) = group.outcomes.remove(&ticket) {
-                return outcome.map_err(RecordError::Group);
-            }
-            if group.leading {
-                group = self.claimed.wait(group).unwrap_or_else(|e| e.into_inner());
-                continue;
-            }
-            // Lead: every claim waiting (this one included) in one transaction, each
-            // in its turn as if alone (its numbers, then the forgetting its clock
-            // allows), so the outcomes are those of one transaction per claim.
-            group.leading = true;
-            let batch = std::mem::take(&mut group.waiting);
-            drop(group);
-            // Each claim in a savepoint of its own: one that fails (a number out of
-            // range) is rolled back alone, and the others are committed.
-            let outcomes = self.with(|c| {
-                let mut tx = c.unchecked_transaction()?;
-                let mut out = Vec::with_capacity(batch.len());
-                for (_, seqs, now) in &batch {
-                    let sp = tx.savepoint()?;
-                    match Self::claim_in(&sp, seqs, *now) {
-                        Ok(claims) => {
-                            sp.commit()?;
-                            out.push(Ok(claims));
-                        }
-                        Err(e) => {
-                            drop(sp);
-                            out.push(Err(e.to_string()));
-                        }
-                    }
-                }
-                tx.commit()?;
-                Ok(out)
-            });
-            group = self.claims.lock().unwrap_or_else(|e| e.into_inner());
-            match outcomes {
-                Ok(all) => {
-                    for ((t, ..), claims) in batch.iter().zip(all) {
-                        group.outcomes.insert(*t, claims);
-                    }
-                }
-                Err(e) => {
-                    for (t, ..) in &batch {
-                        group.outcomes.insert(*t, Err(e.to_string()));
-                    }
-                }
-            }
-            group.leading = false;
-            self.claimed.notify_all();
+        match self.commit_in_group(Pending::Claim(seqs.to_vec(), now)) {
+            Outcome::Claim(r) => r.map_err(RecordError::Group),
+            Outcome::Put(_) => Err(RecordError::Group("a claim answered as a put".into())),
         }
     }
 
@@ -755,5 +766,49 @@ mod tests {
         }
         let all = Records::open(&path).unwrap().all().unwrap();
         assert_eq!(all.len(), 160);
+    }
+
+    #[test]
+    fn puts_and_claims_at_once_share_commits_and_each_is_durable_when_it_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.db");
+        let r = std::sync::Arc::new(Records::open(&path).unwrap());
+        let now = 1_700_000_000;
+        let threads: Vec<_> = (0..12u8)
+            .map(|t| {
+                let (r, path) = (std::sync::Arc::clone(&r), path.clone());
+                std::thread::spawn(move || {
+                    for g in 1..=8u64 {
+                        // An update's number claimed, then the record of what it did,
+                        // while the other threads do the same: both kinds in groups.
+                        let seq = u64::from(t) * 100 + g;
+                        assert_eq!(r.claim_updates(&[(seq, now)], now).unwrap(), [Claim::Fresh]);
+                        let mut one = rec(g, RecordState::Running);
+                        one.sandbox = SandboxId::from_bytes([t; 16]);
+                        r.put(&one).unwrap();
+                        let other = Records::open(&path).unwrap();
+                        assert_eq!(other.max_generation(&one.sandbox).unwrap(), Generation(g));
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        drop(r);
+        // Every claim that returned is on disk: each number is a replay now.
+        let again = Records::open(&path).unwrap();
+        assert_eq!(again.all().unwrap().len(), 96);
+        assert_eq!(again.seen_updates().unwrap(), 96);
+        let seqs: Vec<(u64, u64)> = (0..12u64)
+            .flat_map(|t| (1..=8).map(move |g| (t * 100 + g, now)))
+            .collect();
+        assert!(
+            again
+                .claim_updates(&seqs, now)
+                .unwrap()
+                .iter()
+                .all(|c| *c == Claim::Replayed)
+        );
     }
 }
