@@ -160,6 +160,9 @@ fn check_data_dir(config: &ControlConfig) -> Result<(), String> {
 /// serves until [`ServerHandle::shutdown`].
 pub async fn serve(config: ControlConfig) -> Result<ServerHandle, String> {
     config.validate()?;
+    // A bad template bound is refused before anything binds (as on workers), not
+    // replaced by the defaults.
+    space_image::ImageLimits::from_env()?;
     check_data_dir(&config)?;
     let url = match &config.database_url {
         Some(u) => u.clone(),
