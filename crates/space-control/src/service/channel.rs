@@ -12,44 +12,12 @@ use space_proto::api::{InstallExecution, SignedUpdate, Update, UpdateAck, Update
 use space_store::{ExecutionRecord, SandboxRecord, WorkerRecord, WorkerState};
 
 use super::plane::ControlPlane;
+use super::seq_blocks::{SEQ_BLOCK, SeqBlock};
 use crate::error::ControlError;
 use crate::{now_secs, random_bytes};
 
 /// Largest archive of a writable layer taken or sent (the workers' limit).
 const MAX_ARCHIVE: u64 = 1 << 30;
-
-/// Update sequence numbers reserved in one store write for the updates that follow.
-pub(super) const SEQ_BLOCK: u64 = 32;
-
-/// How long numbers reserved ahead may still be signed. Far below what makes a number
-/// unsafe to sign late: a worker forgets the numbers of updates issued
-/// `SEEN_UPDATES_KEPT_SECS` (90 s) before its clock, the highest of them becoming its
-/// floor, and a number reserved after ours was issued after our reservation; ours,
-/// signed within this time of it, is refused by its age (60 s plus 15 s of skew) before
-/// any such later number can be forgotten.
-pub(super) const SEQ_BLOCK_LIFETIME: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Numbers of one worker's update sequence reserved durably and not signed yet:
-/// `next..end`, reserved at `reserved`.
-#[derive(Debug)]
-pub(super) struct SeqBlock {
-    next: u64,
-    end: u64,
-    reserved: std::time::Instant,
-}
-
-impl SeqBlock {
-    /// `n` consecutive numbers from the block (the first), if it holds them and is
-    /// young enough to sign them.
-    fn take(&mut self, n: u64, now: std::time::Instant) -> Option<u64> {
-        let fresh = now.saturating_duration_since(self.reserved) < SEQ_BLOCK_LIFETIME;
-        (fresh && self.end - self.next >= n).then(|| {
-            let first = self.next;
-            self.next += n;
-            first
-        })
-    }
-}
 
 /// URL-safe base64 without padding, the encoding of every binary field sent to workers.
 pub(super) fn b64(bytes: &[u8]) -> String {
@@ -108,7 +76,7 @@ impl ControlPlane {
 
     /// The first of `n` consecutive sequence numbers of `worker`'s updates, never
     /// signed before: from the numbers reserved ahead when they hold them and are
-    /// fresh ([`SEQ_BLOCK_LIFETIME`]), else from a new reservation of [`SEQ_BLOCK`] (or
+    /// fresh ([`super::seq_blocks::SEQ_BLOCK_LIFETIME`]), else from a new reservation of [`SEQ_BLOCK`] (or
     /// `n`, if more) in one store write, whose rest is kept for the updates that
     /// follow. A burst of updates costs one reservation per block, not one each.
     /// Several replicas reserve from the one counter: their blocks never overlap.
@@ -122,14 +90,7 @@ impl ControlPlane {
         let size = n.max(SEQ_BLOCK);
         let last = self.store.reserve_update_seqs(worker, size).await?;
         let first = last + 1 - size;
-        blocks.insert(
-            worker.clone(),
-            SeqBlock {
-                next: first + n,
-                end: last + 1,
-                reserved: now,
-            },
-        );
+        blocks.insert(worker.clone(), SeqBlock::new(first + n, last + 1, now));
         Ok(first)
     }
 
@@ -363,34 +324,5 @@ pub(super) fn install_of(
         needs_layer: exe.generation > Generation::FIRST,
         ports,
         network: s.network.clone(),
-    }
-}
-
-#[cfg(test)]
-mod seq_tests {
-    use super::*;
-
-    #[test]
-    fn a_block_hands_out_each_number_once_and_nothing_once_stale_or_short() {
-        let t0 = std::time::Instant::now();
-        let mut b = SeqBlock {
-            next: 10,
-            end: 42,
-            reserved: t0,
-        };
-        assert_eq!(b.take(1, t0), Some(10));
-        assert_eq!(b.take(3, t0), Some(11));
-        assert_eq!(b.take(1, t0), Some(14));
-        // Short: more than is left is not taken (and what is left stays).
-        assert_eq!(b.take(28, t0), None);
-        assert_eq!(b.take(27, t0), Some(15));
-        assert_eq!(b.take(1, t0), None);
-        // Stale: nothing, however much is left.
-        let mut old = SeqBlock {
-            next: 1,
-            end: 33,
-            reserved: t0,
-        };
-        assert_eq!(old.take(1, t0 + SEQ_BLOCK_LIFETIME), None);
     }
 }

@@ -68,7 +68,7 @@ pub struct ControlPlane {
     /// Workers that get no standby start until then (one failed there).
     /// Update sequence numbers reserved ahead, per worker (`channel::SeqBlock`).
     pub(super) seq_blocks:
-        tokio::sync::Mutex<std::collections::HashMap<WorkerId, super::channel::SeqBlock>>,
+        tokio::sync::Mutex<std::collections::HashMap<WorkerId, super::seq_blocks::SeqBlock>>,
     pub(super) standby_backoff:
         std::sync::Mutex<std::collections::BTreeMap<WorkerId, std::time::Instant>>,
     /// Default and largest sandbox limits, and the per-tenant sandbox quota.
