@@ -35,6 +35,7 @@ mod ports;
 mod quota;
 mod reconcile;
 mod sandboxes;
+mod seq_blocks;
 mod snapshots;
 mod standby;
 mod templates;
