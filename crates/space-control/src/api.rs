@@ -57,6 +57,7 @@ fn routes() -> OpenApiRouter<AppState> {
         ))
         .routes(routes!(lifecycle::get_sandbox, lifecycle::delete_sandbox))
         .routes(routes!(lifecycle::capability))
+        .routes(routes!(lifecycle::set_ttl))
         .routes(routes!(lifecycle::pause))
         .routes(routes!(lifecycle::resume))
         .routes(routes!(lifecycle::migrate))

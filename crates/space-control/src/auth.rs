@@ -1,5 +1,6 @@
-//! API keys: `space_<id>_<secret>`. Only the BLAKE3 hash of the secret is stored;
-//! lookups are by the public id and the hash is compared in constant time.
+//! API keys: `space_<id>_<secret>`, or in E2B's format `e2b_<hex>` (the same id and a
+//! secret of its own, for the E2B SDKs). Only the BLAKE3 hash of the secret is
+//! stored; lookups are by the public id and the hash is compared in constant time.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -49,15 +50,72 @@ pub fn issue_key() -> IssuedKey {
     }
 }
 
+/// Which form a new key takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeyFormat {
+    /// `space_<id>_<secret>` (base32).
+    #[default]
+    Space,
+    /// `e2b_` and 60 lowercase hex digits: the id's 10 bytes, then a 160-bit secret
+    /// (what E2B's SDKs take for a key).
+    E2b,
+}
+
+/// Bytes of the secret of an E2B-format key.
+const E2B_SECRET_BYTES: usize = 20;
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
+    if s.len() != 2 * N || !s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (i, pair) in s.as_bytes().chunks(2).enumerate() {
+        out[i] = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Makes a new random key in `format`.
+pub fn issue_key_as(format: KeyFormat) -> IssuedKey {
+    match format {
+        KeyFormat::Space => issue_key(),
+        KeyFormat::E2b => {
+            let id_bytes = random_bytes::<10>();
+            let secret = hex(&random_bytes::<E2B_SECRET_BYTES>());
+            IssuedKey {
+                id: format!("ak{}", base32(&id_bytes)),
+                text: format!("e2b_{}{secret}", hex(&id_bytes)),
+                hash: *blake3::hash(secret.as_bytes()).as_bytes(),
+            }
+        }
+    }
+}
+
 /// Splits a presented key into (id, hash of secret). `None` for anything malformed.
-pub fn parse_key(text: &str) -> Option<(&str, [u8; 32])> {
+pub fn parse_key(text: &str) -> Option<(String, [u8; 32])> {
+    if let Some(digits) = text.strip_prefix("e2b_") {
+        if digits.len() != 20 + 2 * E2B_SECRET_BYTES {
+            return None;
+        }
+        let (id, secret) = digits.split_at(20);
+        let id_bytes = unhex::<10>(id)?;
+        unhex::<E2B_SECRET_BYTES>(secret)?;
+        return Some((
+            format!("ak{}", base32(&id_bytes)),
+            *blake3::hash(secret.as_bytes()).as_bytes(),
+        ));
+    }
     let rest = text.strip_prefix("space_")?;
     let (id, secret) = rest.split_once('_')?;
     let ok = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| ALPHABET.contains(&b));
     if !id.starts_with("ak") || !ok(&id[2..], 16) || !ok(secret, 52) {
         return None;
     }
-    Some((id, *blake3::hash(secret.as_bytes()).as_bytes()))
+    Some((id.to_owned(), *blake3::hash(secret.as_bytes()).as_bytes()))
 }
 
 /// Who a valid key belongs to.
@@ -156,5 +214,41 @@ mod tests {
         let forged = format!("space_{}_{}", a.id, b.text.rsplit('_').next().unwrap());
         let (_, hash) = parse_key(&forged).unwrap();
         assert!(!hashes_equal(&hash, &a.hash));
+    }
+
+    #[test]
+    fn an_e2b_format_key_is_e2b_and_hex_and_parses_back_to_its_id_and_hash() {
+        let k = issue_key_as(KeyFormat::E2b);
+        let digits = k.text.strip_prefix("e2b_").unwrap();
+        assert_eq!(digits.len(), 60);
+        assert!(
+            digits
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        );
+        let (id, hash) = parse_key(&k.text).unwrap();
+        assert_eq!(id, k.id);
+        assert!(id.starts_with("ak") && id.len() == 18);
+        assert!(hashes_equal(&hash, &k.hash));
+    }
+
+    #[test]
+    fn malformed_e2b_keys_are_refused_and_a_forged_secret_hashes_differently() {
+        let k = issue_key_as(KeyFormat::E2b);
+        for bad in [
+            "e2b_",
+            &k.text[..k.text.len() - 1],
+            &format!("{}0", k.text),
+            &k.text.to_uppercase(),
+            &k.text.replace("e2b_", "e3b_"),
+            &format!("e2b_{}g", &k.text[4..k.text.len() - 1]),
+        ] {
+            assert!(parse_key(bad).is_none(), "{bad:?}");
+        }
+        let other = issue_key_as(KeyFormat::E2b);
+        let forged = format!("{}{}", &k.text[..24], &other.text[24..]);
+        let (id, hash) = parse_key(&forged).unwrap();
+        assert_eq!(id, k.id);
+        assert!(!hashes_equal(&hash, &k.hash));
     }
 }

@@ -85,6 +85,12 @@ pub enum ControlError {
         "the worker answered from another execution than the route named; nothing was passed on"
     )]
     WrongExecution,
+    /// An operation bound to one execution (an E2B access token's) found the sandbox
+    /// served by another: nothing was sent to either.
+    #[error(
+        "the sandbox now runs another execution than this credential was issued for; get a new one (E2B: Sandbox.connect)"
+    )]
+    ExecutionReplaced,
     /// A failure of our own (signing, the snapshot spool, a poisoned lock); never
     /// for bad input.
     #[error("{0}")]
@@ -186,6 +192,7 @@ impl ControlError {
             Self::RefreshRoute { .. } => ErrorCode::RouteUnavailable,
             Self::BadGateway(_) => ErrorCode::BadGateway,
             Self::WrongExecution => ErrorCode::WrongExecution,
+            Self::ExecutionReplaced => ErrorCode::ExecutionReplaced,
             Self::Internal(_) | Self::Store(_) => ErrorCode::Internal,
             Self::NotHere => ErrorCode::NotHere,
             Self::PortNotExposed(_) => ErrorCode::PortNotExposed,

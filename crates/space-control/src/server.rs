@@ -40,6 +40,19 @@ pub struct ControlConfig {
     /// Standby pools of image templates, by name (the default template's is
     /// `standby`).
     pub standby_templates: Vec<crate::service::TemplatePool>,
+    /// A front served on the same listener ahead of the API (the E2B front): given the
+    /// handlers' state and the API's router, the router to serve.
+    pub front: Option<Front>,
+}
+
+/// Builds the served router from the API's (see [`ControlConfig::front`]).
+#[derive(Clone)]
+pub struct Front(pub Arc<dyn Fn(AppState, axum::Router) -> axum::Router + Send + Sync>);
+
+impl std::fmt::Debug for Front {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Front(..)")
+    }
 }
 
 impl ControlConfig {
@@ -228,7 +241,10 @@ pub async fn serve(config: ControlConfig) -> Result<ServerHandle, String> {
         cp: Some(Arc::clone(&cp)),
         edge: Edge::new(Authority::Local(Arc::clone(&cp))),
     };
-    let app = router(state);
+    let app = match &config.front {
+        Some(front) => (front.0)(state.clone(), router(state)),
+        None => router(state),
+    };
     let (stop, mut stopped) = watch::channel(false);
     cp.set_standby_target(config.standby);
     cp.set_standby_egress_target(config.standby_egress);

@@ -66,6 +66,8 @@ codes! {
     BadGateway => "bad_gateway",
     /// An answer from another execution.
     WrongExecution => "wrong_execution",
+    /// A credential bound to an execution the sandbox no longer runs.
+    ExecutionReplaced => "execution_replaced",
     /// Our own failure.
     Internal => "internal",
     /// Not served by a standalone edge.

@@ -217,6 +217,16 @@ impl Store {
         dispatch!(self.set_network(id, network))
     }
 
+    /// Replaces a sandbox's expiry (unix seconds; `None`: it never expires).
+    /// `Conflict` if the sandbox is stopped, `NotFound` if absent.
+    pub async fn set_expiry(
+        &self,
+        id: &SandboxId,
+        expires_at: Option<i64>,
+    ) -> Result<(), StoreError> {
+        dispatch!(self.set_expiry(id, expires_at))
+    }
+
     /// Hands one running sandbox of the standby tenant `standby` (the oldest of
     /// `claim.template` in the mode of `claim.network`) to `claim.tenant`, stamping
     /// its creation time, expiry, metadata and network policy; `None` when there is

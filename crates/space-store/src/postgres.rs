@@ -368,6 +368,20 @@ impl PgStore {
         outcomes::live_sandbox_outcome(changed, found, &id)
     }
 
+    /// See [`crate::Store::set_expiry`].
+    pub async fn set_expiry(
+        &self,
+        id: &SandboxId,
+        expires_at: Option<i64>,
+    ) -> Result<(), StoreError> {
+        let id = id.to_string();
+        let changed = self
+            .exec(sql::SET_SANDBOX_EXPIRY, &[&id, &expires_at])
+            .await?;
+        let found = changed > 0 || self.exists(sql::SANDBOX_EXISTS, &[&id]).await?;
+        outcomes::live_sandbox_outcome(changed, found, &id)
+    }
+
     /// One sandbox.
     pub async fn get_sandbox(&self, id: &SandboxId) -> Result<SandboxRecord, StoreError> {
         let id = id.to_string();

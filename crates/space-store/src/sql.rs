@@ -315,6 +315,9 @@ pub(crate) const INSERT_SANDBOX: &str = "INSERT INTO sandboxes (id, tenant, temp
 /// the policy it had: nothing runs under it again).
 pub(crate) const SET_SANDBOX_NETWORK: &str =
     "UPDATE sandboxes SET network = $2 WHERE id = $1 AND state <> 'stopped'";
+/// Replaces the expiry (unix seconds, or NULL: none) of a sandbox that is not stopped.
+pub(crate) const SET_SANDBOX_EXPIRY: &str =
+    "UPDATE sandboxes SET expires_at = $2 WHERE id = $1 AND state <> 'stopped'";
 /// Sandboxes of tenant `$1` that are not stopped (what its sandbox quota counts).
 pub(crate) const COUNT_LIVE_BY_TENANT: &str =
     "SELECT COUNT(*) FROM sandboxes WHERE tenant = $1 AND state <> 'stopped'";

@@ -329,6 +329,21 @@ impl SqliteStore {
         .await
     }
 
+    /// See [`crate::Store::set_expiry`].
+    pub async fn set_expiry(
+        &self,
+        id: &SandboxId,
+        expires_at: Option<i64>,
+    ) -> Result<(), StoreError> {
+        let id = id.to_string();
+        self.call(move |c| {
+            let changed = exec(c, sql::SET_SANDBOX_EXPIRY, &[&id, &expires_at])?;
+            let found = changed > 0 || exists(c, sql::SANDBOX_EXISTS, &[&id])?;
+            outcomes::live_sandbox_outcome(changed, found, &id)
+        })
+        .await
+    }
+
     /// One sandbox.
     pub async fn get_sandbox(&self, id: &SandboxId) -> Result<SandboxRecord, StoreError> {
         let id = id.to_string();

@@ -49,6 +49,10 @@ pub async fn control(a: ControlArgs) -> Result<(), String> {
         network_default: a.network_default,
         default_template: a.default_template.clone(),
         standby_templates: a.standby_templates.clone(),
+        // E2B's REST and envd paths on the same address (`space_e2b`).
+        front: Some(space_control::server::Front(std::sync::Arc::new(
+            space_e2b::wrap,
+        ))),
     })
     .await?;
     lock.record(Some(&format!("http://{}", handle.addr)))?;

@@ -56,6 +56,10 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
         network_default: a.network_default,
         default_template: space_control::service::DEFAULT_TEMPLATE.into(),
         standby_templates: a.standby_templates.clone(),
+        // E2B's REST and envd paths on the same address (`space_e2b`).
+        front: Some(space_control::server::Front(std::sync::Arc::new(
+            space_e2b::wrap,
+        ))),
     })
     .await?;
     let url = format!("http://{}", handle.addr);

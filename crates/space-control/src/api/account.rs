@@ -8,7 +8,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use space_proto::api::WorkerView;
 
-use super::bodies::{KeyCreated, KeyRotated, NewTenant, TenantCreated, WhoAmI};
+use super::bodies::{KeyCreated, KeyRotated, NewKey, NewTenant, TenantCreated, WhoAmI};
 use super::openapi::{AdminOnly, Authenticated, KeyRevocation, Listed, Rotation};
 use super::request::{AppState, caller, cp, parse};
 use crate::error::ControlError;
@@ -70,17 +70,34 @@ pub(super) async fn create_tenant(
     Ok((StatusCode::CREATED, Json(created)).into_response())
 }
 
-/// Create a non-admin key of the caller's tenant (the body is not read).
+/// Create a non-admin key of the caller's tenant, as `space_…` or, with
+/// `{"format": "e2b"}`, as `e2b_…` for E2B's SDKs.
 #[utoipa::path(post, path = "/v1/keys", tag = "account",
+    request_body(content = Option<NewKey>, description = "optional: an empty body makes a `space_…` key"),
     responses((status = 201, description = "the key (`api_key` is shown only here)", body = KeyCreated), Listed),
     security(("api_key" = [])))]
 pub(super) async fn create_key(
     State(st): State<AppState>,
     headers: HeaderMap,
+    body: Bytes,
 ) -> Result<Response, ControlError> {
     let who = caller(&st, &headers).await?;
     let c = &who.caller;
-    let key = cp(&st)?.create_key(&c.tenant, false).await?;
+    let req: NewKey = if body.is_empty() {
+        NewKey::default()
+    } else {
+        parse(&body)?
+    };
+    let format = match req.format.as_deref() {
+        None | Some("space") => crate::auth::KeyFormat::Space,
+        Some("e2b") => crate::auth::KeyFormat::E2b,
+        Some(other) => {
+            return Err(ControlError::BadRequest(format!(
+                "format must be space or e2b, not {other:?}"
+            )));
+        }
+    };
+    let key = cp(&st)?.create_key_as(&c.tenant, false, format).await?;
     let created = KeyCreated {
         api_key: key.text,
         key_id: key.id,

@@ -59,6 +59,25 @@ pub struct NewTenant {
     pub name: String,
 }
 
+/// `POST /v1/sandboxes/{id}/ttl`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TtlRequest {
+    /// Seconds from now, 1 to 2 592 000 (30 days); `null` or absent: no expiry.
+    #[serde(default)]
+    pub ttl_secs: Option<u64>,
+}
+
+/// `POST /v1/keys`'s optional body.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewKey {
+    /// `space` (the default: `space_…`) or `e2b` (`e2b_` and 60 hex digits, the form
+    /// E2B's SDKs take).
+    #[serde(default)]
+    pub format: Option<String>,
+}
+
 /// `POST /v1/tenants`'s answer: the tenant and its first (non-admin) key.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct TenantCreated {

@@ -14,7 +14,7 @@ pub fn status(e: &ControlError) -> StatusCode {
     use ControlError as E;
     match e {
         E::BadRequest(_) | E::InvalidLimits(_) => StatusCode::BAD_REQUEST,
-        E::Unauthorized | E::PortPrivate(_) => StatusCode::UNAUTHORIZED,
+        E::Unauthorized | E::PortPrivate(_) | E::ExecutionReplaced => StatusCode::UNAUTHORIZED,
         E::Forbidden(_) | E::Deny { .. } => StatusCode::FORBIDDEN,
         E::NotFound(_) | E::Store(StoreError::NotFound(_)) => StatusCode::NOT_FOUND,
         E::Conflict(_)

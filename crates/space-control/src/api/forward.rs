@@ -186,11 +186,11 @@ async fn forward_files(
         let sandbox = sandbox_id(&id)?;
         let edge = &st.edge;
         return if method == Method::GET {
-            crate::edge::files::read(edge, &who, &sandbox, &pq, &headers).await
+            crate::edge::files::read(edge, &who, &sandbox, None, &pq, &headers).await
         } else {
             let class = mutation(&headers);
             let body = req.into_body();
-            crate::edge::files::write(edge, &who, &sandbox, &pq, &headers, body, class).await
+            crate::edge::files::write(edge, &who, &sandbox, None, &pq, &headers, body, class).await
         };
     }
     let body = axum::body::to_bytes(req.into_body(), MAX_BODY)

@@ -10,7 +10,7 @@ use space_identity::AccessSet;
 use space_proto::api::{CapabilityRequest, CapabilityResponse, CreateSandbox, Policy, Sandbox};
 use space_proto::openapi::{NetworkSchema, SandboxPath};
 
-use super::bodies::{MigrateRequest, ResumeRequest, SnapshotTaken};
+use super::bodies::{MigrateRequest, ResumeRequest, SnapshotTaken, TtlRequest};
 use super::openapi::{Change, Create, Issue, Listed, SandboxRead};
 use super::request::{AppState, MAX_NETWORK_BODY, caller, cp, owned_sandbox, parse};
 use crate::error::ControlError;
@@ -125,6 +125,25 @@ pub(super) async fn delete_sandbox(
     let (cp, s) = owned_sandbox(&st, &headers, &id).await?;
     cp.delete_sandbox(&s).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Set a sandbox's time to live, from now (`null`: no expiry). A sandbox created to
+/// pause at its TTL pauses at the new one.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/ttl", tag = "sandboxes", params(SandboxPath),
+    request_body = TtlRequest,
+    responses((status = 200, description = "the sandbox, `expires_at` as set", body = Sandbox), Change),
+    security(("api_key" = [])))]
+pub(super) async fn set_ttl(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ControlError> {
+    let req: TtlRequest = parse(&body)?;
+    let (cp, s) = owned_sandbox(&st, &headers, &id).await?;
+    cp.set_ttl(&s, req.ttl_secs, crate::now_secs() as i64)
+        .await?;
+    Ok(Json(cp.view(&cp.store.get_sandbox(&s.id).await?).await?).into_response())
 }
 
 /// Pause a sandbox: its execution freezes in place (a no-op if already `paused`).

@@ -26,7 +26,7 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use space_http::CallError;
 use space_http::stream::{self, StreamBody, StreamedAnswer};
-use space_identity::{OperationClass, Progress, Route, SandboxId};
+use space_identity::{ExecutionId, OperationClass, Progress, Route, SandboxId};
 use space_proto::api::ErrorBody;
 use space_route::Attempt;
 
@@ -62,12 +62,14 @@ pub(crate) async fn read(
     edge: &Edge,
     who: &Authenticated,
     sandbox: &SandboxId,
+    pinned: Option<&ExecutionId>,
     path_and_query: &str,
     headers: &HeaderMap,
 ) -> Result<Response, ControlError> {
-    edge.drive(
+    edge.drive_pinned(
         who,
         sandbox,
+        pinned,
         OperationClass::Read,
         |route, grant| async move {
             let mut h: Vec<(&str, &str)> = vec![("authorization", &grant.authorization)];
@@ -91,10 +93,12 @@ pub(crate) async fn read(
 }
 
 /// `PUT …/files?path=`: the client's `body` streamed to the worker.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn write(
     edge: &Edge,
     who: &Authenticated,
     sandbox: &SandboxId,
+    pinned: Option<&ExecutionId>,
     path_and_query: &str,
     headers: &HeaderMap,
     body: Body,
@@ -121,7 +125,7 @@ pub(crate) async fn write(
     // The body not yet sent: an attempt takes it and gives it back if no byte left.
     let unsent = Mutex::new(body);
     let (unsent, kept) = (&unsent, &kept);
-    edge.drive(who, sandbox, class, |route, grant| async move {
+    edge.drive_pinned(who, sandbox, pinned, class, |route, grant| async move {
         let taken = unsent.lock().ok().and_then(|mut b| b.take());
         let Some(unread) = taken.or_else(|| kept.clone().map(|b| stream::boxed(Body::from(b))))
         else {
@@ -171,6 +175,47 @@ pub(crate) async fn write(
         }
     })
     .await
+}
+
+impl Edge {
+    /// `GET …/files?path=` (in `path_and_query`, `Range` from `headers`) of execution
+    /// `pinned` only, streamed: see [`Edge::drive_pinned`].
+    pub async fn read_file_of(
+        &self,
+        who: &Authenticated,
+        sandbox: &SandboxId,
+        pinned: &ExecutionId,
+        path_and_query: &str,
+        headers: &HeaderMap,
+    ) -> Result<Response, ControlError> {
+        read(self, who, sandbox, Some(pinned), path_and_query, headers).await
+    }
+
+    /// `PUT …/files?path=` of execution `pinned` only, the body streamed.
+    pub async fn write_file_of(
+        &self,
+        who: &Authenticated,
+        sandbox: &SandboxId,
+        pinned: &ExecutionId,
+        path_and_query: &str,
+        headers: &HeaderMap,
+        body: Body,
+    ) -> Result<Response, ControlError> {
+        let class = OperationClass::Mutation {
+            idempotency_key: headers.contains_key("idempotency-key"),
+        };
+        write(
+            self,
+            who,
+            sandbox,
+            Some(pinned),
+            path_and_query,
+            headers,
+            body,
+            class,
+        )
+        .await
+    }
 }
 
 /// One attempt's outcome on `route`: a RefreshRoute or a Deny read from the worker's

@@ -38,7 +38,34 @@ impl Edge {
         body: Bytes,
         class: OperationClass,
     ) -> Result<Forwarded, ControlError> {
-        self.drive(who, sandbox, class, |route, grant| {
+        self.forward_to(
+            who,
+            sandbox,
+            None,
+            method,
+            path_and_query,
+            headers,
+            body,
+            class,
+        )
+        .await
+    }
+
+    /// [`Edge::forward`] to execution `pinned` only (`None`: whichever serves the
+    /// sandbox): see [`Edge::drive_pinned`].
+    #[allow(clippy::too_many_arguments)]
+    pub async fn forward_to(
+        &self,
+        who: &Authenticated,
+        sandbox: &SandboxId,
+        pinned: Option<&space_identity::ExecutionId>,
+        method: Method,
+        path_and_query: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+        class: OperationClass,
+    ) -> Result<Forwarded, ControlError> {
+        self.drive_pinned(who, sandbox, pinned, class, |route, grant| {
             let (method, body) = (method.clone(), body.clone());
             async move {
                 let mut h: Vec<(&str, &str)> = vec![("authorization", &grant.authorization)];

@@ -33,6 +33,7 @@ pub mod streams;
 
 pub use authority::{Authenticated, Authority};
 pub use forward::Forwarded;
+pub use streams::Backend;
 
 /// Routes cached at most (one per sandbox used).
 const ROUTES: usize = 100_000;

@@ -103,6 +103,60 @@ impl Edge {
         self.routes.drive(&caller, sandbox, class, attempt).await
     }
 
+    /// Runs `attempt` like [`Edge::drive`], on a route of execution `pinned` only
+    /// (`None`: any, as `drive`). A cached route of another execution is resolved
+    /// afresh once; a sandbox then served by another execution ends the operation
+    /// with [`ControlError::ExecutionReplaced`], and nothing is sent to any
+    /// execution but `pinned` (a credential issued for one execution — E2B's access
+    /// token — is never served by its successor).
+    pub(crate) async fn drive_pinned<T, F, Fut>(
+        &self,
+        who: &Authenticated,
+        sandbox: &SandboxId,
+        pinned: Option<&space_identity::ExecutionId>,
+        class: OperationClass,
+        mut attempt: F,
+    ) -> Result<T, ControlError>
+    where
+        F: FnMut(Route, Arc<Grant>) -> Fut,
+        Fut: Future<Output = Attempt<T, ControlError>>,
+    {
+        let Some(pinned) = pinned else {
+            return self.drive(who, sandbox, class, attempt).await;
+        };
+        let mut mismatched = false;
+        let outcome = self
+            .drive(who, sandbox, class, |route, grant| {
+                let verdict = if route.execution.id == *pinned {
+                    Ok(attempt(route, grant))
+                } else if !mismatched {
+                    mismatched = true;
+                    // Perhaps only the cache is behind: resolve once.
+                    Err(Attempt::RefreshRoute {
+                        reason: space_identity::RefreshReason::ExecutionMismatch,
+                        answer: ControlError::ExecutionReplaced,
+                    })
+                } else {
+                    Err(Attempt::Done(Err(ControlError::ExecutionReplaced)))
+                };
+                async move {
+                    match verdict {
+                        Ok(sent) => sent.await,
+                        Err(refused) => refused,
+                    }
+                }
+            })
+            .await;
+        match outcome {
+            // The resolve named the cached route again: it is current, and not the
+            // pinned execution's.
+            Err(ControlError::RefreshRoute { .. }) if mismatched => {
+                Err(ControlError::ExecutionReplaced)
+            }
+            other => other,
+        }
+    }
+
     /// How long a resolve or an unreachable worker is waited for.
     pub(crate) fn transition_wait(&self) -> Duration {
         match &self.authority {

@@ -18,7 +18,8 @@ use super::routes::{deny_reason, relayed};
 use super::{Authenticated, Edge};
 use crate::error::ControlError;
 
-type Backend =
+/// A backend socket: a WebSocket to the worker.
+pub type Backend =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 impl Edge {
@@ -30,9 +31,23 @@ impl Edge {
         sandbox: &SandboxId,
         path_and_query: &str,
     ) -> Result<Backend, ControlError> {
-        self.drive(
+        self.open_stream_to(who, sandbox, None, path_and_query)
+            .await
+    }
+
+    /// [`Edge::open_stream`] on execution `pinned` only (`None`: whichever serves
+    /// the sandbox): see [`Edge::drive_pinned`].
+    pub async fn open_stream_to(
+        &self,
+        who: &Authenticated,
+        sandbox: &SandboxId,
+        pinned: Option<&space_identity::ExecutionId>,
+        path_and_query: &str,
+    ) -> Result<Backend, ControlError> {
+        self.drive_pinned(
             who,
             sandbox,
+            pinned,
             OperationClass::StreamOpen,
             |_, grant| async move {
                 let url = format!(

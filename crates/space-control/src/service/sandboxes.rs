@@ -264,6 +264,37 @@ impl ControlPlane {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Sets a sandbox's time to live, counted from `now` (`None`: it never expires).
+    /// A sandbox created to pause at its TTL pauses at the new one too, also if it
+    /// paused at an earlier one already.
+    pub async fn set_ttl(
+        &self,
+        s: &SandboxRecord,
+        ttl_secs: Option<u64>,
+        now: i64,
+    ) -> Result<(), ControlError> {
+        if let Some(ttl) = ttl_secs {
+            if ttl == 0 || ttl > MAX_TTL_SECS {
+                return Err(ControlError::BadRequest(format!(
+                    "ttl_secs must be 1 to {MAX_TTL_SECS}"
+                )));
+            }
+        }
+        self.store
+            .set_expiry(&s.id, ttl_secs.map(|t| now + t as i64))
+            .await?;
+        let key = ttl_pause_key(&s.id);
+        if ttl_secs.is_some() && self.store.kv_get(&key).await?.as_deref() == Some("done") {
+            self.store.kv_set(&key, "pause").await?;
+        }
+        Ok(())
+    }
+
+    /// Whether the sandbox pauses (rather than stops) at its TTL.
+    pub async fn pauses_at_ttl(&self, s: &SandboxRecord) -> Result<bool, ControlError> {
+        Ok(self.store.kv_get(&ttl_pause_key(&s.id)).await?.is_some())
+    }
+
     /// Sets the limits policy for creates from now on (stored sandboxes keep theirs).
     pub fn set_limits_policy(&self, policy: crate::limits::LimitsPolicy) {
         *self

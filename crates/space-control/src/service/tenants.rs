@@ -13,6 +13,7 @@ impl ControlPlane {
     /// Resolves an `Authorization: Bearer` API key to its caller.
     pub async fn authenticate(&self, bearer: &str) -> Result<Caller, ControlError> {
         let (id, hash) = auth::parse_key(bearer).ok_or(ControlError::Unauthorized)?;
+        let id = id.as_str();
         if let Some(c) = self.key_cache.get(id, &hash) {
             return Ok(c);
         }
@@ -59,7 +60,18 @@ impl ControlPlane {
 
     /// Issues a new API key for `tenant`.
     pub async fn create_key(&self, tenant: &str, admin: bool) -> Result<IssuedKey, ControlError> {
-        let key = auth::issue_key();
+        self.create_key_as(tenant, admin, auth::KeyFormat::Space)
+            .await
+    }
+
+    /// Issues a new API key for `tenant` in `format`.
+    pub async fn create_key_as(
+        &self,
+        tenant: &str,
+        admin: bool,
+        format: auth::KeyFormat,
+    ) -> Result<IssuedKey, ControlError> {
+        let key = auth::issue_key_as(format);
         self.store
             .insert_api_key(&ApiKeyRecord {
                 id: key.id.clone(),

@@ -74,6 +74,7 @@ conformance!(
     ports::two_edges_taking_one_link_at_once_only_one_gets_it,
     ports::purging_links_removes_only_the_expired_ones,
     ports::two_control_planes_exposing_one_port_at_once_see_it_new_only_once,
+    records::an_expiry_is_set_and_cleared_on_a_live_sandbox_and_refused_on_a_stopped_one,
     network::a_network_policy_round_trips_through_create_set_network_and_a_reopen,
     network::set_network_is_refused_for_a_stopped_or_missing_sandbox_and_changes_nothing,
     network::a_row_written_without_a_policy_reads_as_none,

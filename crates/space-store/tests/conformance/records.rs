@@ -611,3 +611,33 @@ async fn standby_counts(
     counts.sort();
     counts
 }
+
+pub async fn an_expiry_is_set_and_cleared_on_a_live_sandbox_and_refused_on_a_stopped_one(
+    f: &Fixture,
+) {
+    let store = f.open().await;
+    let id = fixture::with_sandbox(&store, 7).await;
+    store.set_expiry(&id, Some(NOW + 300)).await.unwrap();
+    assert_eq!(
+        store.get_sandbox(&id).await.unwrap().expires_at,
+        Some(NOW + 300)
+    );
+    store.set_expiry(&id, None).await.unwrap();
+    assert_eq!(store.get_sandbox(&id).await.unwrap().expires_at, None);
+    store.set_expiry(&id, Some(NOW + 60)).await.unwrap();
+    store
+        .set_sandbox_state(&id, SandboxState::Stopped, None)
+        .await
+        .unwrap();
+    let res = store.set_expiry(&id, Some(NOW + 9_000)).await;
+    assert!(
+        matches!(&res, Err(StoreError::Conflict(m)) if m.contains("stopped")),
+        "{res:?}"
+    );
+    assert_eq!(
+        store.get_sandbox(&id).await.unwrap().expires_at,
+        Some(NOW + 60)
+    );
+    let res = store.set_expiry(&sandbox_id(98), None).await;
+    assert!(matches!(res, Err(StoreError::NotFound(_))), "{res:?}");
+}
