@@ -41,6 +41,9 @@ pub enum BenchCmd {
     /// cold creates of it against the default's, and 20 creates a second for 60 s
     /// while the pools refill (and how evenly they stay spread).
     Templates(Strict),
+    /// P13: E2B's `commands.run("true")` and a 4 KiB `files.read` through the E2B
+    /// front against the same through SPACE's own API (target p50 ≤ 1.5 ×).
+    E2b(Strict),
     /// A server P10 runs inside a sandbox.
     #[command(hide = true)]
     Serve(p10::serve::ServeArgs),

@@ -124,6 +124,11 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> Result<i32, String> {
             s.strict,
             true,
         ),
+        BenchCmd::E2b(s) => (
+            rows_or_failed("P13", super::e2b::run().await),
+            s.strict,
+            true,
+        ),
         BenchCmd::Image(s) => (
             rows_or_failed("image", super::image::run().await),
             s.strict,

@@ -4,6 +4,7 @@
 //! runs and a row of the table on stdout: measured value, target, ratio, pass.
 
 pub mod cmd;
+pub mod e2b;
 pub mod egress;
 mod figures;
 pub mod files;

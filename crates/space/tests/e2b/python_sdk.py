@@ -1,0 +1,206 @@
+"""The unmodified `e2b` Python SDK against SPACE's E2B front (crates/space/tests/e2b.rs).
+
+Each scenario checks what the SDK gives back and prints `RESULT <json>` for the Rust
+test; any failed check raises (the test sees the traceback)."""
+
+import json
+import sys
+import time
+
+from e2b import Sandbox
+from e2b.exceptions import (
+    AuthenticationException,
+    CommandExitException,
+    NotFoundException,
+    FileNotFoundException,
+)
+from e2b.sandbox.filesystem.filesystem import FileType
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def commands():
+    sbx = Sandbox.create(timeout=300)
+    out = {"id": sbx.sandbox_id}
+    r = sbx.commands.run("echo hello; echo oops >&2")
+    check(r.stdout == "hello\n" and r.stderr == "oops\n" and r.exit_code == 0, f"run: {r}")
+    try:
+        sbx.commands.run("echo before; exit 3")
+        raise AssertionError("a non-zero exit must raise")
+    except CommandExitException as e:
+        check(e.exit_code == 3 and e.stdout == "before\n", f"exit: {e.exit_code} {e.stdout!r}")
+    seen = []
+    r = sbx.commands.run(
+        "for i in 1 2 3; do echo line$i; sleep 0.2; done",
+        on_stdout=lambda s: seen.append((time.monotonic(), s)),
+    )
+    check("".join(s for _, s in seen) == "line1\nline2\nline3\n", f"callbacks: {seen}")
+    # Streamed, not at the end: the first line came well before the last.
+    check(seen[-1][0] - seen[0][0] > 0.25, f"callbacks came together: {seen}")
+    envs = sbx.commands.run("echo $GREETING", envs={"GREETING": "hi there"}, cwd="/tmp")
+    check(envs.stdout == "hi there\n", f"envs: {envs.stdout!r}")
+    pwd = sbx.commands.run("pwd", cwd="/tmp")
+    check(pwd.stdout == "/tmp\n", f"cwd: {pwd.stdout!r}")
+    # A background command, listed, followed again, fed stdin, then killed.
+    bg = sbx.commands.run("cat", background=True, stdin=True)
+    listed = [p.pid for p in sbx.commands.list()]
+    check(bg.pid in listed, f"{bg.pid} not in {listed}")
+    sbx.commands.send_stdin(bg.pid, "fed\n")
+    sbx.commands.close_stdin(bg.pid)
+    done = bg.wait()
+    check(done.stdout == "fed\n" and done.exit_code == 0, f"stdin: {done}")
+    sleeper = sbx.commands.run("sleep 60", background=True)
+    again = sbx.commands.connect(sleeper.pid)
+    check(sbx.commands.kill(sleeper.pid) is True, "kill of a running process")
+    try:
+        again.wait()
+        raise AssertionError("a killed command must not end well")
+    except CommandExitException as e:
+        out["killed_exit"] = e.exit_code
+    time.sleep(0.2)
+    check(sbx.commands.kill(sleeper.pid) is False, "kill of an ended process")
+    try:
+        sbx.commands.connect(999999)
+        raise AssertionError("connect to an unknown pid")
+    except NotFoundException:
+        pass
+    out["pid"] = bg.pid
+    sbx.kill()
+    return out
+
+
+def files():
+    sbx = Sandbox.create(timeout=300)
+    base = "/tmp/e2b-files"
+    info = sbx.files.write(f"{base}/a.txt", "alpha\n")
+    check(info.path == f"{base}/a.txt" and info.name == "a.txt", f"write: {info}")
+    check(sbx.files.read(f"{base}/a.txt") == "alpha\n", "read")
+    data = bytes(range(256)) * 16
+    sbx.files.write(f"{base}/bin", data)
+    check(sbx.files.read(f"{base}/bin", format="bytes") == data, "binary round trip")
+    sbx.files.write_files([
+        {"path": f"{base}/m/one", "data": "1"},
+        {"path": f"{base}/m/two", "data": "2"},
+    ])
+    check(sbx.files.read(f"{base}/m/two") == "2", "write_files")
+    check(sbx.files.exists(f"{base}/a.txt") is True, "exists")
+    check(sbx.files.exists(f"{base}/nope") is False, "exists of a missing path")
+    check(sbx.files.make_dir(f"{base}/d/e") is True, "make_dir")
+    check(sbx.files.make_dir(f"{base}/d/e") is False, "make_dir of an existing directory")
+    moved = sbx.files.rename(f"{base}/a.txt", f"{base}/d/b.txt")
+    check(moved.path == f"{base}/d/b.txt", f"rename: {moved}")
+    check(sbx.files.exists(f"{base}/a.txt") is False, "renamed away")
+    entries = {e.name: e for e in sbx.files.list(base)}
+    check(set(entries) == {"bin", "m", "d"}, f"list: {sorted(entries)}")
+    check(entries["d"].type == FileType.DIR and entries["bin"].type == FileType.FILE, "types")
+    check(entries["bin"].size == len(data), f"size {entries['bin'].size}")
+    deep = {e.path for e in sbx.files.list(base, depth=3)}
+    check(f"{base}/d/e" in deep and f"{base}/d/b.txt" in deep, f"depth 3: {sorted(deep)}")
+    got = sbx.files.get_info(f"{base}/d/b.txt")
+    check(got.size == 6 and got.permissions.startswith("-rw"), f"get_info: {got}")
+    sbx.files.remove(f"{base}/d/b.txt")
+    check(sbx.files.exists(f"{base}/d/b.txt") is False, "remove")
+    try:
+        sbx.files.read(f"{base}/gone")
+        raise AssertionError("read of a missing file")
+    except FileNotFoundException:
+        pass
+    try:
+        sbx.files.list(f"{base}/gone")
+        raise AssertionError("list of a missing directory")
+    except FileNotFoundException:
+        pass
+    # A watch (the synchronous SDK polls a watcher).
+    sbx.files.make_dir(f"{base}/w")
+    handle = sbx.files.watch_dir(f"{base}/w")
+    sbx.files.write(f"{base}/w/new.txt", "x")
+    names = set()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and "new.txt" not in names:
+        for ev in handle.get_new_events():
+            names.add(ev.name)
+        time.sleep(0.1)
+    handle.stop()
+    check("new.txt" in names, f"watch events: {names}")
+    sbx.kill()
+    return {"id": sbx.sandbox_id, "watched": sorted(names)}
+
+
+def pty():
+    sbx = Sandbox.create(timeout=300)
+    from e2b.sandbox.commands.command_handle import PtySize
+
+    out = bytearray()
+    h = sbx.pty.create(PtySize(rows=30, cols=100), on_data=lambda d: out.extend(d))
+    sbx.pty.send_stdin(h.pid, b"stty size; echo mark-$((40+2))\n")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and b"mark-42" not in out:
+        time.sleep(0.05)
+    check(b"30 100" in out, f"pty size: {bytes(out)!r}")
+    sbx.pty.resize(h.pid, PtySize(rows=40, cols=120))
+    sbx.pty.send_stdin(h.pid, b"stty size; echo done-$((1+1))\n")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and b"done-2" not in out:
+        time.sleep(0.05)
+    check(b"40 120" in out, f"after resize: {bytes(out)!r}")
+    check(sbx.pty.kill(h.pid) is True, "pty kill")
+    sbx.kill()
+    return {"id": sbx.sandbox_id}
+
+
+def lifecycle():
+    sbx = Sandbox.create(timeout=120, metadata={"suite": "lifecycle"}, envs={"FROM_CREATE": "yes"})
+    check(sbx.commands.run("echo $FROM_CREATE").stdout == "yes\n", "create's envs")
+    info = sbx.get_info()
+    check(info.metadata == {"suite": "lifecycle"} and info.state.value == "running", f"info: {info}")
+    before = info.end_at
+    sbx.set_timeout(600)
+    check(sbx.get_info().end_at > before, "set_timeout moved the end")
+    listed = [s.sandbox_id for s in Sandbox.list().next_items()]
+    check(sbx.sandbox_id in listed, f"list: {listed}")
+    sbx.files.write("/tmp/kept", "kept across the pause")
+    check(sbx.pause() is not False, "pause")
+    check(Sandbox.get_info(sbx.sandbox_id).state.value == "paused", "paused")
+    again = Sandbox.connect(sbx.sandbox_id)
+    check(again.get_info().state.value == "running", "connect resumed it")
+    check(again.files.read("/tmp/kept") == "kept across the pause", "files kept")
+    check(again.is_running() is True, "health")
+    check(again.kill() is True, "kill")
+    check(Sandbox.kill(sbx.sandbox_id) is False, "kill of a killed sandbox")
+    try:
+        Sandbox.get_info(sbx.sandbox_id)
+        raise AssertionError("get_info of a killed sandbox")
+    except Exception as e:
+        check("not found" in str(e).lower(), f"get_info after kill: {e}")
+    return {"id": sbx.sandbox_id}
+
+
+def create_only():
+    sbx = Sandbox.create(timeout=300)
+    sbx.files.write("/tmp/before", "from the first execution")
+    print("TOKEN", json.dumps({"id": sbx.sandbox_id}), flush=True)
+    # Wait for the Rust test to move the sandbox to a new execution.
+    sys.stdin.readline()
+    try:
+        sbx.files.read("/tmp/before")
+        raise AssertionError("an old execution's token was served")
+    except AuthenticationException as e:
+        refused = str(e)
+    try:
+        sbx.commands.run("true")
+        raise AssertionError("an old execution's token ran a command")
+    except AuthenticationException:
+        pass
+    fresh = Sandbox.connect(sbx.sandbox_id)
+    check(fresh.files.read("/tmp/before") == "from the first execution", "files moved")
+    check(fresh.commands.run("echo new").stdout == "new\n", "new execution runs")
+    fresh.kill()
+    return {"refused": refused}
+
+
+if __name__ == "__main__":
+    result = {"commands": commands, "files": files, "pty": pty, "lifecycle": lifecycle, "moved": create_only}[sys.argv[1]]()
+    print("RESULT", json.dumps(result), flush=True)
