@@ -46,6 +46,63 @@ pub struct RangeRead {
 }
 
 impl Client {
+    /// Describes `path` (a final symlink described, not followed): `404 not_found`
+    /// when nothing is there.
+    pub async fn stat_file(
+        &self,
+        id: &SandboxId,
+        path: &str,
+    ) -> Result<space_proto::api::FileInfo, Error> {
+        let a = self
+            .operate(
+                id,
+                Method::GET,
+                &files(id, "files/stat", path),
+                None,
+                Bytes::new(),
+                OperationClass::Read,
+            )
+            .await?;
+        super::decode(&a)
+    }
+
+    /// Makes the directory `path` and its missing parents: whether this call made it
+    /// (`false`: a directory was already there; anything else there is `409
+    /// already_exists`).
+    pub async fn make_dir(&self, id: &SandboxId, path: &str) -> Result<bool, Error> {
+        let a = self
+            .operate(
+                id,
+                Method::POST,
+                &files(id, "files/mkdir", path),
+                None,
+                Bytes::new(),
+                super::mutation(),
+            )
+            .await?;
+        super::decode::<space_proto::api::MkdirResponse>(&a).map(|m| m.created)
+    }
+
+    /// Renames `from` to `to` (a file at `to` is replaced): `404 not_found` when
+    /// `from` is missing.
+    pub async fn rename_file(&self, id: &SandboxId, from: &str, to: &str) -> Result<(), Error> {
+        let body = space_proto::api::RenameRequest {
+            from: from.into(),
+            to: to.into(),
+        };
+        let body = serde_json::to_vec(&body).map_err(|e| Error::Decode(e.to_string()))?;
+        self.operate(
+            id,
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/files/rename"),
+            Some("application/json"),
+            Bytes::from(body),
+            super::mutation(),
+        )
+        .await
+        .map(drop)
+    }
+
     /// Streams the file at `path` into `sink`; returns the bytes written, which are
     /// the file's size (a body that ends short of its `Content-Length` is an error).
     pub async fn read_file_to<W>(

@@ -154,7 +154,14 @@ where
 /// What a streaming exec yields.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ExecEvent {
-    /// Bytes the command wrote to stdout.
+    /// The command runs, as this process of the sandbox (its process group too); `0`
+    /// when the program could not be executed (its 126 or 127 follows). First, before
+    /// any output.
+    Started {
+        /// Its pid in the sandbox.
+        pid: u32,
+    },
+    /// Bytes the command wrote to stdout (and all of a PTY's output).
     Stdout(Bytes),
     /// Bytes the command wrote to stderr.
     Stderr(Bytes),
@@ -183,9 +190,22 @@ impl ExecStream {
         send(&mut self.socket, Message::Binary(Bytes::new())).await
     }
 
-    /// The next piece of output, then [`ExecEvent::Exited`], then `None`. The stream
-    /// ends in [`Error::Closed`] when the execution it ran in was replaced meanwhile
-    /// (close code 4001), which is never silently reattached.
+    /// Sends signal `n` (1 to 64) to the command's process group; another number
+    /// makes the worker close the stream (4000 `invalid signal N`).
+    pub async fn signal(&mut self, n: i32) -> Result<(), Error> {
+        send(&mut self.socket, signal(n)).await
+    }
+
+    /// Resizes the command's terminal (one asked for with `pty`; without, nothing
+    /// happens).
+    pub async fn resize(&mut self, rows: u16, cols: u16) -> Result<(), Error> {
+        send(&mut self.socket, resize(rows, cols)).await
+    }
+
+    /// [`ExecEvent::Started`] (from a worker that sends it), the output as it comes,
+    /// then [`ExecEvent::Exited`], then `None`. The stream ends in [`Error::Closed`]
+    /// when the execution it ran in was replaced meanwhile (close code 4001), which is
+    /// never silently reattached.
     pub async fn next(&mut self) -> Option<Result<ExecEvent, Error>> {
         next_exec(&mut self.socket).await
     }
@@ -213,6 +233,20 @@ impl ExecInput {
     pub async fn close_stdin(&mut self) -> Result<(), Error> {
         send(&mut self.sink, Message::Binary(Bytes::new())).await
     }
+
+    /// As [`ExecStream::signal`].
+    pub async fn signal(&mut self, n: i32) -> Result<(), Error> {
+        send(&mut self.sink, signal(n)).await
+    }
+
+    /// As [`ExecStream::resize`].
+    pub async fn resize(&mut self, rows: u16, cols: u16) -> Result<(), Error> {
+        send(&mut self.sink, resize(rows, cols)).await
+    }
+}
+
+fn signal(n: i32) -> Message {
+    Message::Text(format!(r#"{{"signal":{n}}}"#).into())
 }
 
 /// The output half of an [`ExecStream`].
@@ -253,10 +287,26 @@ where
                 }));
             }
             Ok(Message::Close(frame)) => return Some(closed(frame).map(ExecEvent::Exited)),
+            Ok(Message::Text(t)) => {
+                if let Some(pid) = started(t.as_str()) {
+                    return Some(Ok(ExecEvent::Started { pid }));
+                }
+            }
             Ok(_) => {}
             Err(e) => return Some(Err(e)),
         }
     }
+}
+
+/// The pid of a `{"type":"started","pid":N}` message (any other text is skipped).
+fn started(text: &str) -> Option<u32> {
+    #[derive(serde::Deserialize)]
+    struct Started {
+        r#type: String,
+        pid: u32,
+    }
+    let s: Started = serde_json::from_str(text).ok()?;
+    (s.r#type == "started").then_some(s.pid)
 }
 
 /// An interactive shell ([`Client::terminal`]): bytes both ways.

@@ -98,6 +98,9 @@ fn forwarded() -> OpenApiRouter<AppState> {
             forward::remove_file
         ))
         .routes(routes!(forward::forward_list))
+        .routes(routes!(forward::stat_file))
+        .routes(routes!(forward::make_dir))
+        .routes(routes!(forward::rename_file))
         .routes(routes!(forward::read_tree, forward::write_tree))
         .routes(routes!(forward::events))
         .routes(routes!(forward::terminal))

@@ -7,11 +7,13 @@
 use std::collections::BTreeMap;
 
 mod accounts;
+mod files;
 mod limits;
 pub mod ports;
 pub mod templates;
 
 pub use accounts::User;
+pub use files::{FileEntry, FileInfo, MkdirResponse, RenameRequest};
 pub use limits::{Limits, LimitsRequest, LimitsView};
 
 use serde::{Deserialize, Serialize};
@@ -193,6 +195,39 @@ pub struct ExecRequest {
     /// the sandbox's root when absent. An unknown name: 400 `unknown_user`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<User>,
+    /// Run under a new pseudo-terminal of this size (streaming exec only: a plain
+    /// exec with it is 400 `bad_request`). Its output, stdout and stderr merged, comes
+    /// tagged as stdout; a client text message `{"rows","cols"}` resizes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pty: Option<TerminalSize>,
+}
+
+/// The size of a terminal in character cells; each side is clamped to
+/// [`TerminalSize::MIN`]..=[`TerminalSize::MAX`] where it is used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct TerminalSize {
+    /// Rows.
+    pub rows: u16,
+    /// Columns.
+    pub cols: u16,
+}
+
+impl TerminalSize {
+    /// The smallest side.
+    pub const MIN: u16 = 1;
+    /// The largest side.
+    pub const MAX: u16 = 1000;
+
+    /// This size with each side clamped to [`Self::MIN`]..=[`Self::MAX`], as the agent
+    /// takes it.
+    pub fn clamped(self) -> crate::guest::PtySize {
+        crate::guest::PtySize {
+            rows: self.rows.clamp(Self::MIN, Self::MAX),
+            cols: self.cols.clamp(Self::MIN, Self::MAX),
+        }
+    }
 }
 
 /// Largest stdin of a non-streaming exec, in bytes (decoded): 64 MiB. The streaming
@@ -278,18 +313,6 @@ pub struct SandboxEvent {
     pub layer: String,
     /// The rule that refused, or why.
     pub rule: String,
-}
-
-/// One directory entry.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct FileEntry {
-    /// Name within the directory.
-    pub name: String,
-    /// `file`, `dir`, `symlink` or `other`.
-    pub kind: String,
-    /// Size in bytes.
-    pub size: u64,
 }
 
 /// `POST /v1/sandboxes/{id}/capabilities`.
@@ -760,11 +783,25 @@ pub struct UpdateAck {
 
 /// Formats Unix seconds as RFC 3339 UTC (`2026-11-30T01:02:03Z`).
 pub fn rfc3339(unix_secs: u64) -> String {
-    let days = unix_secs / 86_400;
-    let rem = unix_secs % 86_400;
+    let (date, time) = civil(i64::try_from(unix_secs).unwrap_or(i64::MAX));
+    format!("{date}T{time}Z")
+}
+
+/// Formats a time of the Unix clock (seconds, before the epoch too, and nanoseconds)
+/// as RFC 3339 UTC with nanoseconds (`2026-11-30T01:02:03.000000042Z`).
+pub fn rfc3339_nanos(secs: i64, nanos: u32) -> String {
+    let (date, time) = civil(secs);
+    format!("{date}T{time}.{:09}Z", nanos.min(999_999_999))
+}
+
+/// The date (`YYYY-MM-DD`) and time of day (`HH:MM:SS`) of Unix seconds, in UTC.
+fn civil(secs: i64) -> (String, String) {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
     let (h, m, s) = (rem / 3600, rem % 3600 / 60, rem % 60);
-    // Civil-from-days (Howard Hinnant's algorithm), for days since 1970-01-01.
-    let z = days as i64 + 719_468;
+    // Civil-from-days (Howard Hinnant's algorithm), for days since 1970-01-01; in
+    // i128 so that no i64 of seconds overflows.
+    let z = i128::from(days) + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
     let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
@@ -772,8 +809,11 @@ pub fn rfc3339(unix_secs: u64) -> String {
     let mp = (5 * doy + 2) / 153;
     let d = doy - (153 * mp + 2) / 5 + 1;
     let mo = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(mo <= 2);
-    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{m:02}:{s:02}Z")
+    let y = yoe + era * 400 + i128::from(mo <= 2);
+    (
+        format!("{y:04}-{mo:02}-{d:02}"),
+        format!("{h:02}:{m:02}:{s:02}"),
+    )
 }
 
 #[cfg(test)]

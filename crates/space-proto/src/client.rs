@@ -128,14 +128,6 @@ impl Call<()> {
         })
     }
 
-    /// Creates a directory.
-    pub fn mkdir(path: &str, parents: bool) -> Self {
-        Self::done(Operation::Mkdir {
-            path: path.into(),
-            parents,
-        })
-    }
-
     /// Removes a file or directory.
     pub fn remove(path: &str, recursive: bool) -> Self {
         Self::done(Operation::Remove {
@@ -144,12 +136,34 @@ impl Call<()> {
         })
     }
 
-    /// Renames `from` to `to`.
-    pub fn rename(from: &str, to: &str) -> Self {
+    /// Renames `from` to `to`, as `user` of the sandbox (the agent's root when
+    /// `None`).
+    pub fn rename(from: &str, to: &str, user: Option<guest::Account>) -> Self {
         Self::done(Operation::Rename {
             from: from.into(),
             to: to.into(),
+            user,
         })
+    }
+}
+
+impl Call<bool> {
+    /// Creates a directory (and its missing parents with `parents`), as `user` of the
+    /// sandbox (the agent's root when `None`): whether this call made it (`false`: a
+    /// directory was already there, which only `parents` accepts).
+    pub fn mkdir(path: &str, parents: bool, user: Option<guest::Account>) -> Self {
+        Self::new(
+            Operation::Mkdir {
+                path: path.into(),
+                parents,
+                user,
+            },
+            Vec::new(),
+            |body| match body {
+                AgentBody::Made { created } => Ok(Some(created)),
+                other => Err(other),
+            },
+        )
     }
 }
 
@@ -160,7 +174,7 @@ impl Call<FileStat> {
             Operation::Stat { path: path.into() },
             Vec::new(),
             |body| match body {
-                AgentBody::Stat(s) => Ok(Some(s)),
+                AgentBody::Stat(s) => Ok(Some(*s)),
                 other => Err(other),
             },
         )
@@ -480,9 +494,9 @@ impl<S: Read + Write> AgentConnection<S> {
         self.run(Call::list(path))
     }
 
-    /// Creates a directory.
-    pub fn mkdir(&mut self, path: &str, parents: bool) -> Result<(), ClientError> {
-        self.run(Call::mkdir(path, parents))
+    /// Creates a directory: whether this call made it.
+    pub fn mkdir(&mut self, path: &str, parents: bool) -> Result<bool, ClientError> {
+        self.run(Call::mkdir(path, parents, None))
     }
 
     /// Removes a file or directory.
@@ -492,7 +506,7 @@ impl<S: Read + Write> AgentConnection<S> {
 
     /// Renames `from` to `to`.
     pub fn rename(&mut self, from: &str, to: &str) -> Result<(), ClientError> {
-        self.run(Call::rename(from, to))
+        self.run(Call::rename(from, to, None))
     }
 
     /// Reads at most `max_bytes` of a file, from its start.

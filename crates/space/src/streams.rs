@@ -188,6 +188,7 @@ pub async fn exec(
                 let _ = out.flush();
             }
             Some(Ok(ExecEvent::Exited(code))) => break Some(Ok(code)),
+            Some(Ok(ExecEvent::Started { .. })) => {}
             Some(Err(e)) => break Some(Err(e)),
             None => break None,
         }

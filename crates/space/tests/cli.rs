@@ -754,7 +754,7 @@ fn sdk_stdin_reaches_the_command_plain_and_streamed() {
         loop {
             match stream.next().await.unwrap().unwrap() {
                 space_client::ExecEvent::Stdout(b) => out.extend_from_slice(&b),
-                space_client::ExecEvent::Stderr(_) => {}
+                space_client::ExecEvent::Stderr(_) | space_client::ExecEvent::Started { .. } => {}
                 space_client::ExecEvent::Exited(code) => {
                     assert_eq!(code, 0);
                     break;

@@ -83,7 +83,11 @@ fn the_edge_and_a_worker_describe_the_shared_bodies_alike() {
         "ExecRequest",
         "ExecResponse",
         "FileEntry",
+        "FileInfo",
+        "MkdirResponse",
+        "RenameRequest",
         "SandboxId",
+        "TerminalSize",
     ] {
         let e = &edge["components"]["schemas"][name];
         assert!(e.is_object(), "{name}");

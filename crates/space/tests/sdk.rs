@@ -314,6 +314,7 @@ fn streams_open_on_the_worker_and_follow_a_migration() {
                     ExecEvent::Stdout(b) => out.extend_from_slice(&b),
                     ExecEvent::Stderr(b) => err.extend_from_slice(&b),
                     ExecEvent::Exited(code) => exited = Some(code),
+                    ExecEvent::Started { .. } => {}
                 }
             }
             (out, err, exited)

@@ -119,7 +119,7 @@ fn operations_sent_while_a_worker_restarts_wait_for_it_on_every_path() {
                         match ev.map_err(|e| e.to_string())? {
                             ExecEvent::Stdout(b) => out.push_str(&String::from_utf8_lossy(&b)),
                             ExecEvent::Exited(_) => break,
-                            ExecEvent::Stderr(_) => {}
+                            ExecEvent::Stderr(_) | ExecEvent::Started { .. } => {}
                         }
                     }
                     Ok(out)

@@ -4,6 +4,7 @@
 //! up to [`MAX_ACCOUNTS_FILE`] bytes and parsed line by line; a line that does not
 //! parse is skipped, as libc's files backend does.
 
+use std::collections::HashMap;
 use std::io::Read;
 use std::path::PathBuf;
 
@@ -11,6 +12,9 @@ use space_proto::guest::{Account, ErrorKind, WireError};
 
 /// Most bytes read of `/etc/passwd` or `/etc/group`.
 pub const MAX_ACCOUNTS_FILE: u64 = 1 << 20;
+
+/// Longest account or group name taken, in bytes.
+const MAX_NAME: usize = 256;
 
 /// Most supplementary groups given to a process (the kernel's `NGROUPS_MAX`).
 const MAX_GROUPS: usize = 65_536;
@@ -125,7 +129,7 @@ fn read_bounded(path: &str) -> String {
 /// Resolves `account` through the sandbox's `/etc/passwd` and `/etc/group`.
 pub(crate) fn resolve(account: &Account) -> Result<Identity, WireError> {
     if let Account::Name(n) = account {
-        if n.is_empty() || n.len() > 256 || n.contains([':', '\n', '\0']) {
+        if n.is_empty() || n.len() > MAX_NAME || n.contains([':', '\n', '\0']) {
             return Err(WireError::new(
                 ErrorKind::InvalidArgument,
                 format!("invalid user name {n:?}"),
@@ -160,6 +164,57 @@ pub(crate) fn take(account: Option<&Account>) -> Result<Option<Identity>, WireEr
         ));
     }
     Ok(Some(id))
+}
+
+/// The names the sandbox gives to uids and gids (its `/etc/passwd` and `/etc/group`),
+/// to describe who owns a file. The first line naming an id wins, as in libc; a name
+/// longer than [`MAX_NAME`] bytes names nothing (the files are the sandbox's, and a
+/// name goes into every entry of a listing).
+#[derive(Debug, Default)]
+pub(crate) struct Names {
+    users: HashMap<u32, String>,
+    groups: HashMap<u32, String>,
+}
+
+impl Names {
+    /// The names of the sandbox's own files, read bounded.
+    pub(crate) fn load() -> Self {
+        Self::parse(&read_bounded("/etc/passwd"), &read_bounded("/etc/group"))
+    }
+
+    /// The names in the texts of `/etc/passwd` and `/etc/group`.
+    pub(crate) fn parse(passwd: &str, group: &str) -> Self {
+        let mut names = Self::default();
+        for e in passwd.lines().filter_map(passwd_line) {
+            if e.name.len() <= MAX_NAME {
+                names
+                    .users
+                    .entry(e.uid)
+                    .or_insert_with(|| e.name.to_owned());
+            }
+        }
+        for line in group.lines() {
+            let f: Vec<&str> = line.split(':').collect();
+            if f.len() < 3 || f[0].is_empty() || f[0].starts_with('#') || f[0].len() > MAX_NAME {
+                continue;
+            }
+            let Ok(gid) = f[2].parse::<u32>() else {
+                continue;
+            };
+            names.groups.entry(gid).or_insert_with(|| f[0].to_owned());
+        }
+        names
+    }
+
+    /// The name of `uid`, empty when the sandbox names none.
+    pub(crate) fn user(&self, uid: u32) -> String {
+        self.users.get(&uid).cloned().unwrap_or_default()
+    }
+
+    /// The name of `gid`, empty when the sandbox names none.
+    pub(crate) fn group(&self, gid: u32) -> String {
+        self.groups.get(&gid).cloned().unwrap_or_default()
+    }
 }
 
 impl Identity {
@@ -216,6 +271,24 @@ mod tests {
             (4242, 4242, &[4242][..])
         );
         assert_eq!(id.home, PathBuf::from("/"));
+    }
+
+    #[test]
+    fn owners_and_groups_are_named_by_the_first_line_naming_them_and_unnamed_ids_are_empty() {
+        let names = Names::parse(
+            &format!("{PASSWD}dup:x:1000:1000::/:/bin/sh\n"),
+            &format!(
+                "{GROUP}other:x:100:\n:x:5:\n{}:x:6:\n",
+                "g".repeat(MAX_NAME + 1)
+            ),
+        );
+        assert_eq!(names.user(0), "root");
+        assert_eq!(names.user(1000), "user");
+        assert_eq!(names.user(4242), "");
+        assert_eq!(names.group(100), "users");
+        assert_eq!(names.group(10), "wheel");
+        assert_eq!(names.group(5), "");
+        assert_eq!(names.group(6), "");
     }
 
     #[test]

@@ -670,11 +670,9 @@ fn read_inputs(
                 }
             }
             Input::Signal(n) => {
-                // An unknown signal number is ignored: the process runs on, as it would
-                // had the signal been blocked.
-                if let Ok(sig) = Signal::try_from(n) {
-                    let _ = killpg(r.pgid, sig);
-                }
+                // A number that is no signal is ignored: the process runs on, as it
+                // would had the signal been blocked.
+                let _ = crate::sys::signal_group(r.pgid.as_raw(), n);
             }
             other @ (Input::Data(_) | Input::End | Input::Close) => {
                 return Err(conn.refuse(

@@ -12,13 +12,19 @@ use space_proto::guest::{
     Operation, RequestId, WireError,
 };
 
-use crate::accounts;
+use crate::accounts::{self, Names};
 use crate::agent::Agent;
 use crate::conn::{Conn, Flow, io_error};
 use crate::sys::ActingAs;
 
-/// Entries per `Entries` frame: a few hundred names stay far under the frame cap.
+/// Entries per `Entries` frame, at most.
 const LIST_BATCH: usize = 256;
+
+/// Bytes of names, owners and link targets per `Entries` frame, at most about: an
+/// entry holds at most some 14 KiB of them (a name of 255 bytes and a target of 4096,
+/// each up to three times as long once made UTF-8, two account names of at most 256),
+/// so a batch stays far under the frame cap whatever the directory holds.
+const LIST_BATCH_BYTES: usize = 256 << 10;
 
 /// Resolves a client path against the agent's home.
 pub(crate) fn resolve(agent: &Agent, path: &str) -> Result<PathBuf, WireError> {
@@ -49,24 +55,27 @@ fn kind_of(ft: fs::FileType) -> FileKind {
 /// Operations with one answer: stat, mkdir, remove, rename.
 pub(crate) fn simple(agent: &Agent, op: Operation) -> Result<AgentBody, WireError> {
     match op {
-        Operation::Stat { path } => stat(&resolve(agent, &path)?).map(AgentBody::Stat),
-        Operation::Mkdir { path, parents } => {
+        Operation::Stat { path } => {
+            stat(&resolve(agent, &path)?).map(|s| AgentBody::Stat(Box::new(s)))
+        }
+        Operation::Mkdir {
+            path,
+            parents,
+            user,
+        } => {
             let p = resolve(agent, &path)?;
-            let r = if parents {
-                fs::create_dir_all(&p)
-            } else {
-                fs::create_dir(&p)
-            };
-            r.map_err(|e| io_error(&format!("mkdir {path}"), &e))?;
-            Ok(AgentBody::Done)
+            let _acting = as_account(user.as_ref())?;
+            let created = mkdir(&p, parents).map_err(|e| io_error(&format!("mkdir {path}"), &e))?;
+            Ok(AgentBody::Made { created })
         }
         Operation::Remove { path, recursive } => {
             let p = resolve(agent, &path)?;
             remove(&p, recursive).map_err(|e| io_error(&format!("remove {path}"), &e))?;
             Ok(AgentBody::Done)
         }
-        Operation::Rename { from, to } => {
+        Operation::Rename { from, to, user } => {
             let (f, t) = (resolve(agent, &from)?, resolve(agent, &to)?);
+            let _acting = as_account(user.as_ref())?;
             fs::rename(&f, &t).map_err(|e| io_error(&format!("rename {from} to {to}"), &e))?;
             Ok(AgentBody::Done)
         }
@@ -77,25 +86,61 @@ pub(crate) fn simple(agent: &Agent, op: Operation) -> Result<AgentBody, WireErro
     }
 }
 
+/// Makes the directory `p`, mode 0755 whatever the agent's umask (and its missing
+/// parents with `parents`): whether this call made it. A directory already there
+/// (through a symlink too) is `Ok(false)` with `parents`; without, and for anything
+/// else already there, `EEXIST`.
+fn mkdir(p: &Path, parents: bool) -> io::Result<bool> {
+    if parents {
+        if let Some(dir) = p.parent() {
+            make_dirs(dir)?;
+        }
+    }
+    match fs::DirBuilder::new().mode(0o755).create(p) {
+        Ok(()) => {
+            fs::set_permissions(p, fs::Permissions::from_mode(0o755))?;
+            Ok(true)
+        }
+        Err(e)
+            if e.kind() == io::ErrorKind::AlreadyExists
+                && parents
+                && fs::metadata(p).is_ok_and(|m| m.is_dir()) =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 fn stat(p: &Path) -> Result<FileStat, WireError> {
     let shown = p.display().to_string();
     let md = fs::symlink_metadata(p).map_err(|e| io_error(&format!("stat {shown}"), &e))?;
     let kind = kind_of(md.file_type());
-    let symlink_target = if kind == FileKind::Symlink {
-        fs::read_link(p)
-            .ok()
-            .map(|t| t.to_string_lossy().into_owned())
-    } else {
-        None
-    };
+    let names = Names::load();
     Ok(FileStat {
+        path: p.to_string_lossy().into_owned(),
         kind,
         size: md.len(),
         mode: md.mode() & 0o7777,
+        uid: md.uid(),
+        gid: md.gid(),
+        owner: names.user(md.uid()),
+        group: names.group(md.gid()),
         modified_secs: md.mtime(),
         modified_nanos: u32::try_from(md.mtime_nsec()).unwrap_or(0),
-        symlink_target,
+        symlink_target: link_target(p, kind),
     })
+}
+
+/// What the symlink at `p` holds (`None` for anything else, or a link that cannot be
+/// read any more).
+fn link_target(p: &Path, kind: FileKind) -> Option<String> {
+    if kind != FileKind::Symlink {
+        return None;
+    }
+    fs::read_link(p)
+        .ok()
+        .map(|t| t.to_string_lossy().into_owned())
 }
 
 fn remove(p: &Path, recursive: bool) -> io::Result<()> {
@@ -151,20 +196,39 @@ pub(crate) fn list(conn: &mut Conn<'_>, id: RequestId, path: &str) -> Flow {
         Ok(d) => d,
         Err(e) => return conn.send_error(id, e),
     };
+    let names = Names::load();
     let mut batch = Vec::with_capacity(LIST_BATCH);
+    let mut batch_bytes = 0;
     for entry in dir {
         let entry = match entry {
             Ok(e) => e,
             Err(e) => return conn.send_error(id, io_error(&format!("list {path}"), &e)),
         };
+        // Not followed: a symlink is described as itself.
         let Ok(md) = entry.metadata() else { continue };
+        let kind = kind_of(md.file_type());
         batch.push(DirEntry {
             name: entry.file_name().to_string_lossy().into_owned(),
-            kind: kind_of(md.file_type()),
+            kind,
             size: md.len(),
+            mode: md.mode() & 0o7777,
+            uid: md.uid(),
+            gid: md.gid(),
+            owner: names.user(md.uid()),
+            group: names.group(md.gid()),
+            modified_secs: md.mtime(),
+            modified_nanos: u32::try_from(md.mtime_nsec()).unwrap_or(0),
+            symlink_target: link_target(&entry.path(), kind),
         });
-        if batch.len() == LIST_BATCH {
+        if let Some(e) = batch.last() {
+            batch_bytes += e.name.len()
+                + e.owner.len()
+                + e.group.len()
+                + e.symlink_target.as_ref().map_or(0, String::len);
+        }
+        if batch.len() == LIST_BATCH || batch_bytes >= LIST_BATCH_BYTES {
             conn.queue(id, AgentBody::Entries(std::mem::take(&mut batch)))?;
+            batch_bytes = 0;
         }
     }
     if !batch.is_empty() {

@@ -1,5 +1,6 @@
-//! The only unsafe code of the agent: adopting inherited file descriptors, and the
-//! child-side setup of a terminal session between `fork` and `exec`.
+//! The only unsafe code of the agent: adopting inherited file descriptors, the
+//! child-side setup of a terminal session between `fork` and `exec`, and signals by
+//! number to a process group.
 
 #![allow(unsafe_code)]
 
@@ -180,4 +181,20 @@ pub(crate) fn can_act_as(uid: u32, gid: u32) -> bool {
     let ok = set_fs_ids(uid, gid) == (uid, gid);
     set_fs_ids(u, g);
     ok
+}
+
+/// Sends signal `n` to the process group `pgid`: any signal of the kernel's, 1 to 64,
+/// real-time ones too (which `nix::sys::signal::Signal` does not name). Another
+/// number is `EINVAL`, nothing sent.
+pub(crate) fn signal_group(pgid: i32, n: i32) -> io::Result<()> {
+    if !(1..=64).contains(&n) || pgid <= 0 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: `killpg` takes two integers and touches no memory of this process; a
+    // positive group id names a group, never every process (`0` and negatives are
+    // refused above).
+    if unsafe { libc::killpg(pgid, n) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }

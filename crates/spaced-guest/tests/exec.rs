@@ -61,6 +61,30 @@ fn signal_input_reaches_the_process_group() {
 }
 
 #[test]
+fn a_real_time_signal_reaches_the_process_group_and_a_number_that_is_no_signal_is_ignored() {
+    let agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    let id = conn
+        .send_request(Operation::Exec(ExecSpec::command(["sleep", "30"])))
+        .unwrap();
+    assert!(matches!(
+        conn.next_answer(id).unwrap(),
+        AgentBody::Started { .. }
+    ));
+    // 0, 65 and -9 are no signals: the process runs on.
+    for n in [0, 65, -9] {
+        conn.send_input(id, Input::Signal(n)).unwrap();
+    }
+    // SIGRTMIN+5 (its default action ends the process).
+    let rt = libc::SIGRTMIN() + 5;
+    conn.send_input(id, Input::Signal(rt)).unwrap();
+    let AgentBody::Exited(status) = conn.next_answer(id).unwrap() else {
+        panic!("expected exit");
+    };
+    assert_eq!(status.outcome, ExitOutcome::Signal(rt));
+}
+
+#[test]
 fn stdin_bytes_in_the_spec_reach_the_process_and_are_closed() {
     let agent = AgentProcess::start();
     let mut conn = agent.connect();

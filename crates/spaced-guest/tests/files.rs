@@ -126,8 +126,8 @@ fn write_with_parents_creates_the_directories() {
 fn list_stat_mkdir_remove_and_rename() {
     let agent = AgentProcess::start();
     let mut conn = agent.connect();
-    conn.mkdir("x/y/z", true).unwrap();
-    conn.mkdir("x/y/z", true).unwrap();
+    assert!(conn.mkdir("x/y/z", true).unwrap());
+    assert!(!conn.mkdir("x/y/z", true).unwrap());
     assert_eq!(
         agent_error(conn.mkdir("x", false).unwrap_err()),
         ErrorKind::AlreadyExists
@@ -193,6 +193,97 @@ fn list_stat_mkdir_remove_and_rename() {
     assert_eq!(
         agent_error(conn.remove("x", true).unwrap_err()),
         ErrorKind::NotFound
+    );
+}
+
+#[test]
+fn mkdir_says_whether_it_made_the_directory_and_refuses_a_file_in_the_way() {
+    use std::os::unix::fs::PermissionsExt;
+    let agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    assert!(conn.mkdir("new/deep", true).unwrap());
+    for d in ["new", "new/deep"] {
+        let mode = std::fs::metadata(agent.home.join(d))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o755, "{d}");
+    }
+    assert!(!conn.mkdir("new/deep", true).unwrap());
+    // A symlink to a directory is a directory already there.
+    std::os::unix::fs::symlink("new", agent.home.join("to-new")).unwrap();
+    assert!(!conn.mkdir("to-new", true).unwrap());
+    std::fs::write(agent.home.join("file"), b"x").unwrap();
+    assert_eq!(
+        agent_error(conn.mkdir("file", true).unwrap_err()),
+        ErrorKind::AlreadyExists
+    );
+    assert_eq!(
+        agent_error(conn.mkdir("file/below", true).unwrap_err()),
+        ErrorKind::NotADirectory
+    );
+    assert_eq!(std::fs::read(agent.home.join("file")).unwrap(), b"x");
+}
+
+#[test]
+fn stat_and_list_name_owners_groups_and_times_and_describe_links_without_following_them() {
+    use std::os::unix::fs::MetadataExt;
+    let agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    std::fs::create_dir(agent.home.join("d")).unwrap();
+    std::fs::write(agent.home.join("d/f"), b"hello").unwrap();
+    std::os::unix::fs::symlink("/nowhere/at/all", agent.home.join("d/dangling")).unwrap();
+    let md = std::fs::metadata(agent.home.join("d/f")).unwrap();
+
+    let f = conn.stat("d/f").unwrap();
+    assert_eq!(f.path, agent.path("d/f"));
+    assert_eq!((f.kind, f.size), (FileKind::File, 5));
+    assert_eq!((f.uid, f.gid), (md.uid(), md.gid()));
+    assert_eq!(
+        (f.modified_secs, i64::from(f.modified_nanos)),
+        (md.mtime(), md.mtime_nsec())
+    );
+    if md.uid() == 0 {
+        // The host's own /etc/passwd and /etc/group name root (the agent here is not
+        // in a jail: it reads the files of the root it runs in).
+        assert_eq!((f.owner.as_str(), f.group.as_str()), ("root", "root"));
+    }
+    let link = conn.stat(&agent.path("d/dangling")).unwrap();
+    assert_eq!(link.kind, FileKind::Symlink);
+    assert_eq!(link.symlink_target.as_deref(), Some("/nowhere/at/all"));
+
+    let mut entries = conn.list("d").unwrap();
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    assert_eq!(entries.len(), 2);
+    let (dangling, file) = (&entries[0], &entries[1]);
+    assert_eq!(dangling.kind, FileKind::Symlink);
+    assert_eq!(dangling.symlink_target.as_deref(), Some("/nowhere/at/all"));
+    assert_eq!(file.symlink_target, None);
+    assert_eq!(
+        (file.mode, file.uid, file.gid, &file.owner, &file.group),
+        (f.mode, f.uid, f.gid, &f.owner, &f.group)
+    );
+    assert_eq!(
+        (file.modified_secs, file.modified_nanos),
+        (f.modified_secs, f.modified_nanos)
+    );
+}
+
+#[test]
+fn a_listing_of_links_with_long_targets_stays_under_the_frame_cap() {
+    let agent = AgentProcess::start();
+    let mut conn = agent.connect();
+    // 256 links with 4000-byte targets: about 1 MiB of targets in one directory.
+    let target = format!("/{}", "t".repeat(3999));
+    for i in 0..256 {
+        std::os::unix::fs::symlink(&target, agent.home.join(format!("l{i:03}"))).unwrap();
+    }
+    let entries = conn.list(".").unwrap();
+    assert_eq!(entries.len(), 256);
+    assert!(
+        entries
+            .iter()
+            .all(|e| e.symlink_target.as_deref() == Some(target.as_str()))
     );
 }
 

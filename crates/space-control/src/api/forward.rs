@@ -9,11 +9,14 @@ use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, header};
 use axum::response::{IntoResponse, Response};
 use space_identity::OperationClass;
-use space_proto::api::{ExecRequest, ExecResponse, FileEntry};
+use space_proto::api::{
+    ExecRequest, ExecResponse, FileEntry, FileInfo, MkdirResponse, RenameRequest,
+};
 use space_proto::openapi::{RawBytes, SandboxPath};
 
 use super::openapi::{
-    Exec, FilePath, FileRead, FileWrite, FileWriteQuery, Forwarded, TerminalQuery, WatchQuery,
+    Exec, FilePath, FileRead, FileWrite, FileWriteQuery, Forwarded, MkdirQuery, RenameQuery,
+    TerminalQuery, WatchQuery,
 };
 use super::request::{AppState, MAX_BODY, MAX_INTERNAL_BODY, caller, path_and_query, sandbox_id};
 use crate::edge::Authority;
@@ -216,6 +219,64 @@ pub(super) async fn forward_list(
     req: Request,
 ) -> Result<Response, ControlError> {
     forward_read(&st, &headers, &id, path_and_query(&req)).await
+}
+
+/// Describe a path (a final symlink described, not followed).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/stat", tag = "operations", params(SandboxPath, FilePath),
+    responses((status = 200, description = "its description", body = FileInfo,
+        headers(("space-execution" = String, description = "the execution that described it"))), Forwarded),
+    security(("api_key" = [])))]
+pub(super) async fn stat_file(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    req: Request,
+) -> Result<Response, ControlError> {
+    forward_read(&st, &headers, &id, path_and_query(&req)).await
+}
+
+/// Make a directory and its missing parents (0755; `?user=` as an account of the
+/// sandbox): 201 when made, 200 when a directory was already there, 409
+/// `already_exists` for anything else there. Accepts `Idempotency-Key`.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/mkdir", tag = "operations", params(SandboxPath, MkdirQuery),
+    responses(
+        (status = 201, description = "made", body = MkdirResponse,
+            headers(("space-execution" = String, description = "the execution that made it"))),
+        (status = 200, description = "a directory was already there", body = MkdirResponse),
+        Forwarded),
+    security(("api_key" = [])))]
+pub(super) async fn make_dir(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    req: Request,
+) -> Result<Response, ControlError> {
+    let pq = path_and_query(&req);
+    let class = mutation(&headers);
+    forward(&st, &headers, &id, Method::POST, pq, Bytes::new(), class).await
+}
+
+/// Rename a path (a file at `to` is replaced; `?user=` as an account of the
+/// sandbox): 404 when `from` is missing. Accepts `Idempotency-Key`.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/rename", tag = "operations", params(SandboxPath, RenameQuery),
+    request_body = RenameRequest,
+    responses((status = 204, description = "renamed",
+        headers(("space-execution" = String, description = "the execution that renamed it"))), Forwarded),
+    security(("api_key" = [])))]
+pub(super) async fn rename_file(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    req: Request,
+) -> Result<Response, ControlError> {
+    let pq = path_and_query(&req);
+    // Two paths of at most 4096 bytes each, as JSON.
+    let limit = 64 << 10;
+    let body = axum::body::to_bytes(req.into_body(), limit)
+        .await
+        .map_err(|_| ControlError::TooLarge(format!("rename body over {limit} bytes")))?;
+    let class = mutation(&headers);
+    forward(&st, &headers, &id, Method::POST, pq, body, class).await
 }
 
 /// A read without a body, forwarded to the sandbox's worker as it came.

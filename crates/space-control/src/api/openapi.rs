@@ -120,6 +120,36 @@ pub(super) struct FileWriteQuery {
     user: Option<String>,
 }
 
+/// The query of `POST …/files/mkdir`.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(
+    dead_code,
+    reason = "described, never built: the edge passes the query to the worker as is"
+)]
+pub(super) struct MkdirQuery {
+    /// The directory: absolute, or relative to the agent's home; 1 to 4096 bytes, no
+    /// NUL. Its missing parents are made too (0755, owned like it).
+    #[param(required = true)]
+    path: String,
+    /// Make it as this account of the sandbox (a user name or a uid): its permissions
+    /// apply and what is made is its own. An unknown name: 400 `unknown_user`.
+    user: Option<String>,
+}
+
+/// The query of `POST …/files/rename`.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(
+    dead_code,
+    reason = "described, never built: the edge passes the query to the worker as is"
+)]
+pub(super) struct RenameQuery {
+    /// Rename as this account of the sandbox (a user name or a uid): its permissions
+    /// apply. An unknown name: 400 `unknown_user`.
+    user: Option<String>,
+}
+
 /// The query of a terminal.
 #[derive(Debug, IntoParams)]
 #[into_params(parameter_in = Query)]

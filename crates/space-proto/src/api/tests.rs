@@ -41,6 +41,42 @@ fn rfc3339_formats_known_instants() {
 }
 
 #[test]
+fn rfc3339_with_nanoseconds_formats_instants_before_and_after_the_epoch() {
+    assert_eq!(rfc3339_nanos(0, 0), "1970-01-01T00:00:00.000000000Z");
+    assert_eq!(
+        rfc3339_nanos(1_795_996_800, 42),
+        "2026-11-30T00:00:00.000000042Z"
+    );
+    assert_eq!(
+        rfc3339_nanos(-1, 999_999_999),
+        "1969-12-31T23:59:59.999999999Z"
+    );
+    assert_eq!(
+        rfc3339_nanos(-86_400 * 365, 5),
+        "1969-01-01T00:00:00.000000005Z"
+    );
+    // Out-of-range parts do not panic.
+    assert!(rfc3339_nanos(i64::MIN, u32::MAX).ends_with(".999999999Z"));
+    assert!(rfc3339_nanos(i64::MAX, 0).ends_with('Z'));
+}
+
+#[test]
+fn an_exec_request_takes_a_pty_size_and_clamps_it_to_1_to_1000() {
+    let r: ExecRequest =
+        serde_json::from_str(r#"{"cmd":["sh"],"pty":{"rows":0,"cols":5000}}"#).unwrap();
+    let size = r.pty.unwrap().clamped();
+    assert_eq!((size.rows, size.cols), (1, 1000));
+    assert!(
+        serde_json::from_str::<ExecRequest>(r#"{"cmd":["sh"],"pty":{"rows":1,"cols":1,"x":1}}"#)
+            .is_err()
+    );
+    assert!(
+        serde_json::from_str::<ExecRequest>(r#"{"cmd":["sh"],"pty":{"rows":70000,"cols":1}}"#)
+            .is_err()
+    );
+}
+
+#[test]
 fn request_bodies_refuse_unknown_fields() {
     assert!(serde_json::from_str::<CreateSandbox>(r#"{"templte":"x"}"#).is_err());
     assert!(serde_json::from_str::<ExecRequest>(r#"{"cmd":["ls"],"tmeout":1}"#).is_err());

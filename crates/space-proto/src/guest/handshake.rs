@@ -12,8 +12,10 @@ use crate::codec::wire;
 
 /// The protocol version this crate speaks. The agent refuses any other. (2: exec output
 /// caps — `ExecSpec::max_output_bytes` and the truncation flags of `ExitStatus`. 3:
-/// accounts — `ExecSpec::user`, `WriteFile::user`, `ReadTree`/`WriteTree`.)
-pub const PROTOCOL_VERSION: u32 = 3;
+/// accounts — `ExecSpec::user`, `WriteFile::user`, `ReadTree`/`WriteTree`. 4: file
+/// details — owners, groups and times in `FileStat` and `DirEntry`, `FileStat::path`,
+/// `Mkdir::user` answered `Made`, `Rename::user`.)
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Domain separation for the proof, so the secret's MAC can never be confused with any
 /// other use of the same key.

@@ -95,12 +95,18 @@ pub enum Operation {
         /// The path.
         path: String,
     },
-    /// Create a directory: `Done`.
+    /// Create a directory (mode 0755, and its missing parents too when `parents`):
+    /// `Made`, which says whether this call made it. A directory already there is
+    /// `Made { created: false }` with `parents`, `AlreadyExists` without; anything
+    /// else already there is `AlreadyExists`.
     Mkdir {
         /// The directory.
         path: String,
         /// Create missing parents, and succeed if it already exists.
         parents: bool,
+        /// Make it as this account of the sandbox (its permissions apply; what is
+        /// made is its own); the agent's root when `None`.
+        user: Option<Account>,
     },
     /// Remove a file or directory: `Done`.
     Remove {
@@ -115,6 +121,9 @@ pub enum Operation {
         from: String,
         /// New path.
         to: String,
+        /// Rename as this account of the sandbox (its permissions apply); the agent's
+        /// root when `None`.
+        user: Option<Account>,
     },
     /// Watch a directory: `WatchStarted`, `WatchEvent`s, and `WatchEnded` after the
     /// client sends `Input::Close`.
@@ -340,8 +349,9 @@ pub enum AgentBody {
     },
     /// A batch of directory entries.
     Entries(Vec<DirEntry>),
-    /// A path's description (final).
-    Stat(FileStat),
+    /// A path's description (final); boxed, as the largest body by far (the wire form
+    /// is the same).
+    Stat(Box<FileStat>),
     /// The operation succeeded (final).
     Done,
     /// The watch is in place: events from now on are reported.
@@ -362,6 +372,11 @@ pub enum AgentBody {
         /// The span to be sent.
         range: Option<(u64, u64)>,
     },
+    /// A directory asked for by `Mkdir` is there (final).
+    Made {
+        /// Whether this request made it (`false`: a directory was already there).
+        created: bool,
+    },
 }
 
 impl AgentBody {
@@ -377,6 +392,7 @@ impl AgentBody {
                 | Self::Stat(_)
                 | Self::Done
                 | Self::WatchEnded { .. }
+                | Self::Made { .. }
         )
     }
 }
@@ -416,7 +432,7 @@ pub enum FileKind {
     Other,
 }
 
-/// One entry of a directory listing.
+/// One entry of a directory listing (a symlink described, not followed).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DirEntry {
     /// File name (non-UTF-8 bytes replaced by U+FFFD).
@@ -425,17 +441,44 @@ pub struct DirEntry {
     pub kind: FileKind,
     /// Size in bytes.
     pub size: u64,
+    /// Permission bits (`st_mode & 0o7777`).
+    pub mode: u32,
+    /// Owner (uid in the sandbox).
+    pub uid: u32,
+    /// Group (gid in the sandbox).
+    pub gid: u32,
+    /// The owner's name in the sandbox's `/etc/passwd` (empty when it names none).
+    pub owner: String,
+    /// The group's name in the sandbox's `/etc/group` (empty when it names none).
+    pub group: String,
+    /// Modification time, seconds since the Unix epoch.
+    pub modified_secs: i64,
+    /// Nanoseconds part of the modification time.
+    pub modified_nanos: u32,
+    /// Target of a symlink.
+    pub symlink_target: Option<String>,
 }
 
-/// Description of a path.
+/// Description of a path (a final symlink described, not followed).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileStat {
+    /// The path described: the one asked for, joined to the agent's home when it is
+    /// relative (not otherwise normalised; non-UTF-8 bytes replaced by U+FFFD).
+    pub path: String,
     /// What it is.
     pub kind: FileKind,
     /// Size in bytes.
     pub size: u64,
     /// Permission bits (`st_mode & 0o7777`).
     pub mode: u32,
+    /// Owner (uid in the sandbox).
+    pub uid: u32,
+    /// Group (gid in the sandbox).
+    pub gid: u32,
+    /// The owner's name in the sandbox's `/etc/passwd` (empty when it names none).
+    pub owner: String,
+    /// The group's name in the sandbox's `/etc/group` (empty when it names none).
+    pub group: String,
     /// Modification time, seconds since the Unix epoch.
     pub modified_secs: i64,
     /// Nanoseconds part of the modification time.

@@ -80,9 +80,19 @@ fn operation() -> impl Strategy<Value = Operation> {
             .prop_map(|(path, user)| Operation::WriteTree { path, user }),
         text().prop_map(|path| Operation::List { path }),
         text().prop_map(|path| Operation::Stat { path }),
-        (text(), any::<bool>()).prop_map(|(path, parents)| Operation::Mkdir { path, parents }),
+        (text(), any::<bool>(), option::of(account())).prop_map(|(path, parents, user)| {
+            Operation::Mkdir {
+                path,
+                parents,
+                user,
+            }
+        }),
         (text(), any::<bool>()).prop_map(|(path, recursive)| Operation::Remove { path, recursive }),
-        (text(), text()).prop_map(|(from, to)| Operation::Rename { from, to }),
+        (text(), text(), option::of(account())).prop_map(|(from, to, user)| Operation::Rename {
+            from,
+            to,
+            user
+        }),
         (text(), any::<bool>()).prop_map(|(path, recursive)| Operation::Watch { path, recursive }),
     ]
 }
@@ -186,23 +196,51 @@ fn agent_body() -> impl Strategy<Value = AgentBody> {
             },
         );
     let stat = (
+        text(),
         file_kind(),
         any::<u64>(),
-        any::<u32>(),
-        any::<i64>(),
-        any::<u32>(),
+        owner(),
+        modified(),
         option::of(text()),
     )
         .prop_map(
-            |(kind, size, mode, modified_secs, modified_nanos, symlink_target)| {
-                AgentBody::Stat(FileStat {
+            |(path, kind, size, (mode, uid, gid, owner, group), (secs, nanos), target)| {
+                AgentBody::Stat(Box::new(FileStat {
+                    path,
                     kind,
                     size,
                     mode,
-                    modified_secs,
-                    modified_nanos,
-                    symlink_target,
-                })
+                    uid,
+                    gid,
+                    owner,
+                    group,
+                    modified_secs: secs,
+                    modified_nanos: nanos,
+                    symlink_target: target,
+                }))
+            },
+        );
+    let entry = (
+        text(),
+        file_kind(),
+        any::<u64>(),
+        owner(),
+        modified(),
+        option::of(text()),
+    )
+        .prop_map(
+            |(name, kind, size, (mode, uid, gid, owner, group), (secs, nanos), target)| DirEntry {
+                name,
+                kind,
+                size,
+                mode,
+                uid,
+                gid,
+                owner,
+                group,
+                modified_secs: secs,
+                modified_nanos: nanos,
+                symlink_target: target,
             },
         );
     prop_oneof![
@@ -216,20 +254,27 @@ fn agent_body() -> impl Strategy<Value = AgentBody> {
         (any::<u64>(), any::<bool>())
             .prop_map(|(bytes, truncated)| AgentBody::ReadEnd { bytes, truncated }),
         any::<u64>().prop_map(|bytes| AgentBody::Written { bytes }),
-        vec((text(), file_kind(), any::<u64>()), 0..5).prop_map(|v| {
-            AgentBody::Entries(
-                v.into_iter()
-                    .map(|(name, kind, size)| DirEntry { name, kind, size })
-                    .collect(),
-            )
-        }),
+        vec(entry, 0..5).prop_map(AgentBody::Entries),
         stat,
         Just(AgentBody::Done),
         Just(AgentBody::WatchStarted),
         watch_event().prop_map(AgentBody::WatchEvent),
         prop_oneof![Just(WatchEndReason::Closed), Just(WatchEndReason::RootGone)]
             .prop_map(|reason| AgentBody::WatchEnded { reason }),
+        (any::<u64>(), option::of(any::<(u64, u64)>()))
+            .prop_map(|(size, range)| AgentBody::FileOpened { size, range }),
+        any::<bool>().prop_map(|created| AgentBody::Made { created }),
     ]
+}
+
+/// Mode, uid, gid and the owner's and group's names of a file.
+fn owner() -> impl Strategy<Value = (u32, u32, u32, String, String)> {
+    (any::<u32>(), any::<u32>(), any::<u32>(), text(), text())
+}
+
+/// A modification time: seconds (before the epoch too) and nanoseconds.
+fn modified() -> impl Strategy<Value = (i64, u32)> {
+    (any::<i64>(), any::<u32>())
 }
 
 fn agent_frame() -> impl Strategy<Value = AgentFrame> {

@@ -7,7 +7,7 @@
 //! This module is the router alone; each child does one job:
 //! [`admission`] (parse, admit, wait out a pause), [`refusal`] (the answers that are
 //! not an operation's), [`agent`] (calls through the bridge), the handlers
-//! ([`exec`], [`files`], [`streams`], [`updates`], [`snapshots`], [`metrics`],
+//! ([`exec`], [`files`], [`paths`], [`streams`], [`updates`], [`snapshots`], [`metrics`],
 //! [`probes`]), [`idempotency`] (non-idempotent operations run once per key), and
 //! [`openapi`] (the frame of the document the route table describes: [`document`]).
 
@@ -32,6 +32,7 @@ pub(crate) mod idempotency;
 pub(crate) mod metrics;
 pub(crate) mod netgtw;
 pub(crate) mod openapi;
+pub(crate) mod paths;
 pub(crate) mod probes;
 pub(crate) mod refusal;
 pub(crate) mod snapshots;
@@ -96,6 +97,12 @@ fn routes(worker: Option<&Arc<Worker>>) -> OpenApiRouter<NodeApi> {
             routes!(files::read_file, files::write_file, files::remove_file).map(admitted_first),
         )
         .routes(routes!(files::list_files))
+        .routes(routes!(paths::stat))
+        .routes(routes!(paths::mkdir).map(admitted_first))
+        .routes(
+            routes!(paths::rename)
+                .map(|r| admitted_first(r.layer(DefaultBodyLimit::max(paths::MAX_RENAME_BODY)))),
+        )
         .routes(routes!(tree::read_tree, tree::write_tree).map(admitted_first))
         .routes(routes!(events::events))
         .routes(routes!(streams::terminal))

@@ -272,7 +272,8 @@ pub(crate) async fn admitted_first(
     next: axum::middleware::Next,
 ) -> Response {
     let access = match *req.method() {
-        Method::POST => Access::Exec,
+        // `POST …/files/mkdir` and `…/files/rename` write; `POST …/exec` runs.
+        Method::POST if !req.uri().path().contains("/files/") => Access::Exec,
         // Reads take no body (one sent is never read): admitted by the handler alone.
         Method::GET => return next.run(req).await,
         _ => Access::FsWrite,

@@ -65,6 +65,11 @@ async fn run(
     if req.cmd.is_empty() {
         return Err(Refusal::BadRequest("cmd must not be empty".into()));
     }
+    if req.pty.is_some() {
+        return Err(Refusal::BadRequest(
+            "pty is only for the streaming exec".into(),
+        ));
+    }
     let max_output_bytes = req.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES);
     if max_output_bytes > MAX_OUTPUT_BYTES {
         return Err(Refusal::BadRequest(format!(

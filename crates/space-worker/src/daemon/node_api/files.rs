@@ -26,7 +26,7 @@ use hyper::body::{Body as _, Frame, SizeHint};
 use space_identity::Access;
 use space_proto::api::FileEntry;
 use space_proto::client::{AgentConnection, Call, ClientError, input_frame, write_async};
-use space_proto::guest::{AgentBody, ByteRange, FileKind, Input, MAX_CHUNK, Operation, RequestId};
+use space_proto::guest::{AgentBody, ByteRange, Input, MAX_CHUNK, Operation, RequestId};
 
 use super::admission::parse_and_admit;
 use super::agent::{connect, stale_or, with_conn, with_execution};
@@ -443,7 +443,7 @@ pub(crate) struct PathQuery {
     path: Option<String>,
 }
 
-fn required_path(q: &PathQuery) -> Result<String, Refusal> {
+pub(super) fn required_path(q: &PathQuery) -> Result<String, Refusal> {
     checked_path(q.path.as_deref())
 }
 
@@ -509,38 +509,38 @@ pub(super) fn checked_path(path: Option<&str>) -> Result<String, Refusal> {
     }
 }
 
-/// A file operation: admit, take the path, run `f` on a verified bridge connection,
-/// shape the answer. Writes and removals honour idempotency keys.
+/// A file operation: admit, then `prepare` the agent call (a refusal here, a bad
+/// path or body, comes after the capability's), run it on a verified bridge
+/// connection, shape the answer. Writes (and removals, mkdir, rename) honour
+/// idempotency keys.
 #[allow(clippy::too_many_arguments)]
-async fn file_op<T, F, R>(
+pub(super) async fn file_op<T, F, R>(
     w: &Worker,
     idempotency: &IdempotencyCache,
     headers: &HeaderMap,
     id: &str,
-    q: &PathQuery,
     access: Access,
     name: &'static str,
-    f: F,
+    prepare: F,
     respond: R,
 ) -> Response
 where
     T: Send + 'static,
-    F: FnOnce(&str) -> Call<T>,
+    F: FnOnce() -> Result<Call<T>, Refusal>,
     R: FnOnce(T) -> Response + Send + 'static,
 {
     let start = Instant::now();
     let admitted = match parse_and_admit(w, headers, id, access)
-        .and_then(|admitted| Ok((admitted, required_path(q)?)))
+        .and_then(|admitted| Ok((admitted, prepare()?)))
     {
-        Ok((admitted, path)) => admitted.unpaused(w).await.map(|a| (a, path)),
+        Ok((admitted, call)) => admitted.unpaused(w).await.map(|a| (a, call)),
         Err(r) => Err(r),
     };
     let resp = match admitted {
         Err(r) => r.into_response(),
-        Ok((admitted, path)) => {
+        Ok((admitted, call)) => {
             let sandbox = admitted.sandbox();
             let slot = admitted.into_slot();
-            let call = f(&path);
             let run = move || async move {
                 match with_conn(&slot, call).await {
                     Ok(v) => with_execution(respond(v), &slot),
@@ -567,14 +567,13 @@ pub(crate) async fn remove_file(
     Query(q): Query<PathQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let remove = |path: &str| Call::remove(path, true);
+    let remove = || Ok(Call::remove(&required_path(&q)?, true));
     let respond = |()| StatusCode::NO_CONTENT.into_response();
     file_op(
         &w,
         &idempotency,
         &headers,
         &id,
-        &q,
         Access::FsWrite,
         "remove_file",
         remove,
@@ -584,7 +583,7 @@ pub(crate) async fn remove_file(
 }
 
 /// `GET /v1/sandboxes/{id}/files/list?path=`.
-#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/list", tag = "sandbox", params(space_proto::openapi::SandboxPath, PathQuery), responses((status = 200, description = "the directory's entries", body = Vec<space_proto::api::FileEntry>, headers(("space-execution" = String, description = "the execution that answered"))), super::openapi::Operation), security(("capability" = [])))]
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/list", tag = "sandbox", params(space_proto::openapi::SandboxPath, PathQuery), responses((status = 200, description = "the directory's entries (symlinks described, not followed)", body = Vec<space_proto::api::FileEntry>, headers(("space-execution" = String, description = "the execution that answered"))), super::openapi::Operation), security(("capability" = [])))]
 pub(crate) async fn list_files(
     State(w): State<Arc<Worker>>,
     State(idempotency): State<IdempotencyCache>,
@@ -592,22 +591,9 @@ pub(crate) async fn list_files(
     Query(q): Query<PathQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let list = |path: &str| Call::list(path);
+    let list = || Ok(Call::list(&required_path(&q)?));
     let respond = |entries: Vec<space_proto::guest::DirEntry>| {
-        let out: Vec<FileEntry> = entries
-            .into_iter()
-            .map(|e| FileEntry {
-                name: e.name,
-                kind: match e.kind {
-                    FileKind::File => "file",
-                    FileKind::Dir => "dir",
-                    FileKind::Symlink => "symlink",
-                    FileKind::Other => "other",
-                }
-                .to_owned(),
-                size: e.size,
-            })
-            .collect();
+        let out: Vec<FileEntry> = entries.into_iter().map(FileEntry::from).collect();
         Json(out).into_response()
     };
     file_op(
@@ -615,7 +601,6 @@ pub(crate) async fn list_files(
         &idempotency,
         &headers,
         &id,
-        &q,
         Access::FsRead,
         "list",
         list,

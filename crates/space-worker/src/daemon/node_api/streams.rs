@@ -1,4 +1,5 @@
-//! Streams over WebSocket: a terminal (PTY shell) and a directory watch.
+//! Streams over WebSocket: a terminal (PTY shell), a directory watch, and a
+//! streaming exec (with or without a PTY).
 //!
 //! Each stream is admitted like any request (durable identity re-checked before it
 //! opens), owns a dedicated verified bridge connection, and holds the lease of the
@@ -102,7 +103,14 @@ pub async fn terminal(
             // lives (it outlives the HTTP connection it was upgraded from).
             ws.on_upgrade(move |socket| async move {
                 let _place = connection;
-                relay(socket, slot, opened, false, PendingInput::default()).await;
+                relay(
+                    socket,
+                    slot,
+                    opened,
+                    Kind::Terminal,
+                    PendingInput::default(),
+                )
+                .await;
             })
         }
         Err(r) => r.into_response(),
@@ -135,7 +143,7 @@ pub async fn watch(
             // lives (it outlives the HTTP connection it was upgraded from).
             ws.on_upgrade(move |socket| async move {
                 let _place = connection;
-                relay(socket, slot, opened, false, PendingInput::default()).await;
+                relay(socket, slot, opened, Kind::Watch, PendingInput::default()).await;
             })
         }
         Err(r) => r.into_response(),
@@ -143,9 +151,11 @@ pub async fn watch(
 }
 
 /// `GET /v1/sandboxes/{id}/exec/stream` (WebSocket): the first client message is
-/// the exec request (the JSON of `POST …/exec`); output follows as it is produced,
-/// each binary message tagged 1 (stdout) or 2 (stderr); the close reason is
-/// `exited N` or `killed by signal N`. Later client messages are stdin.
+/// the exec request (the JSON of `POST …/exec`, `pty` too); once the process runs, a
+/// text message `{"type":"started","pid":N}`; output follows as it is produced, each
+/// binary message tagged 1 (stdout, and all of a PTY's output) or 2 (stderr); the
+/// close reason is `exited N` or `killed by signal N`. Later client messages are
+/// stdin, but for a text `{"rows","cols"}` (a resize) and `{"signal":N}`.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/exec/stream", tag = "sandbox", params(space_proto::openapi::SandboxPath), responses((status = 101, description = "WebSocket upgrade: the stream (a refusal before it is a plain HTTP answer)"), super::openapi::Operation), security(("capability" = [])))]
 pub async fn exec_stream(
     State(w): State<Arc<Worker>>,
@@ -225,13 +235,24 @@ pub async fn exec_stream(
             cwd: slot.record.defaults.cwd_or(req.cwd),
             stdin: None,
             timeout_ms: req.timeout_secs.map(|s| s.saturating_mul(1000)),
-            pty: None,
+            pty: req.pty.map(space_proto::api::TerminalSize::clamped),
             // A stream is read as it comes: nothing is collected, nothing capped.
             max_output_bytes: None,
             user: slot.record.defaults.user_or(req.user),
         };
         match open(&slot, Operation::Exec(spec)).await {
-            Ok(opened) => relay(socket, slot, opened, true, initial).await,
+            Ok(opened) => {
+                // Before any output: the process's pid in the sandbox (0 when the
+                // program could not be executed; its 126 or 127 follows).
+                let started = serde_json::json!({"type": "started", "pid": opened.pid});
+                if socket
+                    .send(Message::Text(started.to_string().into()))
+                    .await
+                    .is_ok()
+                {
+                    relay(socket, slot, opened, Kind::Exec, initial).await;
+                }
+            }
             // The execution was retired while the stream was being opened.
             Err(_) if *slot.lease.borrow() => {
                 close(&mut socket, CLOSE_REPLACED, "execution replaced".into()).await
@@ -264,6 +285,9 @@ pub const CLOSE_BAD_REQUEST: u16 = 4000;
 /// reading its answers (no thread: the connection is non-blocking).
 struct Opened {
     id: RequestId,
+    /// The pid of an exec's process (`0` for a watch, or a program that could not be
+    /// executed).
+    pid: u32,
     writer: OwnedWriteHalf,
     output: mpsc::Receiver<Out>,
     reader: Reader,
@@ -283,12 +307,20 @@ impl Drop for Reader {
 /// starts `op`, and spawns the task that reads its answers.
 async fn open(slot: &Arc<Slot>, op: Operation) -> Result<Opened, Refusal> {
     let Split {
-        id, writer, conn, ..
+        id,
+        writer,
+        conn,
+        first,
     } = start_split(slot, op).await?;
+    let pid = match first {
+        AgentBody::Started { pid } => pid,
+        _ => 0,
+    };
     let (tx, output) = mpsc::channel(64);
     let reader = Reader(tokio::spawn(read_answers(conn, id, tx)));
     Ok(Opened {
         id,
+        pid,
         writer,
         output,
         reader,
@@ -352,21 +384,69 @@ async fn close(socket: &mut WebSocket, code: u16, reason: String) {
         .await;
 }
 
+/// What a stream relays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// A shell on a PTY: untagged bytes both ways, resizes.
+    Terminal,
+    /// Change events.
+    Watch,
+    /// A streaming exec: output tagged 1 (stdout) or 2 (stderr), an empty binary
+    /// message closes stdin, resizes and signals.
+    Exec,
+}
+
+/// A client text message that is not input bytes.
+#[derive(Debug, PartialEq, Eq)]
+enum Control {
+    /// `{"rows": R, "cols": C}` (each clamped to 1–1000).
+    Resize(PtySize),
+    /// `{"signal": N}` of an exec, N 1 to 64: for its process group.
+    Signal(i32),
+    /// `{"signal": …}` of an exec with anything else: the stream is closed 4000.
+    BadSignal(String),
+}
+
+/// What a client's text message is on a stream of `kind`: a control, or `None` for
+/// input bytes (as every text that is neither was before signals existed).
+fn control(kind: Kind, text: &str) -> Option<Control> {
+    if kind == Kind::Exec {
+        if let Ok(serde_json::Value::Object(m)) = serde_json::from_str(text) {
+            if let (1, Some(v)) = (m.len(), m.get("signal")) {
+                return Some(match v.as_i64().and_then(|n| i32::try_from(n).ok()) {
+                    Some(n @ 1..=64) => Control::Signal(n),
+                    _ => Control::BadSignal(format!("invalid signal {v}")),
+                });
+            }
+        }
+    }
+    let size = serde_json::from_str::<PtySize>(text).ok()?;
+    Some(Control::Resize(
+        space_proto::api::TerminalSize {
+            rows: size.rows,
+            cols: size.cols,
+        }
+        .clamped(),
+    ))
+}
+
 /// Relays between the client and the agent until either ends or the lease breaks.
-/// With `tagged`, every binary message to the client starts with 1 (stdout) or 2
-/// (stderr); a terminal's output is untagged (the PTY merges them).
+/// An exec's binary messages to the client start with 1 (stdout) or 2 (stderr); a
+/// terminal's output is untagged (the PTY merges them).
 async fn relay(
     mut socket: WebSocket,
     slot: Arc<Slot>,
     opened: Opened,
-    tagged: bool,
+    kind: Kind,
     initial: PendingInput,
 ) {
+    let tagged = kind == Kind::Exec;
     let Opened {
         id,
         writer,
         mut output,
         reader: _reader,
+        ..
     } = opened;
     let (inputs, _writer) = input_writer(writer, id);
     let mut pending = initial;
@@ -427,9 +507,14 @@ async fn relay(
                         pending.then(Input::CloseStdin);
                     }
                     Some(Ok(Message::Binary(b))) => pending.stdin(b),
-                    Some(Ok(Message::Text(t))) => match serde_json::from_str::<PtySize>(t.as_str()) {
-                        Ok(size) => pending.then(Input::Resize(size)),
-                        Err(_) => pending.stdin(axum::body::Bytes::from(t)),
+                    Some(Ok(Message::Text(t))) => match control(kind, t.as_str()) {
+                        Some(Control::Resize(size)) => pending.then(Input::Resize(size)),
+                        Some(Control::Signal(n)) => pending.then(Input::Signal(n)),
+                        Some(Control::BadSignal(why)) => {
+                            close(&mut socket, CLOSE_BAD_REQUEST, why).await;
+                            break;
+                        }
+                        None => pending.stdin(axum::body::Bytes::from(t)),
                     },
                     Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
                     _ => break,
@@ -499,4 +584,59 @@ fn input_writer(mut writer: OwnedWriteHalf, id: RequestId) -> (mpsc::Sender<Inpu
         }
     });
     (tx, Writer(task))
+}
+
+#[cfg(test)]
+mod control_tests {
+    use super::{Control, Kind, control};
+    use space_proto::guest::PtySize;
+
+    #[test]
+    fn an_exec_takes_signals_1_to_64_and_closes_on_any_other_while_a_terminal_types_them() {
+        assert_eq!(
+            control(Kind::Exec, r#"{"signal":15}"#),
+            Some(Control::Signal(15))
+        );
+        assert_eq!(
+            control(Kind::Exec, r#"{"signal": 64}"#),
+            Some(Control::Signal(64))
+        );
+        for (text, why) in [
+            (r#"{"signal":0}"#, "invalid signal 0"),
+            (r#"{"signal":65}"#, "invalid signal 65"),
+            (r#"{"signal":-9}"#, "invalid signal -9"),
+            (r#"{"signal":"TERM"}"#, r#"invalid signal "TERM""#),
+            (r#"{"signal":4294967311}"#, "invalid signal 4294967311"),
+        ] {
+            assert_eq!(
+                control(Kind::Exec, text),
+                Some(Control::BadSignal(why.into())),
+                "{text}"
+            );
+        }
+        // Anything else is stdin, as before; a terminal types a signal message.
+        assert_eq!(control(Kind::Exec, r#"{"signal":15,"x":1}"#), None);
+        assert_eq!(control(Kind::Exec, "echo hi\n"), None);
+        assert_eq!(control(Kind::Terminal, r#"{"signal":15}"#), None);
+    }
+
+    #[test]
+    fn a_resize_is_clamped_to_1_to_1000() {
+        for kind in [Kind::Exec, Kind::Terminal] {
+            assert_eq!(
+                control(kind, r#"{"rows":40,"cols":120}"#),
+                Some(Control::Resize(PtySize {
+                    rows: 40,
+                    cols: 120
+                }))
+            );
+            assert_eq!(
+                control(kind, r#"{"rows":0,"cols":5000}"#),
+                Some(Control::Resize(PtySize {
+                    rows: 1,
+                    cols: 1000
+                }))
+            );
+        }
+    }
 }

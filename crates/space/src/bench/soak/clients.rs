@@ -416,7 +416,7 @@ async fn stream(c: &Ctx, sbx: &SandboxId) -> Outcome {
         while let Some(ev) = s.next().await {
             match ev {
                 Ok(ExecEvent::Stdout(b)) => out.extend_from_slice(&b),
-                Ok(ExecEvent::Stderr(_)) => {}
+                Ok(ExecEvent::Stderr(_) | ExecEvent::Started { .. }) => {}
                 Ok(ExecEvent::Exited(0)) if out == sbx.to_string().as_bytes() => {
                     return Ok(());
                 }
