@@ -43,7 +43,7 @@ pub const ENVD_PORT: u16 = 49983;
 
 /// The envd version this front advertises: what the SDKs switch features on by.
 /// Only what is implemented is claimed (see `envd`).
-pub const ENVD_VERSION: &str = "0.4.0";
+pub const ENVD_VERSION: &str = "0.5.2";
 
 /// The front's state, shared by its handlers.
 #[derive(Debug)]

@@ -165,7 +165,11 @@ enum Control {
 /// What a follower is told.
 #[derive(Debug, Clone)]
 enum Event {
-    Data { stderr: bool, bytes: Bytes },
+    /// Output: `stdout`, `stderr` or `pty` (envd's names).
+    Data {
+        stream: &'static str,
+        bytes: Bytes,
+    },
     End(Result<Value, RpcError>),
 }
 
@@ -581,8 +585,13 @@ async fn pump(p: &Proc, mut sink: Sink, mut source: Source, mut controls: mpsc::
         tokio::select! {
             m = source.next() => match m {
                 Some(Ok(Message::Binary(b))) if !b.is_empty() => {
-                    let stderr = b[0] == 2;
-                    publish(p, Event::Data { stderr, bytes: b.slice(1..) }).await;
+                    // Under a terminal everything is the terminal's output.
+                    let stream = match (p.pty, b[0]) {
+                        (true, _) => "pty",
+                        (false, 2) => "stderr",
+                        (false, _) => "stdout",
+                    };
+                    publish(p, Event::Data { stream, bytes: b.slice(1..) }).await;
                 }
                 Some(Ok(Message::Close(c))) => {
                     let (code, reason) = c.map_or((1006, String::new()), |c| (u16::from(c.code), c.reason.to_string()));
@@ -707,9 +716,8 @@ fn follow_response(pid: u32, rx: mpsc::Receiver<Event>, deadline: Option<Duratio
         };
         let chunk = match next {
             None => connect::envelope(&json!({"event": {"keepalive": {}}})),
-            Some(Some(Event::Data { stderr, bytes })) => {
-                let field = if stderr { "stderr" } else { "stdout" };
-                connect::envelope(&json!({"event": {"data": {field: STANDARD.encode(&bytes)}}}))
+            Some(Some(Event::Data { stream, bytes })) => {
+                connect::envelope(&json!({"event": {"data": {stream: STANDARD.encode(&bytes)}}}))
             }
             Some(Some(Event::End(Ok(end)))) => {
                 let mut b = connect::envelope(&json!({"event": {"end": end}})).to_vec();

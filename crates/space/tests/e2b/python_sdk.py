@@ -7,14 +7,15 @@ import json
 import sys
 import time
 
-from e2b import Sandbox
-from e2b.exceptions import (
+from e2b import (
     AuthenticationException,
     CommandExitException,
-    NotFoundException,
     FileNotFoundException,
+    FileType,
+    NotFoundException,
+    PtySize,
+    Sandbox,
 )
-from e2b.sandbox.filesystem.filesystem import FileType
 
 
 def check(cond, what):
@@ -131,10 +132,15 @@ def files():
 
 def pty():
     sbx = Sandbox.create(timeout=300)
-    from e2b.sandbox.commands.command_handle import PtySize
+    import threading
 
     out = bytearray()
-    h = sbx.pty.create(PtySize(rows=30, cols=100), on_data=lambda d: out.extend(d))
+    h = sbx.pty.create(PtySize(rows=30, cols=100), timeout=0)
+    # The terminal's output, read as it comes (the handle's wait() takes the callback).
+    reader = threading.Thread(
+        target=lambda: _wait_quietly(h, lambda d: out.extend(d)), daemon=True
+    )
+    reader.start()
     sbx.pty.send_stdin(h.pid, b"stty size; echo mark-$((40+2))\n")
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and b"mark-42" not in out:
@@ -149,6 +155,14 @@ def pty():
     check(sbx.pty.kill(h.pid) is True, "pty kill")
     sbx.kill()
     return {"id": sbx.sandbox_id}
+
+
+def _wait_quietly(handle, on_pty):
+    try:
+        handle.wait(on_pty=on_pty)
+    except Exception:
+        # Killed at the end of the scenario: its exit is not what is checked.
+        pass
 
 
 def lifecycle():
@@ -180,12 +194,12 @@ def lifecycle():
 
 def create_only():
     sbx = Sandbox.create(timeout=300)
-    sbx.files.write("/tmp/before", "from the first execution")
+    sbx.files.write("/root/before", "from the first execution")
     print("TOKEN", json.dumps({"id": sbx.sandbox_id}), flush=True)
     # Wait for the Rust test to move the sandbox to a new execution.
     sys.stdin.readline()
     try:
-        sbx.files.read("/tmp/before")
+        sbx.files.read("/root/before")
         raise AssertionError("an old execution's token was served")
     except AuthenticationException as e:
         refused = str(e)
@@ -195,7 +209,7 @@ def create_only():
     except AuthenticationException:
         pass
     fresh = Sandbox.connect(sbx.sandbox_id)
-    check(fresh.files.read("/tmp/before") == "from the first execution", "files moved")
+    check(fresh.files.read("/root/before") == "from the first execution", "files moved")
     check(fresh.commands.run("echo new").stdout == "new\n", "new execution runs")
     fresh.kill()
     return {"refused": refused}
