@@ -30,4 +30,12 @@ impl Client {
         let path = "/v1/signing-keys/rotate";
         decode(&self.edge(Method::POST, path, None, Bytes::new()).await?)
     }
+
+    /// A new API key of the caller's tenant: `space_…`, or with `e2b` in E2B's format
+    /// (`e2b_…`, for E2B's SDKs against the E2B front). The answer as the API gives it
+    /// (`key_id`, `api_key`).
+    pub async fn create_key(&self, e2b: bool) -> Result<serde_json::Value, Error> {
+        let body = serde_json::json!({"format": if e2b { "e2b" } else { "space" }});
+        decode(&self.edge_json(Method::POST, "/v1/keys", &body).await?)
+    }
 }

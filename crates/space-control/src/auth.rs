@@ -98,7 +98,7 @@ pub fn issue_key_as(format: KeyFormat) -> IssuedKey {
 /// Splits a presented key into (id, hash of secret). `None` for anything malformed.
 pub fn parse_key(text: &str) -> Option<(String, [u8; 32])> {
     if let Some(digits) = text.strip_prefix("e2b_") {
-        if digits.len() != 20 + 2 * E2B_SECRET_BYTES {
+        if digits.len() != 20 + 2 * E2B_SECRET_BYTES || !digits.is_ascii() {
             return None;
         }
         let (id, secret) = digits.split_at(20);
@@ -242,6 +242,8 @@ mod tests {
             &k.text.to_uppercase(),
             &k.text.replace("e2b_", "e3b_"),
             &format!("e2b_{}g", &k.text[4..k.text.len() - 1]),
+            // A character of several bytes across the id's end: refused, no panic.
+            &format!("e2b_{}é{}", "a".repeat(19), "b".repeat(39)),
         ] {
             assert!(parse_key(bad).is_none(), "{bad:?}");
         }

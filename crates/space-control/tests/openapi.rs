@@ -107,7 +107,19 @@ fn every_route_docs_api_md_lists_is_in_the_document_with_its_method() {
                 || path.starts_with("/internal/v1/layers")
                 || path.ends_with("/netgtw");
             let not_built = ["/v1/templates"].iter().any(|p| path.contains(p));
-            if worker_only || not_built {
+            // E2B's paths: the E2B front's (crate space-e2b, docs/api.md §6), not this
+            // document's.
+            let e2b = [
+                "/sandboxes",
+                "/v2/",
+                "/files",
+                "/health",
+                "/process.",
+                "/filesystem.",
+            ]
+            .iter()
+            .any(|p| path.starts_with(p));
+            if worker_only || not_built || e2b {
                 continue;
             }
             let path = path.replace("{key_id}", "{id}");

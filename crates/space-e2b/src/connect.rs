@@ -19,6 +19,9 @@ use serde::de::DeserializeOwned;
 /// Largest request message read (a `SendInput` of stdin is the largest there is).
 pub const MAX_MESSAGE: usize = 8 << 20;
 
+/// Largest request body of every other call (paths, selectors, sizes).
+pub const SMALL_MESSAGE: usize = 64 << 10;
+
 /// Flag of the end-of-stream envelope.
 const END_STREAM: u8 = 0x02;
 /// Flag of a compressed envelope (never sent by the SDKs: refused).

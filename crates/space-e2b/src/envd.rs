@@ -121,6 +121,9 @@ impl Front {
                 "the access token was issued for another sandbox",
             ));
         }
+        if self.is_replaced(&claims.sandbox, &claims.execution) {
+            return Err(rpc_error(&ControlError::ExecutionReplaced));
+        }
         Ok(Envd {
             who: acting_for(caller),
             sandbox: claims.sandbox,
@@ -158,7 +161,7 @@ impl Front {
                 class,
             )
             .await
-            .map_err(|err| rpc_error(&err))?;
+            .map_err(|err| self.envd_error(e, &err))?;
         if f.status.is_success() {
             Ok(f)
         } else {
@@ -173,7 +176,7 @@ impl Front {
         self.edge
             .open_stream_to(&e.who, &e.sandbox, Some(&e.execution), &pq)
             .await
-            .map_err(|err| rpc_error(&err))
+            .map_err(|err| self.envd_error(e, &err))
     }
 }
 

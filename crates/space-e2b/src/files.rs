@@ -90,7 +90,7 @@ pub(crate) async fn download(
     {
         Ok(resp) if resp.status().is_success() => resp,
         Ok(resp) => relay_error(resp).await,
-        Err(e) => from_rpc(&crate::envd::rpc_error(&e)),
+        Err(e) => from_rpc(&front.envd_error(&ctx, &e)),
     }
 }
 
@@ -241,7 +241,7 @@ async fn write(
     {
         Ok(resp) if resp.status().is_success() => Ok(()),
         Ok(resp) => Err(relay_error(resp).await),
-        Err(e) => Err(from_rpc(&crate::envd::rpc_error(&e))),
+        Err(e) => Err(from_rpc(&front.envd_error(ctx, &e))),
     }
 }
 
@@ -286,8 +286,9 @@ fn parts(body: &[u8], boundary: &str) -> Result<Vec<Part>, String> {
             return Err("malformed multipart boundary line".into());
         }
         at += 2;
-        let head_end = find(body, b"\r\n\r\n", at)
-            .filter(|e| e - at <= MAX_PART_HEADERS)
+        // Looked for within the bound only.
+        let window = &body[..body.len().min(at + MAX_PART_HEADERS + 4)];
+        let head_end = find(window, b"\r\n\r\n", at)
             .ok_or("a multipart part's headers are missing or too long")?;
         let head = std::str::from_utf8(&body[at..head_end])
             .map_err(|_| "a multipart part's headers are not UTF-8")?;
@@ -372,14 +373,13 @@ fn unquote(v: &str) -> String {
     }
 }
 
+/// Where `needle` first occurs in `hay` at or after `from` (linear time whatever the
+/// input: a hostile body of near-boundaries costs no more than any other).
 fn find(hay: &[u8], needle: &[u8], from: usize) -> Option<usize> {
     if from > hay.len() || needle.is_empty() {
         return None;
     }
-    hay[from..]
-        .windows(needle.len())
-        .position(|w| w == needle)
-        .map(|p| p + from)
+    memchr::memmem::find(&hay[from..], needle).map(|p| p + from)
 }
 
 #[cfg(test)]

@@ -76,7 +76,7 @@ pub async fn call(
         Ok(c) => c,
         Err(e) => return fail(e),
     };
-    let body = match axum::body::to_bytes(body, connect::MAX_MESSAGE + 5).await {
+    let body = match axum::body::to_bytes(body, connect::SMALL_MESSAGE).await {
         Ok(b) => b,
         Err(_) => {
             return fail(RpcError::new(

@@ -53,7 +53,15 @@ pub struct Front {
     tokens: keys::Tokens,
     processes: process::Table,
     watchers: watchers::Table,
+    /// Executions found replaced: their tokens are refused without asking the edge
+    /// again (an execution that was replaced never serves again).
+    replaced: std::sync::Mutex<
+        std::collections::HashSet<(space_identity::SandboxId, space_identity::ExecutionId)>,
+    >,
 }
+
+/// Replaced executions remembered at most (the set starts again when full).
+const REPLACED_KEPT: usize = 100_000;
 
 impl Front {
     fn new(cp: Arc<ControlPlane>, edge: Arc<Edge>) -> Arc<Self> {
@@ -63,7 +71,39 @@ impl Front {
             edge,
             processes: process::Table::default(),
             watchers: watchers::Table::default(),
+            replaced: std::sync::Mutex::default(),
         })
+    }
+
+    /// Whether the execution is known to be replaced.
+    fn is_replaced(
+        &self,
+        sandbox: &space_identity::SandboxId,
+        execution: &space_identity::ExecutionId,
+    ) -> bool {
+        self.replaced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(&(*sandbox, *execution))
+    }
+
+    /// `e` as the envd error it is; an execution found replaced is remembered.
+    fn envd_error(
+        &self,
+        ctx: &envd::Envd,
+        e: &space_control::error::ControlError,
+    ) -> connect::RpcError {
+        if matches!(e, space_control::error::ControlError::ExecutionReplaced) {
+            let mut r = self
+                .replaced
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if r.len() >= REPLACED_KEPT {
+                r.clear();
+            }
+            r.insert((ctx.sandbox, ctx.execution));
+        }
+        envd::rpc_error(e)
     }
 
     /// The domain sandboxes are named under (`{port}-{id}.{domain}`).
@@ -80,6 +120,7 @@ pub fn wrap(state: AppState, api: Router) -> Router {
         return api;
     };
     let front = Front::new(cp, Arc::clone(&state.edge));
+    watchers::spawn_reaper(Arc::downgrade(&front));
     let routes = Router::new()
         .merge(rest::routes())
         .merge(envd::routes())

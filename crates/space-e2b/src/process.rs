@@ -42,6 +42,16 @@ const MAX_FOLLOWERS: usize = 64;
 /// Events queued per follower before the command is held back.
 const FOLLOWER_QUEUE: usize = 64;
 
+/// Input messages queued per process (each at most a `SendInput`'s bytes).
+const INPUT_QUEUE: usize = 4;
+
+/// How long a `SendInput` waits for room in its process's input queue (stdin the
+/// command does not read) before it is refused.
+const INPUT_WAIT: Duration = Duration::from_secs(10);
+
+/// How long one follower may hold a process's output back before it is cut off.
+const FOLLOWER_STALL: Duration = Duration::from_secs(30);
+
 /// Longest wait for the worker to report the command started.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -59,7 +69,10 @@ pub struct Table {
 
 impl Table {
     fn insert(&self, key: (SandboxId, ExecutionId), p: Arc<Proc>) -> Result<(), RpcError> {
-        let mut t = self.by_execution.lock().map_err(|_| poisoned())?;
+        let mut t = self
+            .by_execution
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let procs = t.entry(key).or_default();
         if procs.len() >= MAX_PROCESSES {
             return Err(RpcError::new(
@@ -71,10 +84,13 @@ impl Table {
         Ok(())
     }
 
-    fn remove(&self, key: &(SandboxId, ExecutionId), pid: u32) {
+    /// Forgets `p` (and not a later process that took its pid).
+    fn remove(&self, key: &(SandboxId, ExecutionId), p: &Arc<Proc>) {
         if let Ok(mut t) = self.by_execution.lock() {
             if let Some(procs) = t.get_mut(key) {
-                procs.remove(&pid);
+                if procs.get(&p.pid).is_some_and(|x| Arc::ptr_eq(x, p)) {
+                    procs.remove(&p.pid);
+                }
                 if procs.is_empty() {
                     t.remove(key);
                 }
@@ -83,7 +99,10 @@ impl Table {
     }
 
     fn find(&self, key: &(SandboxId, ExecutionId), sel: &Selector) -> Result<Arc<Proc>, RpcError> {
-        let t = self.by_execution.lock().map_err(|_| poisoned())?;
+        let t = self
+            .by_execution
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let procs = t.get(key);
         let found = match sel {
             Selector::Pid(pid) => procs.and_then(|p| p.get(pid)).cloned(),
@@ -115,10 +134,6 @@ impl Table {
     }
 }
 
-fn poisoned() -> RpcError {
-    RpcError::new(Code::Internal, "process table lock poisoned")
-}
-
 /// One process.
 #[derive(Debug)]
 struct Proc {
@@ -133,7 +148,10 @@ struct Proc {
 impl Proc {
     fn follow(&self) -> Result<mpsc::Receiver<Event>, RpcError> {
         let (tx, rx) = mpsc::channel(FOLLOWER_QUEUE);
-        let mut f = self.followers.lock().map_err(|_| poisoned())?;
+        let mut f = self
+            .followers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         f.retain(|t| !t.is_closed());
         if f.len() >= MAX_FOLLOWERS {
             return Err(RpcError::new(
@@ -146,10 +164,21 @@ impl Proc {
     }
 
     async fn control(&self, c: Control) -> Result<(), RpcError> {
-        self.input
-            .send(c)
-            .await
-            .map_err(|_| RpcError::new(Code::NotFound, format!("process {} has ended", self.pid)))
+        match tokio::time::timeout(INPUT_WAIT, self.input.send(c)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(RpcError::new(
+                Code::NotFound,
+                format!("process {} has ended", self.pid),
+            )),
+            Err(_) => Err(RpcError::new(
+                Code::ResourceExhausted,
+                format!(
+                    "process {} has not read its input for {} s",
+                    self.pid,
+                    INPUT_WAIT.as_secs()
+                ),
+            )),
+        }
     }
 }
 
@@ -293,7 +322,13 @@ pub async fn call(
         Ok(c) => c,
         Err(e) => return fail(e),
     };
-    let body = match axum::body::to_bytes(body, connect::MAX_MESSAGE + 5).await {
+    // Only input carries data; every other request is a few names and numbers.
+    let limit = if method == "SendInput" {
+        connect::MAX_MESSAGE + 5
+    } else {
+        connect::SMALL_MESSAGE
+    };
+    let body = match axum::body::to_bytes(body, limit).await {
         Ok(b) => b,
         Err(_) => {
             return fail(RpcError::new(
@@ -551,7 +586,7 @@ async fn start(
             "the command was not started within 30 s",
         )
     })??;
-    let (input, controls) = mpsc::channel(64);
+    let (input, controls) = mpsc::channel(INPUT_QUEUE);
     let p = Arc::new(Proc {
         pid,
         tag: req.tag,
@@ -568,9 +603,11 @@ async fn start(
         let _ = p.input.try_send(Control::CloseStdin);
     }
     let front = Arc::clone(front);
+    let feeding = tokio::spawn(feed(sink, controls));
     tokio::spawn(async move {
-        pump(&p, sink, source, controls).await;
-        front.processes.remove(&key, p.pid);
+        pump(&p, source).await;
+        feeding.abort();
+        front.processes.remove(&key, &p);
     });
     Ok(follow_response(pid, first, connect::timeout(headers)))
 }
@@ -578,53 +615,90 @@ async fn start(
 type Sink = futures_util::stream::SplitSink<space_control::edge::Backend, Message>;
 type Source = futures_util::stream::SplitStream<space_control::edge::Backend>;
 
-/// Moves a process's output to its followers and their input down its stream, until
-/// the command ends (or its stream does).
-async fn pump(p: &Proc, mut sink: Sink, mut source: Source, mut controls: mpsc::Receiver<Control>) {
+/// Moves a process's output to its followers until the command ends (or its stream
+/// does). Input goes down the stream from a task of its own ([`feed`]), so a reader
+/// that falls behind never holds back a signal.
+async fn pump(p: &Proc, mut source: Source) {
     let end = loop {
-        tokio::select! {
-            m = source.next() => match m {
-                Some(Ok(Message::Binary(b))) if !b.is_empty() => {
-                    // Under a terminal everything is the terminal's output.
-                    let stream = match (p.pty, b[0]) {
-                        (true, _) => "pty",
-                        (false, 2) => "stderr",
-                        (false, _) => "stdout",
-                    };
-                    publish(p, Event::Data { stream, bytes: b.slice(1..) }).await;
-                }
-                Some(Ok(Message::Close(c))) => {
-                    let (code, reason) = c.map_or((1006, String::new()), |c| (u16::from(c.code), c.reason.to_string()));
-                    break ended(code, &reason);
-                }
-                Some(Ok(_)) => {}
-                Some(Err(e)) => break Err(RpcError::new(Code::Unavailable, format!("the connection to the sandbox ended: {e}"))),
-                None => break Err(RpcError::new(Code::Unavailable, "the connection to the sandbox ended before the command did")),
-            },
-            c = controls.recv() => {
-                let Some(c) = c else { continue };
-                let m = match c {
-                    Control::Stdin(d) => Message::Binary(d.into()),
-                    Control::CloseStdin => Message::Binary(Bytes::new()),
-                    Control::Signal(n) => Message::Text(json!({"signal": n}).to_string().into()),
-                    Control::Resize { rows, cols } => Message::Text(json!({"rows": rows, "cols": cols}).to_string().into()),
+        match source.next().await {
+            Some(Ok(Message::Binary(b))) if !b.is_empty() => {
+                // Under a terminal everything is the terminal's output.
+                let stream = match (p.pty, b[0]) {
+                    (true, _) => "pty",
+                    (false, 2) => "stderr",
+                    (false, _) => "stdout",
                 };
-                if sink.send(m).await.is_err() {
-                    break Err(RpcError::new(Code::Unavailable, "the connection to the sandbox ended"));
-                }
+                publish(
+                    p,
+                    Event::Data {
+                        stream,
+                        bytes: b.slice(1..),
+                    },
+                )
+                .await;
+            }
+            Some(Ok(Message::Close(c))) => {
+                let (code, reason) = c.map_or((1006, String::new()), |c| {
+                    (u16::from(c.code), c.reason.to_string())
+                });
+                break ended(code, &reason);
+            }
+            Some(Ok(_)) => {}
+            Some(Err(e)) => {
+                break Err(RpcError::new(
+                    Code::Unavailable,
+                    format!("the connection to the sandbox ended: {e}"),
+                ));
+            }
+            None => {
+                break Err(RpcError::new(
+                    Code::Unavailable,
+                    "the connection to the sandbox ended before the command did",
+                ));
             }
         }
     };
     publish(p, Event::End(end)).await;
 }
 
-/// Hands `e` to every follower still there (in order; a slow one holds the rest).
+/// Sends a process's input down its stream until the stream or the process ends.
+async fn feed(mut sink: Sink, mut controls: mpsc::Receiver<Control>) {
+    while let Some(c) = controls.recv().await {
+        let m = match c {
+            Control::Stdin(d) => Message::Binary(d.into()),
+            Control::CloseStdin => Message::Binary(Bytes::new()),
+            Control::Signal(n) => Message::Text(json!({"signal": n}).to_string().into()),
+            Control::Resize { rows, cols } => {
+                Message::Text(json!({"rows": rows, "cols": cols}).to_string().into())
+            }
+        };
+        if sink.send(m).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Hands `e` to every follower still there, in order: a slow one holds the command's
+/// output back (like a pipe) for up to [`FOLLOWER_STALL`], and is then cut off (its
+/// call ends saying so) rather than hold it for ever.
 async fn publish(p: &Proc, e: Event) {
-    let followers: Vec<mpsc::Sender<Event>> =
-        p.followers.lock().map(|f| f.clone()).unwrap_or_default();
+    let followers: Vec<mpsc::Sender<Event>> = p
+        .followers
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
     let mut gone = false;
     for f in &followers {
-        gone |= f.send(e.clone()).await.is_err();
+        match tokio::time::timeout(FOLLOWER_STALL, f.send(e.clone())).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => gone = true,
+            Err(_) => {
+                // Cut off: dropping its sender ends its call.
+                if let Ok(mut all) = p.followers.lock() {
+                    all.retain(|x| !x.same_channel(f));
+                }
+            }
+        }
     }
     if gone {
         if let Ok(mut f) = p.followers.lock() {

@@ -57,6 +57,8 @@ pub fn routes() -> Router<Arc<Front>> {
         .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/sandboxes/{id}/resume", post(connect))
         .route("/sandboxes/{id}/network", put(network))
+        // Changes run to their end whatever becomes of the caller, as `/v1`'s do.
+        .route_layer(axum::middleware::from_fn(space_control::http::run_to_end))
 }
 
 /// Whether `path` is one of E2B's REST paths.
@@ -434,7 +436,10 @@ async fn list(
     let after = q.next_token.unwrap_or_default();
     let mut out = Vec::new();
     let mut next = None;
-    for s in front.cp.store.list_sandboxes(&who.caller.tenant).await? {
+    // Pages follow the IDs' order: the cursor is the last ID of a page.
+    let mut all = front.cp.store.list_sandboxes(&who.caller.tenant).await?;
+    all.sort_by_key(|s| s.id.to_string());
+    for s in all {
         if s.state == space_store::SandboxState::Stopped || s.id.to_string() <= after {
             continue;
         }
@@ -455,7 +460,6 @@ async fn list(
             out.push(d);
         }
     }
-    out.sort_by(|a, b| a["sandboxID"].as_str().cmp(&b["sandboxID"].as_str()));
     let mut resp = axum::Json(out).into_response();
     if let Some(n) = next.and_then(|n| HeaderValue::from_str(&n).ok()) {
         resp.headers_mut().insert("x-next-token", n);
@@ -541,14 +545,17 @@ async fn refresh(
 ) -> Answer {
     let who = caller(&front, &headers).await?;
     let req: Refresh = read_body(body).await?;
+    let duration = req.duration.unwrap_or(DEFAULT_TIMEOUT);
+    if duration == 0 || duration > space_control::service::MAX_TTL_SECS {
+        return Err(RestError::bad_request(format!(
+            "duration must be 1 to {} seconds",
+            space_control::service::MAX_TTL_SECS
+        )));
+    }
     let s = live_sandbox(&front, &who.caller, &id).await?;
-    let wanted = now() + req.duration.unwrap_or(DEFAULT_TIMEOUT) as i64;
     // A refresh only ever extends.
-    if s.expires_at.is_some_and(|e| e < wanted) {
-        front
-            .cp
-            .set_ttl(&s, Some(req.duration.unwrap_or(DEFAULT_TIMEOUT)), now())
-            .await?;
+    if s.expires_at.is_some_and(|e| e < now() + duration as i64) {
+        front.cp.set_ttl(&s, Some(duration), now()).await?;
     }
     Ok(StatusCode::NO_CONTENT.into_response())
 }

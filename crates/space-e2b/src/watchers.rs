@@ -25,11 +25,20 @@ use crate::filesystem::{PathRequest, space_client_query, stat};
 /// Events a polled watcher queues at most.
 pub const MAX_QUEUED: usize = 10_000;
 
+/// Bytes of events (as JSON) a polled watcher queues at most.
+pub const MAX_QUEUED_BYTES: usize = 256 << 10;
+
 /// Polled watchers per execution at most.
 pub const MAX_WATCHERS: usize = 64;
 
+/// Polled watchers of every sandbox together at most.
+pub const MAX_ALL_WATCHERS: usize = 1024;
+
 /// A polled watcher nobody asked for events for this long is closed.
 pub const IDLE: Duration = Duration::from_secs(600);
+
+/// How often idle and ended watchers are looked for.
+pub const REAP_EVERY: Duration = Duration::from_secs(60);
 
 /// A quiet `WatchDir` stream gets a keep-alive this often.
 const KEEPALIVE: Duration = Duration::from_secs(20);
@@ -37,13 +46,21 @@ const KEEPALIVE: Duration = Duration::from_secs(20);
 /// The polled watchers.
 #[derive(Debug, Default)]
 pub struct Table {
-    by_id: Mutex<HashMap<String, Arc<Watcher>>>,
+    by_id: Mutex<HashMap<String, Entry>>,
+}
+
+/// A watcher, or a place taken for one being opened.
+#[derive(Debug)]
+struct Entry {
+    sandbox: SandboxId,
+    execution: ExecutionId,
+    watcher: Option<Arc<Watcher>>,
+    /// When the place was taken (one whose create never finished is dropped).
+    at: Instant,
 }
 
 #[derive(Debug)]
 struct Watcher {
-    sandbox: SandboxId,
-    execution: ExecutionId,
     state: Mutex<Queued>,
     task: tokio::task::AbortHandle,
 }
@@ -51,10 +68,14 @@ struct Watcher {
 #[derive(Debug, Default)]
 struct Queued {
     events: VecDeque<Value>,
+    /// Bytes of `events` as JSON.
+    bytes: usize,
     /// Events were lost (the queue was full, or the watch told of an overflow).
     lost: bool,
     /// The watch ended (its directory went, or its execution was replaced).
     ended: Option<RpcError>,
+    /// Its end was told (the watcher is dropped at the next reap).
+    told: bool,
     polled: Option<Instant>,
 }
 
@@ -64,67 +85,110 @@ impl Drop for Watcher {
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl Table {
     fn get(&self, ctx: &Envd, id: &str) -> Result<Arc<Watcher>, RpcError> {
-        let mut t = self.by_id.lock().map_err(|_| poisoned())?;
-        reap(&mut t);
+        let t = lock(&self.by_id);
         t.get(id)
-            .filter(|w| w.sandbox == ctx.sandbox && w.execution == ctx.execution)
-            .cloned()
+            .filter(|e| e.sandbox == ctx.sandbox && e.execution == ctx.execution)
+            .and_then(|e| e.watcher.clone())
             .ok_or_else(|| RpcError::new(Code::NotFound, format!("watcher {id} not found")))
     }
 
     /// The events queued since the last call (or the watch's end, once they are out).
     pub(crate) fn take(&self, ctx: &Envd, id: &str) -> Result<Vec<Value>, RpcError> {
         let w = self.get(ctx, id)?;
-        let mut q = w.state.lock().map_err(|_| poisoned())?;
+        let mut q = lock(&w.state);
         q.polled = Some(Instant::now());
         if q.lost {
             q.lost = false;
             q.events.clear();
+            q.bytes = 0;
             return Err(RpcError::new(
                 Code::DataLoss,
                 format!(
-                    "watcher {id} lost events: more than {MAX_QUEUED} were queued between polls"
+                    "watcher {id} lost events: more than {MAX_QUEUED} (or {} KiB) were queued between polls",
+                    MAX_QUEUED_BYTES >> 10
                 ),
             ));
         }
         if q.events.is_empty() {
-            if let Some(e) = &q.ended {
-                return Err(e.clone());
+            if let Some(e) = q.ended.clone() {
+                q.told = true;
+                return Err(e);
             }
         }
+        q.bytes = 0;
         Ok(q.events.drain(..).collect())
     }
 
     pub(crate) fn remove(&self, ctx: &Envd, id: &str) -> Result<(), RpcError> {
         self.get(ctx, id)?;
-        if let Ok(mut t) = self.by_id.lock() {
-            t.remove(id);
-        }
+        lock(&self.by_id).remove(id);
         Ok(())
     }
 
     /// Closes every watcher of `sandbox` (it was deleted).
     pub fn forget_sandbox(&self, sandbox: &SandboxId) {
-        if let Ok(mut t) = self.by_id.lock() {
-            t.retain(|_, w| w.sandbox != *sandbox);
+        lock(&self.by_id).retain(|_, e| e.sandbox != *sandbox);
+    }
+
+    /// Drops watchers idle past [`IDLE`], and those whose end was told.
+    pub fn reap(&self) {
+        lock(&self.by_id).retain(|_, e| match &e.watcher {
+            None => e.at.elapsed() < REAP_EVERY,
+            Some(w) => {
+                let q = lock(&w.state);
+                !q.told && q.polled.is_none_or(|p| p.elapsed() < IDLE)
+            }
+        });
+    }
+
+    /// Takes a place for a watcher of `ctx`'s execution, within the bounds.
+    fn reserve(&self, ctx: &Envd, id: &str) -> Result<(), RpcError> {
+        self.reap();
+        let mut t = lock(&self.by_id);
+        if t.len() >= MAX_ALL_WATCHERS {
+            return Err(RpcError::new(
+                Code::ResourceExhausted,
+                format!("at most {MAX_ALL_WATCHERS} watchers are kept: try again later"),
+            ));
         }
+        let mine = t
+            .values()
+            .filter(|e| e.sandbox == ctx.sandbox && e.execution == ctx.execution)
+            .count();
+        if mine >= MAX_WATCHERS {
+            return Err(RpcError::new(
+                Code::ResourceExhausted,
+                format!("at most {MAX_WATCHERS} watchers per sandbox: remove one first"),
+            ));
+        }
+        t.insert(
+            id.to_owned(),
+            Entry {
+                sandbox: ctx.sandbox,
+                execution: ctx.execution,
+                watcher: None,
+                at: Instant::now(),
+            },
+        );
+        Ok(())
     }
 }
 
-/// Drops watchers idle past [`IDLE`].
-fn reap(t: &mut HashMap<String, Arc<Watcher>>) {
-    t.retain(|_, w| {
-        w.state
-            .lock()
-            .map(|q| q.polled.is_none_or(|p| p.elapsed() < IDLE))
-            .unwrap_or(false)
+/// Keeps reaping `table` while the front lives.
+pub(crate) fn spawn_reaper(front: std::sync::Weak<Front>) {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(REAP_EVERY).await;
+            let Some(f) = front.upgrade() else { return };
+            f.watchers.reap();
+        }
     });
-}
-
-fn poisoned() -> RpcError {
-    RpcError::new(Code::Internal, "watcher table lock poisoned")
 }
 
 /// Opens the node API's watch of `req.path` on the context's execution.
@@ -207,20 +271,6 @@ pub(crate) async fn create(
     ctx: Envd,
     req: PathRequest,
 ) -> Result<String, RpcError> {
-    {
-        let t = front.watchers.by_id.lock().map_err(|_| poisoned())?;
-        let mine = t
-            .values()
-            .filter(|w| w.sandbox == ctx.sandbox && w.execution == ctx.execution)
-            .count();
-        if mine >= MAX_WATCHERS {
-            return Err(RpcError::new(
-                Code::ResourceExhausted,
-                format!("at most {MAX_WATCHERS} watchers per sandbox: remove one first"),
-            ));
-        }
-    }
-    let mut backend = open(front, &ctx, &req).await?;
     let id = format!(
         "w{}",
         space_control::random_bytes::<12>()
@@ -228,7 +278,14 @@ pub(crate) async fn create(
             .map(|b| format!("{b:02x}"))
             .collect::<String>()
     );
-    let (sandbox, execution) = (ctx.sandbox, ctx.execution);
+    front.watchers.reserve(&ctx, &id)?;
+    let mut backend = match open(front, &ctx, &req).await {
+        Ok(b) => b,
+        Err(e) => {
+            lock(&front.watchers.by_id).remove(&id);
+            return Err(e);
+        }
+    };
     let (tx, rx) = tokio::sync::oneshot::channel::<Arc<Watcher>>();
     let f = Arc::clone(front);
     let task = tokio::spawn(async move {
@@ -268,41 +325,36 @@ pub(crate) async fn create(
                     );
                 }
             }
-            let Ok(mut q) = watcher.state.lock() else {
-                return;
-            };
+            let mut q = lock(&watcher.state);
             if list.is_err() {
                 q.lost = true;
             }
             for e in made {
-                if q.events.len() >= MAX_QUEUED {
+                let size = e.to_string().len();
+                if q.events.len() >= MAX_QUEUED || q.bytes + size > MAX_QUEUED_BYTES {
                     q.lost = true;
                 } else {
+                    q.bytes += size;
                     q.events.push_back(e);
                 }
             }
         };
         if let Some(watcher) = w.upgrade() {
-            if let Ok(mut q) = watcher.state.lock() {
-                q.ended = Some(ended);
-            }
+            lock(&watcher.state).ended = Some(ended);
         }
     });
     let w = Arc::new(Watcher {
-        sandbox,
-        execution,
         state: Mutex::new(Queued {
             polled: Some(Instant::now()),
             ..Queued::default()
         }),
         task: task.abort_handle(),
     });
-    front
-        .watchers
-        .by_id
-        .lock()
-        .map_err(|_| poisoned())?
-        .insert(id.clone(), Arc::clone(&w));
+    match lock(&front.watchers.by_id).get_mut(&id) {
+        Some(entry) => entry.watcher = Some(Arc::clone(&w)),
+        // Forgotten meanwhile (its sandbox deleted): nothing to keep.
+        None => return Err(RpcError::new(Code::NotFound, "the sandbox went away")),
+    }
     let _ = tx.send(w);
     Ok(id)
 }

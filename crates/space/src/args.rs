@@ -600,6 +600,12 @@ fn port_number(s: &str) -> Result<u16, String> {
 pub enum KeysCmd {
     /// Publish a new signing key to every receiver, then sign with it.
     Rotate,
+    /// A new API key of your tenant (printed once): `space_…`, or `e2b_…` with `--e2b`.
+    Create {
+        /// In E2B's format, for E2B's SDKs (`E2B_API_KEY`).
+        #[arg(long)]
+        e2b: bool,
+    },
 }
 
 /// A DNS server: an address, with port 53 unless one is given.

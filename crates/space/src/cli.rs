@@ -421,6 +421,14 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
                 );
             }
         }
+        Command::Keys(KeysCmd::Create { e2b }) => {
+            let v = c.create_key(*e2b).await.map_err(sdk)?;
+            if cli.json {
+                print_json(&v);
+            } else {
+                println!("{}", v["api_key"].as_str().unwrap_or("?"));
+            }
+        }
         Command::Port(p) => return ports::run(&c, cli, url, p).await,
         Command::Template(t) => return templates::run(&c, cli, url, t).await,
         Command::Term { sandbox, user } => {

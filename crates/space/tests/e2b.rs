@@ -306,7 +306,15 @@ fn bad_input_gets_e2b_shaped_errors_never_a_panic_or_a_500() {
     let Some(c) = cluster() else {
         return;
     };
-    let key = e2b_key(&c);
+    // A key from the CLI (`space keys create --e2b`) is one the front takes.
+    let out = c.cli(&["keys", "create", "--e2b"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    assert!(key.starts_with("e2b_") && key.len() == 64, "{key}");
     let k = [("x-api-key", key.as_str())];
     // REST: E2B's {"code": <status>, "message"}.
     let (s, v) = raw(
