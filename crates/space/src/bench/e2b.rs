@@ -183,6 +183,16 @@ async fn measure(p: &Platform) -> Result<Vec<Row>, String> {
         }
     })
     .await?;
+    eprintln!("P13: the same through SPACE's own streaming exec (for information)");
+    let ws_url = format!(
+        "{}/v1/sandboxes/{id}/exec/stream",
+        p.url.replacen("http", "ws", 1)
+    );
+    let own_stream = timed(|| {
+        let (url, auth) = (ws_url.clone(), admin.clone());
+        async move { own_stream_exec(&url, &auth).await }
+    })
+    .await?;
     eprintln!("P13: a 4 KiB files.read through the E2B front, then SPACE's own API");
     let e2b_read = timed(|| {
         let h = envd.clone();
@@ -225,12 +235,48 @@ async fn measure(p: &Platform) -> Result<Vec<Row>, String> {
         .ratio(ratio)
         .pass(ratio <= 1.5)
     };
+    let stream_p50 = quantile(&own_stream, 0.5);
     Ok(vec![
         row(
             "E2B commands.run(\"true\") vs POST …/exec",
             &e2b_run,
             &own_run,
         ),
+        Row::new(
+            "P13",
+            "(information) SPACE's own streaming exec of the same",
+            format!(
+                "p50 {stream_p50:.3} ms (p99 {:.3}); the E2B front / it: {:.2}",
+                quantile(&own_stream, 0.99),
+                quantile(&e2b_run, 0.5) / stream_p50
+            ),
+            "-",
+        ),
         row("E2B files.read 4 KiB vs GET …/files", &e2b_read, &own_read),
     ])
+}
+
+/// One `GET …/exec/stream` of `bash -l -c true` through the edge, to its close.
+async fn own_stream_exec(url: &str, auth: &str) -> Result<(), String> {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
+    let mut req = url.into_client_request().map_err(|e| e.to_string())?;
+    req.headers_mut()
+        .insert("authorization", auth.parse().map_err(|_| "auth header")?);
+    let (mut ws, _) = tokio_tungstenite::connect_async(req)
+        .await
+        .map_err(|e| format!("exec stream: {e}"))?;
+    ws.send(Message::Text(
+        r#"{"cmd": ["/bin/bash", "-l", "-c", "true"], "stdin": ""}"#.into(),
+    ))
+    .await
+    .map_err(|e| e.to_string())?;
+    while let Some(m) = ws.next().await {
+        match m.map_err(|e| e.to_string())? {
+            Message::Close(Some(c)) if c.reason.as_str() == "exited 0" => return Ok(()),
+            Message::Close(c) => return Err(format!("exec stream closed: {c:?}")),
+            _ => {}
+        }
+    }
+    Err("exec stream ended without a close".into())
 }
