@@ -260,6 +260,15 @@ pub fn stream_error(e: &RpcError) -> Response {
     stream_response(Body::from(end_stream(Some(e))))
 }
 
+/// `e` in the form of the call: a unary error answer, or a stream that ends with it.
+pub fn failure(streaming: bool, e: &RpcError) -> Response {
+    if streaming {
+        stream_error(e)
+    } else {
+        e.clone().into_response()
+    }
+}
+
 /// The deadline the client set (`Connect-Timeout-Ms`), if any.
 pub fn timeout(headers: &HeaderMap) -> Option<std::time::Duration> {
     headers

@@ -14,10 +14,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::Front;
 use crate::connect::{Code, RpcError};
-use crate::envd::Envd;
-use crate::filesystem::space_client_query;
+use crate::entries::space_client_query;
+use crate::front::{Envd, Front};
 
 /// Largest multipart body (held whole to be split into its files); larger files go
 /// as `application/octet-stream`, streamed.
@@ -48,7 +47,7 @@ fn from_rpc(e: &RpcError) -> Response {
 
 /// The call's context, with the account of `username` when the query names one.
 async fn context(front: &Front, headers: &HeaderMap, q: &FilesQuery) -> Result<Envd, Response> {
-    if q.signature.is_some() && !headers.contains_key(crate::envd::TOKEN_HEADER) {
+    if q.signature.is_some() && !headers.contains_key(crate::front::TOKEN_HEADER) {
         return Err(http_error(
             StatusCode::UNAUTHORIZED,
             "signed file URLs are not served: send the access token (X-Access-Token), as files.read and files.write do",
@@ -100,7 +99,7 @@ async fn relay_error(resp: Response) -> Response {
     let body = axum::body::to_bytes(resp.into_body(), 64 << 10)
         .await
         .unwrap_or_default();
-    let e = crate::envd::worker_error(status, &body);
+    let e = crate::front::worker_error(status, &body);
     let status = match e.code {
         Code::NotFound => StatusCode::NOT_FOUND,
         Code::InvalidArgument => StatusCode::BAD_REQUEST,

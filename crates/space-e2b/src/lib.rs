@@ -24,93 +24,23 @@ use axum::http::{HeaderMap, Method, header};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use space_control::api::AppState;
-use space_control::edge::Edge;
-use space_control::service::ControlPlane;
 use tower::ServiceExt as _;
 
 pub mod connect;
+mod entries;
 pub mod envd;
 mod files;
 pub mod filesystem;
+pub mod front;
 mod keys;
+mod proc_table;
 pub mod process;
 pub mod rest;
 pub mod token;
+mod watch_table;
 mod watchers;
 
-/// The port E2B's SDKs address envd at.
-pub const ENVD_PORT: u16 = 49983;
-
-/// The envd version this front advertises: what the SDKs switch features on by.
-/// Only what is implemented is claimed (see `envd`).
-pub const ENVD_VERSION: &str = "0.5.2";
-
-/// The front's state, shared by its handlers.
-#[derive(Debug)]
-pub struct Front {
-    cp: Arc<ControlPlane>,
-    edge: Arc<Edge>,
-    tokens: keys::Tokens,
-    processes: process::Table,
-    watchers: watchers::Table,
-    /// Executions found replaced: their tokens are refused without asking the edge
-    /// again (an execution that was replaced never serves again).
-    replaced: std::sync::Mutex<
-        std::collections::HashSet<(space_identity::SandboxId, space_identity::ExecutionId)>,
-    >,
-}
-
-/// Replaced executions remembered at most (the set starts again when full).
-const REPLACED_KEPT: usize = 100_000;
-
-impl Front {
-    fn new(cp: Arc<ControlPlane>, edge: Arc<Edge>) -> Arc<Self> {
-        Arc::new(Self {
-            tokens: keys::Tokens::new(Arc::clone(&cp)),
-            cp,
-            edge,
-            processes: process::Table::default(),
-            watchers: watchers::Table::default(),
-            replaced: std::sync::Mutex::default(),
-        })
-    }
-
-    /// Whether the execution is known to be replaced.
-    fn is_replaced(
-        &self,
-        sandbox: &space_identity::SandboxId,
-        execution: &space_identity::ExecutionId,
-    ) -> bool {
-        self.replaced
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .contains(&(*sandbox, *execution))
-    }
-
-    /// `e` as the envd error it is; an execution found replaced is remembered.
-    fn envd_error(
-        &self,
-        ctx: &envd::Envd,
-        e: &space_control::error::ControlError,
-    ) -> connect::RpcError {
-        if matches!(e, space_control::error::ControlError::ExecutionReplaced) {
-            let mut r = self
-                .replaced
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if r.len() >= REPLACED_KEPT {
-                r.clear();
-            }
-            r.insert((ctx.sandbox, ctx.execution));
-        }
-        envd::rpc_error(e)
-    }
-
-    /// The domain sandboxes are named under (`{port}-{id}.{domain}`).
-    fn domain(&self) -> String {
-        self.cp.port_urls().domain
-    }
-}
+pub use front::{ENVD_PORT, ENVD_VERSION, Front};
 
 /// The router to serve: the E2B front ahead of `api` (SPACE's own router, whose
 /// service-port routing keeps every host name but envd's). A standalone edge, with
@@ -148,9 +78,9 @@ fn claim(headers: &HeaderMap, path: &str, domain: &str) -> Claim {
     if headers.contains_key("x-space-sandbox") || path.starts_with("/v1/") {
         return Claim::Pass;
     }
-    if headers.contains_key(envd::SANDBOX_HEADER) {
+    if headers.contains_key(front::SANDBOX_HEADER) {
         let port = headers
-            .get(envd::PORT_HEADER)
+            .get(front::PORT_HEADER)
             .and_then(|v| v.to_str().ok())
             .map(str::trim);
         return match port {
@@ -160,7 +90,7 @@ fn claim(headers: &HeaderMap, path: &str, domain: &str) -> Claim {
         };
     }
     if let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) {
-        if let Some((port, _)) = envd::port_host(host, domain) {
+        if let Some((port, _)) = front::port_host(host, domain) {
             return if port == ENVD_PORT {
                 Claim::Envd
             } else {

@@ -13,14 +13,13 @@
 //! it prints from then on, and a reader that falls behind holds the command back
 //! (like a pipe) rather than losing bytes.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use futures_util::{SinkExt, StreamExt};
@@ -30,193 +29,15 @@ use space_identity::{ExecutionId, SandboxId};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::Front;
 use crate::connect::{self, Code, RpcError};
-
-/// Processes tracked per execution at most.
-pub const MAX_PROCESSES: usize = 1024;
-
-/// Calls following one process at most.
-const MAX_FOLLOWERS: usize = 64;
-
-/// Events queued per follower before the command is held back.
-const FOLLOWER_QUEUE: usize = 64;
-
-/// Input messages queued per process (each at most a `SendInput`'s bytes).
-const INPUT_QUEUE: usize = 4;
-
-/// How long a `SendInput` waits for room in its process's input queue (stdin the
-/// command does not read) before it is refused.
-const INPUT_WAIT: Duration = Duration::from_secs(10);
-
-/// How long one follower may hold a process's output back before it is cut off.
-const FOLLOWER_STALL: Duration = Duration::from_secs(30);
+use crate::front::Front;
+use crate::proc_table::{Control, Event, INPUT_QUEUE, Proc, Selector, publish};
 
 /// Longest wait for the worker to report the command started.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A follower with nothing to read gets a keep-alive event this often.
 const KEEPALIVE: Duration = Duration::from_secs(20);
-
-/// The processes of one execution, by pid.
-type Processes = HashMap<u32, Arc<Proc>>;
-
-/// The table of every execution's processes.
-#[derive(Debug, Default)]
-pub struct Table {
-    by_execution: Mutex<HashMap<(SandboxId, ExecutionId), Processes>>,
-}
-
-impl Table {
-    fn insert(&self, key: (SandboxId, ExecutionId), p: Arc<Proc>) -> Result<(), RpcError> {
-        let mut t = self
-            .by_execution
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let procs = t.entry(key).or_default();
-        if procs.len() >= MAX_PROCESSES {
-            return Err(RpcError::new(
-                Code::ResourceExhausted,
-                format!("at most {MAX_PROCESSES} processes are tracked per sandbox"),
-            ));
-        }
-        procs.insert(p.pid, p);
-        Ok(())
-    }
-
-    /// Forgets `p` (and not a later process that took its pid).
-    fn remove(&self, key: &(SandboxId, ExecutionId), p: &Arc<Proc>) {
-        if let Ok(mut t) = self.by_execution.lock() {
-            if let Some(procs) = t.get_mut(key) {
-                if procs.get(&p.pid).is_some_and(|x| Arc::ptr_eq(x, p)) {
-                    procs.remove(&p.pid);
-                }
-                if procs.is_empty() {
-                    t.remove(key);
-                }
-            }
-        }
-    }
-
-    fn find(&self, key: &(SandboxId, ExecutionId), sel: &Selector) -> Result<Arc<Proc>, RpcError> {
-        let t = self
-            .by_execution
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let procs = t.get(key);
-        let found = match sel {
-            Selector::Pid(pid) => procs.and_then(|p| p.get(pid)).cloned(),
-            Selector::Tag(tag) => procs.and_then(|p| {
-                p.values()
-                    .find(|x| x.tag.as_deref() == Some(tag.as_str()))
-                    .cloned()
-            }),
-        };
-        found.ok_or_else(|| RpcError::new(Code::NotFound, format!("process {sel} not found")))
-    }
-
-    fn list(&self, key: &(SandboxId, ExecutionId)) -> Vec<Arc<Proc>> {
-        self.by_execution
-            .lock()
-            .map(|t| {
-                t.get(key)
-                    .map(|p| p.values().cloned().collect())
-                    .unwrap_or_default()
-            })
-            .unwrap_or_default()
-    }
-
-    /// Forgets every process of `sandbox` (it was deleted: their streams end).
-    pub fn forget_sandbox(&self, sandbox: &SandboxId) {
-        if let Ok(mut t) = self.by_execution.lock() {
-            t.retain(|(s, _), _| s != sandbox);
-        }
-    }
-}
-
-/// One process.
-#[derive(Debug)]
-struct Proc {
-    pid: u32,
-    tag: Option<String>,
-    config: Value,
-    pty: bool,
-    input: mpsc::Sender<Control>,
-    followers: Mutex<Vec<mpsc::Sender<Event>>>,
-}
-
-impl Proc {
-    fn follow(&self) -> Result<mpsc::Receiver<Event>, RpcError> {
-        let (tx, rx) = mpsc::channel(FOLLOWER_QUEUE);
-        let mut f = self
-            .followers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        f.retain(|t| !t.is_closed());
-        if f.len() >= MAX_FOLLOWERS {
-            return Err(RpcError::new(
-                Code::ResourceExhausted,
-                format!("at most {MAX_FOLLOWERS} calls follow one process"),
-            ));
-        }
-        f.push(tx);
-        Ok(rx)
-    }
-
-    async fn control(&self, c: Control) -> Result<(), RpcError> {
-        match tokio::time::timeout(INPUT_WAIT, self.input.send(c)).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(_)) => Err(RpcError::new(
-                Code::NotFound,
-                format!("process {} has ended", self.pid),
-            )),
-            Err(_) => Err(RpcError::new(
-                Code::ResourceExhausted,
-                format!(
-                    "process {} has not read its input for {} s",
-                    self.pid,
-                    INPUT_WAIT.as_secs()
-                ),
-            )),
-        }
-    }
-}
-
-/// What goes down a process's stream.
-#[derive(Debug)]
-enum Control {
-    Stdin(Vec<u8>),
-    CloseStdin,
-    Signal(i32),
-    Resize { rows: u16, cols: u16 },
-}
-
-/// What a follower is told.
-#[derive(Debug, Clone)]
-enum Event {
-    /// Output: `stdout`, `stderr` or `pty` (envd's names).
-    Data {
-        stream: &'static str,
-        bytes: Bytes,
-    },
-    End(Result<Value, RpcError>),
-}
-
-/// How a call names a process.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Selector {
-    Pid(u32),
-    Tag(String),
-}
-
-impl std::fmt::Display for Selector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Pid(p) => write!(f, "with pid {p}"),
-            Self::Tag(t) => write!(f, "with tag {t:?}"),
-        }
-    }
-}
 
 #[derive(Debug, Default, Deserialize)]
 struct SelectorJson {
@@ -310,32 +131,16 @@ pub async fn call(
     body: Body,
 ) -> Response {
     let streaming = connect::is_streaming(&headers);
-    let fail = |e: RpcError| {
-        if streaming {
-            connect::stream_error(&e)
-        } else {
-            e.into_response()
-        }
-    };
-    // The token first: nothing of the body is read for an unauthenticated call.
-    let ctx = match front.envd(&headers).await {
-        Ok(c) => c,
-        Err(e) => return fail(e),
-    };
+    let fail = |e: RpcError| connect::failure(streaming, &e);
     // Only input carries data; every other request is a few names and numbers.
     let limit = if method == "SendInput" {
         connect::MAX_MESSAGE + 5
     } else {
         connect::SMALL_MESSAGE
     };
-    let body = match axum::body::to_bytes(body, limit).await {
+    let (ctx, body) = match crate::front::begin(&front, &headers, body, limit).await {
         Ok(b) => b,
-        Err(_) => {
-            return fail(RpcError::new(
-                Code::ResourceExhausted,
-                "the request is over its size limit",
-            ));
-        }
+        Err(r) => return r,
     };
     let key = (ctx.sandbox, ctx.execution);
     let outcome = match (method.as_str(), streaming) {
@@ -502,7 +307,7 @@ fn clamp(n: u32) -> u16 {
 /// answers with the process's events from its start.
 async fn start(
     front: &Arc<Front>,
-    ctx: &crate::envd::Envd,
+    ctx: &crate::front::Envd,
     key: (SandboxId, ExecutionId),
     req: StartRequest,
     headers: &HeaderMap,
@@ -674,35 +479,6 @@ async fn feed(mut sink: Sink, mut controls: mpsc::Receiver<Control>) {
         };
         if sink.send(m).await.is_err() {
             return;
-        }
-    }
-}
-
-/// Hands `e` to every follower still there, in order: a slow one holds the command's
-/// output back (like a pipe) for up to [`FOLLOWER_STALL`], and is then cut off (its
-/// call ends saying so) rather than hold it for ever.
-async fn publish(p: &Proc, e: Event) {
-    let followers: Vec<mpsc::Sender<Event>> = p
-        .followers
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clone();
-    let mut gone = false;
-    for f in &followers {
-        match tokio::time::timeout(FOLLOWER_STALL, f.send(e.clone())).await {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) => gone = true,
-            Err(_) => {
-                // Cut off: dropping its sender ends its call.
-                if let Ok(mut all) = p.followers.lock() {
-                    all.retain(|x| !x.same_channel(f));
-                }
-            }
-        }
-    }
-    if gone {
-        if let Ok(mut f) = p.followers.lock() {
-            f.retain(|t| !t.is_closed());
         }
     }
 }

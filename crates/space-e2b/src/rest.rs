@@ -32,8 +32,8 @@ use space_identity::SandboxId;
 use space_proto::api::{CreateSandbox, NetworkMode, Policy, Sandbox, SandboxState};
 use space_store::SandboxRecord;
 
+use crate::front::{ENVD_VERSION, Front};
 use crate::token::Claims;
-use crate::{ENVD_VERSION, Front};
 
 /// Largest REST body read.
 const MAX_REST_BODY: usize = 256 << 10;
