@@ -200,7 +200,7 @@ fn a_token_from_before_a_move_to_another_worker_is_refused_and_connect_gives_a_n
         .map(|l| l.expect("a line"))
         .find(|l| l.starts_with("TOKEN "))
         .expect("the scenario created its sandbox");
-    let id = json(token_line["TOKEN ".len()..].as_bytes())["id"]
+    let id = json(&token_line.as_bytes()["TOKEN ".len()..])["id"]
         .as_str()
         .unwrap()
         .to_owned();
