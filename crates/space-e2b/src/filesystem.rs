@@ -26,6 +26,9 @@ pub const MAX_LISTED: usize = 100_000;
 /// Deepest `ListDir` walk.
 const MAX_DEPTH: u32 = 64;
 
+/// Directories one `ListDir` lists at most (each is a call to the sandbox).
+pub const MAX_WALKED: usize = 10_000;
+
 #[derive(Debug, Default, Deserialize)]
 struct MoveRequest {
     #[serde(default)]
@@ -216,7 +219,15 @@ async fn list_dir(
     let root_path = root["path"].as_str().unwrap_or(path).to_owned();
     let mut out = Vec::new();
     let mut queue = VecDeque::from([(root_path, 1u32)]);
+    let mut walked = 0usize;
     while let Some((dir, level)) = queue.pop_front() {
+        walked += 1;
+        if walked > MAX_WALKED {
+            return Err(RpcError::new(
+                Code::ResourceExhausted,
+                format!("more than {MAX_WALKED} directories: list a smaller depth"),
+            ));
+        }
         let f = front
             .operate(
                 ctx,
