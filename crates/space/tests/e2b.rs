@@ -180,8 +180,10 @@ fn the_python_sdk_pauses_connects_lists_sets_timeouts_and_kills() {
     assert_eq!(c.sandbox(id)["state"], "stopped");
 }
 
-#[test]
-fn a_token_from_before_a_move_to_another_worker_is_refused_and_connect_gives_a_new_one() {
+/// The `moved` scenario: the SDK creates a sandbox and keeps its handle; `moving`
+/// then gives the sandbox a new execution on the other worker (and answers the
+/// sandbox afterwards); the SDK's old token must be refused and `connect` serve.
+fn token_refused_after(moving: impl Fn(&Cluster, &str, &str) -> serde_json::Value) {
     let (Some(py), Some(c)) = (python(), cluster()) else {
         return;
     };
@@ -211,15 +213,9 @@ fn a_token_from_before_a_move_to_another_worker_is_refused_and_connect_gives_a_n
         .to_owned();
     let from = before["execution"]["worker"].as_str().unwrap().to_owned();
     let to = if from == "w1" { "w2" } else { "w1" };
-    let (status, body) = http(
-        "POST",
-        &format!("{}/v1/sandboxes/{id}/migrate", c.url),
-        Some(&format!("Bearer {}", c.admin_key)),
-        format!(r#"{{"worker": "{to}"}}"#).as_bytes(),
-    );
-    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
-    let after = json(&body);
+    let after = moving(&c, &id, to);
     assert_ne!(after["execution"]["execution_id"], old_execution.as_str());
+    assert_eq!(after["execution"]["worker"], to, "{after}");
     child.stdin.take().unwrap().write_all(b"go\n").unwrap();
     let rest: Vec<String> = lines.map(|l| l.unwrap_or_default()).collect();
     let status = child.wait().unwrap();
@@ -235,6 +231,35 @@ fn a_token_from_before_a_move_to_another_worker_is_refused_and_connect_gives_a_n
         r["refused"].as_str().unwrap().contains("new execution"),
         "the refusal says why: {r}"
     );
+}
+
+/// `POST /v1/sandboxes/{id}/{what}` with the admin key: the answer, which must be 200.
+fn admin_post(c: &Cluster, id: &str, what: &str, body: &str) -> serde_json::Value {
+    let (status, answer) = http(
+        "POST",
+        &format!("{}/v1/sandboxes/{id}/{what}", c.url),
+        Some(&format!("Bearer {}", c.admin_key)),
+        body.as_bytes(),
+    );
+    assert_eq!(status, 200, "{what}: {}", String::from_utf8_lossy(&answer));
+    json(&answer)
+}
+
+#[test]
+fn a_token_from_before_a_move_to_another_worker_is_refused_and_connect_gives_a_new_one() {
+    token_refused_after(|c, id, to| {
+        admin_post(c, id, "migrate", &format!(r#"{{"worker": "{to}"}}"#))
+    });
+}
+
+#[test]
+fn a_token_from_before_a_resume_on_another_worker_is_refused_and_connect_gives_a_new_one() {
+    token_refused_after(|c, id, to| {
+        // A snapshot the control plane keeps, then a resume from it on the other
+        // worker: a new execution there.
+        admin_post(c, id, "snapshot", "");
+        admin_post(c, id, "resume", &format!(r#"{{"worker": "{to}"}}"#))
+    });
 }
 
 #[test]
