@@ -40,8 +40,7 @@ pub fn routes() -> Router<Arc<Front>> {
 async fn health(State(front): State<Arc<Front>>, headers: HeaderMap) -> Response {
     let routed = match front.envd(&headers).await {
         Ok(e) => e,
-        // The SDKs probe health without a token too: a running sandbox answers.
-        Err(_) => return StatusCode::NO_CONTENT.into_response(),
+        Err(e) => return e.into_response(),
     };
     match front
         .operate(
@@ -55,7 +54,16 @@ async fn health(State(front): State<Arc<Front>>, headers: HeaderMap) -> Response
         .await
     {
         Ok(_) => StatusCode::NO_CONTENT.into_response(),
-        Err(e) => e.into_response(),
+        // A token of a replaced execution: get a new one (connect), the sandbox runs.
+        Err(e) if e.code == crate::connect::Code::Unauthenticated => e.into_response(),
+        // The SDKs read a 502 "… was not found" as a sandbox that is not running.
+        Err(e) => {
+            let body = serde_json::json!({
+                "code": 502,
+                "message": format!("sandbox {} was not found or does not answer: {}", routed.sandbox, e.message),
+            });
+            (StatusCode::BAD_GATEWAY, axum::Json(body)).into_response()
+        }
     }
 }
 

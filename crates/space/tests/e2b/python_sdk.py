@@ -183,6 +183,7 @@ def lifecycle():
     check(again.files.read("/tmp/kept") == "kept across the pause", "files kept")
     check(again.is_running() is True, "health")
     check(again.kill() is True, "kill")
+    check(again.is_running() is False, "health of a killed sandbox")
     check(Sandbox.kill(sbx.sandbox_id) is False, "kill of a killed sandbox")
     try:
         Sandbox.get_info(sbx.sandbox_id)
