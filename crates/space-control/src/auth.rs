@@ -68,7 +68,8 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
+/// `2 × N` lowercase hex digits as bytes.
+pub fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
     if s.len() != 2 * N || !s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
         return None;
     }

@@ -104,7 +104,7 @@ async fn relay_error(resp: Response) -> Response {
         Code::NotFound => StatusCode::NOT_FOUND,
         Code::InvalidArgument => StatusCode::BAD_REQUEST,
         Code::Unauthenticated => StatusCode::UNAUTHORIZED,
-        Code::ResourceExhausted if status == StatusCode::INSUFFICIENT_STORAGE => status,
+        // 507 (no space) and the rest keep the worker's status.
         _ => status,
     };
     http_error(status, e.message)

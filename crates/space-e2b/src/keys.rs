@@ -53,7 +53,7 @@ impl Tokens {
                     self.cp.store.kv_get(SECRET_KV).await?.ok_or_else(|| {
                         ControlError::Internal("the token secret vanished".into())
                     })?;
-                let secret = unhex32(&text)
+                let secret = space_control::auth::unhex::<32>(&text)
                     .ok_or_else(|| ControlError::Internal("the token secret is corrupt".into()))?;
                 Ok(TokenKey::new(secret))
             })
@@ -109,15 +109,4 @@ impl Tokens {
         let (c, at) = live.get(key_id)?;
         (at.elapsed() < KEY_CHECK_TTL).then(|| c.clone())
     }
-}
-
-fn unhex32(s: &str) -> Option<[u8; 32]> {
-    if s.len() != 64 {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, pair) in s.as_bytes().chunks(2).enumerate() {
-        out[i] = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
-    }
-    Some(out)
 }

@@ -74,7 +74,7 @@ enum Claim {
 /// anything routed to envd's port by `E2b-Sandbox-Id`/`E2b-Sandbox-Port` or by the
 /// host name `49983-{id}.{domain}`. Everything else — `/v1`, SPACE's service-port
 /// headers and host names of other ports — goes on to SPACE's router.
-fn claim(headers: &HeaderMap, path: &str, domain: &str) -> Claim {
+fn claim(headers: &HeaderMap, path: &str, domain: impl FnOnce() -> String) -> Claim {
     if headers.contains_key("x-space-sandbox") || path.starts_with("/v1/") {
         return Claim::Pass;
     }
@@ -90,7 +90,7 @@ fn claim(headers: &HeaderMap, path: &str, domain: &str) -> Claim {
         };
     }
     if let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) {
-        if let Some((port, _)) = front::port_host(host, domain) {
+        if let Some((port, _)) = front::port_host(host, &domain()) {
             return if port == ENVD_PORT {
                 Claim::Envd
             } else {
@@ -110,7 +110,8 @@ async fn entry(
     req: Request,
     next: Next,
 ) -> Response {
-    match claim(req.headers(), req.uri().path(), &front.domain()) {
+    // The domain (a lock and a copy) only for a request that is not `/v1`'s.
+    match claim(req.headers(), req.uri().path(), || front.domain()) {
         Claim::Pass => next.run(req).await,
         Claim::Rest | Claim::Envd => {
             let preflight = req.method() == Method::OPTIONS;
@@ -144,7 +145,7 @@ mod tests {
 
     #[test]
     fn the_front_takes_e2b_paths_and_envd_routing_and_leaves_the_rest_to_space() {
-        let d = "localhost";
+        let d = || "localhost".to_owned();
         let id = "sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa";
         assert_eq!(claim(&headers(&[]), "/sandboxes", d), Claim::Rest);
         assert_eq!(claim(&headers(&[]), "/v2/sandboxes", d), Claim::Rest);

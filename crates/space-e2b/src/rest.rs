@@ -329,7 +329,7 @@ async fn token_for(front: &Front, who: &Caller, view: &Sandbox) -> Result<String
 }
 
 /// A sandbox as E2B lists and describes it.
-fn described(front: &Front, view: &Sandbox) -> Value {
+fn described(front: &Front, view: &Sandbox, created_at: i64) -> Value {
     let (cpus, memory_mib, disk_mib) = view
         .limits
         .as_ref()
@@ -340,8 +340,7 @@ fn described(front: &Front, view: &Sandbox) -> Value {
     };
     // E2B always names an end; a sandbox without a TTL ends at the longest one.
     let end = view.expires_at.clone().unwrap_or_else(|| {
-        let created = parse_rfc3339(&view.created_at).unwrap_or(0);
-        space_proto::api::rfc3339(created + space_control::service::MAX_TTL_SECS)
+        space_proto::api::rfc3339(created_at.max(0) as u64 + space_control::service::MAX_TTL_SECS)
     });
     let metadata = match &view.metadata {
         Value::Object(m) => Value::Object(
@@ -370,25 +369,6 @@ fn described(front: &Front, view: &Sandbox) -> Value {
     })
 }
 
-/// Seconds since the epoch of an RFC 3339 UTC time as SPACE writes them.
-fn parse_rfc3339(t: &str) -> Option<u64> {
-    let b = t.as_bytes();
-    if b.len() < 19 {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| t.get(r)?.parse::<i64>().ok();
-    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (h, mi, s) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y = if mo <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * ((mo + 9) % 12) + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    u64::try_from(days * 86_400 + h * 3600 + mi * 60 + s).ok()
-}
-
 async fn detail(
     State(front): State<Arc<Front>>,
     headers: HeaderMap,
@@ -397,7 +377,7 @@ async fn detail(
     let who = caller(&front, &headers).await?;
     let s = live_sandbox(&front, &who.caller, &id).await?;
     let view = front.cp.view(&s).await?;
-    let mut body = described(&front, &view);
+    let mut body = described(&front, &view, s.created_at);
     if view.execution.is_some() {
         body["envdAccessToken"] = Value::String(token_for(&front, &who.caller, &view).await?);
     }
@@ -444,7 +424,7 @@ async fn list(
             continue;
         }
         let view = front.cp.view(&s).await?;
-        let d = described(&front, &view);
+        let d = described(&front, &view, s.created_at);
         let state_ok = wanted_states.is_empty()
             || wanted_states.iter().any(|w| d["state"].as_str() == Some(w));
         let meta_ok = wanted_meta
@@ -634,14 +614,6 @@ fn now() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rfc3339_times_parse_back_to_their_seconds() {
-        for t in [0u64, 1, 86_399, 951_782_400, 1_764_633_600, 4_102_444_800] {
-            assert_eq!(parse_rfc3339(&space_proto::api::rfc3339(t)), Some(t), "{t}");
-        }
-        assert_eq!(parse_rfc3339("nonsense"), None);
-    }
 
     #[test]
     fn metadata_filters_are_decoded_pairs() {
