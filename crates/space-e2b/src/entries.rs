@@ -28,27 +28,14 @@ pub(crate) struct PathRequest {
 
 /// `path` as a query value.
 pub(crate) fn q(path: &str) -> String {
-    space_client_query(path)
-}
-
-/// The query encoding SPACE's node API reads (unreserved characters and `/` kept).
-pub(crate) fn space_client_query(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~' | b'/') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    space_client::encode_query(path)
 }
 
 /// `&user=…` for the call's account, if it names one.
 pub(crate) fn user_param(ctx: &Envd) -> String {
     ctx.user
         .as_deref()
-        .map(|u| format!("&user={}", space_client_query(u)))
+        .map(|u| format!("&user={}", space_client::encode_query(u)))
         .unwrap_or_default()
 }
 

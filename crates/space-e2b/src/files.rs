@@ -15,7 +15,6 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::connect::{Code, RpcError};
-use crate::entries::space_client_query;
 use crate::front::{Envd, Front};
 
 /// Largest multipart body (held whole to be split into its files); larger files go
@@ -76,7 +75,7 @@ pub(crate) async fn download(
     let pq = format!(
         "/v1/sandboxes/{}/files?path={}",
         ctx.sandbox,
-        space_client_query(path)
+        space_client::encode_query(path)
     );
     let mut passed = HeaderMap::new();
     if let Some(r) = headers.get(header::RANGE) {
@@ -211,12 +210,12 @@ async fn write(
     let user = ctx
         .user
         .as_deref()
-        .map(|u| format!("&user={}", space_client_query(u)))
+        .map(|u| format!("&user={}", space_client::encode_query(u)))
         .unwrap_or_default();
     let pq = format!(
         "/v1/sandboxes/{}/files?path={}{user}",
         ctx.sandbox,
-        space_client_query(path)
+        space_client::encode_query(path)
     );
     let mut passed = HeaderMap::new();
     passed.insert(

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::connect::{self, Code, RpcError};
-use crate::entries::{PathRequest, space_client_query, stat};
+use crate::entries::{PathRequest, stat};
 use crate::front::{Envd, Front};
 use crate::watch_table::{MAX_QUEUED, MAX_QUEUED_BYTES, Queued, REAP_EVERY, Watcher, lock};
 
@@ -46,7 +46,7 @@ async fn open(
     }
     let pq = format!(
         "watch?path={}&recursive={}",
-        space_client_query(&req.path),
+        space_client::encode_query(&req.path),
         req.recursive
     );
     front.stream(ctx, &pq).await
