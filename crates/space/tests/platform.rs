@@ -1704,8 +1704,22 @@ fn kill_of_a_worker_during_a_migration_leaves_one_consistent_state() {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         if victim == "w2" {
-            // Let the archive reach the stopped target's socket.
-            std::thread::sleep(std::time::Duration::from_millis(300));
+            // Kill the target only once the archive is on its way to it: killed
+            // earlier, the supervisor's fresh w2 would take the layer and the
+            // migration would (rightly) succeed. The control plane reports the step;
+            // the stopped target's socket then holds what the kernel accepted.
+            while !c.sandbox(&id)["step"]
+                .as_str()
+                .is_some_and(|s| s.contains("transferring"))
+            {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{victim}: the transfer never started: {}",
+                    c.sandbox(&id)
+                );
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
         }
         kill9(pid);
         let status = migrate.wait().unwrap();
