@@ -1708,6 +1708,7 @@ fn kill_of_a_worker_during_a_migration_leaves_one_consistent_state() {
             // earlier, the supervisor's fresh w2 would take the layer and the
             // migration would (rightly) succeed. The control plane reports the step;
             // the stopped target's socket then holds what the kernel accepted.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
             while !c.sandbox(&id)["step"]
                 .as_str()
                 .is_some_and(|s| s.contains("transferring"))
