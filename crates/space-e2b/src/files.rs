@@ -116,10 +116,13 @@ pub(crate) async fn upload(
     Query(q): Query<FilesQuery>,
     body: Body,
 ) -> Response {
-    // The token first: no byte of the body is read for a call that may not write.
+    // The token first: no byte of the body is kept for a call that may not write.
     let ctx = match context(&front, &headers, &q).await {
         Ok(c) => c,
-        Err(r) => return r,
+        Err(r) => {
+            crate::front::drain_refused(body).await;
+            return r;
+        }
     };
     let content_type = headers
         .get(header::CONTENT_TYPE)

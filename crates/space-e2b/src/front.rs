@@ -243,10 +243,13 @@ pub(crate) async fn begin(
     limit: usize,
 ) -> Result<(Envd, Bytes), Response> {
     let streaming = crate::connect::is_streaming(headers);
-    let ctx = front
-        .envd(headers)
-        .await
-        .map_err(|e| crate::connect::failure(streaming, &e))?;
+    let ctx = match front.envd(headers).await {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            drain_refused(body).await;
+            return Err(crate::connect::failure(streaming, &e));
+        }
+    };
     let body = axum::body::to_bytes(body, limit).await.map_err(|_| {
         let e = RpcError::new(
             Code::ResourceExhausted,
@@ -255,6 +258,32 @@ pub(crate) async fn begin(
         crate::connect::failure(streaming, &e)
     })?;
     Ok((ctx, body))
+}
+
+/// What of a refused request's body is read (and discarded) at most, and for how
+/// long, before the refusal is sent.
+const DRAIN_MAX: usize = 256 << 10;
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Reads what is left of a refused request's body — at most [`DRAIN_MAX`] bytes
+/// within [`DRAIN_TIME`], keeping none of it — so that a client still sending it
+/// gets the refusal. Answered with the body unread, the server closes the
+/// connection under the client's writes, and the client sees a broken pipe or a
+/// reset instead of the answer (the SDK's `AuthenticationException`, which tells it
+/// to reconnect). The refusal is decided before any of it is read.
+pub(crate) async fn drain_refused(body: axum::body::Body) {
+    use http_body_util::BodyExt as _;
+    let mut body = body;
+    let mut read = 0usize;
+    let _ = tokio::time::timeout(DRAIN_TIME, async {
+        while read <= DRAIN_MAX {
+            match body.frame().await {
+                Some(Ok(frame)) => read += frame.data_ref().map_or(0, Bytes::len),
+                Some(Err(_)) | None => break,
+            }
+        }
+    })
+    .await;
 }
 
 /// The caller a token acts for (its tenant, never an admin's reach).

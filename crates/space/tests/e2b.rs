@@ -480,3 +480,112 @@ fn bad_input_gets_e2b_shaped_errors_never_a_panic_or_a_500() {
     );
     assert_eq!((s, v["code"].as_u64()), (400, Some(400)), "{v}");
 }
+
+/// One answer read off a raw HTTP/1.1 connection: status and body (by its
+/// `content-length`, or its chunks).
+fn read_answer(r: &mut BufReader<std::net::TcpStream>) -> std::io::Result<(u16, Vec<u8>)> {
+    let mut line = String::new();
+    r.read_line(&mut line)?;
+    let status: u16 = line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("no status line: {line:?}")))?;
+    let (mut length, mut chunked) = (None, false);
+    loop {
+        line.clear();
+        r.read_line(&mut line)?;
+        let l = line.trim_end().to_ascii_lowercase();
+        if l.is_empty() {
+            break;
+        }
+        if let Some(v) = l.strip_prefix("content-length:") {
+            length = v.trim().parse::<usize>().ok();
+        }
+        chunked |= l.starts_with("transfer-encoding:") && l.contains("chunked");
+    }
+    let mut body = Vec::new();
+    if chunked {
+        loop {
+            line.clear();
+            r.read_line(&mut line)?;
+            let n = usize::from_str_radix(line.trim(), 16).map_err(std::io::Error::other)?;
+            let mut chunk = vec![0; n + 2];
+            std::io::Read::read_exact(r, &mut chunk)?;
+            if n == 0 {
+                break;
+            }
+            body.extend_from_slice(&chunk[..n]);
+        }
+    } else {
+        let mut b = vec![0; length.unwrap_or(0)];
+        std::io::Read::read_exact(r, &mut b)?;
+        body = b;
+    }
+    Ok((status, body))
+}
+
+/// A call refused before its body is read (a token that does not serve) while the
+/// client is still sending that body: the refusal must reach the client, and the
+/// connection stay usable. Answered with the body unread, the server closed the
+/// connection under the client's writes, and the SDK saw a broken pipe instead of
+/// the refusal that tells it to reconnect (a failure of the token test on a stale
+/// token's `commands.run`).
+#[test]
+fn a_refused_call_whose_body_is_still_arriving_gets_its_refusal_on_a_connection_that_stays_open() {
+    let Some(c) = cluster() else {
+        return;
+    };
+    let addr = c
+        .url
+        .strip_prefix("http://")
+        .expect("an http URL")
+        .to_owned();
+    let conn = std::net::TcpStream::connect(&addr).expect("connect to the edge");
+    conn.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut w = conn.try_clone().unwrap();
+    let mut r = BufReader::new(conn);
+    let id = "sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa";
+    // A Start request's one message, in its 5-byte frame.
+    let message = br#"{"process": {"cmd": "true"}}"#;
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+    frame.extend_from_slice(message);
+    // Two Start calls on one connection, then an upload (refused as early).
+    let rounds: [(&str, &str, &[u8]); 3] = [
+        ("/process.Process/Start", "application/connect+json", &frame),
+        ("/process.Process/Start", "application/connect+json", &frame),
+        (
+            "/files?path=/root/x",
+            "application/octet-stream",
+            &[7u8; 100_000],
+        ),
+    ];
+    for (round, (path, content_type, body)) in rounds.into_iter().enumerate() {
+        write!(
+            w,
+            "POST {path} HTTP/1.1\r\nhost: {addr}\r\ne2b-sandbox-id: {id}\r\n\
+             e2b-sandbox-port: 49983\r\nx-access-token: not-a-token\r\n\
+             content-type: {content_type}\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+        .unwrap();
+        // The headers and a little, then the rest a while later, as a client
+        // streaming its body.
+        w.write_all(&body[..3]).unwrap();
+        w.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        w.write_all(&body[3..])
+            .unwrap_or_else(|e| panic!("round {round}: the body could not be sent: {e}"));
+        let (status, body) = read_answer(&mut r)
+            .unwrap_or_else(|e| panic!("round {round}: no answer to a refused call: {e}"));
+        let text = String::from_utf8_lossy(&body);
+        let refused = if path.starts_with("/files") {
+            status == 401
+        } else {
+            status == 200 && text.contains("unauthenticated")
+        };
+        assert!(refused, "round {round}: {status} {text}");
+    }
+}
