@@ -5,6 +5,7 @@
 //! `use space_testkit::cluster as support;`.
 
 mod http;
+mod postmortem;
 mod signer;
 mod up;
 

@@ -8,6 +8,7 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use super::http::http;
+use super::postmortem;
 use crate::bin::workspace_bins;
 use crate::process::{first_line, kill9, pid_of, pids_naming, pids_with_env, stop, wait_exit};
 use crate::wait::wait_for;
@@ -80,7 +81,18 @@ impl Cluster {
         self.dir.path().join("data")
     }
 
+    /// Where `space up` writes its log (appended to across restarts): printed when a
+    /// test fails (see `Drop`).
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("space-up.log")
+    }
+
     fn boot(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("open the cluster's log");
         let mut child = Command::new(space_bin())
             .args([
                 "up",
@@ -105,7 +117,7 @@ impl Cluster {
             .env(MARK, self.data_dir())
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(log)
             .spawn()
             .expect("spawn space up");
         let first = first_line(&mut child);
@@ -368,10 +380,41 @@ fn kill_cgroups_below(parent: &str) {
     }
 }
 
+impl Cluster {
+    /// What a failed test prints about this cluster (see [`postmortem`]), taken
+    /// before it is stopped; the log's end is added once it is.
+    fn postmortem(&self) -> String {
+        let mut out = format!("--- space up at {} (test failed) ---\n", self.url);
+        if let Some(port) = self
+            .url
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse::<u16>().ok())
+        {
+            match postmortem::accept_queue(port) {
+                Some(queued) => out.push_str(&format!(
+                    "edge listener: {queued} connections waiting to be accepted\n"
+                )),
+                None => out.push_str("edge listener: none on the port\n"),
+            }
+        }
+        if let Some(child) = &self.child {
+            out.push_str("threads of space up (name, state, kernel wait):\n");
+            out.push_str(&postmortem::threads(child.id()));
+        }
+        out
+    }
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         let data = self.data_dir();
+        let failed = std::thread::panicking().then(|| self.postmortem());
         self.stop();
+        if let Some(mut report) = failed {
+            report.push_str("log (SPACE_LOG=warn):\n");
+            report.push_str(&postmortem::log_tail(&self.log_path()));
+            eprintln!("{report}");
+        }
         // A worker that crashed (a crash point, a kill) leaves jails and bridges that
         // no worker stopped when the test failed before it was back: nothing of this
         // cluster outlives it — bridges carry the cluster's mark in their environment,

@@ -43,6 +43,7 @@ pub mod start;
 pub mod state;
 pub mod sync;
 pub mod templates;
+pub mod turns;
 pub mod updates;
 pub mod warm;
 

@@ -107,6 +107,8 @@ pub struct Worker {
     /// snapshots and layer transfers — takes this lock exclusively.
     pub update_lock: tokio::sync::RwLock<()>,
     sandbox_locks: Mutex<HashMap<SandboxId, Arc<tokio::sync::Mutex<()>>>>,
+    /// Who holds or waits for a sandbox's turn (named when exclusive work waits).
+    pub turns: super::turns::Turns,
     /// Metrics.
     pub metrics: WorkerMetrics,
     /// Whether it is enrolled and synced with its control plane (`/readyz`).
@@ -145,6 +147,7 @@ pub struct SandboxTurn<'a> {
     sandbox: SandboxId,
     turn: Option<tokio::sync::OwnedMutexGuard<()>>,
     _shared: tokio::sync::RwLockReadGuard<'a, ()>,
+    _noted: super::turns::Noted<'a>,
 }
 
 impl Drop for SandboxTurn<'_> {
@@ -251,6 +254,7 @@ impl Worker {
             tunnels: Mutex::new(HashMap::new()),
             update_lock: tokio::sync::RwLock::new(()),
             sandbox_locks: Mutex::new(HashMap::new()),
+            turns: super::turns::Turns::default(),
             metrics: WorkerMetrics::default(),
             readiness: super::readiness::Readiness::default(),
             control_url: config.control_url.clone(),
@@ -318,11 +322,24 @@ impl Worker {
     }
 
     /// Waits until no update is under way and takes the update lock exclusively, for
-    /// `what` (named in a warning when the wait passes a second: an update that holds
-    /// a sandbox's turn that long is worth finding).
+    /// `what`. Still waiting after [`super::turns::WARN_EVERY`], it says so in a
+    /// warning naming the turns under way (sandbox, stage, caller), and again every
+    /// period; done after more than a second, it says how long it waited.
     pub async fn exclusive(&self, what: &str) -> tokio::sync::RwLockWriteGuard<'_, ()> {
         let asked = std::time::Instant::now();
-        let guard = self.update_lock.write().await;
+        // The same future throughout: its place in the lock's queue is kept.
+        let mut write = std::pin::pin!(self.update_lock.write());
+        let guard = loop {
+            match tokio::time::timeout(super::turns::WARN_EVERY, &mut write).await {
+                Ok(guard) => break guard,
+                Err(_) => tracing::warn!(
+                    waited = ?asked.elapsed(),
+                    what,
+                    turns = %self.turns.describe(),
+                    "still waiting for updates under way to finish"
+                ),
+            }
+        };
         let waited = asked.elapsed();
         if waited > std::time::Duration::from_secs(1) {
             tracing::warn!(?waited, what, "waited long for updates under way to finish");
@@ -331,21 +348,34 @@ impl Worker {
     }
 
     /// Waits for `sandbox`'s turn to apply an update (and for no exclusive work).
-    pub async fn lock_sandbox(&self, sandbox: &SandboxId) -> SandboxTurn<'_> {
-        let shared = self.update_lock.read().await;
-        let lock = {
-            let mut locks = self
-                .sandbox_locks
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            Arc::clone(locks.entry(*sandbox).or_default())
-        };
-        let turn = lock.lock_owned().await;
-        SandboxTurn {
-            worker: self,
-            sandbox: *sandbox,
-            turn: Some(turn),
-            _shared: shared,
+    /// The caller's location is noted until the turn is dropped (see
+    /// [`super::turns`]).
+    #[track_caller]
+    pub fn lock_sandbox(
+        &self,
+        sandbox: &SandboxId,
+    ) -> impl std::future::Future<Output = SandboxTurn<'_>> + '_ {
+        let sandbox = *sandbox;
+        let noted = self.turns.note(sandbox, std::panic::Location::caller());
+        async move {
+            let shared = self.update_lock.read().await;
+            noted.stage(super::turns::Stage::Queued);
+            let lock = {
+                let mut locks = self
+                    .sandbox_locks
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                Arc::clone(locks.entry(sandbox).or_default())
+            };
+            let turn = lock.lock_owned().await;
+            noted.stage(super::turns::Stage::Holding);
+            SandboxTurn {
+                worker: self,
+                sandbox,
+                turn: Some(turn),
+                _shared: shared,
+                _noted: noted,
+            }
         }
     }
 
