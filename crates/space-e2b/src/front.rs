@@ -98,6 +98,9 @@ impl Front {
 pub const SANDBOX_HEADER: &str = "e2b-sandbox-id";
 /// The header naming the port inside it (envd's: 49983).
 pub const PORT_HEADER: &str = "e2b-sandbox-port";
+/// The header carrying a sandbox's traffic token to a port that is not public
+/// (`network.allowPublicTraffic: false`).
+pub const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
 /// The header carrying the access token.
 pub const TOKEN_HEADER: &str = "x-access-token";
 

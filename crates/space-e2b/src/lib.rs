@@ -62,8 +62,12 @@ pub fn wrap(state: AppState, api: Router) -> Router {
 /// What a request is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Claim {
-    /// SPACE's own API, or a service port: not the front's.
+    /// SPACE's own API, or SPACE's service-port routing: not the front's.
     Pass,
+    /// Another port of a sandbox, routed E2B's way (`E2b-Sandbox-Port`, or a host
+    /// name `{port}-{id}.{domain}` when `headers` is false): served by SPACE's
+    /// service-port path once E2B's headers are put in SPACE's terms.
+    Port { headers: bool },
     /// E2B's REST API.
     Rest,
     /// envd of a sandbox.
@@ -72,8 +76,9 @@ enum Claim {
 
 /// Which requests the front takes: E2B's REST paths (no sandbox routing), and
 /// anything routed to envd's port by `E2b-Sandbox-Id`/`E2b-Sandbox-Port` or by the
-/// host name `49983-{id}.{domain}`. Everything else — `/v1`, SPACE's service-port
-/// headers and host names of other ports — goes on to SPACE's router.
+/// host name `49983-{id}.{domain}`. Other ports routed E2B's way are service-port
+/// traffic ([`Claim::Port`]). Everything else — `/v1`, SPACE's service-port headers
+/// — goes on to SPACE's router.
 fn claim(headers: &HeaderMap, path: &str, domain: impl FnOnce() -> String) -> Claim {
     if headers.contains_key("x-space-sandbox") || path.starts_with("/v1/") {
         return Claim::Pass;
@@ -86,7 +91,7 @@ fn claim(headers: &HeaderMap, path: &str, domain: impl FnOnce() -> String) -> Cl
         return match port {
             None => Claim::Envd,
             Some(p) if p == ENVD_PORT.to_string() => Claim::Envd,
-            Some(_) => Claim::Pass,
+            Some(_) => Claim::Port { headers: true },
         };
     }
     if let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) {
@@ -94,7 +99,7 @@ fn claim(headers: &HeaderMap, path: &str, domain: impl FnOnce() -> String) -> Cl
             return if port == ENVD_PORT {
                 Claim::Envd
             } else {
-                Claim::Pass
+                Claim::Port { headers: false }
             };
         }
     }
@@ -107,12 +112,16 @@ fn claim(headers: &HeaderMap, path: &str, domain: impl FnOnce() -> String) -> Cl
 
 async fn entry(
     State((front, routes)): State<(Arc<Front>, Router)>,
-    req: Request,
+    mut req: Request,
     next: Next,
 ) -> Response {
     // The domain (a lock and a copy) only for a request that is not `/v1`'s.
     match claim(req.headers(), req.uri().path(), || front.domain()) {
         Claim::Pass => next.run(req).await,
+        Claim::Port { headers } => {
+            in_space_terms(req.headers_mut(), headers);
+            next.run(req).await
+        }
         Claim::Rest | Claim::Envd => {
             let preflight = req.method() == Method::OPTIONS;
             let origin = req.headers().get(header::ORIGIN).cloned();
@@ -126,6 +135,28 @@ async fn entry(
             };
             envd::cors(resp.headers_mut(), origin);
             resp
+        }
+    }
+}
+
+/// E2B's service-port headers as SPACE's: the routing headers (when `routing`)
+/// become `X-Space-Sandbox`/`X-Space-Port`, and `e2b-traffic-access-token` (the
+/// sandbox's traffic token, which is the port token of every port its catch-all
+/// covers) becomes `X-Space-Port-Token` unless one is given. E2B's own are taken off,
+/// so none reaches the sandbox's server.
+fn in_space_terms(h: &mut HeaderMap, routing: bool) {
+    use space_proto::api::ports::{PORT_HEADER, PORT_TOKEN_HEADER, SANDBOX_HEADER};
+    let sandbox = h.remove(front::SANDBOX_HEADER);
+    let port = h.remove(front::PORT_HEADER);
+    if routing {
+        if let (Some(s), Some(p)) = (sandbox, port) {
+            h.insert(SANDBOX_HEADER, s);
+            h.insert(PORT_HEADER, p);
+        }
+    }
+    if let Some(token) = h.remove(front::TRAFFIC_TOKEN_HEADER) {
+        if !h.contains_key(PORT_TOKEN_HEADER) {
+            h.insert(PORT_TOKEN_HEADER, token);
         }
     }
 }
@@ -155,13 +186,48 @@ mod tests {
         assert_eq!(claim(&envd, "/process.Process/Start", d), Claim::Envd);
         // Another port of the sandbox is a service port: SPACE's.
         let port = headers(&[("e2b-sandbox-id", id), ("e2b-sandbox-port", "8000")]);
-        assert_eq!(claim(&port, "/", d), Claim::Pass);
+        assert_eq!(claim(&port, "/", d), Claim::Port { headers: true });
         let host = headers(&[("host", &format!("49983-{id}.localhost:7070"))]);
         assert_eq!(claim(&host, "/files", d), Claim::Envd);
         let other = headers(&[("host", &format!("8000-{id}.localhost:7070"))]);
-        assert_eq!(claim(&other, "/sandboxes", d), Claim::Pass);
+        assert_eq!(
+            claim(&other, "/sandboxes", d),
+            Claim::Port { headers: false }
+        );
         // SPACE's own service-port headers always win.
         let space = headers(&[("x-space-sandbox", id), ("e2b-sandbox-id", id)]);
         assert_eq!(claim(&space, "/files", d), Claim::Pass);
+    }
+
+    #[test]
+    fn e2b_port_headers_become_spaces_and_none_of_e2bs_go_on() {
+        let id = "sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa";
+        let mut h = headers(&[
+            ("e2b-sandbox-id", id),
+            ("e2b-sandbox-port", "8000"),
+            ("e2b-traffic-access-token", "spt_t"),
+            ("cookie", "a=b"),
+        ]);
+        in_space_terms(&mut h, true);
+        assert_eq!(h["x-space-sandbox"], id);
+        assert_eq!(h["x-space-port"], "8000");
+        assert_eq!(h["x-space-port-token"], "spt_t");
+        assert_eq!(h["cookie"], "a=b");
+        for gone in [
+            "e2b-sandbox-id",
+            "e2b-sandbox-port",
+            "e2b-traffic-access-token",
+        ] {
+            assert!(!h.contains_key(gone), "{gone}");
+        }
+        // Host routing: no routing headers are made; a SPACE token given wins.
+        let mut h = headers(&[
+            ("e2b-traffic-access-token", "spt_t"),
+            ("x-space-port-token", "spt_own"),
+        ]);
+        in_space_terms(&mut h, false);
+        assert!(!h.contains_key("x-space-sandbox"));
+        assert_eq!(h["x-space-port-token"], "spt_own");
+        assert!(!h.contains_key("e2b-traffic-access-token"));
     }
 }

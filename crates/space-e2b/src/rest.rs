@@ -199,12 +199,14 @@ struct NewSandbox {
     volume_mounts: Option<Vec<Value>>,
 }
 
-/// E2B's network settings; `allowOut`/`denyOut` are SPACE's allow and deny lists.
+/// E2B's network settings; `allowOut`/`denyOut` are SPACE's allow and deny lists;
+/// `allowPublicTraffic: false` makes the sandbox's ports need its traffic token.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct NetworkConfig {
     allow_out: Option<Vec<String>>,
     deny_out: Option<Vec<String>>,
+    allow_public_traffic: Option<bool>,
 }
 
 /// The egress policy of E2B's `allow_internet_access` and `network`, or `None` for
@@ -288,7 +290,19 @@ async fn create(State(front): State<Arc<Front>>, headers: HeaderMap, body: Body)
         network: policy(req.allow_internet_access, req.network.as_ref())?,
         ..CreateSandbox::default()
     };
+    let public = req
+        .network
+        .as_ref()
+        .and_then(|n| n.allow_public_traffic)
+        .unwrap_or(true);
     let view = front.cp.create_sandbox(&who.caller, create).await?;
+    // Every HTTP port reachable, as in E2B (`get_host(port)`); a sandbox whose ports
+    // could not be opened is not handed out half-made.
+    let record = front.cp.sandbox_for(&who.caller, &view.id).await?;
+    if let Err(e) = front.cp.expose_every_http_port(&record, public).await {
+        let _ = front.cp.delete_sandbox(&record).await;
+        return Err(e.into());
+    }
     let body = sandbox_answer(&front, &who.caller, &view).await?;
     Ok((StatusCode::CREATED, axum::Json(body)).into_response())
 }
@@ -296,13 +310,18 @@ async fn create(State(front): State<Arc<Front>>, headers: HeaderMap, body: Body)
 /// The answer of a create or connect: the sandbox and a token for its execution.
 async fn sandbox_answer(front: &Front, who: &Caller, view: &Sandbox) -> Result<Value, RestError> {
     let token = token_for(front, who, view).await?;
+    // Only a sandbox whose ports are not public has (and needs) a traffic token.
+    let traffic = match front.cp.every_http_port(&view.id).await? {
+        Some(every) if !every.public => Some(front.cp.traffic_token(&view.id).await?),
+        _ => None,
+    };
     Ok(json!({
         "templateID": template_id(front, &view.template),
         "sandboxID": view.id.to_string(),
         "clientID": CLIENT_ID,
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": token,
-        "trafficAccessToken": null,
+        "trafficAccessToken": traffic,
         "domain": front.domain(),
     }))
 }
@@ -639,6 +658,7 @@ mod tests {
         let lists = NetworkConfig {
             allow_out: Some(vec!["pypi.org".into()]),
             deny_out: Some(vec!["10.0.0.0/8".into()]),
+            allow_public_traffic: None,
         };
         let p = policy(None, Some(&lists)).unwrap().unwrap();
         assert_eq!(
@@ -649,6 +669,7 @@ mod tests {
         let only = NetworkConfig {
             allow_out: Some(vec!["pypi.org".into()]),
             deny_out: Some(vec!["0.0.0.0/0".into()]),
+            allow_public_traffic: Some(false),
         };
         let p = policy(None, Some(&only)).unwrap().unwrap();
         assert_eq!((p.allow().len(), p.deny().len()), (1, 0));
@@ -656,6 +677,7 @@ mod tests {
         let bad = NetworkConfig {
             allow_out: Some(vec!["not a host!".into()]),
             deny_out: None,
+            allow_public_traffic: None,
         };
         assert_eq!(
             policy(None, Some(&bad)).unwrap_err().status,

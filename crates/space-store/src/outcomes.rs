@@ -171,7 +171,12 @@ const MAX_PROTOCOL_LEN: usize = 16;
 /// Refuses a port record the caller should never have built: port 0, an empty or
 /// overlong protocol, a token hash that is not 64 lowercase hex digits.
 pub(crate) fn check_port(p: &PortRecord) -> Result<(), StoreError> {
-    check_port_number(p.port)?;
+    // Port 0 is the catch-all of every HTTP port, and only that.
+    if p.port == 0 && p.protocol != "http" {
+        return Err(StoreError::Backend(
+            "port 0 stands for every HTTP port: its protocol is http".into(),
+        ));
+    }
     if p.protocol.is_empty() || p.protocol.len() > MAX_PROTOCOL_LEN {
         return Err(StoreError::Backend(format!(
             "port protocol {:?} is empty or longer than {MAX_PROTOCOL_LEN} bytes",

@@ -158,7 +158,8 @@ pub(crate) const PORT_COLUMNS: &str = "sandbox_id, port, protocol, public, token
 pub(crate) fn port(r: &impl Cols) -> Result<PortRecord, StoreError> {
     Ok(PortRecord {
         sandbox: parsed("sandbox id", r.text(0)?)?,
-        port: port_number(r.int(1)?)?,
+        // 0 is a catch-all record's (its table holds nothing else).
+        port: unsigned::<u16>("port", r.int(1)?)?,
         protocol: r.text(2)?,
         public: r.boolean(3)?,
         token_hash: r.text(4)?,

@@ -264,6 +264,35 @@ CREATE TABLE templates (
 CREATE INDEX templates_by_digest ON templates (digest);
 "#,
     },
+    // A sandbox's catch-all port record (port 0: every HTTP port without a record of
+    // its own — what the E2B front gives its sandboxes). Its own table, with the
+    // columns of `service_ports`, since that one's CHECK keeps port 0 out.
+    Migration {
+        version: 7,
+        name: "every http port",
+        sqlite: r#"
+CREATE TABLE every_http_ports (
+    sandbox_id TEXT NOT NULL REFERENCES sandboxes (id),
+    port INTEGER NOT NULL CHECK (port = 0),
+    protocol TEXT NOT NULL CHECK (protocol = 'http'),
+    public INTEGER NOT NULL,
+    token_hash TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (sandbox_id, port)
+);
+"#,
+        postgres: r#"
+CREATE TABLE every_http_ports (
+    sandbox_id TEXT NOT NULL REFERENCES sandboxes (id),
+    port BIGINT NOT NULL CHECK (port = 0),
+    protocol TEXT NOT NULL CHECK (protocol = 'http'),
+    public BOOLEAN NOT NULL,
+    token_hash TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    PRIMARY KEY (sandbox_id, port)
+);
+"#,
+    },
 ];
 
 /// The newest schema version this build knows.
@@ -403,16 +432,58 @@ pub(crate) const KV_SET: &str = "INSERT INTO kv (name, value) VALUES ($1, $2) ON
 pub(crate) const KV_INSERT_IF_ABSENT: &str =
     "INSERT INTO kv (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING";
 
-/// A new port of sandbox `$1`; a row that exists already is left alone (changed 0),
-/// and [`REPLACE_PORT`] then replaces it. Two statements rather than one upsert so the
-/// caller learns, in the common dialect, whether the port was new.
-pub(crate) const INSERT_PORT: &str = "INSERT INTO service_ports (sandbox_id, port, protocol, public, token_hash, created_at) \
-     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (sandbox_id, port) DO NOTHING";
-pub(crate) const REPLACE_PORT: &str = "UPDATE service_ports SET protocol = $3, public = $4, token_hash = $5, created_at = $6 \
-     WHERE sandbox_id = $1 AND port = $2";
-pub(crate) const DELETE_PORT: &str =
-    "DELETE FROM service_ports WHERE sandbox_id = $1 AND port = $2";
-pub(crate) const DELETE_PORTS: &str = "DELETE FROM service_ports WHERE sandbox_id = $1";
+/// The statements of one table of port records: `service_ports`, or
+/// `every_http_ports` for port 0 (the catch-all), which has the same columns.
+pub(crate) struct PortTable {
+    /// A new port of sandbox `$1`; a row that exists already is left alone (changed
+    /// 0), and `replace` then replaces it. Two statements rather than one upsert so
+    /// the caller learns, in the common dialect, whether the port was new.
+    pub insert: &'static str,
+    pub replace: &'static str,
+    pub delete: &'static str,
+    /// Every row of sandbox `$1`.
+    pub delete_all: &'static str,
+}
+
+pub(crate) const SERVICE_PORTS: PortTable = PortTable {
+    insert: "INSERT INTO service_ports (sandbox_id, port, protocol, public, token_hash, created_at) \
+     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (sandbox_id, port) DO NOTHING",
+    replace: "UPDATE service_ports SET protocol = $3, public = $4, token_hash = $5, created_at = $6 \
+     WHERE sandbox_id = $1 AND port = $2",
+    delete: "DELETE FROM service_ports WHERE sandbox_id = $1 AND port = $2",
+    delete_all: "DELETE FROM service_ports WHERE sandbox_id = $1",
+};
+
+pub(crate) const EVERY_HTTP_PORTS: PortTable = PortTable {
+    insert: "INSERT INTO every_http_ports (sandbox_id, port, protocol, public, token_hash, created_at) \
+     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (sandbox_id, port) DO NOTHING",
+    replace: "UPDATE every_http_ports SET protocol = $3, public = $4, token_hash = $5, created_at = $6 \
+     WHERE sandbox_id = $1 AND port = $2",
+    delete: "DELETE FROM every_http_ports WHERE sandbox_id = $1 AND port = $2",
+    delete_all: "DELETE FROM every_http_ports WHERE sandbox_id = $1",
+};
+
+/// The table a record of `port` lives in.
+pub(crate) fn port_table(port: u16) -> &'static PortTable {
+    if port == 0 {
+        &EVERY_HTTP_PORTS
+    } else {
+        &SERVICE_PORTS
+    }
+}
+
+/// The name of [`port_table`]'s table, for a `SELECT`.
+pub(crate) fn port_table_name(port: u16) -> &'static str {
+    if port == 0 {
+        "every_http_ports"
+    } else {
+        "service_ports"
+    }
+}
+
+/// Every port record of sandbox `$1` (both tables), by port.
+pub(crate) const LIST_PORTS: &str = "SELECT sandbox_id, port, protocol, public, token_hash, created_at FROM every_http_ports WHERE sandbox_id = $1 \
+     UNION ALL SELECT sandbox_id, port, protocol, public, token_hash, created_at FROM service_ports WHERE sandbox_id = $1 ORDER BY port";
 
 pub(crate) const INSERT_PORT_LINK: &str =
     "INSERT INTO port_links (code_hash, sandbox_id, port, expires_at) VALUES ($1, $2, $3, $4)";

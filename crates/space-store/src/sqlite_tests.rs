@@ -180,7 +180,7 @@ async fn a_sandbox_stored_before_network_policies_reads_as_none_after_the_migrat
     let store = SqliteStore::open(&path).await.unwrap();
     assert_eq!(
         store.schema_versions().await.unwrap(),
-        vec![1, 2, 3, 4, 5, 6]
+        vec![1, 2, 3, 4, 5, 6, 7]
     );
     let id: SandboxId = "sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa".parse().unwrap();
     let s = store.get_sandbox(&id).await.unwrap();

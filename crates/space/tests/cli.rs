@@ -259,6 +259,8 @@ fn a_second_worker_on_one_data_directory_is_refused() {
     let err_path = err_dir.path().join("err");
     let mut second = Command::new(space_bin())
         .args(["worker", "--id", "w1", "--control", &c.url])
+        // No egress table: a test's killed worker must not leave one behind.
+        .env("SPACE_NO_EGRESS", "1")
         .arg("--enroll-secret-file")
         .arg(c.data_dir().join("enroll.key"))
         .arg("--data-dir")

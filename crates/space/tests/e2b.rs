@@ -180,6 +180,33 @@ fn the_python_sdk_pauses_connects_lists_sets_timeouts_and_kills() {
     assert_eq!(c.sandbox(id)["state"], "stopped");
 }
 
+#[test]
+fn get_host_reaches_any_port_of_a_sandbox_and_a_private_one_needs_its_traffic_token() {
+    let (Some(py), Some(c)) = (python(), cluster()) else {
+        return;
+    };
+    let key = e2b_key(&c);
+    let r = python_scenario(&c, &py, &key, "ports");
+    let served = |what: &str, port: u16| {
+        assert_eq!(r[what][0], 200, "{what}: {}", r[what]);
+        assert_eq!(r[what][1], format!("served-from-{port}\n"), "{what}");
+    };
+    served("by_host", 8000);
+    served("by_headers", 8000);
+    served("private_with_token", 8080);
+    // Nothing listening: the gateway says so; a killed sandbox's port is gone.
+    assert_eq!(r["closed_port"], 502, "{r}");
+    assert!(r["after_kill"].as_u64().is_some_and(|s| s >= 400), "{r}");
+    // SPACE refuses a private port without its token with 401 (E2B says 403).
+    for refused in [
+        "private_without_token",
+        "private_wrong_token",
+        "other_sandboxs_token",
+    ] {
+        assert_eq!(r[refused], 401, "{refused}: {r}");
+    }
+}
+
 /// The `moved` scenario: the SDK creates a sandbox and keeps its handle; `moving`
 /// then gives the sandbox a new execution on the other worker (and answers the
 /// sandbox afterwards); the SDK's old token must be refused and `connect` serve.

@@ -54,6 +54,8 @@ fn start(args: &[&str], prefix: Option<&str>) -> (Proc, String) {
     let mut child = Command::new(space_bin())
         .args(args)
         .env("SPACE_LOG", "warn")
+        // No egress table: a test's killed worker must not leave one behind.
+        .env("SPACE_NO_EGRESS", "1")
         .env_remove("SPACE_UP_PID")
         .stdout(Stdio::piped())
         .spawn()

@@ -1901,6 +1901,7 @@ fn a_worker_signalled_while_it_waits_to_enroll_stops_promptly_and_cleanly() {
     // Nothing listens on port 1: the worker keeps retrying its enrollment.
     let mut w = std::process::Command::new(support::space_bin())
         .args(["worker", "--id", "wx", "--control", "http://127.0.0.1:1"])
+        .env("SPACE_NO_EGRESS", "1")
         .arg("--enroll-secret-file")
         .arg(dir.path().join("enroll.key"))
         .arg("--data-dir")

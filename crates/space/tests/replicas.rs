@@ -36,6 +36,8 @@ fn start_with(args: &[&str], prefix: &str, env: &[(&str, &str)]) -> (Proc, Strin
     let mut child = Command::new(space_bin())
         .args(args)
         .env("SPACE_LOG", "warn")
+        // No egress table: a test's killed worker must not leave one behind.
+        .env("SPACE_NO_EGRESS", "1")
         .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .spawn()

@@ -9,12 +9,18 @@
 //! keyed BLAKE3 (the key is a control-plane secret in the store) over the sandbox,
 //! the port, the token hash and the expiry — exposing the port again (a new token)
 //! invalidates every cookie and link of the old one.
+//!
+//! A record for port [`EVERY_HTTP_PORT`] (0) stands for every HTTP port without a
+//! record of its own: the E2B front makes one for each sandbox it creates, since
+//! E2B's sandboxes answer on any port (`get_host(port)`). It is not listed among the
+//! ports; a port it covers reads as a record of that port with its settings, and its
+//! token is the sandbox's traffic token ([`ControlPlane::traffic_token`]).
 
 use space_identity::{Protocol, SandboxId};
 use space_proto::api::Update;
 use space_proto::api::ports::{
-    ExposePort, ExposedPort, LINK_LIFETIME_SECS, LINK_PARAM, MAX_PORTS_PER_SANDBOX, PortView,
-    port_url,
+    EVERY_HTTP_PORT, ExposePort, ExposedPort, LINK_LIFETIME_SECS, LINK_PARAM,
+    MAX_PORTS_PER_SANDBOX, PortView, port_url,
 };
 use space_store::{ExecutionState, PortRecord, SandboxRecord, SandboxState};
 
@@ -182,7 +188,13 @@ impl ControlPlane {
         if s.state == SandboxState::Stopped {
             return Err(ControlError::Conflict("the sandbox is stopped".into()));
         }
-        let existing = self.store.list_ports(&s.id).await?;
+        let existing: Vec<_> = self
+            .store
+            .list_ports(&s.id)
+            .await?
+            .into_iter()
+            .filter(|p| p.port != EVERY_HTTP_PORT)
+            .collect();
         if existing.len() >= MAX_PORTS_PER_SANDBOX && !existing.iter().any(|p| p.port == req.port) {
             return Err(ControlError::BadRequest(format!(
                 "a sandbox exposes at most {MAX_PORTS_PER_SANDBOX} ports; close one first"
@@ -205,23 +217,75 @@ impl ControlPlane {
         Ok((view, new))
     }
 
-    /// The ports of `s`, by port.
+    /// The ports of `s`, by port (an [`EVERY_HTTP_PORT`] record is not one).
     pub async fn list_ports(&self, s: &SandboxRecord) -> Result<Vec<PortView>, ControlError> {
         Ok(self
             .store
             .list_ports(&s.id)
             .await?
             .iter()
+            .filter(|p| p.port != EVERY_HTTP_PORT)
             .map(|p| self.port_view(p))
             .collect())
     }
 
-    /// One exposed port (`404 port_not_exposed` otherwise).
+    /// One exposed port (`404 port_not_exposed` otherwise): its own record, else, for
+    /// a sandbox with an [`EVERY_HTTP_PORT`] record, that record's settings for it.
     pub async fn port(&self, sandbox: &SandboxId, port: u16) -> Result<PortRecord, ControlError> {
-        self.store
-            .get_port(sandbox, port)
-            .await?
-            .ok_or(ControlError::PortNotExposed(port))
+        if port == EVERY_HTTP_PORT {
+            return Err(ControlError::PortNotExposed(port));
+        }
+        if let Some(own) = self.store.get_port(sandbox, port).await? {
+            return Ok(own);
+        }
+        match self.store.get_port(sandbox, EVERY_HTTP_PORT).await? {
+            Some(every) if every.protocol == Protocol::Http.as_str() => {
+                Ok(PortRecord { port, ..every })
+            }
+            _ => Err(ControlError::PortNotExposed(port)),
+        }
+    }
+
+    /// The [`EVERY_HTTP_PORT`] record of `sandbox`, if it has one.
+    pub async fn every_http_port(
+        &self,
+        sandbox: &SandboxId,
+    ) -> Result<Option<PortRecord>, ControlError> {
+        Ok(self.store.get_port(sandbox, EVERY_HTTP_PORT).await?)
+    }
+
+    /// Makes every HTTP port of `s` reachable (an [`EVERY_HTTP_PORT`] record), by
+    /// anyone when `public`, else with [`Self::traffic_token`] as the port token.
+    /// Durable before the worker is told.
+    pub async fn expose_every_http_port(
+        &self,
+        s: &SandboxRecord,
+        public: bool,
+    ) -> Result<(), ControlError> {
+        let token = self.traffic_token(&s.id).await?;
+        let record = PortRecord {
+            sandbox: s.id,
+            port: EVERY_HTTP_PORT,
+            protocol: Protocol::Http.as_str().to_owned(),
+            public,
+            token_hash: secret_hash(&token),
+            created_at: now_secs() as i64,
+        };
+        self.store.upsert_port(&record).await?;
+        self.push_ports(&s.id).await;
+        Ok(())
+    }
+
+    /// The traffic token of `sandbox`: the port token of every port its
+    /// [`EVERY_HTTP_PORT`] record covers (E2B's `trafficAccessToken`). Derived from a
+    /// control-plane secret and the sandbox's ID, so every answer (create, connect)
+    /// gives the same one and nothing more is stored.
+    pub async fn traffic_token(&self, sandbox: &SandboxId) -> Result<String, ControlError> {
+        let key = self.cookie_key().await?;
+        let mut h = blake3::Hasher::new_keyed(&key);
+        h.update(b"space/traffic-token/v1\0");
+        h.update(sandbox.to_string().as_bytes());
+        Ok(format!("spt_{}", h.finalize().to_hex()))
     }
 
     /// Closes a port: its token, links and cookies stop working, and netgtw closes
@@ -237,6 +301,18 @@ impl ControlPlane {
     /// A new one-time link to an exposed port.
     pub async fn port_link(&self, s: &SandboxRecord, port: u16) -> Result<PortView, ControlError> {
         let record = self.port(&s.id, port).await?;
+        // A link is kept against a port's own record: one the catch-all covers gets
+        // one, with the catch-all's settings (the same token and publicity).
+        if self.store.get_port(&s.id, port).await?.is_none() {
+            let own = self.list_ports(s).await?.len();
+            if own >= MAX_PORTS_PER_SANDBOX {
+                return Err(ControlError::BadRequest(format!(
+                    "a sandbox exposes at most {MAX_PORTS_PER_SANDBOX} ports and a link needs port {port} exposed; close one first"
+                )));
+            }
+            self.store.upsert_port(&record).await?;
+            self.push_ports(&s.id).await;
+        }
         let mut view = self.port_view(&record);
         view.link = Some(self.new_link(&record).await?);
         Ok(view)
@@ -266,8 +342,10 @@ impl ControlPlane {
         else {
             return Ok(None);
         };
-        let Some(record) = self.store.get_port(&sandbox, port).await? else {
-            return Ok(None);
+        let record = match self.port(&sandbox, port).await {
+            Ok(r) => r,
+            Err(ControlError::PortNotExposed(_)) => return Ok(None),
+            Err(e) => return Err(e),
         };
         let expires = now + COOKIE_LIFETIME_SECS;
         let key = self.cookie_key().await?;

@@ -89,6 +89,31 @@ pub struct ExposedPort {
     pub protocol: Protocol,
 }
 
+/// The [`ExposedPort::port`] that stands for every HTTP port of the sandbox (with
+/// protocol `http` only): how a sandbox made through the E2B front has every port
+/// reachable, as E2B's are (`get_host(port)`), without a record per port.
+pub const EVERY_HTTP_PORT: u16 = 0;
+
+/// The entry of `ports` that lets `port` be reached with `protocol`: the port's own
+/// entry (which must have that protocol), else, for `http` to a port without one, an
+/// [`EVERY_HTTP_PORT`] entry; `None` when it is not exposed so.
+/// Its `port` is what counters are labelled with, so that the ports reached through
+/// the catch-all cannot grow the label set.
+pub fn exposure(ports: &[ExposedPort], port: u16, protocol: Protocol) -> Option<ExposedPort> {
+    if port == EVERY_HTTP_PORT {
+        return None;
+    }
+    let every = ExposedPort {
+        port: EVERY_HTTP_PORT,
+        protocol: Protocol::Http,
+    };
+    match ports.iter().find(|p| p.port == port) {
+        // A port's own entry decides, also against the catch-all.
+        Some(own) => (own.protocol == protocol).then_some(*own),
+        None => (protocol == Protocol::Http && ports.contains(&every)).then_some(every),
+    }
+}
+
 /// Headers of a netgtw tunnel request (`POST /v1/sandboxes/{id}/netgtw`, with
 /// `Upgrade: space-netgtw`): the port and protocol the tunnel is for.
 pub const NETGTW_PORT_HEADER: &str = "space-port";
@@ -166,5 +191,41 @@ mod tests {
         ] {
             assert_eq!(port_host(&host, Some("localhost")), None, "{host}");
         }
+    }
+
+    #[test]
+    fn the_catch_all_covers_http_to_ports_without_an_entry_of_their_own() {
+        let e = |port, protocol| ExposedPort { port, protocol };
+        let only = [e(8080, Protocol::Http), e(9000, Protocol::Tcp)];
+        assert_eq!(
+            exposure(&only, 8080, Protocol::Http),
+            Some(e(8080, Protocol::Http))
+        );
+        assert_eq!(exposure(&only, 8080, Protocol::Tcp), None);
+        assert_eq!(exposure(&only, 8081, Protocol::Http), None);
+        let every = [
+            e(EVERY_HTTP_PORT, Protocol::Http),
+            e(8080, Protocol::Http),
+            e(9000, Protocol::Tcp),
+        ];
+        let all = e(EVERY_HTTP_PORT, Protocol::Http);
+        assert_eq!(exposure(&every, 8081, Protocol::Http), Some(all));
+        assert_eq!(
+            exposure(&every, 8080, Protocol::Http),
+            Some(e(8080, Protocol::Http))
+        );
+        // Never raw TCP, never port 0 itself, and a port's own entry decides.
+        assert_eq!(exposure(&every, 8081, Protocol::Tcp), None);
+        assert_eq!(exposure(&every, EVERY_HTTP_PORT, Protocol::Http), None);
+        assert_eq!(exposure(&every, 9000, Protocol::Http), None);
+        assert_eq!(
+            exposure(&every, 9000, Protocol::Tcp),
+            Some(e(9000, Protocol::Tcp))
+        );
+        // A catch-all that says `tcp` is no catch-all.
+        assert_eq!(
+            exposure(&[e(EVERY_HTTP_PORT, Protocol::Tcp)], 81, Protocol::Tcp),
+            None
+        );
     }
 }

@@ -25,12 +25,17 @@ impl PgStore {
         // is deleted before the update reaches it, the next insert creates it.
         let mut new = None;
         for _ in 0..outcomes::UPSERT_ATTEMPTS {
-            if tx.execute(sql::INSERT_PORT, params).await.map_err(pg_err)? == 1 {
+            if tx
+                .execute(sql::port_table(p.port).insert, params)
+                .await
+                .map_err(pg_err)?
+                == 1
+            {
                 new = Some(true);
                 break;
             }
             if tx
-                .execute(sql::REPLACE_PORT, params)
+                .execute(sql::port_table(p.port).replace, params)
                 .await
                 .map_err(pg_err)?
                 == 1
@@ -50,12 +55,7 @@ impl PgStore {
     /// See [`crate::Store::list_ports`].
     pub async fn list_ports(&self, sandbox: &SandboxId) -> Result<Vec<PortRecord>, StoreError> {
         let sbx = sandbox.to_string();
-        let q = sql::select(
-            rows::PORT_COLUMNS,
-            "service_ports",
-            "WHERE sandbox_id = $1 ORDER BY port",
-        );
-        self.all(&q, &[&sbx], rows::port).await
+        self.all(sql::LIST_PORTS, &[&sbx], rows::port).await
     }
 
     /// See [`crate::Store::get_port`].
@@ -65,10 +65,11 @@ impl PgStore {
         port: u16,
     ) -> Result<Option<PortRecord>, StoreError> {
         let sbx = sandbox.to_string();
+        let table = sql::port_table_name(port);
         let port = i64::from(port);
         let q = sql::select(
             rows::PORT_COLUMNS,
-            "service_ports",
+            table,
             "WHERE sandbox_id = $1 AND port = $2",
         );
         self.one(&q, &[&sbx, &port], rows::port).await
@@ -77,6 +78,7 @@ impl PgStore {
     /// See [`crate::Store::delete_port`].
     pub async fn delete_port(&self, sandbox: &SandboxId, port: u16) -> Result<bool, StoreError> {
         let sbx = sandbox.to_string();
+        let table = sql::port_table(port);
         let port = i64::from(port);
         let mut c = self.pool.get().await?;
         let tx = c.client().transaction().await.map_err(pg_err)?;
@@ -84,7 +86,7 @@ impl PgStore {
             .await
             .map_err(pg_err)?;
         let n = tx
-            .execute(sql::DELETE_PORT, &[&sbx, &port])
+            .execute(table.delete, &[&sbx, &port])
             .await
             .map_err(pg_err)?;
         tx.commit().await.map_err(pg_err)?;
@@ -99,8 +101,11 @@ impl PgStore {
         tx.execute(sql::DELETE_PORT_LINKS_OF_SANDBOX, &[&sbx])
             .await
             .map_err(pg_err)?;
+        tx.execute(sql::EVERY_HTTP_PORTS.delete_all, &[&sbx])
+            .await
+            .map_err(pg_err)?;
         let n = tx
-            .execute(sql::DELETE_PORTS, &[&sbx])
+            .execute(sql::SERVICE_PORTS.delete_all, &[&sbx])
             .await
             .map_err(pg_err)?;
         tx.commit().await.map_err(pg_err)?;

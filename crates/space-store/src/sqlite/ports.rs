@@ -22,9 +22,9 @@ impl SqliteStore {
             ];
             // The group holds SQLite's write lock: nothing can delete the row between
             // the insert that found it and the update that replaces it.
-            let new = exec(c, sql::INSERT_PORT, params)? == 1;
+            let new = exec(c, sql::port_table(p.port).insert, params)? == 1;
             if !new {
-                one_row(exec(c, sql::REPLACE_PORT, params)?, || {
+                one_row(exec(c, sql::port_table(p.port).replace, params)?, || {
                     format!("port {port} of sandbox {sbx}")
                 })?;
             }
@@ -37,15 +37,8 @@ impl SqliteStore {
     /// See [`crate::Store::list_ports`].
     pub async fn list_ports(&self, sandbox: &SandboxId) -> Result<Vec<PortRecord>, StoreError> {
         let sbx = sandbox.to_string();
-        self.read(move |c| {
-            let q = sql::select(
-                rows::PORT_COLUMNS,
-                "service_ports",
-                "WHERE sandbox_id = $1 ORDER BY port",
-            );
-            query_all(c, &q, &[&sbx], |r| rows::port(r))
-        })
-        .await
+        self.read(move |c| query_all(c, sql::LIST_PORTS, &[&sbx], |r| rows::port(r)))
+            .await
     }
 
     /// See [`crate::Store::get_port`].
@@ -55,11 +48,12 @@ impl SqliteStore {
         port: u16,
     ) -> Result<Option<PortRecord>, StoreError> {
         let sbx = sandbox.to_string();
+        let table = sql::port_table_name(port);
         let port = i64::from(port);
         self.read(move |c| {
             let q = sql::select(
                 rows::PORT_COLUMNS,
-                "service_ports",
+                table,
                 "WHERE sandbox_id = $1 AND port = $2",
             );
             query_one(c, &q, &[&sbx, &port], |r| rows::port(r))
@@ -70,10 +64,11 @@ impl SqliteStore {
     /// See [`crate::Store::delete_port`].
     pub async fn delete_port(&self, sandbox: &SandboxId, port: u16) -> Result<bool, StoreError> {
         let sbx = sandbox.to_string();
+        let table = sql::port_table(port);
         let port = i64::from(port);
         self.call(move |c| {
             exec(c, sql::DELETE_PORT_LINKS_OF_PORT, &[&sbx, &port])?;
-            Ok(exec(c, sql::DELETE_PORT, &[&sbx, &port])? > 0)
+            Ok(exec(c, table.delete, &[&sbx, &port])? > 0)
         })
         .await
     }
@@ -83,7 +78,8 @@ impl SqliteStore {
         let sbx = sandbox.to_string();
         self.call(move |c| {
             exec(c, sql::DELETE_PORT_LINKS_OF_SANDBOX, &[&sbx])?;
-            exec(c, sql::DELETE_PORTS, &[&sbx])
+            exec(c, sql::EVERY_HTTP_PORTS.delete_all, &[&sbx])?;
+            exec(c, sql::SERVICE_PORTS.delete_all, &[&sbx])
         })
         .await
     }

@@ -66,6 +66,7 @@ conformance!(
     workers::two_control_planes_reserving_update_sequences_never_share_one,
     ports::exposing_a_port_again_replaces_it_and_deletes_its_links,
     ports::a_port_of_a_missing_sandbox_or_a_malformed_port_is_refused,
+    ports::the_catch_all_record_is_port_0_listed_first_and_goes_with_the_sandboxs_ports,
     ports::ports_are_listed_by_port_and_scoped_to_their_sandbox,
     ports::deleting_a_port_returns_true_once_then_false_and_deletes_its_links,
     ports::deleting_a_sandboxs_ports_leaves_other_sandboxes_ports_and_links,

@@ -70,8 +70,10 @@ pub async fn a_port_of_a_missing_sandbox_or_a_malformed_port_is_refused(f: &Fixt
         Err(StoreError::NotFound(_))
     ));
     for bad in [
+        // Port 0 is the catch-all of every HTTP port: never tcp.
         PortRecord {
             port: 0,
+            protocol: "tcp".into(),
             ..port(sbx, 1)
         },
         PortRecord {
@@ -97,6 +99,47 @@ pub async fn a_port_of_a_missing_sandbox_or_a_malformed_port_is_refused(f: &Fixt
         Err(StoreError::Backend(_))
     ));
     assert_eq!(store.list_ports(&sbx).await.unwrap(), vec![]);
+}
+
+pub async fn the_catch_all_record_is_port_0_listed_first_and_goes_with_the_sandboxs_ports(
+    f: &Fixture,
+) {
+    let store = f.open().await;
+    let a = with_sandbox(&store, 1).await;
+    let b = with_sandbox(&store, 2).await;
+    assert!(matches!(
+        store.upsert_port(&port(sandbox_id(9), 0)).await,
+        Err(StoreError::NotFound(_))
+    ));
+    store.upsert_port(&port(a, 8080)).await.unwrap();
+    assert!(store.upsert_port(&port(a, 0)).await.unwrap(), "new");
+    let public = PortRecord {
+        public: true,
+        ..port(a, 0)
+    };
+    assert!(!store.upsert_port(&public).await.unwrap(), "replaced");
+    assert_eq!(store.get_port(&a, 0).await.unwrap(), Some(public.clone()));
+    assert_eq!(store.get_port(&b, 0).await.unwrap(), None);
+    assert_eq!(
+        store.list_ports(&a).await.unwrap(),
+        vec![public.clone(), port(a, 8080)]
+    );
+    // No link leads to the catch-all itself.
+    assert!(
+        store
+            .insert_port_link(&hash(7), &a, 0, NOW + 300)
+            .await
+            .is_err()
+    );
+    assert!(store.delete_port(&a, 0).await.unwrap());
+    assert!(!store.delete_port(&a, 0).await.unwrap());
+    assert_eq!(store.list_ports(&a).await.unwrap(), vec![port(a, 8080)]);
+    // A sandbox's ports go together, the catch-all with them; another's stay.
+    store.upsert_port(&public).await.unwrap();
+    store.upsert_port(&port(b, 0)).await.unwrap();
+    assert_eq!(store.delete_ports(&a).await.unwrap(), 1);
+    assert_eq!(store.list_ports(&a).await.unwrap(), vec![]);
+    assert_eq!(store.list_ports(&b).await.unwrap(), vec![port(b, 0)]);
 }
 
 pub async fn ports_are_listed_by_port_and_scoped_to_their_sandbox(f: &Fixture) {

@@ -405,6 +405,32 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// Removes the egress tables of this cluster's workers (a cluster with egress
+    /// on: `SPACE_NO_EGRESS=0`, slots from `SPACE_EGRESS_SLOT`), once they are gone.
+    fn remove_egress_tables(&self) {
+        let var = |k: &str| {
+            self.env
+                .iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.as_str())
+        };
+        if var("SPACE_NO_EGRESS") != Some("0") {
+            return;
+        }
+        let first: u32 = var("SPACE_EGRESS_SLOT")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        for slot in first..first + 2 {
+            let _ = Command::new("nft")
+                .args(["delete", "table", "inet", &format!("space_egress_{slot}")])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         let data = self.data_dir();
@@ -426,6 +452,9 @@ impl Drop for Cluster {
         for parent in &self.cgroups {
             kill_cgroups_below(parent);
         }
+        // A worker killed before it removed its egress table leaves it, and its
+        // drop rule for the proxy's ports would meet whatever later gets them.
+        self.remove_egress_tables();
         // A worker that crashed keeps its disk volume mounted (its jails may live on,
         // and its next start uses it): detached here, so that the data dir can go.
         if let Ok(workers) = std::fs::read_dir(self.data_dir().join("workers")) {

@@ -30,7 +30,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use space_http::proxy::{self, Counted, Forwarded, UpgradeAsk};
 use space_identity::{Protocol, SandboxId, ServicePort};
-use space_proto::api::ports::{ExposedPort, PORT_HEADER, SANDBOX_HEADER, port_host};
+use space_proto::api::ports::{PORT_HEADER, SANDBOX_HEADER, exposure, port_host};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
@@ -107,10 +107,7 @@ fn still_serves(worker: &Worker, slot: &Slot, port: ServicePort) -> bool {
     }
     worker.slot(&slot.record.sandbox).is_some_and(|now| {
         now.record.execution() == slot.record.execution()
-            && now.record.ports.contains(&ExposedPort {
-                port: port.port,
-                protocol: port.protocol,
-            })
+            && exposure(&now.record.ports, port.port, port.protocol).is_some()
     })
 }
 
@@ -163,10 +160,12 @@ impl Tunnel {
             ))
         })?;
         let first = connect_inside(worker, &slot, port.port).await?;
-        worker
-            .metrics
-            .port_connected(&slot.record.sandbox, port.port);
-        let counts = worker.metrics.port_bytes(&slot.record.sandbox, port.port);
+        // Counted under the entry that exposes it: ports reached through the
+        // catch-all share its series.
+        let label =
+            exposure(&slot.record.ports, port.port, port.protocol).map_or(port.port, |e| e.port);
+        worker.metrics.port_connected(&slot.record.sandbox, label);
+        let counts = worker.metrics.port_bytes(&slot.record.sandbox, label);
         Ok(Self {
             worker: Arc::clone(worker),
             slot,

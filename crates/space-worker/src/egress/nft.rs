@@ -8,8 +8,11 @@
 //! meets one sandbox's rules whatever the number of sandboxes; NAT (HTTP, TLS and DNS
 //! redirected to the proxy and resolver on the pair's host side, masquerade for the
 //! block leaving the host); `input` (a sandbox reaches only those ports on its own host
-//! side, and nothing but a sandbox link reaches those ports: the proxy is never open to
-//! the host's other networks) and `forward` (nothing enters a sandbox but replies; a sandbox's new
+//! side, and nothing but a sandbox link or the host's loopback reaches those ports: the
+//! proxy is never open to the host's other networks. Loopback is left to the services,
+//! which turn away every peer that is not a sandbox: a table that outlives its worker —
+//! one killed before it could remove it — must not black-hole the host's own listeners
+//! that later get those ephemeral ports, as it did to a test cluster's edge) and `forward` (nothing enters a sandbox but replies; a sandbox's new
 //! connections pass the global list, its denies, then its allows).
 //!
 //! IPv4 only: the address plan gives sandboxes IPv4 addresses, and every IPv6 packet
@@ -328,7 +331,7 @@ pub fn render(r: &Ruleset<'_>) -> Result<String, NftError> {
 \tchain input {{
 \t\ttype filter hook input priority filter; policy accept;
 \t\tiifname \"{links}\" goto sandbox_input
-\t\tmeta l4proto {{ tcp, udp }} th dport {{ {service_ports} }} drop
+\t\tiifname != \"lo\" meta l4proto {{ tcp, udp }} th dport {{ {service_ports} }} drop
 \t}}
 \tchain sandbox_input {{
 \t\tmeta nfproto != ipv4 drop

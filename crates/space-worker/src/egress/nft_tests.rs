@@ -176,8 +176,9 @@ fn a_sandbox_reaches_only_the_proxy_and_resolver_ports_of_its_own_host_side() {
         [
             "type filter hook input priority filter; policy accept;",
             "iifname \"sxht-*\" goto sandbox_input",
-            // Nothing but a sandbox link reaches the proxy and the resolver.
-            "meta l4proto { tcp, udp } th dport { 3053, 3080, 3443 } drop"
+            // Nothing but a sandbox link (or the host's loopback, where the services
+            // turn strangers away) reaches the proxy and the resolver.
+            "iifname != \"lo\" meta l4proto { tcp, udp } th dport { 3053, 3080, 3443 } drop"
         ]
     );
     assert_eq!(
@@ -391,4 +392,52 @@ fn prepared_pairs_get_names_only_chains_and_a_sandbox_of_another_shape_keeps_its
         &[]
     )));
     assert!(!super::nft::names_only(&Policy::none()));
+}
+
+/// Removes its table on drop, also when the test fails.
+struct AppliedTable(TableName);
+
+impl Drop for AppliedTable {
+    fn drop(&mut self) {
+        let _ = super::nft::remove(&self.0);
+    }
+}
+
+#[test]
+fn a_table_left_by_a_killed_worker_does_not_black_hole_loopback_listeners_on_its_ports() {
+    super::testnet::require_tools!();
+    // A listener the host gives an ephemeral port, as the edge of a later `space up`
+    // got one that a dead worker's proxy had: the stale table names it.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let mut f = Fixture::new(vec![policy(NetworkMode::Egress, &[], &[])]);
+    f.table = TableName::for_worker(&format!("stale{}", std::process::id())).unwrap();
+    let attached = [Attached {
+        pair: &f.pairs[0],
+        policy: &f.policies[0],
+    }];
+    let script = render(&Ruleset {
+        table: &f.table,
+        links: &f.links,
+        block: DEFAULT_BLOCK,
+        global: &f.global,
+        ports: HostPorts {
+            http: port,
+            tls: port,
+            dns: port,
+        },
+        sandboxes: &attached,
+        prepared: 0,
+    })
+    .unwrap();
+    super::nft::apply(&script).unwrap();
+    let _table = AppliedTable(f.table.clone());
+    // Without the loopback exception the SYN is dropped and this times out.
+    let c = std::net::TcpStream::connect_timeout(
+        &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        std::time::Duration::from_secs(3),
+    );
+    assert!(c.is_ok(), "a loopback connect to {port}: {c:?}");
+    let (_, peer) = listener.accept().unwrap();
+    assert!(peer.ip().is_loopback());
 }

@@ -216,6 +216,77 @@ def create_only():
     return {"refused": refused}
 
 
+def _get(host, path="/", headers=None):
+    """(status, body) of GET `path` at the edge with Host `host` (what a browser sends
+    for `http://{host}`; wildcard DNS is not needed for the test)."""
+    import os
+    import urllib.error
+    import urllib.request
+
+    edge = os.environ["E2B_SANDBOX_URL"]
+    req = urllib.request.Request(edge + path, headers=dict(headers or {}))
+    if host:
+        req.add_header("Host", host + ":" + edge.rsplit(":", 1)[1])
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def _serve(sbx, port):
+    sbx.commands.run(f"mkdir -p /tmp/site && echo served-from-{port} > /tmp/site/hello.txt")
+    sbx.commands.run(f"cd /tmp/site && exec python3 -m http.server {port}", background=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            sbx.commands.run(
+                f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 1)\"",
+                timeout=10,
+            )
+            return
+        except CommandExitException:
+            time.sleep(0.2)
+    raise AssertionError(f"nothing listens on {port}")
+
+
+def ports():
+    out = {}
+    sbx = Sandbox.create(timeout=300)
+    check(sbx.traffic_access_token is None, f"a public sandbox has no traffic token: {sbx.traffic_access_token}")
+    _serve(sbx, 8000)
+    host = sbx.get_host(8000)
+    check(host == f"8000-{sbx.sandbox_id}.localhost", f"get_host: {host}")
+    out["by_host"] = _get(host, "/hello.txt")
+    out["by_headers"] = _get(
+        None, "/hello.txt", {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8000"}
+    )
+    # A port nothing listens on is not served (and the API stays the API).
+    out["closed_port"] = _get(sbx.get_host(8001), "/")[0]
+    sbx.kill()
+    out["after_kill"] = _get(host, "/hello.txt")[0]
+
+    private = Sandbox.create(timeout=300, network={"allow_public_traffic": False})
+    token = private.traffic_access_token
+    check(isinstance(token, str) and len(token) > 20, f"traffic token: {token}")
+    check(
+        Sandbox.connect(private.sandbox_id).traffic_access_token == token,
+        "connect gives the same traffic token",
+    )
+    _serve(private, 8080)
+    phost = private.get_host(8080)
+    out["private_without_token"] = _get(phost, "/hello.txt")[0]
+    out["private_wrong_token"] = _get(phost, "/hello.txt", {"e2b-traffic-access-token": token[:-1] + "0"})[0]
+    out["private_with_token"] = _get(phost, "/hello.txt", {"e2b-traffic-access-token": token})
+    # The other sandbox's token opens nothing here, and this one's nothing there.
+    other = Sandbox.create(timeout=300, network={"allow_public_traffic": False})
+    _serve(other, 8080)
+    out["other_sandboxs_token"] = _get(other.get_host(8080), "/hello.txt", {"e2b-traffic-access-token": token})[0]
+    private.kill()
+    other.kill()
+    return out
+
+
 if __name__ == "__main__":
-    result = {"commands": commands, "files": files, "pty": pty, "lifecycle": lifecycle, "moved": create_only}[sys.argv[1]]()
+    result = {"commands": commands, "files": files, "pty": pty, "lifecycle": lifecycle, "moved": create_only, "ports": ports}[sys.argv[1]]()
     print("RESULT", json.dumps(result), flush=True)

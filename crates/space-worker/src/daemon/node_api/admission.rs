@@ -107,10 +107,8 @@ pub(crate) async fn admit_service_port(
 ) -> Result<Admitted, Refusal> {
     let req = SandboxRequest::parse(headers, id, Access::ServicePort)?;
     let exposed = w.slot(&req.sandbox).is_some_and(|s| {
-        s.record
-            .ports
-            .iter()
-            .any(|p| p.port == requested.port && p.protocol == requested.protocol)
+        space_proto::api::ports::exposure(&s.record.ports, requested.port, requested.protocol)
+            .is_some()
     });
     let op = Operation {
         path_sandbox: &req.sandbox,
