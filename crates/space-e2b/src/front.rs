@@ -290,7 +290,7 @@ pub(crate) async fn drain_refused(body: axum::body::Body) {
 }
 
 /// The caller a token acts for (its tenant, never an admin's reach).
-fn acting_for(caller: Caller) -> Authenticated {
+pub(crate) fn acting_for(caller: Caller) -> Authenticated {
     Authenticated::new(
         Caller {
             admin: false,

@@ -32,6 +32,7 @@ pub mod envd;
 mod files;
 pub mod filesystem;
 pub mod front;
+pub mod interpreter;
 mod keys;
 mod proc_table;
 pub mod process;
@@ -143,9 +144,12 @@ async fn entry(
 /// become `X-Space-Sandbox`/`X-Space-Port`, and `e2b-traffic-access-token` (the
 /// sandbox's traffic token, which is the port token of every port its catch-all
 /// covers) becomes `X-Space-Port-Token` unless one is given. E2B's own are taken off,
-/// so none reaches the sandbox's server.
+/// so none reaches the sandbox's server — envd's `X-Access-Token` too, which E2B's
+/// code-interpreter SDK sends along to its port: a sandbox's server never sees a
+/// credential of the platform's.
 fn in_space_terms(h: &mut HeaderMap, routing: bool) {
     use space_proto::api::ports::{PORT_HEADER, PORT_TOKEN_HEADER, SANDBOX_HEADER};
+    h.remove(front::TOKEN_HEADER);
     let sandbox = h.remove(front::SANDBOX_HEADER);
     let port = h.remove(front::PORT_HEADER);
     if routing {
@@ -206,6 +210,7 @@ mod tests {
             ("e2b-sandbox-id", id),
             ("e2b-sandbox-port", "8000"),
             ("e2b-traffic-access-token", "spt_t"),
+            ("x-access-token", "envd-token"),
             ("cookie", "a=b"),
         ]);
         in_space_terms(&mut h, true);
@@ -217,6 +222,7 @@ mod tests {
             "e2b-sandbox-id",
             "e2b-sandbox-port",
             "e2b-traffic-access-token",
+            "x-access-token",
         ] {
             assert!(!h.contains_key(gone), "{gone}");
         }

@@ -33,6 +33,7 @@ use space_proto::api::{CreateSandbox, NetworkMode, Policy, Sandbox, SandboxState
 use space_store::SandboxRecord;
 
 use crate::front::{ENVD_VERSION, Front};
+use crate::interpreter;
 use crate::token::Claims;
 
 /// Largest REST body read.
@@ -77,7 +78,7 @@ pub struct RestError {
 }
 
 impl RestError {
-    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> Self {
         Self {
             status,
             message: message.into(),
@@ -270,6 +271,12 @@ fn template_id(front: &Front, template: &str) -> String {
     }
 }
 
+/// The `templateID` E2B's answers give `view`: the E2B template it was made from when
+/// that is not a SPACE one (the code interpreter's), else its SPACE template's.
+fn shown_template(front: &Front, view: &Sandbox) -> String {
+    interpreter::template_of(view).map_or_else(|| template_id(front, &view.template), str::to_owned)
+}
+
 async fn create(State(front): State<Arc<Front>>, headers: HeaderMap, body: Body) -> Answer {
     let who = caller(&front, &headers).await?;
     let req: NewSandbox = read_body(body).await?;
@@ -279,13 +286,33 @@ async fn create(State(front): State<Arc<Front>>, headers: HeaderMap, body: Body)
         ));
     }
     let timeout = req.timeout.unwrap_or(DEFAULT_TIMEOUT);
+    let interpreter = interpreter::wanted(req.template_id.as_deref());
+    let mut metadata = req.metadata;
+    if metadata
+        .as_ref()
+        .is_some_and(|m| m.contains_key(interpreter::TEMPLATE_KEY))
+    {
+        return Err(RestError::bad_request(format!(
+            "metadata key {} is reserved",
+            interpreter::TEMPLATE_KEY
+        )));
+    }
+    if interpreter {
+        let asked = req.template_id.as_deref().unwrap_or_default().trim();
+        metadata
+            .get_or_insert_with(BTreeMap::new)
+            .insert(interpreter::TEMPLATE_KEY.to_owned(), asked.to_owned());
+    }
     let create = CreateSandbox {
-        template: template_of(req.template_id.as_deref()),
+        template: if interpreter {
+            None
+        } else {
+            template_of(req.template_id.as_deref())
+        },
         ttl_secs: Some(timeout),
         ttl_action: req.auto_pause.unwrap_or(false).then(|| "pause".to_owned()),
         env: req.env_vars,
-        metadata: req
-            .metadata
+        metadata: metadata
             .map(|m| Value::Object(m.into_iter().map(|(k, v)| (k, Value::String(v))).collect())),
         network: policy(req.allow_internet_access, req.network.as_ref())?,
         ..CreateSandbox::default()
@@ -303,6 +330,12 @@ async fn create(State(front): State<Arc<Front>>, headers: HeaderMap, body: Body)
         let _ = front.cp.delete_sandbox(&record).await;
         return Err(e.into());
     }
+    if interpreter {
+        if let Err(e) = interpreter::ensure(&front, &who.caller, &view).await {
+            let _ = front.cp.delete_sandbox(&record).await;
+            return Err(RestError::new(StatusCode::INTERNAL_SERVER_ERROR, e));
+        }
+    }
     let body = sandbox_answer(&front, &who.caller, &view).await?;
     Ok((StatusCode::CREATED, axum::Json(body)).into_response())
 }
@@ -316,7 +349,7 @@ async fn sandbox_answer(front: &Front, who: &Caller, view: &Sandbox) -> Result<V
         _ => None,
     };
     Ok(json!({
-        "templateID": template_id(front, &view.template),
+        "templateID": shown_template(front, view),
         "sandboxID": view.id.to_string(),
         "clientID": CLIENT_ID,
         "envdVersion": ENVD_VERSION,
@@ -364,6 +397,7 @@ fn described(front: &Front, view: &Sandbox, created_at: i64) -> Value {
     let metadata = match &view.metadata {
         Value::Object(m) => Value::Object(
             m.iter()
+                .filter(|(k, _)| k.as_str() != interpreter::TEMPLATE_KEY)
                 .map(|(k, v)| {
                     let text = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
                     (k.clone(), Value::String(text))
@@ -373,7 +407,7 @@ fn described(front: &Front, view: &Sandbox, created_at: i64) -> Value {
         _ => json!({}),
     };
     json!({
-        "templateID": template_id(front, &view.template),
+        "templateID": shown_template(front, view),
         "sandboxID": view.id.to_string(),
         "clientID": CLIENT_ID,
         "startedAt": view.created_at,
@@ -601,6 +635,12 @@ async fn connect(
         .cp
         .view(&front.cp.store.get_sandbox(&s.id).await?)
         .await?;
+    // A resume on another worker is a new execution: its code interpreter is new too.
+    if interpreter::template_of(&view).is_some() {
+        interpreter::ensure(&front, &who.caller, &view)
+            .await
+            .map_err(|e| RestError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    }
     let body = sandbox_answer(&front, &who.caller, &view).await?;
     let status = if resumed {
         StatusCode::CREATED

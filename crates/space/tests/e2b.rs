@@ -207,6 +207,41 @@ fn get_host_reaches_any_port_of_a_sandbox_and_a_private_one_needs_its_traffic_to
     }
 }
 
+#[test]
+fn the_code_interpreter_sdk_runs_stateful_python_streams_output_and_keeps_contexts_apart() {
+    let (Some(py), Some(c)) = (python(), cluster()) else {
+        return;
+    };
+    let key = e2b_key(&c);
+    let r = python_scenario(&c, &py, &key, "interpreter");
+    assert_eq!(r["template"], "code-interpreter-v1", "{r}");
+    assert_eq!(r["metadata"], serde_json::json!({}), "{r}");
+    assert_eq!(
+        r["first"],
+        serde_json::json!({"stdout": ["hi\n"], "stderr": ["oops\n"], "text": "42", "error": false, "count": 1}),
+        "{r}"
+    );
+    assert_eq!(r["streamed"], serde_json::json!(["hi\n"]), "{r}");
+    assert_eq!(r["kept"], "41", "{r}");
+    assert_eq!(r["error"]["name"], "ValueError", "{r}");
+    assert_eq!(r["error"]["value"], "bad value", "{r}");
+    assert_eq!(r["error"]["traceback_names_the_cell"], true, "{r}");
+    assert_eq!(r["env"], "'hello'", "{r}");
+    assert_eq!(
+        r["context"],
+        serde_json::json!({"cwd": "'/tmp'", "separate": "False", "listed": true, "restarted": "False", "removed": true}),
+        "{r}"
+    );
+    assert!(
+        r["other_language"]
+            .as_str()
+            .is_some_and(|m| m.contains("python only")),
+        "{r}"
+    );
+    assert_eq!(r["after_pause"], "41", "{r}");
+    assert_eq!(r["after_restart"], "(False, 42)", "{r}");
+}
+
 /// The `moved` scenario: the SDK creates a sandbox and keeps its handle; `moving`
 /// then gives the sandbox a new execution on the other worker (and answers the
 /// sandbox afterwards); the SDK's old token must be refused and `connect` serve.

@@ -287,6 +287,51 @@ def ports():
     return out
 
 
+def interpreter():
+    from e2b_code_interpreter import Sandbox as CodeSandbox
+
+    out = {}
+    sbx = CodeSandbox.create(timeout=300)
+    info = sbx.get_info()
+    out["template"] = info.template_id
+    out["metadata"] = info.metadata
+    seen = []
+    ex = sbx.run_code("x = 41\nprint('hi')\nimport sys; print('oops', file=sys.stderr)\nx + 1", on_stdout=lambda m: seen.append(m.line))
+    out["first"] = {"stdout": ex.logs.stdout, "stderr": ex.logs.stderr, "text": ex.text, "error": ex.error is not None, "count": ex.execution_count}
+    out["streamed"] = seen
+    out["kept"] = sbx.run_code("x").text
+    err = sbx.run_code("def f():\n    raise ValueError('bad value')\nf()").error
+    out["error"] = {"name": err.name, "value": err.value, "traceback_names_the_cell": "f()" in err.traceback or "line 3" in err.traceback}
+    out["env"] = sbx.run_code("import os; os.environ.get('GREETING')", envs={"GREETING": "hello"}).text
+    ctx = sbx.create_code_context(cwd="/tmp")
+    out["context"] = {
+        "cwd": sbx.run_code("import os; os.getcwd()", context=ctx).text,
+        "separate": sbx.run_code("'x' in globals()", context=ctx).text,
+        "listed": ctx.id in [c.id for c in sbx.list_code_contexts()],
+    }
+    sbx.run_code("y = 1", context=ctx)
+    sbx.restart_code_context(ctx)
+    out["context"]["restarted"] = sbx.run_code("'y' in globals()", context=ctx).text
+    sbx.remove_code_context(ctx)
+    out["context"]["removed"] = ctx.id not in [c.id for c in sbx.list_code_contexts()]
+    try:
+        sbx.run_code("1", language="r")
+        out["other_language"] = "ran"
+    except Exception as e:
+        out["other_language"] = str(e)
+    # A pause keeps the execution, and the interpreter's state with it.
+    sbx.pause()
+    again = CodeSandbox.connect(sbx.sandbox_id)
+    out["after_pause"] = again.run_code("x").text
+    # The service gone (as after a resume on another worker): `connect` starts a new one.
+    # (`[S]` keeps pkill's own shell from matching.)
+    again.commands.run("pkill -f \"[S]PACE's code-interpreter service\"")
+    again = CodeSandbox.connect(sbx.sandbox_id)
+    out["after_restart"] = again.run_code("'x' in globals(), 6 * 7").text
+    again.kill()
+    return out
+
+
 if __name__ == "__main__":
-    result = {"commands": commands, "files": files, "pty": pty, "lifecycle": lifecycle, "moved": create_only, "ports": ports}[sys.argv[1]]()
+    result = {"commands": commands, "files": files, "pty": pty, "lifecycle": lifecycle, "moved": create_only, "ports": ports, "interpreter": interpreter}[sys.argv[1]]()
     print("RESULT", json.dumps(result), flush=True)
