@@ -59,7 +59,7 @@ pub(crate) async fn stat(front: &Front, ctx: &Envd, path: &str) -> Result<Value,
         .operate(
             ctx,
             Method::GET,
-            &format!("files/stat?path={}", q(path)),
+            &format!("files/stat?path={}{}", q(path), user_param(ctx)),
             None,
             Bytes::new(),
             OperationClass::Read,

@@ -73,9 +73,10 @@ pub(crate) async fn download(
         return http_error(StatusCode::BAD_REQUEST, "path is required");
     };
     let pq = format!(
-        "/v1/sandboxes/{}/files?path={}",
+        "/v1/sandboxes/{}/files?path={}{}",
         ctx.sandbox,
-        space_client::encode_query(path)
+        space_client::encode_query(path),
+        crate::entries::user_param(&ctx)
     );
     let mut passed = HeaderMap::new();
     if let Some(r) = headers.get(header::RANGE) {

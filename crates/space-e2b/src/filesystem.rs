@@ -188,7 +188,7 @@ async fn remove(front: &Front, ctx: &Envd, path: &str) -> Result<(), RpcError> {
         .operate(
             ctx,
             Method::DELETE,
-            &format!("files?path={}", q(path)),
+            &format!("files?path={}{}", q(path), user_param(ctx)),
             None,
             Bytes::new(),
             OperationClass::Mutation {
@@ -232,7 +232,7 @@ async fn list_dir(
             .operate(
                 ctx,
                 Method::GET,
-                &format!("files/list?path={}", q(&dir)),
+                &format!("files/list?path={}{}", q(&dir), user_param(ctx)),
                 None,
                 Bytes::new(),
                 OperationClass::Read,

@@ -114,6 +114,13 @@ impl<T> Call<T> {
         }
     }
 
+    /// This call's operation done as `user` of the sandbox ([`Operation::AsUser`]);
+    /// unchanged when `None`.
+    pub fn as_user(mut self, user: Option<guest::Account>) -> Self {
+        self.op = self.op.map(|op| op.as_user(user));
+        self
+    }
+
     /// Feeds one answer to request `id`.
     fn feed(&mut self, id: RequestId, body: AgentBody) -> Result<Option<T>, ClientError> {
         (self.fold)(body).map_err(|other| ClientError::unexpected(id, &other))

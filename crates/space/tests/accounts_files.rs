@@ -248,6 +248,106 @@ fn an_uploaded_script_keeps_its_execute_bit_and_runs_and_mode_sets_the_mode() {
     );
 }
 
+/// A call through the edge with the admin key: (status, body).
+fn call(c: &Cluster, method: &str, pq: &str) -> (u16, String) {
+    let (status, out) = c.http(
+        method,
+        &format!("{}{pq}", c.url),
+        Some(&format!("Bearer {}", c.admin_key)),
+        b"",
+    );
+    (status, String::from_utf8_lossy(&out).into_owned())
+}
+
+#[test]
+fn reads_stats_lists_and_removes_as_user_meet_the_accounts_permissions() {
+    let Some((c, id)) = started() else { return };
+    ok(c.cli(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "mkdir -p /root/private && echo secret > /root/private/s && chmod 700 /root/private \
+         && mkdir -p /srv/open && chmod 755 /srv /srv/open && echo seen > /srv/open/f && chmod 644 /srv/open/f",
+    ]));
+    let base = format!("/v1/sandboxes/{id}");
+    // Root (the default) reads what it made.
+    assert_eq!(
+        call(&c, "GET", &format!("{base}/files?path=/root/private/s")),
+        (200, "secret\n".to_owned())
+    );
+    // As the user: root's closed directory stays closed to every kind of call.
+    for (method, what) in [
+        ("GET", "files?path=/root/private/s"),
+        ("GET", "files/stat?path=/root/private/s"),
+        ("GET", "files/list?path=/root/private"),
+        ("DELETE", "files?path=/root/private/s"),
+    ] {
+        let (status, body) = call(&c, method, &format!("{base}/{what}&user=user"));
+        assert_eq!(status, 403, "{method} {what} as user: {body}");
+    }
+    // Nothing was removed, and a uid is an account too.
+    let (status, _) = call(
+        &c,
+        "GET",
+        &format!("{base}/files/stat?path=/root/private/s&user=1000"),
+    );
+    assert_eq!(status, 403);
+    assert_eq!(
+        call(&c, "GET", &format!("{base}/files?path=/root/private/s")).0,
+        200
+    );
+    // What the account may read it reads; what it may not remove it cannot.
+    assert_eq!(
+        call(
+            &c,
+            "GET",
+            &format!("{base}/files?path=/srv/open/f&user=user")
+        ),
+        (200, "seen\n".to_owned())
+    );
+    let (status, body) = call(
+        &c,
+        "GET",
+        &format!("{base}/files/list?path=/srv/open&user=user"),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"f\""), "{body}");
+    assert_eq!(
+        call(
+            &c,
+            "DELETE",
+            &format!("{base}/files?path=/srv/open/f&user=user")
+        )
+        .0,
+        403
+    );
+    // Its own file it removes.
+    let (status, _) = put(
+        &c,
+        &format!("{base}/files?path=/home/user/mine&user=user"),
+        b"m",
+    );
+    assert_eq!(status, 204);
+    assert_eq!(
+        call(
+            &c,
+            "DELETE",
+            &format!("{base}/files?path=/home/user/mine&user=user")
+        )
+        .0,
+        204
+    );
+    // An unknown account does nothing.
+    let (status, body) = call(
+        &c,
+        "GET",
+        &format!("{base}/files?path=/srv/open/f&user=nobody-here"),
+    );
+    assert_eq!(status, 400, "{body}");
+}
+
 #[test]
 fn an_upload_into_a_new_nested_directory_makes_its_parents_owned_like_the_file() {
     let Some((c, id)) = started() else { return };

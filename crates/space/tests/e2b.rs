@@ -149,6 +149,11 @@ fn the_python_sdk_reads_writes_lists_renames_removes_and_watches_files() {
     };
     let key = e2b_key(&c);
     let r = python_scenario(&c, &py, &key, "files");
+    assert_eq!(
+        r["refused_as_user"],
+        serde_json::json!({"read": true, "info": true, "list": true, "remove": true}),
+        "{r}"
+    );
     assert!(
         r["watched"]
             .as_array()

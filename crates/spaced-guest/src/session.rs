@@ -101,6 +101,30 @@ fn dispatch(conn: &mut Conn<'_>, id: RequestId, op: Operation) -> Flow {
             max_bytes,
         } => files::read(conn, id, &path, offset, max_bytes),
         Operation::List { path } => files::list(conn, id, &path),
+        Operation::AsUser { user, op } => match *op {
+            inner @ (Operation::ReadFile { .. }
+            | Operation::ReadRange { .. }
+            | Operation::List { .. }
+            | Operation::Stat { .. }
+            | Operation::Remove { .. }) => {
+                // The thread acts as the account for the whole operation: every path
+                // it opens is opened with the account's rights.
+                let acting = match files::as_account(Some(&user)) {
+                    Ok(a) => a,
+                    Err(e) => return conn.send_error(id, e),
+                };
+                let flow = dispatch(conn, id, inner);
+                drop(acting);
+                flow
+            }
+            other => conn.send_error(
+                id,
+                guest::WireError::new(
+                    ErrorKind::InvalidArgument,
+                    format!("not an operation to do as an account: {other:?}"),
+                ),
+            ),
+        },
         Operation::ReadRange { path, range } => files::read_range(conn, id, &path, range),
         op => {
             let body = files::simple(conn.agent, op).unwrap_or_else(AgentBody::Error);

@@ -114,6 +114,22 @@ pub fn exposure(ports: &[ExposedPort], port: u16, protocol: Protocol) -> Option<
     }
 }
 
+/// Whether `ports` (sorted, one entry per port) may be a sandbox's exposed ports: at
+/// most [`MAX_PORTS_PER_SANDBOX`] of them besides the catch-all, which is `http` only.
+pub fn check_exposed(ports: &[ExposedPort]) -> Result<(), &'static str> {
+    let own = ports.iter().filter(|p| p.port != EVERY_HTTP_PORT).count();
+    if own > MAX_PORTS_PER_SANDBOX {
+        return Err("too many ports");
+    }
+    if ports
+        .iter()
+        .any(|p| p.port == EVERY_HTTP_PORT && p.protocol != Protocol::Http)
+    {
+        return Err("port 0 stands for every HTTP port and cannot be exposed for tcp");
+    }
+    Ok(())
+}
+
 /// Headers of a netgtw tunnel request (`POST /v1/sandboxes/{id}/netgtw`, with
 /// `Upgrade: space-netgtw`): the port and protocol the tunnel is for.
 pub const NETGTW_PORT_HEADER: &str = "space-port";
@@ -222,6 +238,17 @@ mod tests {
             exposure(&every, 9000, Protocol::Tcp),
             Some(e(9000, Protocol::Tcp))
         );
+        assert_eq!(check_exposed(&every), Ok(()));
+        assert!(check_exposed(&[e(EVERY_HTTP_PORT, Protocol::Tcp)]).is_err());
+        let full: Vec<_> = (1..=MAX_PORTS_PER_SANDBOX as u16)
+            .map(|p| e(p, Protocol::Http))
+            .collect();
+        let mut with_all = vec![e(EVERY_HTTP_PORT, Protocol::Http)];
+        with_all.extend(full.iter().copied());
+        assert_eq!(check_exposed(&with_all), Ok(()));
+        let mut over = full;
+        over.push(e(9999, Protocol::Tcp));
+        assert!(check_exposed(&over).is_err());
         // A catch-all that says `tcp` is no catch-all.
         assert_eq!(
             exposure(&[e(EVERY_HTTP_PORT, Protocol::Tcp)], 81, Protocol::Tcp),

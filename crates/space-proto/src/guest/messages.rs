@@ -162,6 +162,19 @@ pub enum Operation {
         /// Unpack as this account of the sandbox; the agent's root when `None`.
         user: Option<Account>,
     },
+    // New variants go last: the binary encoding numbers variants in order, and an
+    // agent of an earlier build (an adopted jail) must read the ones it knows.
+    /// Do `op` as this account of the sandbox (its permissions apply to every path the
+    /// operation opens): `op` is one of `ReadFile`, `ReadRange`, `List`, `Stat` and
+    /// `Remove`, answered as it is; anything else (a nested `AsUser` too) is
+    /// `InvalidArgument`. The operations that make files name their account
+    /// themselves.
+    AsUser {
+        /// The account.
+        user: Account,
+        /// What it does.
+        op: Box<Operation>,
+    },
 }
 
 /// An account of the sandbox, as its `/etc/passwd` names it, or a bare uid.
@@ -602,6 +615,19 @@ impl ErrorKind {
 impl std::fmt::Display for ErrorKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+impl Operation {
+    /// This operation as `user` ([`Operation::AsUser`]); itself when `None`.
+    pub fn as_user(self, user: Option<Account>) -> Self {
+        match user {
+            Some(user) => Operation::AsUser {
+                user,
+                op: Box::new(self),
+            },
+            None => self,
+        }
     }
 }
 

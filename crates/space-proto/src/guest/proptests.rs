@@ -94,6 +94,10 @@ fn operation() -> impl Strategy<Value = Operation> {
             user
         }),
         (text(), any::<bool>()).prop_map(|(path, recursive)| Operation::Watch { path, recursive }),
+        (account(), text()).prop_map(|(user, path)| Operation::AsUser {
+            user,
+            op: Box::new(Operation::Stat { path })
+        }),
     ]
 }
 

@@ -433,22 +433,7 @@ fn set_ports(
     let (slot, state) = live_slot(worker, sandbox, execution)?;
     ports.sort_by_key(|p| p.port);
     ports.dedup_by_key(|p| p.port);
-    // The catch-all (port 0) is not one of the ports counted.
-    let own = ports
-        .iter()
-        .filter(|p| p.port != space_proto::api::ports::EVERY_HTTP_PORT)
-        .count();
-    if own > space_proto::api::ports::MAX_PORTS_PER_SANDBOX {
-        return Err(invalid("too many ports"));
-    }
-    if ports.iter().any(|p| {
-        p.port == space_proto::api::ports::EVERY_HTTP_PORT
-            && p.protocol != space_identity::Protocol::Http
-    }) {
-        return Err(invalid(
-            "port 0 stands for every HTTP port and cannot be exposed for tcp",
-        ));
-    }
+    space_proto::api::ports::check_exposed(&ports).map_err(invalid)?;
     if slot.record.ports == ports {
         return Ok(ack(worker, state, None));
     }

@@ -126,8 +126,24 @@ def files():
         time.sleep(0.1)
     handle.stop()
     check("new.txt" in names, f"watch events: {names}")
+    # `user=` is the account every kind of call acts as: root's closed files stay
+    # closed to "user" (read, exists/stat, list, remove), and open to root.
+    sbx.commands.run("mkdir -p /root/closed && echo s > /root/closed/f && chmod 700 /root/closed")
+    refused = {}
+    for name, call in {
+        "read": lambda: sbx.files.read("/root/closed/f", user="user"),
+        "info": lambda: sbx.files.get_info("/root/closed/f", user="user"),
+        "list": lambda: sbx.files.list("/root/closed", user="user"),
+        "remove": lambda: sbx.files.remove("/root/closed/f", user="user"),
+    }.items():
+        try:
+            call()
+            refused[name] = False
+        except Exception:
+            refused[name] = True
+    check(sbx.files.read("/root/closed/f") == "s\n", "root still reads it (nothing removed)")
     sbx.kill()
-    return {"id": sbx.sandbox_id, "watched": sorted(names)}
+    return {"id": sbx.sandbox_id, "watched": sorted(names), "refused_as_user": refused}
 
 
 def pty():

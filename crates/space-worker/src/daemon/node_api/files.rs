@@ -41,7 +41,7 @@ const BATCH: usize = 256 << 10;
 /// Batches in flight between the task reading the agent and the HTTP body.
 const QUEUE: usize = 4;
 
-/// `GET /v1/sandboxes/{id}/files?path=`: the file, or the span of a `Range` header
+/// `GET /v1/sandboxes/{id}/files?path=[&user=]`: the file, or the span of a `Range` header
 /// (`206`, `416` when it selects nothing), streamed.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "sandbox", params(space_proto::openapi::SandboxPath, PathQuery), responses((status = 200, description = "the whole file", body = space_proto::openapi::RawBytes, content_type = "application/octet-stream", headers(("space-execution" = String, description = "the execution that answered"))), (status = 206, description = "the range asked for (`Content-Range`)", body = space_proto::openapi::RawBytes, content_type = "application/octet-stream"), super::openapi::FileRead), security(("capability" = [])))]
 pub(crate) async fn read_file(
@@ -168,7 +168,8 @@ async fn read(
     let op = Operation::ReadRange {
         path,
         range: asked.unwrap_or(ByteRange::All),
-    };
+    }
+    .as_user(q.account());
     let rid = match conn.send_request_async(op).await {
         Ok(rid) => rid,
         Err(e) => return Err(broken(&e, &lease, &slot).await),
@@ -441,10 +442,21 @@ pub(crate) struct PathQuery {
     /// The file or directory: 1 to 4096 bytes, no NUL (400 `bad_request` otherwise).
     #[param(required = true)]
     path: Option<String>,
+    /// Do it as this account of the sandbox (a user name or a uid): its permissions
+    /// apply (an unknown name: 400 `unknown_user`); the sandbox's root when absent.
+    user: Option<String>,
 }
 
 pub(super) fn required_path(q: &PathQuery) -> Result<String, Refusal> {
     checked_path(q.path.as_deref())
+}
+
+impl PathQuery {
+    pub(super) fn account(&self) -> Option<space_proto::guest::Account> {
+        self.user
+            .as_deref()
+            .map(|u| space_proto::api::User::parse(u).into())
+    }
 }
 
 /// The query of an upload: the path, and how to write it.
@@ -558,7 +570,7 @@ where
     resp
 }
 
-/// `DELETE /v1/sandboxes/{id}/files?path=`.
+/// `DELETE /v1/sandboxes/{id}/files?path=[&user=]`.
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}/files", tag = "sandbox", params(space_proto::openapi::SandboxPath, PathQuery), responses((status = 204, description = "removed", headers(("space-execution" = String, description = "the execution that answered"))), super::openapi::Operation), security(("capability" = [])))]
 pub(crate) async fn remove_file(
     State(w): State<Arc<Worker>>,
@@ -567,7 +579,7 @@ pub(crate) async fn remove_file(
     Query(q): Query<PathQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let remove = || Ok(Call::remove(&required_path(&q)?, true));
+    let remove = || Ok(Call::remove(&required_path(&q)?, true).as_user(q.account()));
     let respond = |()| StatusCode::NO_CONTENT.into_response();
     file_op(
         &w,
@@ -582,7 +594,7 @@ pub(crate) async fn remove_file(
     .await
 }
 
-/// `GET /v1/sandboxes/{id}/files/list?path=`.
+/// `GET /v1/sandboxes/{id}/files/list?path=[&user=]`.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files/list", tag = "sandbox", params(space_proto::openapi::SandboxPath, PathQuery), responses((status = 200, description = "the directory's entries (symlinks described, not followed)", body = Vec<space_proto::api::FileEntry>, headers(("space-execution" = String, description = "the execution that answered"))), super::openapi::Operation), security(("capability" = [])))]
 pub(crate) async fn list_files(
     State(w): State<Arc<Worker>>,
@@ -591,7 +603,7 @@ pub(crate) async fn list_files(
     Query(q): Query<PathQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let list = || Ok(Call::list(&required_path(&q)?));
+    let list = || Ok(Call::list(&required_path(&q)?).as_user(q.account()));
     let respond = |entries: Vec<space_proto::guest::DirEntry>| {
         let out: Vec<FileEntry> = entries.into_iter().map(FileEntry::from).collect();
         Json(out).into_response()

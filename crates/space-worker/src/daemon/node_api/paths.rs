@@ -51,7 +51,7 @@ fn account(user: Option<&str>) -> Option<Account> {
     user.map(|u| space_proto::api::User::parse(u).into())
 }
 
-/// `GET /v1/sandboxes/{id}/files/stat?path=`.
+/// `GET /v1/sandboxes/{id}/files/stat?path=[&user=]`.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files/stat", tag = "sandbox", params(space_proto::openapi::SandboxPath, PathQuery), responses((status = 200, description = "the path's description (a final symlink described, not followed)", body = FileInfo, headers(("space-execution" = String, description = "the execution that answered"))), super::openapi::Operation), security(("capability" = [])))]
 pub(crate) async fn stat(
     State(w): State<Arc<Worker>>,
@@ -60,7 +60,7 @@ pub(crate) async fn stat(
     Query(q): Query<PathQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let stat = || Ok(Call::stat(&required_path(&q)?));
+    let stat = || Ok(Call::stat(&required_path(&q)?).as_user(q.account()));
     let respond = |s: FileStat| Json(FileInfo::from(s)).into_response();
     file_op(
         &w,
