@@ -15,8 +15,8 @@ use space_proto::api::{
 use space_proto::openapi::{RawBytes, SandboxPath};
 
 use super::openapi::{
-    Exec, FilePath, FileRead, FileWrite, FileWriteQuery, Forwarded, MkdirQuery, RenameQuery,
-    TerminalQuery, WatchQuery,
+    Exec, FileAsQuery, FilePath, FileRead, FileWrite, FileWriteQuery, Forwarded, MkdirQuery,
+    RenameQuery, TerminalQuery, WatchQuery,
 };
 use super::request::{AppState, MAX_BODY, MAX_INTERNAL_BODY, caller, path_and_query, sandbox_id};
 use crate::edge::Authority;
@@ -93,7 +93,7 @@ pub(super) async fn forward_exec(
 }
 
 /// Read a file, streamed, at any size (`Range: bytes=…` for a part).
-#[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "operations", params(SandboxPath, FilePath),
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "operations", params(SandboxPath, FileAsQuery),
     responses(
         (status = 200, description = "the whole file", body = RawBytes, content_type = "application/octet-stream",
             headers(("space-execution" = String, description = "the execution that read it"))),
@@ -162,7 +162,7 @@ pub(super) async fn write_tree(
 }
 
 /// Remove a file, or a directory recursively. Accepts `Idempotency-Key`.
-#[utoipa::path(delete, path = "/v1/sandboxes/{id}/files", tag = "operations", params(SandboxPath, FilePath),
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/files", tag = "operations", params(SandboxPath, FileAsQuery),
     responses((status = 204, description = "removed",
         headers(("space-execution" = String, description = "the execution that removed it"))), Forwarded),
     security(("api_key" = [])))]
@@ -208,7 +208,7 @@ async fn forward_files(
 }
 
 /// List a directory.
-#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/list", tag = "operations", params(SandboxPath, FilePath),
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/list", tag = "operations", params(SandboxPath, FileAsQuery),
     responses((status = 200, description = "its entries", body = Vec<FileEntry>,
         headers(("space-execution" = String, description = "the execution that listed it"))), Forwarded),
     security(("api_key" = [])))]
@@ -222,7 +222,7 @@ pub(super) async fn forward_list(
 }
 
 /// Describe a path (a final symlink described, not followed).
-#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/stat", tag = "operations", params(SandboxPath, FilePath),
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/stat", tag = "operations", params(SandboxPath, FileAsQuery),
     responses((status = 200, description = "its description", body = FileInfo,
         headers(("space-execution" = String, description = "the execution that described it"))), Forwarded),
     security(("api_key" = [])))]

@@ -97,6 +97,23 @@ pub(super) struct FilePath {
     path: String,
 }
 
+/// `?path=[&user=]` of a read, stat, list or remove.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(
+    dead_code,
+    reason = "described, never built: the edge passes the query to the worker as is"
+)]
+pub(super) struct FileAsQuery {
+    /// The file or directory: absolute, or relative to the agent's home; 1 to 4096
+    /// bytes, no NUL (400 `bad_request` otherwise).
+    #[param(required = true)]
+    path: String,
+    /// Do it as this account of the sandbox (a user name or a uid): its permissions
+    /// apply (an unknown name: 400 `unknown_user`); the sandbox's root when absent.
+    user: Option<String>,
+}
+
 /// The query of an upload (`PUT …/files`, `PUT …/files/tar`).
 #[derive(Debug, IntoParams)]
 #[into_params(parameter_in = Query)]

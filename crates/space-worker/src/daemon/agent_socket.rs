@@ -39,6 +39,13 @@ impl AgentSocket {
         })
     }
 
+    /// The connection as a blocking-mode-agnostic stream again, out of the runtime's
+    /// registration (a pooled connection handed to a stream, which drives it as a
+    /// `tokio` stream of its own). Holds no buffered bytes: nothing is lost.
+    pub fn into_std(self) -> UnixStream {
+        self.io.into_inner()
+    }
+
     /// Whether a writability registration is held (tests).
     pub fn waits_for_room(&self) -> bool {
         self.writable.is_some()

@@ -52,6 +52,11 @@ impl Fixture {
     }
 
     fn render(&self) -> Result<String, NftError> {
+        self.render_with(PORTS)
+    }
+
+    /// The table with the proxy and resolver on `ports`.
+    fn render_with(&self, ports: HostPorts) -> Result<String, NftError> {
         let attached: Vec<Attached<'_>> = self
             .pairs
             .iter()
@@ -63,7 +68,7 @@ impl Fixture {
             links: &self.links,
             block: DEFAULT_BLOCK,
             global: &self.global,
-            ports: PORTS,
+            ports,
             sandboxes: &attached,
             prepared: 0,
         })
@@ -295,21 +300,9 @@ fn a_foreign_link_a_duplicate_an_address_outside_the_block_or_a_zero_port_is_ref
     let other: AddressBlock = "198.18.0.0/15".parse().unwrap();
     f.pairs[1] = f.links.pair(&other, 1).unwrap();
     assert!(matches!(f.render(), Err(NftError::OutsideBlock { .. })));
-    let f = three();
-    let attached = [Attached {
-        pair: &f.pairs[0],
-        policy: &f.policies[0],
-    }];
-    let err = render(&Ruleset {
-        table: &f.table,
-        links: &f.links,
-        block: DEFAULT_BLOCK,
-        global: &f.global,
-        ports: HostPorts { dns: 0, ..PORTS },
-        sandboxes: &attached,
-        prepared: 0,
-    })
-    .unwrap_err();
+    let err = three()
+        .render_with(HostPorts { dns: 0, ..PORTS })
+        .unwrap_err();
     assert_eq!(err.to_string(), "the resolver port is 0");
 }
 
@@ -412,24 +405,13 @@ fn a_table_left_by_a_killed_worker_does_not_black_hole_loopback_listeners_on_its
     let port = listener.local_addr().unwrap().port();
     let mut f = Fixture::new(vec![policy(NetworkMode::Egress, &[], &[])]);
     f.table = TableName::for_worker(&format!("stale{}", std::process::id())).unwrap();
-    let attached = [Attached {
-        pair: &f.pairs[0],
-        policy: &f.policies[0],
-    }];
-    let script = render(&Ruleset {
-        table: &f.table,
-        links: &f.links,
-        block: DEFAULT_BLOCK,
-        global: &f.global,
-        ports: HostPorts {
+    let script = f
+        .render_with(HostPorts {
             http: port,
             tls: port,
             dns: port,
-        },
-        sandboxes: &attached,
-        prepared: 0,
-    })
-    .unwrap();
+        })
+        .unwrap();
     super::nft::apply(&script).unwrap();
     let _table = AppliedTable(f.table.clone());
     // Without the loopback exception the SYN is dropped and this times out.
