@@ -144,12 +144,19 @@ async fn entry(
 /// become `X-Space-Sandbox`/`X-Space-Port`, and `e2b-traffic-access-token` (the
 /// sandbox's traffic token, which is the port token of every port its catch-all
 /// covers) becomes `X-Space-Port-Token` unless one is given. E2B's own are taken off,
-/// so none reaches the sandbox's server — envd's `X-Access-Token` too, which E2B's
-/// code-interpreter SDK sends along to its port: a sandbox's server never sees a
-/// credential of the platform's.
+/// so none reaches the sandbox's server — an envd access token in `X-Access-Token`
+/// too, which E2B's code-interpreter SDK sends along to its port: a sandbox's server
+/// never sees a credential of the platform's (an application's own header of that
+/// name, not one of our tokens, goes on).
 fn in_space_terms(h: &mut HeaderMap, routing: bool) {
     use space_proto::api::ports::{PORT_HEADER, PORT_TOKEN_HEADER, SANDBOX_HEADER};
-    h.remove(front::TOKEN_HEADER);
+    let ours = h
+        .get(front::TOKEN_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with(token::PREFIX));
+    if ours {
+        h.remove(front::TOKEN_HEADER);
+    }
     let sandbox = h.remove(front::SANDBOX_HEADER);
     let port = h.remove(front::PORT_HEADER);
     if routing {
@@ -210,7 +217,7 @@ mod tests {
             ("e2b-sandbox-id", id),
             ("e2b-sandbox-port", "8000"),
             ("e2b-traffic-access-token", "spt_t"),
-            ("x-access-token", "envd-token"),
+            ("x-access-token", "sxt1.claims.mac"),
             ("cookie", "a=b"),
         ]);
         in_space_terms(&mut h, true);
@@ -226,14 +233,17 @@ mod tests {
         ] {
             assert!(!h.contains_key(gone), "{gone}");
         }
-        // Host routing: no routing headers are made; a SPACE token given wins.
+        // Host routing: no routing headers are made; a SPACE token given wins; an
+        // application's own `X-Access-Token` (not one of ours) goes on.
         let mut h = headers(&[
             ("e2b-traffic-access-token", "spt_t"),
             ("x-space-port-token", "spt_own"),
+            ("x-access-token", "the-apps-own"),
         ]);
         in_space_terms(&mut h, false);
         assert!(!h.contains_key("x-space-sandbox"));
         assert_eq!(h["x-space-port-token"], "spt_own");
+        assert_eq!(h["x-access-token"], "the-apps-own");
         assert!(!h.contains_key("e2b-traffic-access-token"));
     }
 }

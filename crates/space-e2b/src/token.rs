@@ -11,7 +11,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use space_identity::{ExecutionId, SandboxId};
 
 /// The version tag every token starts with.
-const PREFIX: &str = "sxt1.";
+pub(crate) const PREFIX: &str = "sxt1.";
 
 /// Longest token read (anything longer is refused unread).
 pub const MAX_TOKEN: usize = 512;
