@@ -100,6 +100,8 @@ pub async fn run(config: WorkerConfig) -> Result<WorkerHandle, String> {
     // requests wait (node-api serves from now on: the control plane pushes installs).
     worker.readiness.adopting();
     let adoption = AdoptionOver(Arc::clone(&worker));
+    // What ran before this start, read before anything can be installed.
+    let before = sync::live_before_serving(&worker)?;
 
     // Serve first: the control plane pushes installs while this worker syncs.
     let app = node_api::router(Arc::clone(&worker));
@@ -128,6 +130,7 @@ pub async fn run(config: WorkerConfig) -> Result<WorkerHandle, String> {
     let updates = sync_list(&http, &config, &enrolled.credential).await?;
     sync::reconcile(
         &worker,
+        before,
         updates,
         asked_at,
         &http,

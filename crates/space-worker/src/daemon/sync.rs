@@ -11,11 +11,30 @@ use super::records::{ExecutionRecord, RecordState};
 use super::state::{AgentPool, Worker, activation_of, now_secs};
 use super::{agent_watch, launch, templates, updates};
 
+/// The executions recorded live here before node-api serves: the only ones the
+/// start-up reconciliation may retire as unlisted (see [`reconcile`]).
+pub fn live_before_serving(worker: &Worker) -> Result<Vec<ExecutionRecord>, String> {
+    Ok(worker
+        .records
+        .all()
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .filter(|r| {
+            matches!(
+                r.state,
+                RecordState::Starting | RecordState::Running | RecordState::Paused
+            )
+        })
+        .collect())
+}
+
 /// Applies the control plane's sync: bundle first, then re-adopt each execution it
 /// lists if its processes survived and verify, report it lost otherwise, and retire
-/// every local execution it does not list.
+/// every execution of `before` (what was live here before node-api served,
+/// [`live_before_serving`]) it does not list and nothing changed since.
 pub async fn reconcile(
     worker: &Arc<Worker>,
+    before: Vec<ExecutionRecord>,
     list: Vec<SignedUpdate>,
     asked_at: i64,
     http: &HttpClient,
@@ -51,28 +70,42 @@ pub async fn reconcile(
     }
     let mut lost = Vec::new();
     for i in &wanted {
+        // Installed while this worker synced: it runs as installed, nothing to adopt.
+        let ran_before = before
+            .iter()
+            .any(|r| r.sandbox == i.sandbox && r.generation == i.generation);
+        let installed_meanwhile = !ran_before
+            && worker.slot(&i.sandbox).is_some_and(|s| {
+                s.record.execution() == i.execution()
+                    && matches!(s.record.state, RecordState::Running | RecordState::Paused)
+            });
+        if installed_meanwhile {
+            continue;
+        }
         if !readopt(worker, i, asked_at).await {
             lost.push((i.sandbox, i.generation));
         }
     }
-    // Everything live here that the control plane did not list is retired.
-    let live: Vec<ExecutionRecord> = worker
-        .records
-        .all()
-        .map_err(|e| e.to_string())?
-        .into_iter()
-        .filter(|r| {
-            matches!(
-                r.state,
-                RecordState::Starting | RecordState::Running | RecordState::Paused
-            )
-        })
-        .collect();
-    for r in live {
-        if !wanted
+    // What ran here before this start and the control plane did not list is retired
+    // — that alone. node-api serves from before the list was asked for, and an install
+    // pushed meanwhile may be newer than the list: retiring every unlisted execution
+    // killed sandboxes the control plane had just been told run (a standby sandbox
+    // started on a worker still syncing was found retired when a create claimed it).
+    // An execution changed since (an update pushed while syncing) is known to the
+    // control plane: the periodic resync judges it against a newer list.
+    for r in before {
+        if wanted
             .iter()
             .any(|i| i.sandbox == r.sandbox && i.generation == r.generation)
         {
+            continue;
+        }
+        let _turn = worker.lock_sandbox(&r.sandbox).await;
+        let now = worker
+            .records
+            .get(&r.sandbox, r.generation)
+            .map_err(|e| e.to_string())?;
+        if now.as_ref() == Some(&r) {
             updates::retire_unlisted(worker, &r).await;
         }
     }
@@ -274,5 +307,100 @@ async fn sweep_templates(worker: &Arc<Worker>, keep: &[String], asked_at: i64) {
     let asked_at = u64::try_from(asked_at).unwrap_or(0);
     if let Err(e) = templates::sweep(worker, keep, asked_at).await {
         tracing::warn!(error = %e, "template sweep failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::node_api::tests::{bare_worker, enroll};
+    use space_identity::{Generation, Purpose, SandboxId};
+
+    /// Sandbox `n`'s first execution recorded here as running (no processes: nothing
+    /// is launched, so its retirement has nothing to stop).
+    fn hold(worker: &Worker, n: u64) -> ExecutionRecord {
+        let route = space_testkit::route(n, 1, "w1");
+        let record = ExecutionRecord {
+            sandbox: route.sandbox,
+            generation: route.execution.generation,
+            execution_id: route.execution.id,
+            substrate: route.placement.substrate,
+            activation: route.placement.activation,
+            state: RecordState::Running,
+            secret: [7; 32],
+            handle: None,
+            bridge: None,
+            env: Default::default(),
+            ports: Vec::new(),
+            network: space_proto::api::Policy::none(),
+            defaults: Default::default(),
+            template: None,
+            updated_at: now_secs() as i64,
+        };
+        worker.records.put(&record).unwrap();
+        worker.put_slot(record.clone(), None);
+        record
+    }
+
+    fn state(worker: &Worker, sandbox: &SandboxId) -> RecordState {
+        worker
+            .records
+            .get(sandbox, Generation(1))
+            .unwrap()
+            .expect("a record")
+            .state
+    }
+
+    /// The control plane's list may predate an install it pushed while the worker
+    /// synced (node-api serves from before the list is asked for): the start-up
+    /// reconciliation retired every unlisted execution, that one too (in CI: a standby
+    /// sandbox started on a worker still syncing, retired, then claimed by a create
+    /// whose policy push was refused with `execution is Retired`).
+    #[tokio::test]
+    async fn an_execution_installed_while_the_worker_syncs_is_not_retired_as_unlisted() {
+        let data = tempfile::tempdir().unwrap();
+        let worker = bare_worker(&data, "sync");
+        enroll(
+            &worker,
+            &space_testkit::TestKeys::new(),
+            &[Purpose::Control],
+        );
+        // Ran before this start; the control plane lists it no more.
+        let old = hold(&worker, 1);
+        // Ran before too, and an update pushed while syncing changed it: the control
+        // plane knows it, whatever its older list says.
+        let updated = hold(&worker, 3);
+        let before = live_before_serving(&worker).unwrap();
+        // Installed while the worker syncs, after its list was asked for.
+        let asked_at = now_secs() as i64;
+        let fresh = hold(&worker, 2);
+        let mut changed = updated.clone();
+        changed.network = space_proto::api::Policy::parse(
+            space_proto::api::NetworkMode::Egress,
+            &["a.test"],
+            &[] as &[&str],
+        )
+        .unwrap();
+        worker.records.put(&changed).unwrap();
+        let http = HttpClient::new(std::time::Duration::from_secs(1));
+        reconcile(
+            &worker,
+            before,
+            Vec::new(),
+            asked_at,
+            &http,
+            "http://127.0.0.1:9",
+            "c",
+        )
+        .await
+        .unwrap();
+        assert_eq!(state(&worker, &old.sandbox), RecordState::Retired);
+        assert_eq!(state(&worker, &fresh.sandbox), RecordState::Running);
+        assert_eq!(state(&worker, &updated.sandbox), RecordState::Running);
+        assert!(
+            worker
+                .slot(&fresh.sandbox)
+                .is_some_and(|s| s.record == fresh)
+        );
     }
 }
