@@ -16,3 +16,4 @@ pub mod frame;
 pub mod guest;
 #[cfg(feature = "openapi")]
 pub mod openapi;
+pub mod vm;

@@ -105,6 +105,7 @@ impl Sandbox {
             agent: agent.identity(),
             activation: expected.clone(),
             max_connections: 64,
+            transport: spaced_host::Transport::Socket,
         };
         let bridge_proc = start_bridge_with(&bridge, &spec);
         let mut bridge_identity = bridge_proc.identity();

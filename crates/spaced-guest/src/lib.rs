@@ -18,6 +18,7 @@ pub mod server;
 mod session;
 mod sys;
 mod tree;
+pub mod vm;
 mod watch;
 
 pub use agent::Agent;

@@ -13,6 +13,22 @@ fn main() -> ExitCode {
         eprintln!("spaced-guest: PR_SET_DUMPABLE: {e}");
         return ExitCode::from(1);
     }
+    // PID 1 of a VM sandbox (the initramfs's `/init`, started without arguments).
+    if rustix::process::getpid().is_init() {
+        spaced_guest::vm::init();
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [cmd, port] = args.as_slice() {
+        if cmd == "vm-agent" {
+            return match spaced_guest::vm::serve_port(std::path::Path::new(port), 256) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("spaced-guest: {e}");
+                    ExitCode::from(1)
+                }
+            };
+        }
+    }
     let home = spaced_guest::config::default_home(
         rustix::process::getuid().as_raw(),
         std::env::var("HOME").ok().as_deref(),

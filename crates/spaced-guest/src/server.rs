@@ -112,26 +112,30 @@ pub fn serve(agent: Arc<Agent>, listener: OwnedFd) -> io::Result<()> {
             }
             Err(e) => return Err(e.into()),
         };
-        let stream = UnixStream::from(fd);
-        if agent.active.fetch_add(1, Ordering::AcqRel) >= agent.max_connections {
-            agent.active.fetch_sub(1, Ordering::AcqRel);
-            refuse_busy(&agent, stream);
-            continue;
-        }
-        let slot = Slot(agent.clone());
-        let spawned = std::thread::Builder::new()
-            .name("conn".into())
-            // Address space, not memory: only touched pages count. Enough for std's
-            // per-component recursion in `create_dir_all` on the longest paths.
-            .stack_size(2 << 20)
-            .spawn(move || {
-                let _ = session::serve(stream, &slot.0);
-            });
-        if spawned.is_err() {
-            // The closure (and with it the slot and stream) was dropped: the client
-            // sees the connection close.
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        take(&agent, UnixStream::from(fd));
+    }
+}
+
+/// Serves one connection on a thread of its own, or answers `busy` past the limit.
+pub(crate) fn take(agent: &Arc<Agent>, stream: UnixStream) {
+    if agent.active.fetch_add(1, Ordering::AcqRel) >= agent.max_connections {
+        agent.active.fetch_sub(1, Ordering::AcqRel);
+        refuse_busy(agent, stream);
+        return;
+    }
+    let slot = Slot(agent.clone());
+    let spawned = std::thread::Builder::new()
+        .name("conn".into())
+        // Address space, not memory: only touched pages count. Enough for std's
+        // per-component recursion in `create_dir_all` on the longest paths.
+        .stack_size(2 << 20)
+        .spawn(move || {
+            let _ = session::serve(stream, &slot.0);
+        });
+    if spawned.is_err() {
+        // The closure (and with it the slot and stream) was dropped: the client
+        // sees the connection close.
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

@@ -16,9 +16,10 @@
 //! bridge process against the record, the handshake, and the peer again afterwards.
 
 pub mod client;
+pub mod serial;
 pub mod server;
 pub mod spec;
 
 pub use client::{BridgeClientError, BridgePool, BridgeTarget, connect};
-pub use server::{BridgeError, run};
-pub use spec::BridgeSpec;
+pub use server::{BridgeError, run, run_with};
+pub use spec::{BridgeSpec, Transport};

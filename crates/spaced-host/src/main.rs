@@ -39,12 +39,22 @@ fn real_main() -> Result<(), String> {
         return Err("no spec: the worker closed the pipe before sending one".into());
     }
     let spec = BridgeSpec::decode(&spec_bytes)?;
+    // A VM's agent: verified and activated before the bridge says it is ready.
+    let link = match spec.transport {
+        spaced_host::Transport::Socket => None,
+        spaced_host::Transport::Serial => {
+            let link = spaced_host::serial::connect(&spec, spaced_host::serial::READY_WAIT)
+                .map_err(|e| format!("serial transport: {e}"))?;
+            spaced_host::serial::exit_with(&link);
+            Some(link)
+        }
+    };
     let listener = space_peer::bind_listener(&spec.listen).map_err(|e| e.to_string())?;
     let mut out = std::io::stdout();
     writeln!(out, "ready")
         .and_then(|()| out.flush())
         .map_err(|e| e.to_string())?;
-    spaced_host::run(spec, listener).map_err(|e| format!("listener failed: {e}"))
+    spaced_host::run_with(spec, listener, link).map_err(|e| format!("listener failed: {e}"))
 }
 
 #[allow(unsafe_code)]

@@ -20,6 +20,7 @@ use space_proto::guest::{
 };
 
 use crate::spec::BridgeSpec;
+use space_mux::Link;
 
 /// Stack size of the bridge's threads: they only move bytes.
 const THREAD_STACK: usize = 64 * 1024;
@@ -52,7 +53,14 @@ pub enum BridgeError {
 
 /// Serves the worker until the listener fails. Each connection gets its own thread.
 pub fn run(spec: BridgeSpec, listener: UnixListener) -> io::Result<()> {
+    run_with(spec, listener, None)
+}
+
+/// [`run`], with the agent reached over `link` (the serial transport, already
+/// verified and activated by [`crate::serial::connect`]) when one is given.
+pub fn run_with(spec: BridgeSpec, listener: UnixListener, link: Option<Link>) -> io::Result<()> {
     let spec = Arc::new(spec);
+    let link = link.map(Arc::new);
     let active = Arc::new(AtomicUsize::new(0));
     for conn in listener.incoming() {
         let conn = match conn {
@@ -61,6 +69,7 @@ pub fn run(spec: BridgeSpec, listener: UnixListener) -> io::Result<()> {
             Err(e) => return Err(e),
         };
         let spec = Arc::clone(&spec);
+        let link = link.clone();
         let active = Arc::clone(&active);
         if active.fetch_add(1, Ordering::AcqRel) >= spec.max_connections {
             active.fetch_sub(1, Ordering::AcqRel);
@@ -70,7 +79,7 @@ pub fn run(spec: BridgeSpec, listener: UnixListener) -> io::Result<()> {
         let spawned = thread::Builder::new()
             .stack_size(THREAD_STACK)
             .spawn(move || {
-                if let Err(e) = serve(&conn, &spec) {
+                if let Err(e) = serve(&conn, &spec, link.as_deref()) {
                     log_refusal(&spec, &e);
                     refuse(&conn, &spec, &e);
                     drain(&conn);
@@ -126,7 +135,7 @@ fn refuse(conn: &UnixStream, spec: &BridgeSpec, e: &BridgeError) {
     let _ = conn.shutdown(Shutdown::Write);
 }
 
-fn serve(conn: &UnixStream, spec: &BridgeSpec) -> Result<(), BridgeError> {
+fn serve(conn: &UnixStream, spec: &BridgeSpec, link: Option<&Link>) -> Result<(), BridgeError> {
     let cred = socket_peercred(conn.as_fd()).map_err(io::Error::from)?;
     if cred.uid.as_raw() != spec.worker_uid {
         return Err(BridgeError::WrongClientUid(cred.uid.as_raw()));
@@ -138,7 +147,10 @@ fn serve(conn: &UnixStream, spec: &BridgeSpec) -> Result<(), BridgeError> {
         _ => return Err(BridgeError::NotHello),
     };
 
-    let mut agent = open_verified_transport(spec)?;
+    let mut agent = match link {
+        None => open_verified_transport(spec)?,
+        Some(link) => crate::serial::open_stream(spec, link)?,
+    };
     frame::write_frame(&mut agent, &hello_body)?;
     let ack_body = frame::read_frame(&mut agent)?;
     let ack = match guest::decode_agent_frame(&ack_body) {
@@ -162,9 +174,14 @@ fn serve(conn: &UnixStream, spec: &BridgeSpec) -> Result<(), BridgeError> {
         return Err(BridgeError::Handshake("the agent serves another execution"));
     }
     // The peer again, after the handshake: the same live process must still hold the
-    // transport.
-    let (_, peer) = peer_process(agent.as_fd())?;
-    spec.agent.verify(&peer.identity)?;
+    // transport (the VMM, for a link: its peer credentials are the connect's).
+    match link {
+        None => {
+            let (_, peer) = peer_process(agent.as_fd())?;
+            spec.agent.verify(&peer.identity)?;
+        }
+        Some(_) => crate::serial::check_vmm(spec)?,
+    }
 
     worker.write_all(&frame::frame_bytes(&ack_body)?)?;
     hand_over(conn, &agent)

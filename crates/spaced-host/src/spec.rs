@@ -27,6 +27,23 @@ pub struct BridgeSpec {
     /// Most connections served at once.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// How the agent is reached through `agent_socket`.
+    #[serde(default)]
+    pub transport: Transport,
+}
+
+/// How the bridge reaches the agent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transport {
+    /// The agent listens on `agent_socket` (a jail's): one new connection per worker
+    /// connection, its peer the recorded agent process.
+    #[default]
+    Socket,
+    /// `agent_socket` is a VM's virtio-serial port, served by its VMM (the recorded
+    /// `agent` process is QEMU): one connection for the bridge's life, carrying a
+    /// `space-mux` link whose first control message is the activation record.
+    Serial,
 }
 
 fn default_max_connections() -> usize {

@@ -240,9 +240,15 @@ fn bridge_spec(
     let agent = LiveProcess::open(agent_pid)
         .map_err(|e| LaunchError::Agent(e.to_string()))?
         .identity;
-    // The agent must run the binary the worker meant to start.
+    // A VM's transport is its VMM (QEMU, as the driver started it); the agent runs in
+    // the guest and proves itself in the handshake.
+    let transport = match handle.substrate {
+        crate::substrate::SubstrateKind::Vm => spaced_host::Transport::Serial,
+        _ => spaced_host::Transport::Socket,
+    };
+    // A jail's agent must run the binary the worker meant to start.
     let want = FileId::of_path(&bins.agent).map_err(|e| LaunchError::Agent(e.to_string()))?;
-    if agent.exe != want {
+    if transport == spaced_host::Transport::Socket && agent.exe != want {
         return Err(LaunchError::Agent(
             "the running agent is not the configured binary".into(),
         ));
@@ -259,6 +265,7 @@ fn bridge_spec(
         agent,
         activation: activation.clone(),
         max_connections: 256,
+        transport,
     })
 }
 

@@ -7,6 +7,7 @@
 pub mod jail;
 pub mod process;
 pub mod tree;
+pub mod vm;
 
 use std::path::PathBuf;
 
@@ -26,6 +27,8 @@ pub enum SubstrateKind {
     Firecracker,
     /// Kubernetes pod.
     Kubernetes,
+    /// A VM under QEMU (its own kernel).
+    Vm,
 }
 
 /// Resource limits of one sandbox. `None` leaves a resource unlimited.

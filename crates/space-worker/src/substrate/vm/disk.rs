@@ -1,0 +1,118 @@
+//! The guest's disks: the template rendered once to a read-only ext4 image (shared by
+//! every VM of the template), and a per-sandbox ext4 image, sparse, of the disk limit's
+//! size, for its writable layer. Both made with `mkfs.ext4` (`-d` copies a tree into
+//! the image without mounting it; it stores links as links, never following one).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::substrate::{SubstrateError, TemplateSpec};
+
+/// Room beyond the template's own bytes (ext4 metadata, inode tables).
+const ROOT_SLACK: u64 = 64 << 20;
+
+/// The root image of `template` under `images`, rendered if missing.
+pub fn root_image(images: &Path, template: &TemplateSpec) -> Result<PathBuf, SubstrateError> {
+    let (key, layers) = match template {
+        TemplateSpec::Default => {
+            return Err(SubstrateError::Unsupported(
+                "a VM sandbox needs an image template (the host-directories default \
+                 cannot be a guest's root)"
+                    .into(),
+            ));
+        }
+        TemplateSpec::Directory {
+            lower_dir,
+            read_only_binds,
+        } => {
+            if !read_only_binds.is_empty() {
+                return Err(SubstrateError::Unsupported(
+                    "a VM sandbox cannot bind host directories".into(),
+                ));
+            }
+            let path = lower_dir.to_string_lossy();
+            let key = blake3::hash(path.as_bytes()).to_hex()[..32].to_owned();
+            (format!("dir-{key}"), vec![lower_dir.clone()])
+        }
+        TemplateSpec::Image { digest, lower_dirs } => {
+            let key: String = digest
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+                .collect();
+            (key, lower_dirs.clone())
+        }
+    };
+    std::fs::create_dir_all(images).map_err(super::super::io_err("the VM images directory"))?;
+    let image = images.join(format!("{key}.ext4"));
+    if image.is_file() {
+        return Ok(image);
+    }
+    let [layer] = layers.as_slice() else {
+        return Err(SubstrateError::Unsupported(
+            "a VM sandbox of a template with several layers".into(),
+        ));
+    };
+    let size = tree_bytes(layer)? + ROOT_SLACK;
+    let tmp = images.join(format!(".{key}.{}.tmp", std::process::id()));
+    let made = make_ext4(&tmp, size, "space-root", Some(layer));
+    if let Err(e) = made {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, &image).map_err(super::super::io_err("the VM root image"))?;
+    Ok(image)
+}
+
+/// A fresh writable disk of `bytes` at `path`.
+pub fn upper_image(path: &Path, bytes: u64) -> Result<(), SubstrateError> {
+    make_ext4(path, bytes, "space-upper", None)
+}
+
+fn make_ext4(
+    path: &Path,
+    bytes: u64,
+    label: &str,
+    from: Option<&Path>,
+) -> Result<(), SubstrateError> {
+    let file = std::fs::File::create(path).map_err(super::super::io_err("a VM disk image"))?;
+    // Whole MiB: mkfs counts in blocks.
+    let bytes = bytes.div_ceil(1 << 20) << 20;
+    file.set_len(bytes)
+        .map_err(super::super::io_err("a VM disk image"))?;
+    drop(file);
+    let mut cmd = Command::new("mkfs.ext4");
+    cmd.args(["-q", "-F", "-m", "0", "-L", label, "-J", "size=4"]);
+    if let Some(dir) = from {
+        cmd.arg("-d").arg(dir);
+    }
+    cmd.arg(path);
+    let out = cmd
+        .output()
+        .map_err(super::super::io_err("run mkfs.ext4 (e2fsprogs)"))?;
+    if !out.status.success() {
+        return Err(SubstrateError::Unsupported(format!(
+            "mkfs.ext4 failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+/// Bytes a tree takes (files' lengths rounded to 4 KiB, plus a block per entry);
+/// links are not followed.
+fn tree_bytes(root: &Path) -> Result<u64, SubstrateError> {
+    let mut total = 0u64;
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        let entries = std::fs::read_dir(&d).map_err(super::super::io_err("read the template"))?;
+        for e in entries.flatten() {
+            let meta = std::fs::symlink_metadata(e.path())
+                .map_err(super::super::io_err("read the template"))?;
+            total += meta.len().div_ceil(4096) * 4096 + 4096;
+            if meta.is_dir() {
+                dirs.push(e.path());
+            }
+        }
+    }
+    Ok(total)
+}

@@ -1,0 +1,452 @@
+//! The `vm` substrate: each execution in its own kernel, under QEMU (`microvm`, KVM
+//! where a guest boots under it, software emulation otherwise).
+//!
+//! A launch renders the template to a read-only disk image once (shared), makes the
+//! sandbox's writable disk (its size the disk limit), and starts QEMU in a cgroup of
+//! its own with the Debian guest kernel ([`kernel`]), the initramfs this driver builds
+//! ([`initramfs`]: the statically linked agent as `/init` and the modules it loads),
+//! the two disks, a virtio-serial port on a Unix socket in the worker's run directory
+//! (the agent's transport, served by QEMU: the recorded agent process is QEMU) and a
+//! QMP socket for pause and resume (vCPUs stopped, memory kept). The bridge does the
+//! rest (`spaced_host::serial`): it verifies QEMU as the socket's peer and sends the
+//! activation record over the port before anything is served.
+
+pub mod disk;
+pub mod initramfs;
+pub mod kernel;
+pub mod qmp;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use super::jail::cgroup::CgroupHierarchy;
+use super::{
+    CgroupSet, LaunchSpec, Limits, ProcessIdentity, SandboxHandle, SandboxStats, Substrate,
+    SubstrateError, SubstrateKind, io_err,
+};
+
+/// How QEMU runs guest code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accel {
+    /// Hardware virtualization (`/dev/kvm`, where a stock kernel boots under it).
+    Kvm,
+    /// QEMU's software emulation.
+    Tcg,
+}
+
+impl Accel {
+    /// QEMU's name of it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Kvm => "kvm",
+            Self::Tcg => "tcg",
+        }
+    }
+}
+
+/// What the driver needs.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    /// `qemu-system-x86_64`.
+    pub qemu: PathBuf,
+    /// The prepared guest kernel's directory ([`kernel::setup`]).
+    pub kernel_dir: PathBuf,
+    /// The statically linked `spaced-guest` (the guest's `/init`).
+    pub agent: PathBuf,
+    /// The accelerator.
+    pub accel: Accel,
+    /// The cgroup (under each hierarchy) holding the VMs' cgroups.
+    pub cgroup_parent: String,
+}
+
+/// Memory QEMU itself may use beyond the guest's RAM (its code, device state and, under
+/// software emulation, the translation cache `tb-size` bounds).
+const VMM_OVERHEAD: u64 = 192 << 20;
+/// The translation cache under software emulation, in MiB.
+const TB_SIZE_MIB: u64 = 64;
+/// Least guest RAM.
+const MIN_RAM: u64 = 128 << 20;
+
+/// The QEMU driver.
+#[derive(Debug)]
+pub struct QemuDriver {
+    config: VmConfig,
+    kernel: kernel::GuestKernel,
+    initramfs: PathBuf,
+    cgroups: Option<CgroupHierarchy>,
+}
+
+impl QemuDriver {
+    /// A driver for `config`, its initramfs built under `data_dir/vm` (once per agent
+    /// binary and kernel).
+    pub fn new(config: VmConfig, data_dir: &Path) -> Result<Self, SubstrateError> {
+        if !config.qemu.is_file() {
+            return Err(SubstrateError::Unsupported(format!(
+                "no QEMU at {} (Debian: qemu-system-x86)",
+                config.qemu.display()
+            )));
+        }
+        let kernel = kernel::load(&config.kernel_dir).map_err(SubstrateError::Unsupported)?;
+        let agent = std::fs::read(&config.agent).map_err(io_err("read the guest agent"))?;
+        let mut modules = Vec::new();
+        for (name, path) in &kernel.modules {
+            modules.push((
+                name.clone(),
+                std::fs::read(path).map_err(io_err("read a guest module"))?,
+            ));
+        }
+        let mut h = blake3::Hasher::new();
+        h.update(&agent);
+        h.update(kernel.release.as_bytes());
+        for (name, bytes) in &modules {
+            h.update(name.as_bytes());
+            h.update(bytes);
+        }
+        let dir = data_dir.join("vm");
+        std::fs::create_dir_all(&dir).map_err(io_err("the VM directory"))?;
+        let initramfs = dir.join(format!("initramfs-{}.cpio", &h.finalize().to_hex()[..16]));
+        if !initramfs.is_file() {
+            initramfs::write_file(&initramfs, &agent, &modules)
+                .map_err(io_err("write the guest initramfs"))?;
+        }
+        let cgroups = CgroupHierarchy::detect().ok();
+        Ok(Self {
+            config,
+            kernel,
+            initramfs,
+            cgroups,
+        })
+    }
+
+    /// The guest kernel's release.
+    pub fn kernel_release(&self) -> &str {
+        &self.kernel.release
+    }
+
+    fn qmp(&self, handle: &SandboxHandle) -> Result<qmp::Qmp, SubstrateError> {
+        if !handle.init.is_alive() {
+            return Err(SubstrateError::NotRunning);
+        }
+        qmp::Qmp::connect(&qmp_socket(&handle.socket_path), Duration::from_secs(5))
+            .map_err(io_err("QMP"))
+    }
+
+    fn kill(&self, handle: &SandboxHandle) {
+        if handle.init.is_alive() {
+            let _ = rustix::process::kill_process(
+                rustix::process::Pid::from_raw(handle.init.pid)
+                    .expect("a recorded PID is positive"),
+                rustix::process::Signal::KILL,
+            );
+        }
+        reap(handle.init.pid);
+        if !matches!(handle.cgroups, CgroupSet::None) {
+            let _ = handle.cgroups.kill_all();
+            let _ = handle.cgroups.wait_empty();
+            let _ = handle.cgroups.remove();
+        }
+        for p in [handle.socket_path.clone(), qmp_socket(&handle.socket_path)] {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// The QMP socket beside an execution's serial socket.
+fn qmp_socket(serial: &Path) -> PathBuf {
+    serial.with_extension("qmp")
+}
+
+/// Reaps `pid` if it is this process's exited child (QEMU, once killed).
+fn reap(pid: i32) {
+    use nix::sys::wait::{WaitPidFlag, waitpid};
+    let pid = nix::unistd::Pid::from_raw(pid);
+    for _ in 0..200 {
+        match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+            Ok(nix::sys::wait::WaitStatus::StillAlive) => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            _ => return,
+        }
+    }
+}
+
+/// The guest kernel's command line. Under software emulation the guest's TSC is the
+/// host's, and the kernel is told its rate: calibrating it against the emulated PIT
+/// fails whenever QEMU's main loop is busy (seen: a QMP client connected during boot),
+/// and a kernel without a clock source hangs there.
+fn kernel_command_line(accel: Accel) -> String {
+    let mut line =
+        String::from("console=ttyS0 quiet panic=-1 rdinit=/init pci=off random.trust_cpu=on");
+    if accel == Accel::Tcg {
+        if let Some(khz) = host_tsc_khz() {
+            line.push_str(&format!(" tsc_early_khz={khz} tsc=reliable"));
+        }
+    }
+    line
+}
+
+/// The host's TSC rate in kHz (`cpu MHz` of `/proc/cpuinfo`: the nominal rate on a
+/// CPU with a constant TSC).
+fn host_tsc_khz() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let mhz: f64 = info
+        .lines()
+        .find(|l| l.starts_with("cpu MHz"))?
+        .split(':')
+        .nth(1)?
+        .trim()
+        .parse()
+        .ok()?;
+    (mhz > 1.0).then_some((mhz * 1000.0) as u64)
+}
+
+/// Guest RAM and vCPUs for `limits`.
+pub fn machine_size(limits: &Limits) -> (u64, u32) {
+    let ram = limits.memory_bytes.unwrap_or(512 << 20).max(MIN_RAM);
+    let cpus = limits.cpu_millis.map_or(1, |m| m.div_ceil(1000).max(1));
+    (ram, cpus)
+}
+
+impl Substrate for QemuDriver {
+    fn kind(&self) -> SubstrateKind {
+        SubstrateKind::Vm
+    }
+
+    fn launch(&self, spec: &LaunchSpec) -> Result<SandboxHandle, SubstrateError> {
+        spec.key.validate()?;
+        let root = disk::root_image(&spec.data_dir.join("vm").join("images"), &spec.template)?;
+        let sandbox_dir = spec.data_dir.join("sandboxes").join(spec.key.dir_name());
+        std::fs::create_dir_all(&sandbox_dir).map_err(io_err("the sandbox directory"))?;
+        let upper = sandbox_dir.join("upper.ext4");
+        let kept = spec
+            .initial_upper
+            .as_ref()
+            .map(|k| k.join("upper.ext4"))
+            .filter(|k| k.is_file());
+        match kept {
+            Some(k) => std::fs::rename(&k, &upper).map_err(io_err("the kept VM disk"))?,
+            None => disk::upper_image(&upper, spec.limits.disk_bytes.unwrap_or(1 << 30))?,
+        }
+        let run = spec.data_dir.join("run").join(&spec.key.sandbox_id);
+        space_peer::prepare_socket_dir(&run)
+            .map_err(|e| SubstrateError::io("the run directory", std::io::Error::other(e)))?;
+        let serial = run.join(format!("vm-{}.sock", spec.key.execution_id));
+        let qmp_path = qmp_socket(&serial);
+        for p in [&serial, &qmp_path] {
+            let _ = std::fs::remove_file(p);
+        }
+        let log_path = sandbox_dir.join("console.log");
+        let (ram, cpus) = machine_size(&spec.limits);
+        let accel = match self.config.accel {
+            Accel::Kvm => "kvm".to_owned(),
+            Accel::Tcg => format!("tcg,tb-size={TB_SIZE_MIB}"),
+        };
+        let cpu = match self.config.accel {
+            Accel::Kvm => "host",
+            Accel::Tcg => "max",
+        };
+        let drive = |path: &Path, id: &str, ro: bool| {
+            format!(
+                "file={},if=none,id={id},format=raw,readonly={},cache=none,aio=threads",
+                path.display(),
+                if ro { "on" } else { "off" }
+            )
+        };
+        let vmm_log =
+            std::fs::File::create(sandbox_dir.join("qemu.log")).map_err(io_err("the QEMU log"))?;
+        let mut cmd = Command::new(&self.config.qemu);
+        cmd.args(["-machine", "microvm"])
+            .args(["-accel", &accel])
+            .args(["-cpu", cpu])
+            .args(["-m", &format!("{}M", ram >> 20)])
+            .args(["-smp", &cpus.to_string()])
+            .args(["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"])
+            .arg("-kernel")
+            .arg(&self.kernel.vmlinuz)
+            .arg("-initrd")
+            .arg(&self.initramfs)
+            .args(["-append", &kernel_command_line(self.config.accel)])
+            .args(["-serial", &format!("file:{}", log_path.display())])
+            .args(["-device", "virtio-serial-device"])
+            .args([
+                "-chardev",
+                &format!(
+                    "socket,id=agent,path={},server=on,wait=off",
+                    serial.display()
+                ),
+            ])
+            .args([
+                "-device",
+                &format!(
+                    "virtserialport,chardev=agent,name={}",
+                    space_proto::vm::PORT_NAME
+                ),
+            ])
+            .args(["-drive", &drive(&root, "root", true)])
+            .args([
+                "-device",
+                &format!(
+                    "virtio-blk-device,drive=root,serial={}",
+                    space_proto::vm::ROOT_SERIAL
+                ),
+            ])
+            .args(["-drive", &drive(&upper, "upper", false)])
+            .args([
+                "-device",
+                &format!(
+                    "virtio-blk-device,drive=upper,serial={}",
+                    space_proto::vm::UPPER_SERIAL
+                ),
+            ])
+            .args([
+                "-qmp",
+                &format!("unix:{},server=on,wait=off", qmp_path.display()),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(vmm_log);
+        let cgroups = match &self.cgroups {
+            Some(h) => {
+                let limits = Limits {
+                    memory_bytes: Some(ram + VMM_OVERHEAD),
+                    pids_max: Some(64 + u64::from(cpus)),
+                    cpu_millis: spec.limits.cpu_millis,
+                    disk_bytes: None,
+                };
+                h.create(&self.config.cgroup_parent, &spec.key.dir_name(), &limits)?
+            }
+            None => CgroupSet::None,
+        };
+        let child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = cgroups.remove();
+                return Err(SubstrateError::io("start QEMU", e));
+            }
+        };
+        let pid = child.id() as i32;
+        // The child handle is dropped: destroy reaps it by PID.
+        drop(child);
+        let fail = |e: SubstrateError| {
+            let _ = rustix::process::kill_process(
+                rustix::process::Pid::from_raw(pid).expect("a child's PID is positive"),
+                rustix::process::Signal::KILL,
+            );
+            reap(pid);
+            let _ = cgroups.kill_all();
+            let _ = cgroups.remove();
+            e
+        };
+        if let Err(e) = cgroups.add_process(pid) {
+            return Err(fail(e));
+        }
+        let init = match ProcessIdentity::of(pid) {
+            Ok(i) => i,
+            Err(e) => return Err(fail(SubstrateError::io("QEMU's identity", e))),
+        };
+        // QEMU creates both sockets before it runs the guest: once QMP answers, the
+        // serial socket listens.
+        let mut q = match qmp::Qmp::connect(&qmp_path, Duration::from_secs(10)) {
+            Ok(q) => q,
+            Err(e) => {
+                let log = std::fs::read_to_string(sandbox_dir.join("qemu.log")).unwrap_or_default();
+                return Err(fail(SubstrateError::io(
+                    format!("QEMU did not start: {}", log.trim()),
+                    e,
+                )));
+            }
+        };
+        if let Err(e) = q.status() {
+            return Err(fail(SubstrateError::io("QMP status", e)));
+        }
+        let socket_inode = match std::fs::metadata(&serial) {
+            Ok(m) => std::os::unix::fs::MetadataExt::ino(&m),
+            Err(e) => return Err(fail(SubstrateError::io("the serial socket", e))),
+        };
+        Ok(SandboxHandle {
+            key: spec.key.clone(),
+            substrate: SubstrateKind::Vm,
+            init,
+            agent: Some(init),
+            socket_path: serial,
+            socket_inode,
+            sandbox_dir,
+            upper_dir: upper,
+            log_path,
+            cgroups,
+            host_uid: None,
+        })
+    }
+
+    fn pause(&self, handle: &SandboxHandle) -> Result<(), SubstrateError> {
+        self.qmp(handle)?
+            .execute("stop", None)
+            .map_err(io_err("QMP stop"))?;
+        Ok(())
+    }
+
+    fn resume(&self, handle: &SandboxHandle) -> Result<(), SubstrateError> {
+        self.qmp(handle)?
+            .execute("cont", None)
+            .map_err(io_err("QMP cont"))?;
+        Ok(())
+    }
+
+    fn destroy(&self, handle: &SandboxHandle) -> Result<(), SubstrateError> {
+        self.kill(handle);
+        match std::fs::remove_dir_all(&handle.sandbox_dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(SubstrateError::io("remove the sandbox directory", e)),
+        }
+    }
+
+    fn destroy_keeping_layer(
+        &self,
+        handle: &SandboxHandle,
+        keep_at: &Path,
+    ) -> Result<(), SubstrateError> {
+        self.kill(handle);
+        std::fs::create_dir_all(keep_at).map_err(io_err("the kept layer directory"))?;
+        if handle.upper_dir.is_file() {
+            std::fs::rename(&handle.upper_dir, keep_at.join("upper.ext4"))
+                .map_err(io_err("keep the VM disk"))?;
+        }
+        self.destroy(handle)
+    }
+
+    fn stats(&self, handle: &SandboxHandle) -> Result<SandboxStats, SubstrateError> {
+        let cgroup = match handle.cgroups {
+            CgroupSet::None => Default::default(),
+            ref c => c.stats()?,
+        };
+        Ok(SandboxStats {
+            cgroup,
+            running: handle.init.is_alive(),
+        })
+    }
+
+    fn service_socket(
+        &self,
+        _handle: &SandboxHandle,
+    ) -> Result<std::os::fd::OwnedFd, SubstrateError> {
+        Err(SubstrateError::Unsupported(
+            "service ports of VM sandboxes are not reachable yet".into(),
+        ))
+    }
+
+    fn try_wait(&self, handle: &SandboxHandle) -> Result<Option<i32>, SubstrateError> {
+        use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+        match waitpid(
+            nix::unistd::Pid::from_raw(handle.init.pid),
+            Some(WaitPidFlag::WNOHANG),
+        ) {
+            Ok(WaitStatus::Exited(_, code)) => Ok(Some(code)),
+            Ok(WaitStatus::Signaled(_, sig, _)) => Ok(Some(128 + sig as i32)),
+            Ok(_) => Ok(None),
+            Err(nix::errno::Errno::ECHILD) => Ok((!handle.init.is_alive()).then_some(-1)),
+            Err(e) => Err(SubstrateError::io("wait for QEMU", e.into())),
+        }
+    }
+}

@@ -1,0 +1,329 @@
+//! The `vm` substrate under QEMU, end to end with the real agent and bridge: a guest in
+//! its own (Debian) kernel, booted from the worker's initramfs, its root an image of
+//! the template, reached only through the bridge's verified serial transport.
+//!
+//! Needs `qemu-system-x86_64` (Debian: qemu-system-x86), a statically linked busybox
+//! (busybox-static) for the template's userland, `mkfs.ext4` (e2fsprogs), and the guest
+//! kernel: prepared once into `target/space-vm/kernel` from Debian's
+//! `linux-image-cloud-amd64` (apt-get download + dpkg-deb, never installed). Runs under
+//! software emulation (TCG): this host class's KVM does not boot stock kernels.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::symlink;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use space_identity::{ExecutionId, Generation, SandboxId};
+use space_proto::client::AgentConnection;
+use space_proto::guest::{Activation, ExecSpec, ExitOutcome};
+use space_worker::daemon::launch::{self, Binaries, Layer};
+use space_worker::daemon::records::BridgeRecord;
+use space_worker::substrate::vm::{Accel, QemuDriver, VmConfig, kernel};
+use space_worker::substrate::{Limits, SandboxHandle, Substrate, TemplateSpec};
+
+const QEMU: &str = "/usr/bin/qemu-system-x86_64";
+const BUSYBOX: &str = "/bin/busybox";
+
+fn random<const N: usize>() -> [u8; N] {
+    let mut out = [0u8; N];
+    rustix::rand::getrandom(&mut out, rustix::rand::GetRandomFlags::empty()).unwrap();
+    out
+}
+
+fn activation() -> Activation {
+    Activation {
+        sandbox: SandboxId::from_bytes(random()),
+        generation: Generation(1),
+        execution_id: ExecutionId::from_bytes(random()),
+        activation: 1,
+        secret: random(),
+    }
+}
+
+/// Why these tests cannot run here, if they cannot.
+fn missing_requirement() -> Option<String> {
+    if !rustix::process::geteuid().is_root() {
+        return Some("VM sandboxes need root (cgroups for QEMU)".into());
+    }
+    if !Path::new(QEMU).is_file() {
+        return Some(format!("needs {QEMU} (Debian: qemu-system-x86)"));
+    }
+    if !space_worker::substrate::jail::template::is_static(Path::new(BUSYBOX)) {
+        return Some(format!(
+            "needs a static busybox at {BUSYBOX} (Debian: busybox-static)"
+        ));
+    }
+    None
+}
+
+/// The guest kernel, prepared once for every test run on this checkout.
+fn kernel_dir() -> PathBuf {
+    static READY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    READY
+        .get_or_init(|| {
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/space-vm/kernel");
+            kernel::setup(&dir, None, &mut |step| eprintln!("vm setup: {step}"))
+                .unwrap_or_else(|e| panic!("preparing the guest kernel: {e}"));
+            dir
+        })
+        .clone()
+}
+
+/// A template: busybox, accounts, `/root` and `/tmp`.
+fn template(root: &Path) -> TemplateSpec {
+    let t = root.join("template");
+    std::fs::create_dir_all(t.join("bin")).unwrap();
+    std::fs::copy(BUSYBOX, t.join("bin/busybox")).unwrap();
+    for tool in [
+        "sh", "cat", "ls", "uname", "echo", "sleep", "ps", "test", "hostname",
+    ] {
+        symlink("busybox", t.join("bin").join(tool)).unwrap();
+    }
+    for d in ["root", "tmp", "etc"] {
+        std::fs::create_dir_all(t.join(d)).unwrap();
+    }
+    std::fs::write(t.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
+    std::fs::write(t.join("etc/group"), "root:x:0:\n").unwrap();
+    TemplateSpec::Directory {
+        lower_dir: t,
+        read_only_binds: Vec::new(),
+    }
+}
+
+struct Env {
+    driver: Arc<QemuDriver>,
+    data: tempfile::TempDir,
+    files: tempfile::TempDir,
+    cgroup_parent: String,
+}
+
+impl Env {
+    fn new() -> Self {
+        let data = tempfile::tempdir().unwrap();
+        let cgroup_parent = format!("space-test-vm-{}", std::process::id());
+        let config = VmConfig {
+            qemu: QEMU.into(),
+            kernel_dir: kernel_dir(),
+            agent: space_testkit::bin::static_agent(),
+            accel: Accel::Tcg,
+            cgroup_parent: cgroup_parent.clone(),
+        };
+        Self {
+            driver: Arc::new(QemuDriver::new(config, data.path()).unwrap()),
+            data,
+            files: tempfile::tempdir().unwrap(),
+            cgroup_parent,
+        }
+    }
+
+    fn bins(&self) -> Binaries {
+        Binaries {
+            agent: space_testkit::bin::static_agent(),
+            bridge: space_testkit::workspace_bin("spaced-host", "spaced-host"),
+        }
+    }
+
+    fn launch(&self, activation: &Activation) -> Running<'_> {
+        let limits = Limits {
+            memory_bytes: Some(256 << 20),
+            disk_bytes: Some(256 << 20),
+            ..Limits::default()
+        };
+        let (handle, bridge) = launch::launch(
+            &*self.driver,
+            &self.bins(),
+            self.data.path(),
+            activation,
+            limits,
+            &template(self.files.path()),
+        )
+        .unwrap_or_else(|e| panic!("launch: {e}\n{}", self.console()));
+        Running {
+            env: self,
+            handle,
+            bridge,
+            activation: activation.clone(),
+        }
+    }
+
+    /// The guest consoles, for a failure's message.
+    fn console(&self) -> String {
+        let mut out = String::new();
+        if let Ok(dirs) = std::fs::read_dir(self.data.path().join("sandboxes")) {
+            for d in dirs.flatten() {
+                for f in ["console.log", "qemu.log"] {
+                    if let Ok(t) = std::fs::read_to_string(d.path().join(f)) {
+                        out.push_str(&format!("--- {f}\n{t}\n"));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if let Ok(h) = space_worker::substrate::jail::cgroup::CgroupHierarchy::detect() {
+            for dir in h.parent_dirs(&self.cgroup_parent) {
+                let _ = std::fs::remove_dir(dir);
+            }
+        }
+    }
+}
+
+struct Running<'a> {
+    env: &'a Env,
+    handle: SandboxHandle,
+    bridge: BridgeRecord,
+    activation: Activation,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        launch::teardown(
+            &*self.env.driver,
+            self.env.data.path(),
+            Some(&self.handle),
+            Some(&self.bridge),
+            Layer::Discard,
+        );
+    }
+}
+
+impl Running<'_> {
+    fn connect(&self) -> AgentConnection {
+        spaced_host::connect(&launch::bridge_target(&self.bridge, &self.activation))
+            .unwrap_or_else(|e| panic!("connect: {e}\n{}", self.env.console()))
+    }
+
+    fn sh(&self, script: &str) -> (i32, String) {
+        let out = self.connect().exec(ExecSpec::shell(script)).unwrap();
+        let code = match out.status.outcome {
+            ExitOutcome::Code(c) => c,
+            other => panic!("{script}: {other:?}"),
+        };
+        let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.push_str(&String::from_utf8_lossy(&out.stderr));
+        (code, text)
+    }
+}
+
+#[test]
+fn a_vm_sandbox_runs_commands_in_its_own_kernel_and_sees_nothing_of_the_host() {
+    if let Some(why) = missing_requirement() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let env = Env::new();
+    let vm = env.launch(&activation());
+    let (code, release) = vm.sh("uname -r");
+    assert_eq!(code, 0, "{release}");
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let host = host.trim();
+    assert_eq!(release.trim(), env.driver.kernel_release());
+    assert_ne!(release.trim(), host, "the guest runs the host's kernel");
+    // The guest's processes are its own: its init, its agent, this shell.
+    let (_, ps) = vm.sh("ls /proc | grep -c '^[0-9]'");
+    let n: usize = ps.trim().parse().unwrap_or(usize::MAX);
+    assert!(n < 100, "{n} processes visible: {ps}");
+    // Nothing of the host's files: this test's own directory does not exist there.
+    let marker = env.files.path().join("host-marker");
+    std::fs::write(&marker, "host").unwrap();
+    let (code, _) = vm.sh(&format!("test -e {}", marker.display()));
+    assert_ne!(code, 0, "the guest sees a host file");
+    // Files written in the guest stay (its writable disk), across connections.
+    assert_eq!(vm.sh("echo kept > /root/f && cat /root/f").0, 0);
+    assert_eq!(vm.sh("cat /root/f").1.trim(), "kept");
+    // Several connections at once are streams of one serial link.
+    let conns: Vec<AgentConnection> = (0..8).map(|_| vm.connect()).collect();
+    for mut c in conns {
+        let out = c.exec(ExecSpec::shell("echo $$")).unwrap();
+        assert!(!out.stdout.is_empty());
+    }
+    // Pause stops its vCPUs; resume goes on with the same processes.
+    env.driver.pause(&vm.handle).unwrap();
+    env.driver.resume(&vm.handle).unwrap();
+    assert_eq!(vm.sh("cat /root/f").1.trim(), "kept");
+}
+
+/// Starts a bridge of `spec`; its first line (`ready`, or nothing if it refused) and
+/// its stderr.
+fn bridge_outcome(spec: &spaced_host::BridgeSpec) -> (String, String) {
+    let mut child = Command::new(space_testkit::workspace_bin("spaced-host", "spaced-host"))
+        .args(["--spec-fd", "0"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&spec.encode())
+        .unwrap();
+    let mut line = String::new();
+    let _ = BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    (line, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn a_rival_listener_or_another_process_at_the_serial_transport_is_refused() {
+    if let Some(why) = missing_requirement() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let env = Env::new();
+    let a = activation();
+    let vm = env.launch(&a);
+    let qemu = space_peer::LiveProcess::open(vm.handle.init.pid as u32)
+        .unwrap()
+        .identity;
+    let run = env.files.path().join("run");
+    space_peer::prepare_socket_dir(&run).unwrap();
+    let base = spaced_host::BridgeSpec {
+        listen: run.join("bridge.sock"),
+        agent_socket: vm.handle.socket_path.clone(),
+        worker_uid: rustix::process::geteuid().as_raw(),
+        agent: qemu,
+        activation: a.clone(),
+        max_connections: 4,
+        transport: spaced_host::Transport::Serial,
+    };
+    // A rival listener (this test process) at another path, named as the transport,
+    // with the recorded identity of QEMU: its peer is not QEMU.
+    let rival = run.join("rival.sock");
+    let _listener = UnixListener::bind(&rival).unwrap();
+    let spec = spaced_host::BridgeSpec {
+        agent_socket: rival,
+        ..base.clone()
+    };
+    let (line, err) = bridge_outcome(&spec);
+    assert_ne!(line.trim(), "ready");
+    assert!(
+        err.contains("transport refused: peer process differs"),
+        "{err}"
+    );
+    // The right socket, but the record names another process (QEMU replaced): refused.
+    let other = space_peer::LiveProcess::open(std::process::id())
+        .unwrap()
+        .identity;
+    let spec = spaced_host::BridgeSpec {
+        listen: run.join("bridge2.sock"),
+        agent: other,
+        ..base
+    };
+    let (line, err) = bridge_outcome(&spec);
+    assert_ne!(line.trim(), "ready");
+    assert!(
+        err.contains("transport refused: peer process differs"),
+        "{err}"
+    );
+    // The VM's own bridge still serves it: the attempts changed nothing.
+    assert_eq!(vm.sh("echo ok").1.trim(), "ok");
+}

@@ -1,0 +1,303 @@
+//! The agent as a VM's init (`/init` of the initramfs the worker builds) and its
+//! service over the VM's virtio-serial port.
+//!
+//! As PID 1 ([`init`]): mount `/dev`, `/proc`, `/sys`; load the modules the initramfs
+//! carries; mount the template disk read-only under the sandbox's writable disk as an
+//! overlay and switch to it; start the agent (`spaced-guest vm-agent PORT`, this same
+//! program) and reap every orphan until it ends, then power off — so the host sees the
+//! VM end when its agent does.
+//!
+//! As the agent ([`serve_port`]): wait for the host (the bridge) to open its end of the
+//! port, run a `space-mux` link on it, take the activation record from its first
+//! control message and answer [`vm::READY`], then serve every stream the host opens
+//! like a connection of the jail's agent. When the link ends (the bridge went away),
+//! wait for the next host: a new link brings its own activation (after a resume from a
+//! memory snapshot, a new execution's), and the previous link's streams are gone.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::mount::{MsFlags, mount};
+use space_proto::guest::Activation;
+use space_proto::vm;
+
+use crate::agent::Agent;
+use crate::server;
+
+/// How long the init waits for a device the host attached.
+const DEVICE_WAIT: Duration = Duration::from_secs(10);
+
+/// PID 1 of a VM: sets the guest up, runs the agent, powers off when it ends.
+pub fn init() -> ! {
+    if let Err(e) = boot() {
+        eprintln!("spaced-guest init: {e}");
+    }
+    nix::unistd::sync();
+    let _ = nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_POWER_OFF);
+    // Not reached: a failed power-off leaves PID 1 to exit, which panics the kernel
+    // (`panic=-1` on the command line reboots it, and QEMU `-no-reboot` ends).
+    std::process::exit(1)
+}
+
+fn boot() -> Result<(), String> {
+    mount_fs("devtmpfs", "/dev", "devtmpfs", MsFlags::MS_NOSUID, None)?;
+    mount_fs(
+        "proc",
+        "/proc",
+        "proc",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        None,
+    )?;
+    mount_fs(
+        "sysfs",
+        "/sys",
+        "sysfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        None,
+    )?;
+    load_modules(Path::new(vm::MODULES_DIR))?;
+    let port = find_port(vm::PORT_NAME)?;
+    let root = find_disk(vm::ROOT_SERIAL)?;
+    let upper = find_disk(vm::UPPER_SERIAL)?;
+    let (root, upper) = (root.to_string_lossy(), upper.to_string_lossy());
+    for d in ["/lower", "/disk", "/newroot"] {
+        std::fs::create_dir_all(d).map_err(|e| format!("{d}: {e}"))?;
+    }
+    mount_fs(&root, "/lower", "ext4", MsFlags::MS_RDONLY, None)?;
+    mount_fs(&upper, "/disk", "ext4", MsFlags::empty(), None)?;
+    for d in ["/disk/upper", "/disk/work"] {
+        std::fs::create_dir_all(d).map_err(|e| format!("{d}: {e}"))?;
+    }
+    mount_fs(
+        "overlay",
+        "/newroot",
+        "overlay",
+        MsFlags::empty(),
+        Some("lowerdir=/lower,upperdir=/disk/upper,workdir=/disk/work"),
+    )?;
+    for d in ["dev", "proc", "sys", "tmp"] {
+        let at = Path::new("/newroot").join(d);
+        std::fs::create_dir_all(&at).map_err(|e| format!("{}: {e}", at.display()))?;
+    }
+    for d in ["/dev", "/proc", "/sys"] {
+        let to = format!("/newroot{d}");
+        mount(
+            Some(d),
+            to.as_str(),
+            None::<&str>,
+            MsFlags::MS_MOVE,
+            None::<&str>,
+        )
+        .map_err(|e| format!("move {d}: {e}"))?;
+    }
+    std::fs::create_dir_all("/newroot/dev/pts").map_err(|e| format!("/dev/pts: {e}"))?;
+    mount_fs(
+        "devpts",
+        "/newroot/dev/pts",
+        "devpts",
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("ptmxmode=0666,mode=0620"),
+    )?;
+    // The initramfs stays underneath (it cannot be pivoted away): moved over by the
+    // sandbox's root, it is out of every path.
+    nix::unistd::chdir("/newroot").map_err(|e| format!("chdir: {e}"))?;
+    mount(Some("."), "/", None::<&str>, MsFlags::MS_MOVE, None::<&str>)
+        .map_err(|e| format!("move the root: {e}"))?;
+    nix::unistd::chroot(".").map_err(|e| format!("chroot: {e}"))?;
+    nix::unistd::chdir("/").map_err(|e| format!("chdir /: {e}"))?;
+    // This program, from the initramfs beneath (the magic link still reaches it).
+    let mut agent = std::process::Command::new("/proc/self/exe")
+        .arg("vm-agent")
+        .arg(&port)
+        .env_clear()
+        .env("PATH", crate::DEFAULT_PATH)
+        .env("HOME", "/root")
+        .spawn()
+        .map_err(|e| format!("start the agent: {e}"))?;
+    let agent_pid = nix::unistd::Pid::from_raw(agent.id() as i32);
+    // Reap everything: orphans of the workload are this process's children now.
+    loop {
+        match nix::sys::wait::waitpid(None::<nix::unistd::Pid>, None) {
+            Ok(status) if status.pid() == Some(agent_pid) => {
+                let _ = agent.try_wait();
+                return Err(format!("the agent ended: {status:?}"));
+            }
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(nix::errno::Errno::ECHILD) => return Err("no agent left".into()),
+            Err(e) => return Err(format!("wait: {e}")),
+        }
+    }
+}
+
+fn mount_fs(
+    source: &str,
+    target: &str,
+    fstype: &str,
+    flags: MsFlags,
+    data: Option<&str>,
+) -> Result<(), String> {
+    mount(Some(source), target, Some(fstype), flags, data)
+        .map_err(|e| format!("mount {fstype} {source} on {target}: {e}"))
+}
+
+/// Loads the modules [`vm::MODULES_ORDER`] names, in order; one already loaded (or
+/// built in) is fine.
+fn load_modules(dir: &Path) -> Result<(), String> {
+    let order = std::fs::read_to_string(dir.join(vm::MODULES_ORDER))
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    for name in order.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            return Err(format!("module name {name:?}"));
+        }
+        let path = dir.join(format!("{name}.ko"));
+        let file = File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        match nix::kmod::finit_module(file.as_fd(), c"", nix::kmod::ModuleInitFlags::empty()) {
+            Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+            Err(e) => return Err(format!("load {name}: {e}")),
+        }
+    }
+    Ok(())
+}
+
+fn wait_for(path: &Path) -> Result<(), String> {
+    let deadline = Instant::now() + DEVICE_WAIT;
+    while !path.exists() {
+        if Instant::now() > deadline {
+            return Err(format!("{} did not appear", path.display()));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+/// The block device whose serial is `serial`.
+fn find_disk(serial: &str) -> Result<PathBuf, String> {
+    let deadline = Instant::now() + DEVICE_WAIT;
+    loop {
+        if let Ok(entries) = std::fs::read_dir("/sys/block") {
+            for e in entries.flatten() {
+                let got = std::fs::read_to_string(e.path().join("serial")).unwrap_or_default();
+                if got.trim() == serial {
+                    let dev = Path::new("/dev").join(e.file_name());
+                    wait_for(&dev)?;
+                    return Ok(dev);
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!("no disk with serial {serial}"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The device of the virtio-serial port named `name` (no udev here to make
+/// `/dev/virtio-ports/NAME`).
+fn find_port(name: &str) -> Result<PathBuf, String> {
+    let deadline = Instant::now() + DEVICE_WAIT;
+    loop {
+        if let Ok(entries) = std::fs::read_dir("/sys/class/virtio-ports") {
+            for e in entries.flatten() {
+                let named = std::fs::read_to_string(e.path().join("name")).unwrap_or_default();
+                if named.trim() == name {
+                    let dev = Path::new("/dev").join(e.file_name());
+                    wait_for(&dev)?;
+                    return Ok(dev);
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!("no virtio port named {name}"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The agent over the port at `port`: one link per host connection, for ever.
+pub fn serve_port(port: &Path, max_connections: usize) -> Result<(), String> {
+    loop {
+        // A port opens once at a time: the previous link's descriptor may still be
+        // closing.
+        let file = loop {
+            match OpenOptions::new().read(true).write(true).open(port) {
+                Ok(f) => break f,
+                Err(e) if e.raw_os_error() == Some(nix::errno::Errno::EBUSY as i32) => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(format!("{}: {e}", port.display())),
+            }
+        };
+        wait_for_host(&file).map_err(|e| format!("poll {}: {e}", port.display()))?;
+        if let Err(e) = serve_link(file, max_connections) {
+            eprintln!("spaced-guest: link ended: {e}");
+        }
+    }
+}
+
+/// Until the host side of the port is open (a port without one reads as EOF).
+fn wait_for_host(port: &File) -> io::Result<()> {
+    use rustix::event::{PollFd, PollFlags, poll};
+    loop {
+        let mut fds = [PollFd::new(port, PollFlags::IN)];
+        let wait = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 50_000_000,
+        };
+        match poll(&mut fds, Some(&wait)) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+        if !fds[0].revents().contains(PollFlags::HUP) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One link: the activation, `ready`, then streams until the link ends.
+fn serve_link(port: File, max_connections: usize) -> Result<(), String> {
+    let reader = port.try_clone().map_err(|e| e.to_string())?;
+    let link = space_mux::Link::start(
+        Box::new(reader),
+        Box::new(port),
+        // Closing a port is the host's business; the reader ends at its EOF.
+        Box::new(|| {}),
+        false,
+        vm::MAX_STREAMS,
+        None,
+    )
+    .map_err(|e| e.to_string())?;
+    let record = link
+        .recv_control(Duration::from_secs(3600 * 24 * 365))
+        .map_err(|e| e.to_string())?;
+    let activation = Activation::decode(&record).map_err(|e| e.to_string())?;
+    let hostname = activation.sandbox.to_string().replace('_', "-");
+    let _ = nix::unistd::sethostname(&hostname);
+    let agent = Arc::new(Agent::new(
+        &activation,
+        PathBuf::from("/root"),
+        max_connections,
+    ));
+    eprintln!(
+        "spaced-guest: serving sandbox {} execution {} (generation {}) over {}",
+        agent.identity.sandbox,
+        agent.identity.execution.id,
+        agent.identity.execution.generation,
+        vm::PORT_NAME
+    );
+    let serving = Arc::clone(&agent);
+    link.set_accept(Box::new(move |stream| server::take(&serving, stream)));
+    link.send_control(vm::READY).map_err(|e| e.to_string())?;
+    while link.dead().is_none() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err(link.dead().unwrap_or_default())
+}

@@ -1,0 +1,90 @@
+//! The serial transport (VM sandboxes): one connection to the VMM's virtio-serial
+//! socket for the bridge's whole life, verified once, carrying a `space-mux` link.
+//!
+//! At start the bridge connects to `agent_socket`, checks that its peer is the recorded
+//! VMM process (PID, start time, executable, uid, pidfd) and that the kernel's socket
+//! table shows that process holding the listener, sends the activation record as the
+//! link's first control message and waits for the guest's [`vm::READY`]. Each worker
+//! connection then gets a new stream of the link, on which the usual handshake proves
+//! the execution. When the link ends (the VMM exited, the guest broke the protocol)
+//! the bridge exits: nothing reconnects behind the worker's back.
+
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use space_mux::Link;
+use space_peer::{check_socket_path, listening_unix_inode, peer_process, process_holds_socket};
+use space_proto::vm;
+
+use crate::server::BridgeError;
+use crate::spec::BridgeSpec;
+
+/// How long a guest may take from the bridge's connection to its `ready` (a boot under
+/// software emulation takes seconds).
+pub const READY_WAIT: Duration = Duration::from_secs(120);
+
+/// Connects to the VMM, verifies it, activates the guest: the link, once `ready`.
+pub fn connect(spec: &BridgeSpec, ready_wait: Duration) -> Result<Link, BridgeError> {
+    check_socket_path(&spec.agent_socket)?;
+    let transport = UnixStream::connect(&spec.agent_socket)?;
+    let (_, peer) = peer_process(transport.as_fd())?;
+    spec.agent.verify(&peer.identity)?;
+    let inode = listening_unix_inode(&spec.agent_socket)?;
+    if !process_holds_socket(spec.agent.pid, inode)? {
+        return Err(space_peer::PeerError::SocketTable(
+            "the recorded VMM does not hold the serial socket",
+        )
+        .into());
+    }
+    let link = Link::over_unix(transport, true, vm::MAX_STREAMS, None)?;
+    let sent = link
+        .send_control(&spec.activation.encode())
+        .and_then(|()| link.recv_control(ready_wait));
+    match sent {
+        Ok(answer) if answer == vm::READY => Ok(link),
+        Ok(_) => {
+            link.shut("the guest did not answer ready");
+            Err(BridgeError::Handshake("the guest did not answer ready"))
+        }
+        Err(e) => {
+            link.shut("no ready");
+            Err(BridgeError::Io(std::io::Error::other(format!(
+                "guest activation: {e}"
+            ))))
+        }
+    }
+}
+
+/// A new stream to the agent, after checking the VMM is still the recorded process.
+pub fn open_stream(spec: &BridgeSpec, link: &Link) -> Result<UnixStream, BridgeError> {
+    check_vmm(spec)?;
+    link.open()
+        .map_err(|e| BridgeError::Io(std::io::Error::other(e.to_string())))
+}
+
+/// The recorded VMM is still the live process (the link's peer credentials were taken
+/// at connect; the process behind them must not have been replaced).
+pub fn check_vmm(spec: &BridgeSpec) -> Result<(), BridgeError> {
+    let live = space_peer::LiveProcess::open(spec.agent.pid)?;
+    spec.agent.verify(&live.identity)?;
+    Ok(())
+}
+
+/// Ends this process when `link` ends: a bridge whose guest is gone serves nothing, and
+/// the worker sees it exit.
+pub fn exit_with(link: &Link) {
+    let link = link.clone();
+    let _ = std::thread::Builder::new()
+        .name("link-watch".into())
+        .stack_size(64 * 1024)
+        .spawn(move || {
+            loop {
+                if let Some(why) = link.dead() {
+                    eprintln!("spaced-host: the guest link ended ({why}); exiting");
+                    std::process::exit(3);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+}
