@@ -287,6 +287,16 @@ impl Link {
         *lock(&self.shared.accept) = Some(accept);
     }
 
+    /// Resets every open stream (both ways) and keeps the link: a new session on the
+    /// same transport (the guest's answer to a new activation) starts with none.
+    pub fn reset_streams(&self) {
+        let streams: Vec<Arc<Stream>> =
+            lock(&self.shared.streams).drain().map(|(_, s)| s).collect();
+        for s in streams {
+            s.reset_here();
+        }
+    }
+
     /// Why the link is down, or `None` while it is up.
     pub fn dead(&self) -> Option<String> {
         self.shared.lock_dead().clone()

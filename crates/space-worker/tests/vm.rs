@@ -71,9 +71,25 @@ fn kernel_dir() -> PathBuf {
         .clone()
 }
 
+/// 256 MiB of RAM and of disk, one vCPU.
+fn vm_limits() -> Limits {
+    Limits {
+        memory_bytes: Some(256 << 20),
+        disk_bytes: Some(256 << 20),
+        ..Limits::default()
+    }
+}
+
 /// A template: busybox, accounts, `/root` and `/tmp`.
 fn template(root: &Path) -> TemplateSpec {
     let t = root.join("template");
+    let spec = TemplateSpec::Directory {
+        lower_dir: t.clone(),
+        read_only_binds: Vec::new(),
+    };
+    if t.exists() {
+        return spec;
+    }
     std::fs::create_dir_all(t.join("bin")).unwrap();
     std::fs::copy(BUSYBOX, t.join("bin/busybox")).unwrap();
     for tool in [
@@ -86,10 +102,7 @@ fn template(root: &Path) -> TemplateSpec {
     }
     std::fs::write(t.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
     std::fs::write(t.join("etc/group"), "root:x:0:\n").unwrap();
-    TemplateSpec::Directory {
-        lower_dir: t,
-        read_only_binds: Vec::new(),
-    }
+    spec
 }
 
 struct Env {
@@ -126,11 +139,7 @@ impl Env {
     }
 
     fn launch(&self, activation: &Activation) -> Running<'_> {
-        let limits = Limits {
-            memory_bytes: Some(256 << 20),
-            disk_bytes: Some(256 << 20),
-            ..Limits::default()
-        };
+        let limits = vm_limits();
         let (handle, bridge) = launch::launch(
             &*self.driver,
             &self.bins(),
@@ -326,4 +335,88 @@ fn a_rival_listener_or_another_process_at_the_serial_transport_is_refused() {
     );
     // The VM's own bridge still serves it: the attempts changed nothing.
     assert_eq!(vm.sh("echo ok").1.trim(), "ok");
+}
+
+#[test]
+fn a_background_process_keeps_its_memory_across_a_snapshot_restored_as_a_new_execution() {
+    if let Some(why) = missing_requirement() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let env = Env::new();
+    let a = activation();
+    let vm = env.launch(&a);
+    // A counter whose value lives only in a process's memory (the file is its output).
+    let (_, pid) = vm.sh(
+        "sh -c 'i=0; while true; do i=$((i+1)); echo $i > /root/count; sleep 0.1; done' \
+         >/dev/null 2>&1 & echo $!",
+    );
+    let pid = pid.trim().to_owned();
+    let count =
+        |vm: &Running<'_>| -> u64 { vm.sh("cat /root/count").1.trim().parse().unwrap_or(0) };
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let dir = env.files.path().join("snapshot");
+    let snap = env.driver.snapshot(&vm.handle, &dir).unwrap();
+    // Pause and resume in place: the same execution goes on counting.
+    env.driver.resume(&vm.handle).unwrap();
+    let before = count(&vm);
+    assert!(before > 0);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(count(&vm) > before, "the counter stopped after resume");
+    drop(vm);
+
+    // A new execution of the sandbox from the snapshot.
+    let b = Activation {
+        generation: Generation(2),
+        execution_id: ExecutionId::from_bytes(random()),
+        secret: random(),
+        ..a.clone()
+    };
+    let spec = space_worker::substrate::LaunchSpec {
+        key: launch::execution_key(&b.sandbox, &b.execution_id),
+        data_dir: env.data.path().to_path_buf(),
+        template: template(env.files.path()),
+        limits: vm_limits(),
+        agent: space_worker::substrate::AgentCommand::spaced_guest(
+            space_testkit::bin::static_agent(),
+        ),
+        activation: b.encode(),
+        hostname: None,
+        initial_upper: None,
+    };
+    let handle = env
+        .driver
+        .restore(&spec, &snap)
+        .unwrap_or_else(|e| panic!("restore: {e}\n{}", env.console()));
+    let bridge = launch::start_bridge(&env.bins(), &handle, &b)
+        .unwrap_or_else(|e| panic!("bridge: {e}\n{}", env.console()));
+    let restored = Running {
+        env: &env,
+        handle,
+        bridge,
+        activation: b.clone(),
+    };
+    // The same process, its memory kept: counting on from where the snapshot was.
+    let after = count(&restored);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let later = count(&restored);
+    assert!(
+        later > after,
+        "the restored counter is not running ({after} then {later})"
+    );
+    assert_eq!(
+        restored.sh(&format!("kill -0 {pid}")).0,
+        0,
+        "process {pid} is gone"
+    );
+    // The old execution's identity and secret get nothing from the new one.
+    let old = spaced_host::BridgeTarget {
+        served: a.identity(),
+        secret: a.secret,
+        ..launch::bridge_target(&restored.bridge, &b)
+    };
+    assert!(
+        spaced_host::connect(&old).is_err(),
+        "the old execution was served"
+    );
 }

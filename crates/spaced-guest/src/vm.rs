@@ -262,7 +262,11 @@ fn wait_for_host(port: &File) -> io::Result<()> {
     }
 }
 
-/// One link: the activation, `ready`, then streams until the link ends.
+/// One link: the activation, `ready`, then streams until the link ends. A control
+/// message on a live link is a new host session on the same port — after a restore
+/// from a memory snapshot, the new execution's bridge can reach the guest before the
+/// old session's end does — so it is a new activation: every stream of the old one is
+/// reset, and only then is the new one served and `ready` answered.
 fn serve_link(port: File, max_connections: usize) -> Result<(), String> {
     let reader = port.try_clone().map_err(|e| e.to_string())?;
     let link = space_mux::Link::start(
@@ -275,14 +279,30 @@ fn serve_link(port: File, max_connections: usize) -> Result<(), String> {
         None,
     )
     .map_err(|e| e.to_string())?;
-    let record = link
-        .recv_control(Duration::from_secs(3600 * 24 * 365))
-        .map_err(|e| e.to_string())?;
-    let activation = Activation::decode(&record).map_err(|e| e.to_string())?;
+    let mut wait = Duration::from_secs(3600 * 24 * 365);
+    loop {
+        let record = match link.recv_control(wait) {
+            Ok(r) => r,
+            Err(space_mux::LinkError::Timeout) => continue,
+            Err(e) => return Err(e.to_string()),
+        };
+        link.reset_streams();
+        let activation = Activation::decode(&record).map_err(|e| e.to_string())?;
+        activate(&link, &activation, max_connections)?;
+        wait = Duration::from_millis(500);
+    }
+}
+
+/// Serves `activation` on `link` from now on and answers `ready`.
+fn activate(
+    link: &space_mux::Link,
+    activation: &Activation,
+    max_connections: usize,
+) -> Result<(), String> {
     let hostname = activation.sandbox.to_string().replace('_', "-");
     let _ = nix::unistd::sethostname(&hostname);
     let agent = Arc::new(Agent::new(
-        &activation,
+        activation,
         PathBuf::from("/root"),
         max_connections,
     ));
@@ -293,11 +313,6 @@ fn serve_link(port: File, max_connections: usize) -> Result<(), String> {
         agent.identity.execution.generation,
         vm::PORT_NAME
     );
-    let serving = Arc::clone(&agent);
-    link.set_accept(Box::new(move |stream| server::take(&serving, stream)));
-    link.send_control(vm::READY).map_err(|e| e.to_string())?;
-    while link.dead().is_none() {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Err(link.dead().unwrap_or_default())
+    link.set_accept(Box::new(move |stream| server::take(&agent, stream)));
+    link.send_control(vm::READY).map_err(|e| e.to_string())
 }

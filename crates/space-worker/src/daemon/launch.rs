@@ -204,7 +204,8 @@ impl WarmBridge {
     }
 }
 
-fn start_bridge(
+/// Starts and records the bridge of a launched (or restored) execution.
+pub fn start_bridge(
     bins: &Binaries,
     handle: &SandboxHandle,
     activation: &Activation,

@@ -15,6 +15,7 @@ pub mod disk;
 pub mod initramfs;
 pub mod kernel;
 pub mod qmp;
+pub mod snapshot;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -124,6 +125,199 @@ impl QemuDriver {
         &self.kernel.release
     }
 
+    /// Starts QEMU for `spec`: a fresh boot, or (with `restore`) the VM of a memory
+    /// snapshot, loaded and continued (a new execution of the sandbox: the bridge
+    /// gives its guest the new activation before anything is served).
+    fn start(
+        &self,
+        spec: &LaunchSpec,
+        restore: Option<&snapshot::VmSnapshot>,
+    ) -> Result<SandboxHandle, SubstrateError> {
+        spec.key.validate()?;
+        let root = disk::root_image(&spec.data_dir.join("vm").join("images"), &spec.template)?;
+        let sandbox_dir = spec.data_dir.join("sandboxes").join(spec.key.dir_name());
+        std::fs::create_dir_all(&sandbox_dir).map_err(io_err("the sandbox directory"))?;
+        let upper = sandbox_dir.join("upper.ext4");
+        let kept = spec
+            .initial_upper
+            .as_ref()
+            .map(|k| k.join("upper.ext4"))
+            .filter(|k| k.is_file());
+        match (restore, kept) {
+            (Some(snap), _) => snap.check_fits(spec, &root)?.copy_disk_to(&upper)?,
+            (None, Some(k)) => std::fs::rename(&k, &upper).map_err(io_err("the kept VM disk"))?,
+            (None, None) => disk::upper_image(&upper, spec.limits.disk_bytes.unwrap_or(1 << 30))?,
+        }
+        let run = spec.data_dir.join("run").join(&spec.key.sandbox_id);
+        space_peer::prepare_socket_dir(&run)
+            .map_err(|e| SubstrateError::io("the run directory", std::io::Error::other(e)))?;
+        let serial = run.join(format!("vm-{}.sock", spec.key.execution_id));
+        let qmp_path = qmp_socket(&serial);
+        for p in [&serial, &qmp_path] {
+            let _ = std::fs::remove_file(p);
+        }
+        let log_path = sandbox_dir.join("console.log");
+        let (ram, cpus) = machine_size(&spec.limits);
+        snapshot::Machine {
+            ram,
+            cpus,
+            root_image: root
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            kernel: self.kernel.release.clone(),
+        }
+        .write(&sandbox_dir.join(snapshot::MACHINE))?;
+        let accel = match self.config.accel {
+            Accel::Kvm => "kvm".to_owned(),
+            Accel::Tcg => format!("tcg,tb-size={TB_SIZE_MIB}"),
+        };
+        let cpu = match self.config.accel {
+            Accel::Kvm => "host",
+            Accel::Tcg => "max",
+        };
+        let drive = |path: &Path, id: &str, ro: bool| {
+            format!(
+                "file={},if=none,id={id},format=raw,readonly={},cache=none,aio=threads",
+                path.display(),
+                if ro { "on" } else { "off" }
+            )
+        };
+        let vmm_log =
+            std::fs::File::create(sandbox_dir.join("qemu.log")).map_err(io_err("the QEMU log"))?;
+        let mut cmd = Command::new(&self.config.qemu);
+        cmd.args(["-machine", "microvm"])
+            .args(["-accel", &accel])
+            .args(["-cpu", cpu])
+            .args(["-m", &format!("{}M", ram >> 20)])
+            .args(["-smp", &cpus.to_string()])
+            .args(["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"])
+            .arg("-kernel")
+            .arg(&self.kernel.vmlinuz)
+            .arg("-initrd")
+            .arg(&self.initramfs)
+            .args(["-append", &kernel_command_line(self.config.accel)])
+            .args(["-serial", &format!("file:{}", log_path.display())])
+            .args(["-device", "virtio-serial-device"])
+            .args([
+                "-chardev",
+                &format!(
+                    "socket,id=agent,path={},server=on,wait=off",
+                    serial.display()
+                ),
+            ])
+            .args([
+                "-device",
+                &format!(
+                    "virtserialport,chardev=agent,name={}",
+                    space_proto::vm::PORT_NAME
+                ),
+            ])
+            .args(["-drive", &drive(&root, "root", true)])
+            .args([
+                "-device",
+                &format!(
+                    "virtio-blk-device,drive=root,serial={}",
+                    space_proto::vm::ROOT_SERIAL
+                ),
+            ])
+            .args(["-drive", &drive(&upper, "upper", false)])
+            .args([
+                "-device",
+                &format!(
+                    "virtio-blk-device,drive=upper,serial={}",
+                    space_proto::vm::UPPER_SERIAL
+                ),
+            ])
+            .args([
+                "-qmp",
+                &format!("unix:{},server=on,wait=off", qmp_path.display()),
+            ])
+            .args(
+                restore
+                    .map(snapshot::VmSnapshot::incoming_args)
+                    .unwrap_or_default(),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(vmm_log);
+        let cgroups = match &self.cgroups {
+            Some(h) => {
+                let limits = Limits {
+                    memory_bytes: Some(ram + VMM_OVERHEAD),
+                    pids_max: Some(64 + u64::from(cpus)),
+                    cpu_millis: spec.limits.cpu_millis,
+                    disk_bytes: None,
+                };
+                h.create(&self.config.cgroup_parent, &spec.key.dir_name(), &limits)?
+            }
+            None => CgroupSet::None,
+        };
+        let child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = cgroups.remove();
+                return Err(SubstrateError::io("start QEMU", e));
+            }
+        };
+        let pid = child.id() as i32;
+        // The child handle is dropped: destroy reaps it by PID.
+        drop(child);
+        let fail = |e: SubstrateError| {
+            let _ = rustix::process::kill_process(
+                rustix::process::Pid::from_raw(pid).expect("a child's PID is positive"),
+                rustix::process::Signal::KILL,
+            );
+            reap(pid);
+            let _ = cgroups.kill_all();
+            let _ = cgroups.remove();
+            e
+        };
+        if let Err(e) = cgroups.add_process(pid) {
+            return Err(fail(e));
+        }
+        let init = match ProcessIdentity::of(pid) {
+            Ok(i) => i,
+            Err(e) => return Err(fail(SubstrateError::io("QEMU's identity", e))),
+        };
+        // QEMU creates both sockets before it runs the guest: once QMP answers, the
+        // serial socket listens.
+        let mut q = match qmp::Qmp::connect(&qmp_path, Duration::from_secs(10)) {
+            Ok(q) => q,
+            Err(e) => {
+                let log = std::fs::read_to_string(sandbox_dir.join("qemu.log")).unwrap_or_default();
+                return Err(fail(SubstrateError::io(
+                    format!("QEMU did not start: {}", log.trim()),
+                    e,
+                )));
+            }
+        };
+        let started = match restore {
+            Some(_) => snapshot::finish_incoming(&mut q),
+            None => q.status().map(drop),
+        };
+        if let Err(e) = started {
+            return Err(fail(SubstrateError::io("QEMU did not start the guest", e)));
+        }
+        let socket_inode = match std::fs::metadata(&serial) {
+            Ok(m) => std::os::unix::fs::MetadataExt::ino(&m),
+            Err(e) => return Err(fail(SubstrateError::io("the serial socket", e))),
+        };
+        Ok(SandboxHandle {
+            key: spec.key.clone(),
+            substrate: SubstrateKind::Vm,
+            init,
+            agent: Some(init),
+            socket_path: serial,
+            socket_inode,
+            sandbox_dir,
+            upper_dir: upper,
+            log_path,
+            cgroups,
+            host_uid: None,
+        })
+    }
+
     fn qmp(&self, handle: &SandboxHandle) -> Result<qmp::Qmp, SubstrateError> {
         if !handle.init.is_alive() {
             return Err(SubstrateError::NotRunning);
@@ -214,171 +408,8 @@ impl Substrate for QemuDriver {
     }
 
     fn launch(&self, spec: &LaunchSpec) -> Result<SandboxHandle, SubstrateError> {
-        spec.key.validate()?;
-        let root = disk::root_image(&spec.data_dir.join("vm").join("images"), &spec.template)?;
-        let sandbox_dir = spec.data_dir.join("sandboxes").join(spec.key.dir_name());
-        std::fs::create_dir_all(&sandbox_dir).map_err(io_err("the sandbox directory"))?;
-        let upper = sandbox_dir.join("upper.ext4");
-        let kept = spec
-            .initial_upper
-            .as_ref()
-            .map(|k| k.join("upper.ext4"))
-            .filter(|k| k.is_file());
-        match kept {
-            Some(k) => std::fs::rename(&k, &upper).map_err(io_err("the kept VM disk"))?,
-            None => disk::upper_image(&upper, spec.limits.disk_bytes.unwrap_or(1 << 30))?,
-        }
-        let run = spec.data_dir.join("run").join(&spec.key.sandbox_id);
-        space_peer::prepare_socket_dir(&run)
-            .map_err(|e| SubstrateError::io("the run directory", std::io::Error::other(e)))?;
-        let serial = run.join(format!("vm-{}.sock", spec.key.execution_id));
-        let qmp_path = qmp_socket(&serial);
-        for p in [&serial, &qmp_path] {
-            let _ = std::fs::remove_file(p);
-        }
-        let log_path = sandbox_dir.join("console.log");
-        let (ram, cpus) = machine_size(&spec.limits);
-        let accel = match self.config.accel {
-            Accel::Kvm => "kvm".to_owned(),
-            Accel::Tcg => format!("tcg,tb-size={TB_SIZE_MIB}"),
-        };
-        let cpu = match self.config.accel {
-            Accel::Kvm => "host",
-            Accel::Tcg => "max",
-        };
-        let drive = |path: &Path, id: &str, ro: bool| {
-            format!(
-                "file={},if=none,id={id},format=raw,readonly={},cache=none,aio=threads",
-                path.display(),
-                if ro { "on" } else { "off" }
-            )
-        };
-        let vmm_log =
-            std::fs::File::create(sandbox_dir.join("qemu.log")).map_err(io_err("the QEMU log"))?;
-        let mut cmd = Command::new(&self.config.qemu);
-        cmd.args(["-machine", "microvm"])
-            .args(["-accel", &accel])
-            .args(["-cpu", cpu])
-            .args(["-m", &format!("{}M", ram >> 20)])
-            .args(["-smp", &cpus.to_string()])
-            .args(["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"])
-            .arg("-kernel")
-            .arg(&self.kernel.vmlinuz)
-            .arg("-initrd")
-            .arg(&self.initramfs)
-            .args(["-append", &kernel_command_line(self.config.accel)])
-            .args(["-serial", &format!("file:{}", log_path.display())])
-            .args(["-device", "virtio-serial-device"])
-            .args([
-                "-chardev",
-                &format!(
-                    "socket,id=agent,path={},server=on,wait=off",
-                    serial.display()
-                ),
-            ])
-            .args([
-                "-device",
-                &format!(
-                    "virtserialport,chardev=agent,name={}",
-                    space_proto::vm::PORT_NAME
-                ),
-            ])
-            .args(["-drive", &drive(&root, "root", true)])
-            .args([
-                "-device",
-                &format!(
-                    "virtio-blk-device,drive=root,serial={}",
-                    space_proto::vm::ROOT_SERIAL
-                ),
-            ])
-            .args(["-drive", &drive(&upper, "upper", false)])
-            .args([
-                "-device",
-                &format!(
-                    "virtio-blk-device,drive=upper,serial={}",
-                    space_proto::vm::UPPER_SERIAL
-                ),
-            ])
-            .args([
-                "-qmp",
-                &format!("unix:{},server=on,wait=off", qmp_path.display()),
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(vmm_log);
-        let cgroups = match &self.cgroups {
-            Some(h) => {
-                let limits = Limits {
-                    memory_bytes: Some(ram + VMM_OVERHEAD),
-                    pids_max: Some(64 + u64::from(cpus)),
-                    cpu_millis: spec.limits.cpu_millis,
-                    disk_bytes: None,
-                };
-                h.create(&self.config.cgroup_parent, &spec.key.dir_name(), &limits)?
-            }
-            None => CgroupSet::None,
-        };
-        let child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = cgroups.remove();
-                return Err(SubstrateError::io("start QEMU", e));
-            }
-        };
-        let pid = child.id() as i32;
-        // The child handle is dropped: destroy reaps it by PID.
-        drop(child);
-        let fail = |e: SubstrateError| {
-            let _ = rustix::process::kill_process(
-                rustix::process::Pid::from_raw(pid).expect("a child's PID is positive"),
-                rustix::process::Signal::KILL,
-            );
-            reap(pid);
-            let _ = cgroups.kill_all();
-            let _ = cgroups.remove();
-            e
-        };
-        if let Err(e) = cgroups.add_process(pid) {
-            return Err(fail(e));
-        }
-        let init = match ProcessIdentity::of(pid) {
-            Ok(i) => i,
-            Err(e) => return Err(fail(SubstrateError::io("QEMU's identity", e))),
-        };
-        // QEMU creates both sockets before it runs the guest: once QMP answers, the
-        // serial socket listens.
-        let mut q = match qmp::Qmp::connect(&qmp_path, Duration::from_secs(10)) {
-            Ok(q) => q,
-            Err(e) => {
-                let log = std::fs::read_to_string(sandbox_dir.join("qemu.log")).unwrap_or_default();
-                return Err(fail(SubstrateError::io(
-                    format!("QEMU did not start: {}", log.trim()),
-                    e,
-                )));
-            }
-        };
-        if let Err(e) = q.status() {
-            return Err(fail(SubstrateError::io("QMP status", e)));
-        }
-        let socket_inode = match std::fs::metadata(&serial) {
-            Ok(m) => std::os::unix::fs::MetadataExt::ino(&m),
-            Err(e) => return Err(fail(SubstrateError::io("the serial socket", e))),
-        };
-        Ok(SandboxHandle {
-            key: spec.key.clone(),
-            substrate: SubstrateKind::Vm,
-            init,
-            agent: Some(init),
-            socket_path: serial,
-            socket_inode,
-            sandbox_dir,
-            upper_dir: upper,
-            log_path,
-            cgroups,
-            host_uid: None,
-        })
+        self.start(spec, None)
     }
-
     fn pause(&self, handle: &SandboxHandle) -> Result<(), SubstrateError> {
         self.qmp(handle)?
             .execute("stop", None)

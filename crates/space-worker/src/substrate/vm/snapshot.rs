@@ -1,0 +1,261 @@
+//! Memory snapshots: a VM's RAM and device state written by QEMU's migration to a file
+//! (`exec:cat > FILE`, which QEMU 7.2 has), with a copy of its writable disk and the
+//! machine it ran on. Restoring starts a new QEMU with the same machine, loads the
+//! state (`-incoming`) and continues it: every process of the guest goes on with its
+//! memory. It is a new execution: the new bridge gives the guest the new activation
+//! (the old link ends when the restored guest finds no host on its port), so nothing
+//! the old execution was authorized for reaches it.
+//!
+//! The disk image is the guest's own bytes: the host copies it as a blob and never
+//! mounts it.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::qmp::Qmp;
+use super::{QemuDriver, machine_size};
+use crate::substrate::{LaunchSpec, SandboxHandle, SubstrateError, io_err};
+
+/// The RAM and device state.
+pub const MEMORY: &str = "memory";
+/// The writable disk.
+pub const DISK: &str = "upper.ext4";
+/// The machine ([`Machine`], JSON).
+pub const MACHINE: &str = "vm.json";
+/// Largest machine file read.
+const MAX_MACHINE: u64 = 16 * 1024;
+/// How long a migration to or from a file may take.
+const MIGRATION_WAIT: Duration = Duration::from_secs(300);
+
+/// What a restore must reproduce exactly (QEMU refuses state of another machine).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Machine {
+    /// Guest RAM, bytes.
+    pub ram: u64,
+    /// vCPUs.
+    pub cpus: u32,
+    /// The template's root image (its file name in the images directory).
+    pub root_image: String,
+    /// The guest kernel's release.
+    pub kernel: String,
+}
+
+impl Machine {
+    /// Reads a machine file.
+    pub fn read(path: &Path) -> Result<Self, SubstrateError> {
+        use std::io::Read;
+        let mut bytes = Vec::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_MACHINE + 1).read_to_end(&mut bytes))
+            .map_err(io_err("read a VM machine file"))?;
+        if bytes.len() as u64 > MAX_MACHINE {
+            return Err(SubstrateError::InvalidSpec(
+                "VM machine file too long".into(),
+            ));
+        }
+        serde_json::from_slice(&bytes)
+            .map_err(|e| SubstrateError::InvalidSpec(format!("VM machine file: {e}")))
+    }
+
+    /// Writes it.
+    pub fn write(&self, path: &Path) -> Result<(), SubstrateError> {
+        let bytes = serde_json::to_vec(self).unwrap_or_default();
+        std::fs::write(path, bytes).map_err(io_err("write a VM machine file"))
+    }
+}
+
+/// A memory snapshot on disk.
+#[derive(Debug, Clone)]
+pub struct VmSnapshot {
+    dir: PathBuf,
+    /// Its machine.
+    pub machine: Machine,
+}
+
+impl VmSnapshot {
+    /// The snapshot in `dir` (its three files present).
+    pub fn open(dir: &Path) -> Result<Self, SubstrateError> {
+        let machine = Machine::read(&dir.join(MACHINE))?;
+        for f in [MEMORY, DISK] {
+            if !dir.join(f).is_file() {
+                return Err(SubstrateError::InvalidSpec(format!(
+                    "the snapshot in {} has no {f}",
+                    dir.display()
+                )));
+            }
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            machine,
+        })
+    }
+
+    /// Its directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Checks that `spec` (its limits) and the template's `root` image make the
+    /// machine the snapshot was taken on.
+    pub(super) fn check_fits(
+        &self,
+        spec: &LaunchSpec,
+        root: &Path,
+    ) -> Result<&Self, SubstrateError> {
+        let (ram, cpus) = machine_size(&spec.limits);
+        let image = file_name(root);
+        if (ram, cpus, image.as_str())
+            != (
+                self.machine.ram,
+                self.machine.cpus,
+                self.machine.root_image.as_str(),
+            )
+        {
+            return Err(SubstrateError::InvalidSpec(format!(
+                "the snapshot ran on {} MiB, {} vCPUs, root {}; this launch is {} MiB, {cpus} vCPUs, root {image}",
+                self.machine.ram >> 20,
+                self.machine.cpus,
+                self.machine.root_image,
+                ram >> 20
+            )));
+        }
+        Ok(self)
+    }
+
+    /// Copies the snapshot's disk to `to` (sparse: unwritten blocks stay holes).
+    pub(super) fn copy_disk_to(&self, to: &Path) -> Result<(), SubstrateError> {
+        copy_sparse(&self.dir.join(DISK), to)
+    }
+
+    /// QEMU's arguments to load this snapshot (and wait, stopped, for `cont`).
+    pub(super) fn incoming_args(&self) -> Vec<String> {
+        vec![
+            "-S".into(),
+            "-incoming".into(),
+            format!("exec:cat < {}", shell_path(&self.dir.join(MEMORY))),
+        ]
+    }
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// A path for QEMU's `exec:` (run by `/bin/sh`): single-quoted; the worker's paths
+/// never hold a quote (refused, not escaped, if one ever did).
+fn shell_path(p: &Path) -> String {
+    let s = p.to_string_lossy();
+    if s.contains('\'') {
+        return "/nonexistent/quoted-path".into();
+    }
+    format!("'{s}'")
+}
+
+fn copy_sparse(from: &Path, to: &Path) -> Result<(), SubstrateError> {
+    let out = Command::new("cp")
+        .args(["--sparse=always", "--reflink=auto"])
+        .arg(from)
+        .arg(to)
+        .output()
+        .map_err(io_err("copy a VM disk"))?;
+    if !out.status.success() {
+        return Err(SubstrateError::io(
+            "copy a VM disk",
+            io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_owned()),
+        ));
+    }
+    Ok(())
+}
+
+/// After `-incoming`: waits for the state to load, then continues the guest.
+pub(super) fn finish_incoming(q: &mut Qmp) -> io::Result<()> {
+    let deadline = Instant::now() + MIGRATION_WAIT;
+    loop {
+        let status = q.status()?;
+        match status.as_str() {
+            "inmigrate" => {}
+            "prelaunch" | "paused" => break,
+            other => {
+                return Err(io::Error::other(format!(
+                    "loading the snapshot left the VM {other}"
+                )));
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the snapshot did not load",
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    q.execute("cont", None)?;
+    match q.status()?.as_str() {
+        "running" => Ok(()),
+        other => Err(io::Error::other(format!("the restored VM is {other}"))),
+    }
+}
+
+impl QemuDriver {
+    /// Writes a memory snapshot of `handle`'s VM into `dir` (created): its vCPUs stop
+    /// first and stay stopped — the caller continues it ([`crate::substrate::Substrate::resume`])
+    /// or destroys it (a migration).
+    pub fn snapshot(
+        &self,
+        handle: &SandboxHandle,
+        dir: &Path,
+    ) -> Result<VmSnapshot, SubstrateError> {
+        std::fs::create_dir_all(dir).map_err(io_err("the snapshot directory"))?;
+        let machine = Machine::read(&handle.sandbox_dir.join(MACHINE))?;
+        let mut q = self.qmp(handle)?;
+        q.execute("stop", None).map_err(io_err("QMP stop"))?;
+        let memory = dir.join(MEMORY);
+        q.execute(
+            "migrate",
+            Some(json!({ "uri": format!("exec:cat > {}", shell_path(&memory)) })),
+        )
+        .map_err(io_err("QMP migrate"))?;
+        let deadline = Instant::now() + MIGRATION_WAIT;
+        loop {
+            let m = q
+                .execute("query-migrate", None)
+                .map_err(io_err("QMP query-migrate"))?;
+            match m["status"].as_str().unwrap_or_default() {
+                "completed" => break,
+                "failed" | "cancelled" => {
+                    return Err(SubstrateError::io(
+                        "the memory snapshot",
+                        io::Error::other(format!("migration {}: {}", m["status"], m["error-desc"])),
+                    ));
+                }
+                _ => {}
+            }
+            if Instant::now() > deadline {
+                let _ = q.execute("migrate_cancel", None);
+                return Err(SubstrateError::Timeout("the memory snapshot".into()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Stopped, its disks flushed by the migration's end: the disk is consistent.
+        copy_sparse(&handle.upper_dir, &dir.join(DISK))?;
+        machine.write(&dir.join(MACHINE))?;
+        VmSnapshot::open(dir)
+    }
+
+    /// A new execution from `snapshot`: QEMU loads it and continues (see the module).
+    pub fn restore(
+        &self,
+        spec: &LaunchSpec,
+        snapshot: &VmSnapshot,
+    ) -> Result<SandboxHandle, SubstrateError> {
+        self.start(spec, Some(snapshot))
+    }
+}
