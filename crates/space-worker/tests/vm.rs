@@ -420,3 +420,43 @@ fn a_background_process_keeps_its_memory_across_a_snapshot_restored_as_a_new_exe
         "the old execution was served"
     );
 }
+
+#[test]
+fn a_killed_qemu_is_noticed_its_bridge_ends_and_nothing_reconnects() {
+    if let Some(why) = missing_requirement() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let env = Env::new();
+    let vm = env.launch(&activation());
+    assert_eq!(vm.sh("echo up").1.trim(), "up");
+    let mut idle = vm.connect();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(vm.handle.init.pid).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    // The substrate sees QEMU gone (reaped: the exit status of a SIGKILL).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let code = loop {
+        if let Some(code) = env.driver.try_wait(&vm.handle).unwrap() {
+            break code;
+        }
+        assert!(std::time::Instant::now() < deadline, "QEMU's end not seen");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(code, 128 + 9);
+    assert!(!env.driver.stats(&vm.handle).unwrap().running);
+    // Its bridge exits with the link; a connection open before fails, a new one is
+    // refused: nothing was re-established behind the worker's back.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while launch::still_alive(&vm.bridge.process) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the bridge outlived its VM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(idle.exec(ExecSpec::shell("echo late")).is_err());
+    assert!(spaced_host::connect(&launch::bridge_target(&vm.bridge, &vm.activation)).is_err());
+}

@@ -84,6 +84,25 @@ pub enum Command {
     /// Benchmarks and the churn soak, against a `space up` started for them.
     #[command(subcommand)]
     Bench(BenchCmd),
+    /// VM sandboxes: prepare what they boot (on this machine, no server needed).
+    #[command(subcommand)]
+    Vm(VmCmd),
+}
+
+/// `space vm …`.
+#[derive(Debug, Subcommand)]
+pub enum VmCmd {
+    /// Prepare the guest kernel in the data directory: Debian's
+    /// `linux-image-cloud-amd64` kernel (fetched with apt-get download, or the given
+    /// package file) unpacked without installing it, with the modules a guest loads.
+    Setup {
+        /// Data directory (the one `space up` uses).
+        #[arg(long, default_value = ".space")]
+        data_dir: PathBuf,
+        /// A kernel package file (`linux-image-*.deb`) instead of downloading one.
+        #[arg(long)]
+        kernel_deb: Option<PathBuf>,
+    },
 }
 
 /// `space up`.

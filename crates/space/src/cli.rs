@@ -447,7 +447,8 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
         | Command::Control(_)
         | Command::Worker(_)
         | Command::Edge(_)
-        | Command::Bench(_) => {
+        | Command::Bench(_)
+        | Command::Vm(_) => {
             return Err("not a client command".into());
         }
     }

@@ -57,6 +57,10 @@ fn main() -> ExitCode {
             Command::Worker(a) => daemons::worker(a).await.map(|()| 0),
             Command::Edge(a) => daemons::edge(a).await.map(|()| 0),
             Command::Bench(b) => bench::run(&b, cli.json).await,
+            Command::Vm(args::VmCmd::Setup {
+                data_dir,
+                kernel_deb,
+            }) => vm_setup(&data_dir, kernel_deb.as_deref()),
             ref other => cli::run(&cli, other).await,
         }
     });
@@ -69,4 +73,19 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// `space vm setup`: the guest kernel into `<data>/vm/kernel`, each step printed.
+fn vm_setup(data_dir: &std::path::Path, deb: Option<&std::path::Path>) -> Result<i32, String> {
+    let dir = data_dir.join("vm").join("kernel");
+    let kernel = space_worker::substrate::vm::kernel::setup(&dir, deb, &mut |step| {
+        println!("{step}");
+    })?;
+    println!(
+        "guest kernel {} with {} modules: {}",
+        kernel.release,
+        kernel.modules.len(),
+        kernel.vmlinuz.display()
+    );
+    Ok(0)
 }

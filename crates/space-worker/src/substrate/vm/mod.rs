@@ -65,7 +65,7 @@ pub struct VmConfig {
 /// software emulation, the translation cache `tb-size` bounds).
 const VMM_OVERHEAD: u64 = 192 << 20;
 /// The translation cache under software emulation, in MiB.
-const TB_SIZE_MIB: u64 = 64;
+const TB_SIZE_MIB: u64 = 16;
 /// Least guest RAM.
 const MIN_RAM: u64 = 128 << 20;
 
