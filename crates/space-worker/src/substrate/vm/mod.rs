@@ -192,6 +192,13 @@ impl QemuDriver {
             .args(["-m", &format!("{}M", ram >> 20)])
             .args(["-smp", &cpus.to_string()])
             .args(["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"])
+            // QEMU's own seccomp filter: no obsolete system calls, no privilege gain,
+            // no scheduler or resource changes. Spawning stays allowed: a memory
+            // snapshot is written through `exec:`.
+            .args([
+                "-sandbox",
+                "on,obsolete=deny,elevateprivileges=deny,resourcecontrol=deny",
+            ])
             .arg("-kernel")
             .arg(&self.kernel.vmlinuz)
             .arg("-initrd")
