@@ -183,7 +183,11 @@ impl Link {
             .name("mux-read".into())
             .stack_size(THREAD_STACK)
             .spawn(move || {
-                let why = read_loop(&reading, reader);
+                // Whatever ends the reader — a panic too — ends the link.
+                let why = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    read_loop(&reading, reader)
+                }))
+                .unwrap_or_else(|_| "the link's reader panicked".into());
                 reading.kill(why);
             })?;
         Ok(Self { shared })

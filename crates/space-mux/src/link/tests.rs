@@ -118,16 +118,19 @@ fn a_guest_sending_past_its_credit_ends_the_link_and_every_stream() {
     // The application never reads: once its socket is full, the link gives no more
     // credit back, and WINDOW bytes later the guest is over. It ignores the credit
     // and sends on (its writes fail once the link shut the transport).
-    for _ in 0..(64 << 20) / MAX_PAYLOAD {
-        let data = Frame {
-            stream: open.stream,
-            kind: Kind::Data,
-            payload: vec![1; MAX_PAYLOAD],
-        };
-        if data.write_to(&mut raw).is_err() {
-            break;
+    let stream = open.stream;
+    let _flood = thread::spawn(move || {
+        for _ in 0..(64 << 20) / MAX_PAYLOAD {
+            let data = Frame {
+                stream,
+                kind: Kind::Data,
+                payload: vec![1; MAX_PAYLOAD],
+            };
+            if data.write_to(&mut raw).is_err() {
+                break;
+            }
         }
-    }
+    });
     let why = wait_dead(&host);
     assert!(why.contains("past its credit"), "{why}");
     // The application's stream ends (after what was within the window, if read).
