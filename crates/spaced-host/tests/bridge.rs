@@ -188,3 +188,63 @@ fn after_the_handshake_the_worker_holds_the_verified_agent_connection_itself() {
     conn.stat("/").unwrap();
     assert!(connect(&sbx.target).is_err());
 }
+
+/// Copies `a` to `b` until either ends, then shuts `b`'s writing half.
+fn splice(mut a: std::os::unix::net::UnixStream, mut b: std::os::unix::net::UnixStream) {
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut a, &mut b);
+        let _ = b.shutdown(std::net::Shutdown::Write);
+    });
+}
+
+#[test]
+fn a_vm_guest_answering_with_the_previous_activations_secret_is_refused() {
+    use std::os::unix::net::UnixStream;
+    use std::time::Duration;
+    // A VM restored from a memory snapshot whose guest ignores the new activation and
+    // answers as its predecessor: here, a stand-in VMM (this test process holds the
+    // serial socket, and the spec records it) whose "guest" link takes the activation,
+    // answers `ready`, and carries every stream to a real agent of the old secret.
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    space_peer::prepare_socket_dir(&run).unwrap();
+    let stale = run.join("stale.sock");
+    let _agent = start_agent(dir.path(), &stale, &activation(0xe7, 0x99));
+    let serial = run.join("vm.sock");
+    let listener = UnixListener::bind(&serial).unwrap();
+    std::thread::spawn(move || {
+        let (conn, _) = listener.accept().unwrap();
+        let link = space_mux::Link::over_unix(conn, false, 16, None).unwrap();
+        let _ignored = link.recv_control(Duration::from_secs(30)).unwrap();
+        link.set_accept(Box::new(move |s: UnixStream| {
+            let agent = UnixStream::connect(&stale).unwrap();
+            splice(s.try_clone().unwrap(), agent.try_clone().unwrap());
+            splice(agent, s);
+        }));
+        link.send_control(space_proto::vm::READY).unwrap();
+        while link.dead().is_none() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    let expected = activation(0xe7, 0x42);
+    let spec = spaced_host::BridgeSpec {
+        listen: run.join("bridge.sock"),
+        agent_socket: serial,
+        worker_uid: rustix::process::geteuid().as_raw(),
+        agent: space_peer::LiveProcess::open(std::process::id())
+            .unwrap()
+            .identity,
+        activation: expected.clone(),
+        max_connections: 4,
+        transport: spaced_host::Transport::Serial,
+    };
+    let bridge = start_bridge_with(&bridge_bin(), &spec);
+    let target = spaced_host::BridgeTarget {
+        socket: spec.listen.clone(),
+        bridge: bridge.identity(),
+        served: expected.identity(),
+        secret: expected.secret,
+    };
+    let why = refused_by_bridge(connect(&target).unwrap_err());
+    assert!(why.contains("proof"), "{why}");
+}
