@@ -117,6 +117,20 @@ impl Shared {
         w.flush()
     }
 
+    /// Sends a frame of stream `st` unless it was reset: checked under the writer lock,
+    /// which [`Link::reset_streams`] also takes, so nothing of a reset stream goes out
+    /// after the reset (a new session may reuse its number). `Ok(false)`: not sent.
+    fn send_on(&self, st: &Stream, f: &Frame) -> io::Result<bool> {
+        let bytes = f.encode()?;
+        let mut w = lock(&self.writer);
+        if lock(&st.send).reset || lock(&st.recv).reset {
+            return Ok(false);
+        }
+        w.write_all(&bytes)?;
+        w.flush()?;
+        Ok(true)
+    }
+
     /// Ends the link: every stream is reset and the transport shut.
     fn kill(&self, why: String) {
         {
@@ -294,6 +308,8 @@ impl Link {
     /// Resets every open stream (both ways) and keeps the link: a new session on the
     /// same transport (the guest's answer to a new activation) starts with none.
     pub fn reset_streams(&self) {
+        // Under the writer lock: no frame of an old stream goes out after this.
+        let _writing = lock(&self.shared.writer);
         let streams: Vec<Arc<Stream>> =
             lock(&self.shared.streams).drain().map(|(_, s)| s).collect();
         for s in streams {
@@ -362,8 +378,15 @@ fn spawn_stream(shared: &Arc<Shared>, stream: Arc<Stream>) -> io::Result<()> {
                 }
             });
         if let Err(e) = spawned {
+            let _ = shared.send_on(&stream, &Frame::bare(stream.id, Kind::Reset));
             stream.reset_here();
-            let _ = shared.send(&Frame::bare(stream.id, Kind::Reset));
+            let mut streams = lock(&shared.streams);
+            if streams
+                .get(&stream.id)
+                .is_some_and(|s| Arc::ptr_eq(s, &stream))
+            {
+                streams.remove(&stream.id);
+            }
             return Err(e);
         }
     }
@@ -393,18 +416,13 @@ fn pump_out(shared: &Shared, st: &Stream) {
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(_) => {
-                if !lock(&st.send).reset {
-                    let _ = shared.send(&Frame::bare(st.id, Kind::Reset));
-                    st.reset_here();
-                }
+                let _ = shared.send_on(st, &Frame::bare(st.id, Kind::Reset));
+                st.reset_here();
                 return;
             }
         };
-        if lock(&st.send).reset {
-            return;
-        }
         if n == 0 {
-            if let Err(e) = shared.send(&Frame::bare(st.id, Kind::Fin)) {
+            if let Err(e) = shared.send_on(st, &Frame::bare(st.id, Kind::Fin)) {
                 shared.kill(format!("write: {e}"));
             }
             return;
@@ -415,9 +433,13 @@ fn pump_out(shared: &Shared, st: &Stream) {
             kind: Kind::Data,
             payload: buf[..n].to_vec(),
         };
-        if let Err(e) = shared.send(&data) {
-            shared.kill(format!("write: {e}"));
-            return;
+        match shared.send_on(st, &data) {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                shared.kill(format!("write: {e}"));
+                return;
+            }
         }
     }
 }
@@ -447,15 +469,19 @@ fn pump_in(shared: &Shared, st: &Stream) {
         };
         if (&st.ours).write_all(&chunk).is_err() {
             // The application closed its end: the peer stops sending.
-            let _ = shared.send(&Frame::bare(st.id, Kind::Reset));
+            let _ = shared.send_on(st, &Frame::bare(st.id, Kind::Reset));
             st.reset_here();
             return;
         }
         let n = chunk.len() as u32;
         lock(&st.recv).window += n;
-        if let Err(e) = shared.send(&Frame::credit(st.id, n)) {
-            shared.kill(format!("write: {e}"));
-            return;
+        match shared.send_on(st, &Frame::credit(st.id, n)) {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                shared.kill(format!("write: {e}"));
+                return;
+            }
         }
     }
 }
@@ -476,6 +502,9 @@ fn read_loop(shared: &Arc<Shared>, mut reader: Box<dyn Read + Send>) -> String {
 
 /// One received frame; `Err` ends the link.
 fn handle(shared: &Arc<Shared>, f: Frame) -> Result<(), String> {
+    if shared.lock_dead().is_some() {
+        return Err("the link is down".into());
+    }
     let stream = |id: u32| lock(&shared.streams).get(&id).cloned();
     match f.kind {
         Kind::Control => {

@@ -93,7 +93,7 @@ fn template(root: &Path) -> TemplateSpec {
     std::fs::create_dir_all(t.join("bin")).unwrap();
     std::fs::copy(BUSYBOX, t.join("bin/busybox")).unwrap();
     for tool in [
-        "sh", "cat", "ls", "uname", "echo", "sleep", "ps", "test", "hostname",
+        "sh", "cat", "ls", "uname", "echo", "sleep", "ps", "test", "hostname", "head", "yes",
     ] {
         symlink("busybox", t.join("bin").join(tool)).unwrap();
     }
@@ -162,7 +162,7 @@ impl Env {
         let mut out = String::new();
         if let Ok(dirs) = std::fs::read_dir(self.data.path().join("sandboxes")) {
             for d in dirs.flatten() {
-                for f in ["console.log", "qemu.log"] {
+                for f in ["qemu.log"] {
                     if let Ok(t) = std::fs::read_to_string(d.path().join(f)) {
                         out.push_str(&format!("--- {f}\n{t}\n"));
                     }
@@ -204,8 +204,15 @@ impl Drop for Running<'_> {
 
 impl Running<'_> {
     fn connect(&self) -> AgentConnection {
-        spaced_host::connect(&launch::bridge_target(&self.bridge, &self.activation))
-            .unwrap_or_else(|e| panic!("connect: {e}\n{}", self.env.console()))
+        spaced_host::connect(&launch::bridge_target(&self.bridge, &self.activation)).unwrap_or_else(
+            |e| {
+                let console = self.env.driver.console(&self.handle).unwrap_or_default();
+                panic!(
+                    "connect: {e}\n{}\n--- console\n{console}",
+                    self.env.console()
+                )
+            },
+        )
     }
 
     fn sh(&self, script: &str) -> (i32, String) {
@@ -459,4 +466,34 @@ fn a_killed_qemu_is_noticed_its_bridge_ends_and_nothing_reconnects() {
     }
     assert!(idle.exec(ExecSpec::shell("echo late")).is_err());
     assert!(spaced_host::connect(&launch::bridge_target(&vm.bridge, &vm.activation)).is_err());
+}
+
+#[test]
+fn a_guest_flooding_its_console_fills_a_bounded_ring_not_the_hosts_disk() {
+    if let Some(why) = missing_requirement() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let env = Env::new();
+    let vm = env.launch(&activation());
+    // Root in the guest writes 2 MB to its console (an owned kernel could write any
+    // amount): the host keeps the last 64 KiB in QEMU's ring buffer, no file grows.
+    let (code, out) = vm.sh("yes console-flood | head -c 2000000 > /dev/console; echo done");
+    assert_eq!((code, out.trim()), (0, "done"));
+    let mut host_bytes = 0u64;
+    for e in std::fs::read_dir(&vm.handle.sandbox_dir).unwrap().flatten() {
+        if e.file_name() != "upper.ext4" {
+            host_bytes += e.metadata().unwrap().len();
+        }
+    }
+    assert!(
+        host_bytes < 64 * 1024,
+        "{host_bytes} bytes of console on the host"
+    );
+    let console = env.driver.console(&vm.handle).unwrap();
+    assert!(
+        !console.is_empty() && console.len() <= 64 * 1024 * 4,
+        "{}",
+        console.len()
+    );
 }

@@ -287,7 +287,13 @@ fn serve_link(port: File, max_connections: usize) -> Result<(), String> {
             Err(e) => return Err(e.to_string()),
         };
         link.reset_streams();
-        let activation = Activation::decode(&record).map_err(|e| e.to_string())?;
+        let activation = match Activation::decode(&record) {
+            Ok(a) => a,
+            Err(e) => {
+                link.shut("an activation that does not decode");
+                return Err(e.to_string());
+            }
+        };
         activate(&link, &activation, max_connections)?;
         wait = Duration::from_millis(500);
     }

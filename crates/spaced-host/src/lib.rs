@@ -16,6 +16,7 @@
 //! bridge process against the record, the handshake, and the peer again afterwards.
 
 pub mod client;
+pub mod error;
 pub mod serial;
 pub mod server;
 pub mod spec;

@@ -17,12 +17,14 @@ use space_mux::Link;
 use space_peer::{check_socket_path, listening_unix_inode, peer_process, process_holds_socket};
 use space_proto::vm;
 
-use crate::server::BridgeError;
+use crate::error::BridgeError;
 use crate::spec::BridgeSpec;
 
 /// How long a guest may take from the bridge's connection to its `ready` (a boot under
 /// software emulation takes seconds).
 pub const READY_WAIT: Duration = Duration::from_secs(120);
+/// The longest a write to the VMM's socket may block.
+const WRITE_WAIT: Duration = Duration::from_secs(30);
 
 /// Connects to the VMM, verifies it, activates the guest: the link, once `ready`.
 pub fn connect(spec: &BridgeSpec, ready_wait: Duration) -> Result<Link, BridgeError> {
@@ -37,6 +39,9 @@ pub fn connect(spec: &BridgeSpec, ready_wait: Duration) -> Result<Link, BridgeEr
         )
         .into());
     }
+    // A guest that stops reading stalls QEMU's reads of this socket: a write that
+    // waits this long ends the link (and the bridge) instead of every sender.
+    transport.set_write_timeout(Some(WRITE_WAIT))?;
     let link = Link::over_unix(transport, true, vm::MAX_STREAMS, None)?;
     let sent = link
         .send_control(&spec.activation.encode())

@@ -14,42 +14,20 @@ use space_peer::{
     PeerError, check_socket_path, listening_unix_inode, peer_process, process_holds_socket,
 };
 use space_proto::codec;
-use space_proto::frame::{self, FrameError};
+use space_proto::frame;
 use space_proto::guest::{
     self, AgentBody, AgentFrame, CONNECTION, ClientFrame, ErrorKind, WireError, verify_proof,
 };
 
+pub use crate::error::BridgeError;
 use crate::spec::BridgeSpec;
 use space_mux::Link;
 
+/// How long the agent may take to answer the hello.
+const HANDSHAKE_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// Stack size of the bridge's threads: they only move bytes.
 const THREAD_STACK: usize = 64 * 1024;
-
-/// Why the bridge refused a connection (sent to the worker, and logged).
-#[derive(Debug, thiserror::Error)]
-pub enum BridgeError {
-    /// The connecting process is not the worker's uid.
-    #[error("client uid {0} is not the worker's")]
-    WrongClientUid(u32),
-    /// The worker did not open with a hello.
-    #[error("first frame is not a hello")]
-    NotHello,
-    /// The guest transport's path or peer is not the recorded one.
-    #[error("guest transport refused: {0}")]
-    Transport(#[from] PeerError),
-    /// The agent's handshake did not prove the expected execution.
-    #[error("agent handshake refused: {0}")]
-    Handshake(&'static str),
-    /// Framing or socket failure.
-    #[error("frame: {0}")]
-    Frame(#[from] FrameError),
-    /// Socket failure.
-    #[error("io: {0}")]
-    Io(#[from] io::Error),
-    /// Too many connections.
-    #[error("too many connections")]
-    Busy,
-}
 
 /// Serves the worker until the listener fails. Each connection gets its own thread.
 pub fn run(spec: BridgeSpec, listener: UnixListener) -> io::Result<()> {
@@ -152,7 +130,10 @@ fn serve(conn: &UnixStream, spec: &BridgeSpec, link: Option<&Link>) -> Result<()
         Some(link) => crate::serial::open_stream(spec, link)?,
     };
     frame::write_frame(&mut agent, &hello_body)?;
+    // A silent agent does not hold this thread: its answer comes in time or never.
+    agent.set_read_timeout(Some(HANDSHAKE_WAIT))?;
     let ack_body = frame::read_frame(&mut agent)?;
+    agent.set_read_timeout(None)?;
     let ack = match guest::decode_agent_frame(&ack_body) {
         Ok(AgentFrame {
             execution_id,

@@ -70,19 +70,10 @@ pub async fn reconcile(
     }
     let mut lost = Vec::new();
     for i in &wanted {
-        // Installed while this worker synced: it runs as installed, nothing to adopt.
         let ran_before = before
             .iter()
             .any(|r| r.sandbox == i.sandbox && r.generation == i.generation);
-        let installed_meanwhile = !ran_before
-            && worker.slot(&i.sandbox).is_some_and(|s| {
-                s.record.execution() == i.execution()
-                    && matches!(s.record.state, RecordState::Running | RecordState::Paused)
-            });
-        if installed_meanwhile {
-            continue;
-        }
-        if !readopt(worker, i, asked_at).await {
+        if !readopt(worker, i, asked_at, ran_before).await {
             lost.push((i.sandbox, i.generation));
         }
     }
@@ -171,6 +162,7 @@ async fn readopt(
     worker: &Arc<Worker>,
     i: &space_proto::api::InstallExecution,
     asked_at: i64,
+    ran_before: bool,
 ) -> bool {
     // In the sandbox's turn: node-api already serves, and an update pushed meanwhile (a
     // retirement, a newer policy) must not be undone by this older list's view.
@@ -180,6 +172,11 @@ async fn readopt(
     };
     let r = &slot.record;
     let same = r.execution() == i.execution();
+    // Installed while this worker synced (in its turn, so the install is over): it
+    // runs as installed, with its own pool and watch; nothing to adopt.
+    if !ran_before && same && matches!(r.state, RecordState::Running | RecordState::Paused) {
+        return true;
+    }
     // The list's ports and policy, unless an update pushed since the list was asked
     // for changed the record (it is newer than the list; one pushed before is in the
     // list already, since the control plane stores before it pushes).

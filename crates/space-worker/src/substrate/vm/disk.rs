@@ -8,6 +8,9 @@ use std::process::Command;
 
 use crate::substrate::{SubstrateError, TemplateSpec};
 
+/// Renders under way in this process, numbering their temporary files.
+static RENDERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Room beyond the template's own bytes (ext4 metadata, inode tables).
 const ROOT_SLACK: u64 = 64 << 20;
 
@@ -53,7 +56,13 @@ pub fn root_image(images: &Path, template: &TemplateSpec) -> Result<PathBuf, Sub
         ));
     };
     let size = tree_bytes(layer)? + ROOT_SLACK;
-    let tmp = images.join(format!(".{key}.{}.tmp", std::process::id()));
+    // Per call (two first launches of one template may render it at once; the
+    // second rename replaces the first's identical image).
+    let tmp = images.join(format!(
+        ".{key}.{}.{}.tmp",
+        std::process::id(),
+        RENDERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
     let made = make_ext4(&tmp, size, "space-root", Some(layer));
     if let Err(e) = made {
         let _ = std::fs::remove_file(&tmp);

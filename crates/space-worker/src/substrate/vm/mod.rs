@@ -17,6 +17,8 @@ pub mod kernel;
 pub mod qmp;
 pub mod snapshot;
 
+pub use snapshot::machine_size;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -66,8 +68,8 @@ pub struct VmConfig {
 const VMM_OVERHEAD: u64 = 192 << 20;
 /// The translation cache under software emulation, in MiB.
 const TB_SIZE_MIB: u64 = 16;
-/// Least guest RAM.
-const MIN_RAM: u64 = 128 << 20;
+/// The guest console's ring buffer (a power of two).
+const CONSOLE_BYTES: usize = 64 * 1024;
 
 /// The QEMU driver.
 #[derive(Debug)]
@@ -138,14 +140,25 @@ impl QemuDriver {
         let sandbox_dir = spec.data_dir.join("sandboxes").join(spec.key.dir_name());
         std::fs::create_dir_all(&sandbox_dir).map_err(io_err("the sandbox directory"))?;
         let upper = sandbox_dir.join("upper.ext4");
+        // A kept disk moved in goes back where it was if this start fails: a failed
+        // start never loses the sandbox's files.
+        let mut kept_back: Option<KeptDisk> = None;
         let kept = spec
             .initial_upper
             .as_ref()
             .map(|k| k.join("upper.ext4"))
-            .filter(|k| k.is_file());
+            .filter(|k| std::fs::symlink_metadata(k).is_ok_and(|m| m.is_file()));
         match (restore, kept) {
-            (Some(snap), _) => snap.check_fits(spec, &root)?.copy_disk_to(&upper)?,
-            (None, Some(k)) => std::fs::rename(&k, &upper).map_err(io_err("the kept VM disk"))?,
+            (Some(snap), _) => snap
+                .check_fits(spec, &root, &self.kernel.release)?
+                .copy_disk_to(&upper)?,
+            (None, Some(k)) => {
+                std::fs::rename(&k, &upper).map_err(io_err("the kept VM disk"))?;
+                kept_back = Some(KeptDisk {
+                    from: upper.clone(),
+                    to: k,
+                });
+            }
             (None, None) => disk::upper_image(&upper, spec.limits.disk_bytes.unwrap_or(1 << 30))?,
         }
         let run = spec.data_dir.join("run").join(&spec.key.sandbox_id);
@@ -193,18 +206,24 @@ impl QemuDriver {
             .args(["-smp", &cpus.to_string()])
             .args(["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"])
             // QEMU's own seccomp filter: no obsolete system calls, no privilege gain,
-            // no scheduler or resource changes. Spawning stays allowed: a memory
-            // snapshot is written through `exec:`.
+            // no spawning (snapshots go through descriptors the worker passes), no
+            // scheduler or resource changes.
             .args([
                 "-sandbox",
-                "on,obsolete=deny,elevateprivileges=deny,resourcecontrol=deny",
+                "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
             ])
             .arg("-kernel")
             .arg(&self.kernel.vmlinuz)
             .arg("-initrd")
             .arg(&self.initramfs)
             .args(["-append", &kernel_command_line(self.config.accel)])
-            .args(["-serial", &format!("file:{}", log_path.display())])
+            // The guest's console: a ring buffer of CONSOLE_BYTES in QEMU (read over
+            // QMP), never a host file the guest could grow without end.
+            .args([
+                "-chardev",
+                &format!("ringbuf,id=console,size={CONSOLE_BYTES}"),
+            ])
+            .args(["-serial", "chardev:console"])
             .args(["-device", "virtio-serial-device"])
             .args([
                 "-chardev",
@@ -245,6 +264,7 @@ impl QemuDriver {
                     .map(snapshot::VmSnapshot::incoming_args)
                     .unwrap_or_default(),
             )
+            .env_clear()
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(vmm_log);
@@ -252,7 +272,9 @@ impl QemuDriver {
             Some(h) => {
                 let limits = Limits {
                     memory_bytes: Some(ram + VMM_OVERHEAD),
-                    pids_max: Some(64 + u64::from(cpus)),
+                    // Its block I/O thread pool (up to 64), main, RCU, I/O and
+                    // vCPU threads.
+                    pids_max: Some(128 + u64::from(cpus)),
                     cpu_millis: spec.limits.cpu_millis,
                     disk_bytes: None,
                 };
@@ -300,7 +322,10 @@ impl QemuDriver {
             }
         };
         let started = match restore {
-            Some(_) => snapshot::finish_incoming(&mut q),
+            Some(snap) => snap
+                .memory()
+                .map_err(|e| std::io::Error::other(e.to_string()))
+                .and_then(|m| snapshot::finish_incoming(&mut q, &m)),
             None => q.status().map(drop),
         };
         if let Err(e) = started {
@@ -310,6 +335,9 @@ impl QemuDriver {
             Ok(m) => std::os::unix::fs::MetadataExt::ino(&m),
             Err(e) => return Err(fail(SubstrateError::io("the serial socket", e))),
         };
+        if let Some(k) = kept_back.as_mut() {
+            k.started();
+        }
         Ok(SandboxHandle {
             key: spec.key.clone(),
             substrate: SubstrateKind::Vm,
@@ -325,6 +353,43 @@ impl QemuDriver {
         })
     }
 
+    /// Writes a memory snapshot of `handle`'s VM into `dir` (created): its vCPUs stop
+    /// first and stay stopped — the caller continues it ([`Substrate::resume`]) or
+    /// destroys it (a migration). See [`snapshot`].
+    pub fn snapshot(
+        &self,
+        handle: &SandboxHandle,
+        dir: &Path,
+    ) -> Result<snapshot::VmSnapshot, SubstrateError> {
+        let mut q = self.qmp(handle)?;
+        snapshot::take(&mut q, handle, dir)
+    }
+
+    /// A new execution from `snapshot`: QEMU loads it and continues (see [`snapshot`]).
+    pub fn restore(
+        &self,
+        spec: &LaunchSpec,
+        snapshot: &snapshot::VmSnapshot,
+    ) -> Result<SandboxHandle, SubstrateError> {
+        self.start(spec, Some(snapshot))
+    }
+
+    /// The guest console's last bytes (at most its ring buffer), for diagnostics.
+    pub fn console(&self, handle: &SandboxHandle) -> Result<String, SubstrateError> {
+        let v = self
+            .qmp(handle)?
+            .execute(
+                "ringbuf-read",
+                Some(serde_json::json!({
+                    "device": "console",
+                    "size": CONSOLE_BYTES,
+                    "format": "utf8"
+                })),
+            )
+            .map_err(io_err("QMP ringbuf-read"))?;
+        Ok(v.as_str().unwrap_or_default().to_owned())
+    }
+
     fn qmp(&self, handle: &SandboxHandle) -> Result<qmp::Qmp, SubstrateError> {
         if !handle.init.is_alive() {
             return Err(SubstrateError::NotRunning);
@@ -334,12 +399,12 @@ impl QemuDriver {
     }
 
     fn kill(&self, handle: &SandboxHandle) {
-        if handle.init.is_alive() {
-            let _ = rustix::process::kill_process(
-                rustix::process::Pid::from_raw(handle.init.pid)
-                    .expect("a recorded PID is positive"),
-                rustix::process::Signal::KILL,
-            );
+        // Through a pidfd of the recorded process: a reused PID is never signalled.
+        if let Ok(live) = space_peer::LiveProcess::open(handle.init.pid as u32) {
+            if live.identity.start_time == handle.init.start_time {
+                let _ =
+                    rustix::process::pidfd_send_signal(&live.pidfd, rustix::process::Signal::KILL);
+            }
         }
         reap(handle.init.pid);
         if !matches!(handle.cgroups, CgroupSet::None) {
@@ -349,6 +414,27 @@ impl QemuDriver {
         }
         for p in [handle.socket_path.clone(), qmp_socket(&handle.socket_path)] {
             let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// A kept writable disk moved into a starting VM's directory: moved back when dropped
+/// before [`KeptDisk::started`].
+struct KeptDisk {
+    from: PathBuf,
+    to: PathBuf,
+}
+
+impl KeptDisk {
+    fn started(&mut self) {
+        self.from = PathBuf::new();
+    }
+}
+
+impl Drop for KeptDisk {
+    fn drop(&mut self) {
+        if !self.from.as_os_str().is_empty() {
+            let _ = std::fs::rename(&self.from, &self.to);
         }
     }
 }
@@ -400,13 +486,6 @@ fn host_tsc_khz() -> Option<u64> {
         .parse()
         .ok()?;
     (mhz > 1.0).then_some((mhz * 1000.0) as u64)
-}
-
-/// Guest RAM and vCPUs for `limits`.
-pub fn machine_size(limits: &Limits) -> (u64, u32) {
-    let ram = limits.memory_bytes.unwrap_or(512 << 20).max(MIN_RAM);
-    let cpus = limits.cpu_millis.map_or(1, |m| m.div_ceil(1000).max(1));
-    (ram, cpus)
 }
 
 impl Substrate for QemuDriver {

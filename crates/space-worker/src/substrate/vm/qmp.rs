@@ -9,8 +9,36 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-/// Longest QMP line read.
-pub const MAX_LINE: usize = 64 * 1024;
+/// Longest QMP line read (the console's 64 KiB ring read back, each byte escaped as
+/// JSON at worst: six).
+pub const MAX_LINE: usize = 512 * 1024;
+/// How long a command's answer may take.
+const ANSWER_WAIT: Duration = Duration::from_secs(60);
+
+/// Writes `bytes` with `fd` attached (one `sendmsg`; the rest, if any, plainly).
+fn send_with_fd(
+    socket: &UnixStream,
+    bytes: &[u8],
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> io::Result<()> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
+    use std::mem::MaybeUninit;
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    let fds = [fd];
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(io::Error::other("no room for the descriptor"));
+    }
+    let sent = sendmsg(
+        socket,
+        &[io::IoSlice::new(bytes)],
+        &mut control,
+        SendFlags::empty(),
+    )
+    .map_err(io::Error::from)?;
+    let mut w = socket;
+    w.write_all(&bytes[sent..])
+}
 
 /// A connected, capability-negotiated QMP session.
 #[derive(Debug)]
@@ -35,6 +63,7 @@ impl Qmp {
             }
         };
         stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        stream.set_write_timeout(Some(Duration::from_secs(30)))?;
         let mut qmp = Self {
             reader: BufReader::new(stream.try_clone()?),
             writer: stream,
@@ -52,14 +81,36 @@ impl Qmp {
 
     /// Runs `command` with `arguments`; its `return` value, or its error as an error.
     pub fn execute(&mut self, command: &str, arguments: Option<Value>) -> io::Result<Value> {
+        self.execute_with_fd(command, arguments, None)
+    }
+
+    /// [`Qmp::execute`], passing `fd` with the command (`SCM_RIGHTS`: how `getfd`
+    /// receives a descriptor).
+    pub fn execute_with_fd(
+        &mut self,
+        command: &str,
+        arguments: Option<Value>,
+        fd: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> io::Result<Value> {
         let mut msg = json!({ "execute": command });
         if let Some(a) = arguments {
             msg["arguments"] = a;
         }
         let mut line = serde_json::to_vec(&msg)?;
         line.push(b'\n');
-        self.writer.write_all(&line)?;
+        match fd {
+            None => self.writer.write_all(&line)?,
+            Some(fd) => send_with_fd(&self.writer, &line, fd)?,
+        }
+        // One deadline for the answer, whatever events come before it.
+        let deadline = Instant::now() + ANSWER_WAIT;
         loop {
+            if Instant::now() > deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("QMP {command}: no answer"),
+                ));
+            }
             let v = self.line()?;
             if let Some(r) = v.get("return") {
                 return Ok(r.clone());

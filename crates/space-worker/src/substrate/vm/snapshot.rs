@@ -1,5 +1,6 @@
 //! Memory snapshots: a VM's RAM and device state written by QEMU's migration to a file
-//! (`exec:cat > FILE`, which QEMU 7.2 has), with a copy of its writable disk and the
+//! the worker opened and passed over QMP (`getfd`, then `fd:` migration: QEMU spawns
+//! nothing, and its seccomp filter denies spawning), with a copy of its writable disk and the
 //! machine it ran on. Restoring starts a new QEMU with the same machine, loads the
 //! state (`-incoming`) and continues it: every process of the guest goes on with its
 //! memory. It is a new execution: the new bridge gives the guest the new activation
@@ -18,8 +19,17 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::qmp::Qmp;
-use super::{QemuDriver, machine_size};
-use crate::substrate::{LaunchSpec, SandboxHandle, SubstrateError, io_err};
+use crate::substrate::{LaunchSpec, Limits, SandboxHandle, SubstrateError, io_err};
+
+/// Least guest RAM.
+const MIN_RAM: u64 = 128 << 20;
+
+/// Guest RAM and vCPUs for `limits`.
+pub fn machine_size(limits: &Limits) -> (u64, u32) {
+    let ram = limits.memory_bytes.unwrap_or(512 << 20).max(MIN_RAM);
+    let cpus = limits.cpu_millis.map_or(1, |m| m.div_ceil(1000).max(1));
+    (ram, cpus)
+}
 
 /// The RAM and device state.
 pub const MEMORY: &str = "memory";
@@ -83,7 +93,8 @@ impl VmSnapshot {
     pub fn open(dir: &Path) -> Result<Self, SubstrateError> {
         let machine = Machine::read(&dir.join(MACHINE))?;
         for f in [MEMORY, DISK] {
-            if !dir.join(f).is_file() {
+            let plain = std::fs::symlink_metadata(dir.join(f)).is_ok_and(|m| m.is_file());
+            if !plain {
                 return Err(SubstrateError::InvalidSpec(format!(
                     "the snapshot in {} has no {f}",
                     dir.display()
@@ -107,9 +118,16 @@ impl VmSnapshot {
         &self,
         spec: &LaunchSpec,
         root: &Path,
+        kernel: &str,
     ) -> Result<&Self, SubstrateError> {
         let (ram, cpus) = machine_size(&spec.limits);
         let image = file_name(root);
+        if self.machine.kernel != kernel {
+            return Err(SubstrateError::InvalidSpec(format!(
+                "the snapshot ran on kernel {}, this worker's is {kernel}",
+                self.machine.kernel
+            )));
+        }
         if (ram, cpus, image.as_str())
             != (
                 self.machine.ram,
@@ -133,13 +151,15 @@ impl VmSnapshot {
         copy_sparse(&self.dir.join(DISK), to)
     }
 
-    /// QEMU's arguments to load this snapshot (and wait, stopped, for `cont`).
+    /// QEMU's arguments to wait, stopped, for this snapshot's state (given over QMP by
+    /// [`finish_incoming`]).
     pub(super) fn incoming_args(&self) -> Vec<String> {
-        vec![
-            "-S".into(),
-            "-incoming".into(),
-            format!("exec:cat < {}", shell_path(&self.dir.join(MEMORY))),
-        ]
+        vec!["-S".into(), "-incoming".into(), "defer".into()]
+    }
+
+    /// The state file, opened read-only.
+    pub(super) fn memory(&self) -> Result<std::fs::File, SubstrateError> {
+        std::fs::File::open(self.dir.join(MEMORY)).map_err(io_err("open the VM memory snapshot"))
     }
 }
 
@@ -147,16 +167,6 @@ fn file_name(p: &Path) -> String {
     p.file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default()
-}
-
-/// A path for QEMU's `exec:` (run by `/bin/sh`): single-quoted; the worker's paths
-/// never hold a quote (refused, not escaped, if one ever did).
-fn shell_path(p: &Path) -> String {
-    let s = p.to_string_lossy();
-    if s.contains('\'') {
-        return "/nonexistent/quoted-path".into();
-    }
-    format!("'{s}'")
 }
 
 fn copy_sparse(from: &Path, to: &Path) -> Result<(), SubstrateError> {
@@ -175,8 +185,16 @@ fn copy_sparse(from: &Path, to: &Path) -> Result<(), SubstrateError> {
     Ok(())
 }
 
-/// After `-incoming`: waits for the state to load, then continues the guest.
-pub(super) fn finish_incoming(q: &mut Qmp) -> io::Result<()> {
+/// After `-incoming defer`: hands QEMU the state file, waits for it to load, then
+/// continues the guest.
+pub(super) fn finish_incoming(q: &mut Qmp, memory: &std::fs::File) -> io::Result<()> {
+    use std::os::fd::AsFd;
+    q.execute_with_fd(
+        "getfd",
+        Some(json!({ "fdname": "incoming" })),
+        Some(memory.as_fd()),
+    )?;
+    q.execute("migrate-incoming", Some(json!({ "uri": "fd:incoming" })))?;
     let deadline = Instant::now() + MIGRATION_WAIT;
     loop {
         let status = q.status()?;
@@ -204,58 +222,56 @@ pub(super) fn finish_incoming(q: &mut Qmp) -> io::Result<()> {
     }
 }
 
-impl QemuDriver {
-    /// Writes a memory snapshot of `handle`'s VM into `dir` (created): its vCPUs stop
-    /// first and stay stopped — the caller continues it ([`crate::substrate::Substrate::resume`])
-    /// or destroys it (a migration).
-    pub fn snapshot(
-        &self,
-        handle: &SandboxHandle,
-        dir: &Path,
-    ) -> Result<VmSnapshot, SubstrateError> {
-        std::fs::create_dir_all(dir).map_err(io_err("the snapshot directory"))?;
-        let machine = Machine::read(&handle.sandbox_dir.join(MACHINE))?;
-        let mut q = self.qmp(handle)?;
-        q.execute("stop", None).map_err(io_err("QMP stop"))?;
-        let memory = dir.join(MEMORY);
-        q.execute(
-            "migrate",
-            Some(json!({ "uri": format!("exec:cat > {}", shell_path(&memory)) })),
+/// Writes a memory snapshot of `handle`'s VM into `dir` (created) over `q`: its vCPUs
+/// stop first and stay stopped (see [`super::QemuDriver::snapshot`]).
+pub(super) fn take(
+    q: &mut Qmp,
+    handle: &SandboxHandle,
+    dir: &Path,
+) -> Result<VmSnapshot, SubstrateError> {
+    std::fs::create_dir_all(dir).map_err(io_err("the snapshot directory"))?;
+    let machine = Machine::read(&handle.sandbox_dir.join(MACHINE))?;
+    q.execute("stop", None).map_err(io_err("QMP stop"))?;
+    let memory = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(dir.join(MEMORY))
+        .map_err(io_err("create the VM memory snapshot"))?;
+    {
+        use std::os::fd::AsFd;
+        q.execute_with_fd(
+            "getfd",
+            Some(json!({ "fdname": "snapshot" })),
+            Some(memory.as_fd()),
         )
+        .map_err(io_err("QMP getfd"))?;
+    }
+    drop(memory);
+    q.execute("migrate", Some(json!({ "uri": "fd:snapshot" })))
         .map_err(io_err("QMP migrate"))?;
-        let deadline = Instant::now() + MIGRATION_WAIT;
-        loop {
-            let m = q
-                .execute("query-migrate", None)
-                .map_err(io_err("QMP query-migrate"))?;
-            match m["status"].as_str().unwrap_or_default() {
-                "completed" => break,
-                "failed" | "cancelled" => {
-                    return Err(SubstrateError::io(
-                        "the memory snapshot",
-                        io::Error::other(format!("migration {}: {}", m["status"], m["error-desc"])),
-                    ));
-                }
-                _ => {}
+    let deadline = Instant::now() + MIGRATION_WAIT;
+    loop {
+        let m = q
+            .execute("query-migrate", None)
+            .map_err(io_err("QMP query-migrate"))?;
+        match m["status"].as_str().unwrap_or_default() {
+            "completed" => break,
+            "failed" | "cancelled" => {
+                return Err(SubstrateError::io(
+                    "the memory snapshot",
+                    io::Error::other(format!("migration {}: {}", m["status"], m["error-desc"])),
+                ));
             }
-            if Instant::now() > deadline {
-                let _ = q.execute("migrate_cancel", None);
-                return Err(SubstrateError::Timeout("the memory snapshot".into()));
-            }
-            std::thread::sleep(Duration::from_millis(20));
+            _ => {}
         }
-        // Stopped, its disks flushed by the migration's end: the disk is consistent.
-        copy_sparse(&handle.upper_dir, &dir.join(DISK))?;
-        machine.write(&dir.join(MACHINE))?;
-        VmSnapshot::open(dir)
+        if Instant::now() > deadline {
+            let _ = q.execute("migrate_cancel", None);
+            return Err(SubstrateError::Timeout("the memory snapshot".into()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
-
-    /// A new execution from `snapshot`: QEMU loads it and continues (see the module).
-    pub fn restore(
-        &self,
-        spec: &LaunchSpec,
-        snapshot: &VmSnapshot,
-    ) -> Result<SandboxHandle, SubstrateError> {
-        self.start(spec, Some(snapshot))
-    }
+    // Stopped, its disks flushed by the migration's end: the disk is consistent.
+    copy_sparse(&handle.upper_dir, &dir.join(DISK))?;
+    machine.write(&dir.join(MACHINE))?;
+    VmSnapshot::open(dir)
 }
