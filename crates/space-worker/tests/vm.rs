@@ -497,3 +497,46 @@ fn a_guest_flooding_its_console_fills_a_bounded_ring_not_the_hosts_disk() {
         console.len()
     );
 }
+
+#[test]
+fn a_start_that_fails_gives_the_kept_disk_back() {
+    if let Some(why) = missing_requirement() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let env = Env::new();
+    // A "QEMU" that exits at once: the start fails after the kept disk moved in.
+    let broken = QemuDriver::new(
+        VmConfig {
+            qemu: "/bin/false".into(),
+            kernel_dir: kernel_dir(),
+            agent: space_testkit::bin::static_agent(),
+            accel: Accel::Tcg,
+            cgroup_parent: env.cgroup_parent.clone(),
+        },
+        env.data.path(),
+    )
+    .unwrap();
+    let a = activation();
+    let kept = launch::kept_layer(env.data.path(), &a.sandbox);
+    std::fs::create_dir_all(&kept).unwrap();
+    std::fs::write(kept.join("upper.ext4"), b"the sandbox's files").unwrap();
+    let spec = space_worker::substrate::LaunchSpec {
+        key: launch::execution_key(&a.sandbox, &a.execution_id),
+        data_dir: env.data.path().to_path_buf(),
+        template: template(env.files.path()),
+        limits: vm_limits(),
+        agent: space_worker::substrate::AgentCommand::spaced_guest(
+            space_testkit::bin::static_agent(),
+        ),
+        activation: a.encode(),
+        hostname: None,
+        initial_upper: Some(kept.clone()),
+    };
+    assert!(broken.launch(&spec).is_err());
+    assert_eq!(
+        std::fs::read(kept.join("upper.ext4")).unwrap(),
+        b"the sandbox's files",
+        "the kept disk was lost"
+    );
+}
