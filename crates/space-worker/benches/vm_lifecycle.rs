@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use space_identity::{ExecutionId, Generation, SandboxId};
 use space_proto::guest::{Activation, ExecSpec};
 use space_worker::daemon::launch::{self, Binaries, Layer};
-use space_worker::substrate::vm::{Accel, QemuDriver, VmConfig, kernel};
+use space_worker::substrate::vm::{QemuDriver, VmConfig, kernel};
 use space_worker::substrate::{AgentCommand, LaunchSpec, Limits, TemplateSpec};
 
 const RAM: u64 = 256 << 20;
@@ -96,11 +96,16 @@ fn main() {
         read_only_binds: Vec::new(),
     };
     let agent = space_testkit::bin::static_agent();
-    let accel = Accel::Tcg;
+    let (accel, why) = space_worker::substrate::vm::detect_accel(
+        Path::new("/usr/bin/qemu-system-x86_64"),
+        &kernel_dir,
+        data.path(),
+    );
+    println!("vm_lifecycle: accelerator {} ({why})", accel.as_str());
     let driver = QemuDriver::new(
         VmConfig {
             qemu: "/usr/bin/qemu-system-x86_64".into(),
-            kernel_dir,
+            kernel_dir: kernel_dir.clone(),
             agent: agent.clone(),
             accel,
             cgroup_parent: format!("space-bench-vm-{}", std::process::id()),

@@ -20,7 +20,7 @@ use space_proto::client::AgentConnection;
 use space_proto::guest::{Activation, ExecSpec, ExitOutcome};
 use space_worker::daemon::launch::{self, Binaries, Layer};
 use space_worker::daemon::records::BridgeRecord;
-use space_worker::substrate::vm::{Accel, QemuDriver, VmConfig, kernel};
+use space_worker::substrate::vm::{Accel, QemuDriver, VmConfig, detect_accel, kernel};
 use space_worker::substrate::{Limits, SandboxHandle, Substrate, TemplateSpec};
 
 const QEMU: &str = "/usr/bin/qemu-system-x86_64";
@@ -114,13 +114,17 @@ struct Env {
 
 impl Env {
     fn new() -> Self {
+        Self::with_accel(Accel::Tcg)
+    }
+
+    fn with_accel(accel: Accel) -> Self {
         let data = tempfile::tempdir().unwrap();
         let cgroup_parent = format!("space-test-vm-{}", std::process::id());
         let config = VmConfig {
             qemu: QEMU.into(),
             kernel_dir: kernel_dir(),
             agent: space_testkit::bin::static_agent(),
-            accel: Accel::Tcg,
+            accel,
             cgroup_parent: cgroup_parent.clone(),
         };
         Self {
@@ -539,4 +543,25 @@ fn a_start_that_fails_gives_the_kept_disk_back() {
         b"the sandbox's files",
         "the kept disk was lost"
     );
+}
+
+#[test]
+fn the_accelerator_is_probed_once_and_a_vm_boots_with_the_one_chosen() {
+    if let Some(why) = missing_requirement() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let (accel, why) = detect_accel(Path::new(QEMU), &kernel_dir(), data.path());
+    eprintln!("accelerator: {} ({why})", accel.as_str());
+    if !Path::new("/dev/kvm").exists() {
+        assert_eq!(accel, Accel::Tcg, "{why}");
+    }
+    let (again, why) = detect_accel(Path::new(QEMU), &kernel_dir(), data.path());
+    assert_eq!(again, accel);
+    assert!(why.contains("probed before"), "{why}");
+    // Whichever it is, a VM boots with it and runs a command.
+    let env = Env::with_accel(accel);
+    let vm = env.launch(&activation());
+    assert_eq!(vm.sh("echo booted").1.trim(), "booted");
 }
