@@ -161,6 +161,27 @@ impl Env {
         }
     }
 
+    /// What a launch of `activation` on the test template gets (a restore, a start
+    /// from a kept disk at `initial_upper`).
+    fn spec(
+        &self,
+        activation: &Activation,
+        initial_upper: Option<PathBuf>,
+    ) -> space_worker::substrate::LaunchSpec {
+        space_worker::substrate::LaunchSpec {
+            key: launch::execution_key(&activation.sandbox, &activation.execution_id),
+            data_dir: self.data.path().to_path_buf(),
+            template: template(self.files.path()),
+            limits: vm_limits(),
+            agent: space_worker::substrate::AgentCommand::spaced_guest(
+                space_testkit::bin::static_agent(),
+            ),
+            activation: activation.encode(),
+            hostname: None,
+            initial_upper,
+        }
+    }
+
     /// The guest consoles, for a failure's message.
     fn console(&self) -> String {
         let mut out = String::new();
@@ -383,18 +404,7 @@ fn a_background_process_keeps_its_memory_across_a_snapshot_restored_as_a_new_exe
         secret: random(),
         ..a.clone()
     };
-    let spec = space_worker::substrate::LaunchSpec {
-        key: launch::execution_key(&b.sandbox, &b.execution_id),
-        data_dir: env.data.path().to_path_buf(),
-        template: template(env.files.path()),
-        limits: vm_limits(),
-        agent: space_worker::substrate::AgentCommand::spaced_guest(
-            space_testkit::bin::static_agent(),
-        ),
-        activation: b.encode(),
-        hostname: None,
-        initial_upper: None,
-    };
+    let spec = env.spec(&b, None);
     let handle = env
         .driver
         .restore(&spec, &snap)
@@ -525,18 +535,7 @@ fn a_start_that_fails_gives_the_kept_disk_back() {
     let kept = launch::kept_layer(env.data.path(), &a.sandbox);
     std::fs::create_dir_all(&kept).unwrap();
     std::fs::write(kept.join("upper.ext4"), b"the sandbox's files").unwrap();
-    let spec = space_worker::substrate::LaunchSpec {
-        key: launch::execution_key(&a.sandbox, &a.execution_id),
-        data_dir: env.data.path().to_path_buf(),
-        template: template(env.files.path()),
-        limits: vm_limits(),
-        agent: space_worker::substrate::AgentCommand::spaced_guest(
-            space_testkit::bin::static_agent(),
-        ),
-        activation: a.encode(),
-        hostname: None,
-        initial_upper: Some(kept.clone()),
-    };
+    let spec = env.spec(&a, Some(kept.clone()));
     assert!(broken.launch(&spec).is_err());
     assert_eq!(
         std::fs::read(kept.join("upper.ext4")).unwrap(),
