@@ -95,21 +95,26 @@ impl Frame {
 
     /// Header and payload, as sent.
     pub fn encode(&self) -> io::Result<Vec<u8>> {
-        if self.payload.len() > MAX_PAYLOAD {
-            return Err(invalid("payload over the frame bound"));
-        }
-        let mut out = Vec::with_capacity(HEADER + self.payload.len());
-        out.extend_from_slice(&self.stream.to_be_bytes());
-        out.push(self.kind.to_byte());
-        out.extend_from_slice(&(self.payload.len() as u32).to_be_bytes());
-        out.extend_from_slice(&self.payload);
-        Ok(out)
+        wire(self.stream, self.kind, &self.payload)
     }
 
     /// Writes the frame in one `write_all`.
     pub fn write_to(&self, w: &mut impl Write) -> io::Result<()> {
         w.write_all(&self.encode()?)
     }
+}
+
+/// A frame's bytes as sent, from its parts (one allocation: no [`Frame`] is built).
+pub fn wire(stream: u32, kind: Kind, payload: &[u8]) -> io::Result<Vec<u8>> {
+    if payload.len() > MAX_PAYLOAD {
+        return Err(invalid("payload over the frame bound"));
+    }
+    let mut out = Vec::with_capacity(HEADER + payload.len());
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.push(kind.to_byte());
+    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    out.extend_from_slice(payload);
+    Ok(out)
 }
 
 fn invalid(why: &'static str) -> io::Error {

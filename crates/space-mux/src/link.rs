@@ -121,12 +121,16 @@ impl Shared {
     /// which [`Link::reset_streams`] also takes, so nothing of a reset stream goes out
     /// after the reset (a new session may reuse its number). `Ok(false)`: not sent.
     fn send_on(&self, st: &Stream, f: &Frame) -> io::Result<bool> {
-        let bytes = f.encode()?;
+        self.send_bytes_on(st, &f.encode()?)
+    }
+
+    /// [`Shared::send_on`] for a frame already in its wire form.
+    fn send_bytes_on(&self, st: &Stream, bytes: &[u8]) -> io::Result<bool> {
         let mut w = lock(&self.writer);
         if lock(&st.send).reset || lock(&st.recv).reset {
             return Ok(false);
         }
-        w.write_all(&bytes)?;
+        w.write_all(bytes)?;
         w.flush()?;
         Ok(true)
     }
@@ -428,12 +432,9 @@ fn pump_out(shared: &Shared, st: &Stream) {
             return;
         }
         lock(&st.send).credit -= n as u32;
-        let data = Frame {
-            stream: st.id,
-            kind: Kind::Data,
-            payload: buf[..n].to_vec(),
-        };
-        match shared.send_on(st, &data) {
+        let sent = frame::wire(st.id, Kind::Data, &buf[..n])
+            .and_then(|data| shared.send_bytes_on(st, &data));
+        match sent {
             Ok(true) => {}
             Ok(false) => return,
             Err(e) => {
@@ -446,8 +447,9 @@ fn pump_out(shared: &Shared, st: &Stream) {
 
 /// Received bytes into the stream's socket; credit goes back as they are written.
 fn pump_in(shared: &Shared, st: &Stream) {
+    let mut chunk = Vec::with_capacity(MAX_PAYLOAD);
     loop {
-        let chunk: Vec<u8> = {
+        {
             let mut recv = lock(&st.recv);
             while recv.buf.is_empty() && !recv.fin && !recv.reset {
                 recv = st
@@ -465,8 +467,9 @@ fn pump_in(shared: &Shared, st: &Stream) {
                 return;
             }
             let n = recv.buf.len().min(MAX_PAYLOAD);
-            recv.buf.drain(..n).collect()
-        };
+            chunk.clear();
+            chunk.extend(recv.buf.drain(..n));
+        }
         if (&st.ours).write_all(&chunk).is_err() {
             // The application closed its end: the peer stops sending.
             let _ = shared.send_on(st, &Frame::bare(st.id, Kind::Reset));

@@ -169,7 +169,8 @@ impl QemuDriver {
         for p in [&serial, &qmp_path] {
             let _ = std::fs::remove_file(p);
         }
-        let log_path = sandbox_dir.join("console.log");
+        // QEMU's own messages (the guest's console is a ring inside QEMU, see below).
+        let log_path = sandbox_dir.join("qemu.log");
         let (ram, cpus) = machine_size(&spec.limits);
         snapshot::Machine {
             ram,
@@ -196,8 +197,7 @@ impl QemuDriver {
                 if ro { "on" } else { "off" }
             )
         };
-        let vmm_log =
-            std::fs::File::create(sandbox_dir.join("qemu.log")).map_err(io_err("the QEMU log"))?;
+        let vmm_log = std::fs::File::create(&log_path).map_err(io_err("the QEMU log"))?;
         let mut cmd = Command::new(&self.config.qemu);
         cmd.args(["-machine", "microvm"])
             .args(["-accel", &accel])
@@ -314,7 +314,7 @@ impl QemuDriver {
         let mut q = match qmp::Qmp::connect(&qmp_path, Duration::from_secs(10)) {
             Ok(q) => q,
             Err(e) => {
-                let log = std::fs::read_to_string(sandbox_dir.join("qemu.log")).unwrap_or_default();
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
                 return Err(fail(SubstrateError::io(
                     format!("QEMU did not start: {}", log.trim()),
                     e,

@@ -107,11 +107,6 @@ impl VmSnapshot {
         })
     }
 
-    /// Its directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     /// Checks that `spec` (its limits) and the template's `root` image make the
     /// machine the snapshot was taken on.
     pub(super) fn check_fits(
