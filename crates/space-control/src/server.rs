@@ -40,6 +40,9 @@ pub struct ControlConfig {
     /// Standby pools of image templates, by name (the default template's is
     /// `standby`).
     pub standby_templates: Vec<crate::service::TemplatePool>,
+    /// The substrate of a create that names none (`jail`, or `vm` where every worker
+    /// runs VMs).
+    pub default_substrate: space_identity::Substrate,
     /// A front served on the same listener ahead of the API (the E2B front): given the
     /// handlers' state and the API's router, the router to serve.
     pub front: Option<Front>,
@@ -251,6 +254,7 @@ pub async fn serve(config: ControlConfig) -> Result<ServerHandle, String> {
     cp.set_standby_templates(config.standby_templates.clone());
     cp.set_default_network(config.network_default);
     cp.set_default_template(&config.default_template);
+    cp.set_default_substrate(config.default_substrate);
     let background = spawn_background(Arc::clone(&cp), stop.subscribe());
     let keeper = spawn_standby_keeper(Arc::clone(&cp), stop.subscribe());
     let task = tokio::spawn(async move {

@@ -218,6 +218,8 @@ pub enum Substrate {
     Firecracker,
     /// A Kubernetes pod; its UID is part of the route.
     Kubernetes,
+    /// A virtual machine under QEMU (its own kernel; appended: code 4).
+    Vm,
 }
 
 impl Substrate {
@@ -227,6 +229,7 @@ impl Substrate {
             Self::Jail => "jail",
             Self::Firecracker => "firecracker",
             Self::Kubernetes => "kubernetes",
+            Self::Vm => "vm",
         }
     }
 
@@ -235,6 +238,7 @@ impl Substrate {
             Self::Jail => 1,
             Self::Firecracker => 2,
             Self::Kubernetes => 3,
+            Self::Vm => 4,
         }
     }
 
@@ -243,12 +247,13 @@ impl Substrate {
             1 => Some(Self::Jail),
             2 => Some(Self::Firecracker),
             3 => Some(Self::Kubernetes),
+            4 => Some(Self::Vm),
             _ => None,
         }
     }
 }
 
-crate::codec::text_enum!(Substrate, "substrate", [Jail, Firecracker, Kubernetes]);
+crate::codec::text_enum!(Substrate, "substrate", [Jail, Firecracker, Kubernetes, Vm]);
 
 /// A Kubernetes pod UID (a UUID, written in its usual lowercase 8-4-4-4-12 form).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -661,6 +666,16 @@ mod tests {
         assert!("EXEC".parse::<Access>().is_err());
         assert_eq!("tcp".parse::<Protocol>().unwrap(), Protocol::Tcp);
         assert_eq!("jail".parse::<Substrate>().unwrap(), Substrate::Jail);
+        assert_eq!("vm".parse::<Substrate>().unwrap(), Substrate::Vm);
+        for s in [
+            Substrate::Jail,
+            Substrate::Firecracker,
+            Substrate::Kubernetes,
+            Substrate::Vm,
+        ] {
+            assert_eq!(Substrate::from_code(s.code()), Some(s));
+        }
+        assert_eq!(Substrate::from_code(5), None);
         assert!("any".parse::<Purpose>().is_err());
     }
 }

@@ -22,7 +22,8 @@ fn arb_route() -> impl Strategy<Value = Route> {
         prop_oneof![
             Just(Substrate::Jail),
             Just(Substrate::Firecracker),
-            Just(Substrate::Kubernetes)
+            Just(Substrate::Kubernetes),
+            Just(Substrate::Vm)
         ],
         any::<u32>(),
         any::<[u8; 16]>(),

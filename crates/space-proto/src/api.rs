@@ -110,6 +110,13 @@ pub struct CreateSandbox {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::NetworkSchema>))]
     pub network: Option<Policy>,
+    /// What runs it: `jail` (Linux namespaces on the worker's kernel) or `vm` (a
+    /// virtual machine with its own kernel). Left out, the platform's default
+    /// (`jail` unless every worker runs VMs). Every later execution of the sandbox
+    /// (resume, migration, relaunch) runs on a worker of the same substrate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::SubstrateSchema>))]
+    pub substrate: Option<Substrate>,
 }
 
 /// The execution serving a sandbox, as shown to users.

@@ -246,15 +246,16 @@ schema!(
 
 // Each list below is every variant: the `match` stops compiling when one is added.
 
-fn substrates() -> [&'static str; 3] {
+fn substrates() -> [&'static str; 4] {
     let all = [
         Substrate::Jail,
         Substrate::Firecracker,
         Substrate::Kubernetes,
+        Substrate::Vm,
     ];
     for s in all {
         match s {
-            Substrate::Jail | Substrate::Firecracker | Substrate::Kubernetes => {}
+            Substrate::Jail | Substrate::Firecracker | Substrate::Kubernetes | Substrate::Vm => {}
         }
     }
     all.map(Substrate::as_str)

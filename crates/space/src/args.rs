@@ -155,6 +155,15 @@ pub struct UpArgs {
     /// (kept once the template is imported).
     #[arg(long = "standby-template", env = "SPACE_STANDBY_TEMPLATES", value_delimiter = ',', value_parser = standby_template())]
     pub standby_templates: Vec<space_control::service::TemplatePool>,
+    /// How many of the workers run VM sandboxes (`space worker --substrate vm`; the
+    /// last ones: w2 of two with 1). Sandboxes ask for one with `--substrate vm`; with
+    /// every worker a VM worker, that is the default.
+    #[arg(long, env = "SPACE_VM_WORKERS", default_value_t = 0)]
+    pub vm_workers: u32,
+    /// VM workers: the guest kernel [default: `<data-dir>/vm/kernel`, made by
+    /// `space vm setup --data-dir <data-dir>`].
+    #[arg(long, env = "SPACE_VM_KERNEL_DIR")]
+    pub vm_kernel_dir: Option<PathBuf>,
     /// Sandbox egress.
     #[command(flatten)]
     pub egress: EgressArgs,
@@ -206,6 +215,9 @@ pub struct ControlArgs {
     /// (kept once the template is imported).
     #[arg(long = "standby-template", env = "SPACE_STANDBY_TEMPLATES", value_delimiter = ',', value_parser = standby_template())]
     pub standby_templates: Vec<space_control::service::TemplatePool>,
+    /// The substrate of a sandbox created without one (`jail` or `vm`).
+    #[arg(long, env = "SPACE_DEFAULT_SUBSTRATE", default_value = "jail", value_parser = substrate_name())]
+    pub default_substrate: space_identity::Substrate,
 }
 
 fn standby_template()
@@ -271,6 +283,21 @@ pub struct WorkerArgs {
     /// image templates need).
     #[arg(long, env = "SPACE_AGENT")]
     pub agent: Option<PathBuf>,
+    /// What runs this worker's sandboxes: `jail` (namespaces on this kernel) or `vm`
+    /// (each in a QEMU virtual machine with its own kernel; see `space vm setup`).
+    #[arg(long, env = "SPACE_SUBSTRATE", default_value = "jail", value_parser = substrate_name())]
+    pub substrate: space_identity::Substrate,
+    /// VM workers: QEMU.
+    #[arg(
+        long,
+        env = "SPACE_QEMU",
+        default_value = "/usr/bin/qemu-system-x86_64"
+    )]
+    pub qemu: PathBuf,
+    /// VM workers: the guest kernel `space vm setup` prepared [default:
+    /// `<data-dir>/vm/kernel`].
+    #[arg(long, env = "SPACE_VM_KERNEL_DIR")]
+    pub vm_kernel_dir: Option<PathBuf>,
 }
 
 /// The egress flags of `space worker` and `space up`.
@@ -349,6 +376,10 @@ pub enum SandboxCmd {
         /// `default` when absent.
         #[arg(long)]
         template: Option<String>,
+        /// What runs it: `jail` or `vm` (its own kernel; needs an image template and
+        /// a worker started with `--substrate vm`) [default: the platform's].
+        #[arg(long, value_parser = substrate_name())]
+        substrate: Option<space_identity::Substrate>,
     },
     /// Show a sandbox's network policy, or replace it with `--net` (and `--allow`,
     /// `--deny`): new connections of its running execution follow the new policy, and
@@ -595,6 +626,16 @@ pub struct NetworkFlags {
     /// whatever `--allow` says (repeatable).
     #[arg(long = "deny", value_name = "RULE")]
     pub deny: Vec<String>,
+}
+
+/// `jail` or `vm`: the substrates a worker can run.
+fn substrate_name() -> impl clap::builder::TypedValueParser<Value = space_identity::Substrate> {
+    use clap::builder::TypedValueParser as _;
+    use space_identity::Substrate;
+    clap::builder::PossibleValuesParser::new(["jail", "vm"]).map(|s| match s.as_str() {
+        "vm" => Substrate::Vm,
+        _ => Substrate::Jail,
+    })
 }
 
 fn network_mode() -> impl clap::builder::TypedValueParser<Value = space_proto::api::NetworkMode> {

@@ -187,6 +187,7 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
             disk_mib,
             network: flags,
             template,
+            substrate,
         }) => {
             let limits = space_proto::api::LimitsRequest {
                 memory_mib: *memory_mib,
@@ -208,6 +209,7 @@ pub async fn run(cli: &Cli, cmd: &Command) -> Result<i32, String> {
                 limits: (limits != space_proto::api::LimitsRequest::default()).then_some(limits),
                 network: network::from_flags(flags.net, &flags.allow, &flags.deny)?,
                 template: template.clone(),
+                substrate: *substrate,
             };
             let s = c.create_sandbox(&req).await.map_err(sdk)?;
             if cli.json {

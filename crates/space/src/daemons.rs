@@ -49,6 +49,7 @@ pub async fn control(a: ControlArgs) -> Result<(), String> {
         network_default: a.network_default,
         default_template: a.default_template.clone(),
         standby_templates: a.standby_templates.clone(),
+        default_substrate: a.default_substrate,
         // E2B's REST and envd paths on the same address (`space_e2b`).
         front: Some(space_control::server::Front(std::sync::Arc::new(
             space_e2b::wrap,
@@ -153,13 +154,22 @@ pub async fn worker(a: WorkerArgs) -> Result<(), String> {
     };
     let data_dir = std::path::absolute(&a.data_dir).map_err(|e| format!("--data-dir: {e}"))?;
     let cgroup_parent = a.cgroup_parent.unwrap_or_else(|| format!("space-{}", a.id));
+    if !matches!(
+        a.substrate,
+        space_identity::Substrate::Jail | space_identity::Substrate::Vm
+    ) {
+        return Err(format!(
+            "--substrate {} is not built: jail or vm",
+            a.substrate
+        ));
+    }
     let config = WorkerConfig {
         id,
         control_url: a.control,
         enroll_secret,
         listen: a.listen,
         advertise_url: a.advertise_url,
-        data_dir,
+        data_dir: data_dir.clone(),
         capacity: a.capacity,
         binaries: Binaries {
             agent: a.agent.unwrap_or_else(|| agent_binary(&bin_dir)),
@@ -174,6 +184,15 @@ pub async fn worker(a: WorkerArgs) -> Result<(), String> {
             deny: a.egress.egress_deny.clone(),
             allow_private: a.egress.egress_allow_private.clone(),
             dns: a.egress.egress_dns.clone(),
+        }),
+        vm: (a.substrate == space_identity::Substrate::Vm).then(|| {
+            space_worker::daemon::VmSettings {
+                qemu: a.qemu.clone(),
+                kernel_dir: a
+                    .vm_kernel_dir
+                    .clone()
+                    .unwrap_or_else(|| data_dir.join("vm").join("kernel")),
+            }
         }),
         userns: (!a.no_userns).then(
             || space_worker::substrate::jail::uid_ranges::UidRangeConfig {

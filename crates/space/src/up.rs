@@ -23,6 +23,12 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
     if a.workers == 0 || a.workers > 64 {
         return Err("--workers must be 1 to 64".into());
     }
+    if a.vm_workers > a.workers {
+        return Err(format!(
+            "--vm-workers {} is more than --workers {}",
+            a.vm_workers, a.workers
+        ));
+    }
     if !a.egress.no_egress && u32::from(a.egress.egress_slot) + a.workers - 1 > 254 {
         return Err(format!(
             "--egress-slot {} leaves no slot for {} workers (slots are 0 to 254, one per worker)",
@@ -56,6 +62,10 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
         network_default: a.network_default,
         default_template: space_control::service::DEFAULT_TEMPLATE.into(),
         standby_templates: a.standby_templates.clone(),
+        default_substrate: match a.vm_workers == a.workers {
+            true => space_identity::Substrate::Vm,
+            false => space_identity::Substrate::Jail,
+        },
         // E2B's REST and envd paths on the same address (`space_e2b`).
         front: Some(space_control::server::Front(std::sync::Arc::new(
             space_e2b::wrap,
@@ -100,6 +110,18 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
             args.push("--no-userns".into());
         }
         args.extend(egress_args(&a.egress, n - 1));
+        if n > a.workers - a.vm_workers {
+            let kernel = a
+                .vm_kernel_dir
+                .clone()
+                .unwrap_or_else(|| data_dir.join("vm").join("kernel"));
+            args.extend([
+                "--substrate".into(),
+                "vm".into(),
+                "--vm-kernel-dir".into(),
+                kernel.display().to_string(),
+            ]);
+        }
         supervisors.push(tokio::spawn(supervise(
             n as usize - 1,
             id,

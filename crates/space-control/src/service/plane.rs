@@ -77,6 +77,8 @@ pub struct ControlPlane {
     pub(super) network_default: std::sync::RwLock<space_proto::api::NetworkMode>,
     /// The template of a create that names none (`default`: the host's directories).
     pub(super) default_template: std::sync::RwLock<String>,
+    /// The substrate of a create that names none (`jail` unless set).
+    pub(super) default_substrate: std::sync::RwLock<space_identity::Substrate>,
     /// Per tenant, this process's creates between their quota check and their
     /// sandbox's row: counted with the store's live sandboxes, so a burst cannot pass
     /// the quota together (see [`QuotaHold`](super::quota::QuotaHold)).
@@ -146,6 +148,7 @@ impl ControlPlane {
             limits_policy: std::sync::RwLock::new(crate::limits::LimitsPolicy::from_env()),
             network_default: std::sync::RwLock::default(),
             default_template: std::sync::RwLock::new(DEFAULT_TEMPLATE.into()),
+            default_substrate: std::sync::RwLock::new(space_identity::Substrate::Jail),
             reconcile_after_secs: std::env::var("SPACE_RECONCILE_AFTER_SECS")
                 .ok()
                 .and_then(|v| v.parse().ok())

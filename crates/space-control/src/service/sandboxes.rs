@@ -152,7 +152,12 @@ impl ControlPlane {
         // Any network policy claims one of its mode (one in mode `egress` has its
         // link made already): the claim writes the policy, given to the worker below
         // before the answer.
-        let plain = env.is_empty() && req.worker.is_none() && limits == policy.defaults;
+        // Standby sandboxes run on workers of the default substrate only.
+        let substrate = req.substrate.unwrap_or_else(|| self.default_substrate());
+        let plain = env.is_empty()
+            && req.worker.is_none()
+            && limits == policy.defaults
+            && substrate == self.default_substrate();
         let kind = crate::standby_plan::PoolKey {
             template: template.clone(),
             linked: network.mode == space_proto::api::NetworkMode::Egress,
@@ -201,7 +206,7 @@ impl ControlPlane {
                 return self.view(&s).await;
             }
         }
-        let placed = self.place_create(req.worker.as_ref()).await?;
+        let placed = self.place_create(req.worker.as_ref(), substrate).await?;
         let worker = &placed.worker;
         let record = SandboxRecord {
             id: SandboxId::from_bytes(random_bytes()),

@@ -30,7 +30,7 @@ impl ControlPlane {
                 "the sandbox already runs on {target}"
             )));
         }
-        self.place(Some(target), None).await?;
+        self.place(Some(target), None, src.substrate).await?;
         let _busy = self.transition(s.id)?;
         self.store
             .set_sandbox_state(&s.id, SandboxState::Migrating, Some(before))
@@ -281,6 +281,8 @@ impl ControlPlane {
                 "the stored snapshot is of an older execution".into(),
             ));
         }
+        // A snapshot is restored only by the substrate that took it.
+        self.place(Some(target), None, src.substrate).await?;
         let archive = Archive::open_kept(self.snapshot_path(&s.id))
             .await
             .map_err(|e| ControlError::Internal(format!("reading the snapshot: {e}")))?;

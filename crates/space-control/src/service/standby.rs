@@ -210,11 +210,14 @@ impl ControlPlane {
             backoff.retain(|_, until| *until > std::time::Instant::now());
             backoff.keys().cloned().collect()
         };
+        // Standby sandboxes run where a create of the default substrate goes.
+        let substrate = self.default_substrate();
         let workers: Vec<WorkerView> = self
             .store
             .list_workers()
             .await?
             .into_iter()
+            .filter(|w| w.substrate == substrate)
             .map(|w| WorkerView {
                 accepts: w.state == WorkerState::Active && !resting.contains(&w.id),
                 standby: standby

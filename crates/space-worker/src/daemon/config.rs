@@ -41,6 +41,18 @@ pub struct WorkerConfig {
     /// Egress for sandboxes in network mode `egress`; `None` (`--no-egress`): such
     /// sandboxes are refused here.
     pub egress: Option<EgressSettings>,
+    /// `Some`: this worker runs VM sandboxes (`--substrate vm`) with these settings;
+    /// `None`: jails.
+    pub vm: Option<VmSettings>,
+}
+
+/// A VM worker's settings (`--substrate vm`).
+#[derive(Debug, Clone)]
+pub struct VmSettings {
+    /// `qemu-system-x86_64`.
+    pub qemu: PathBuf,
+    /// The guest kernel prepared by `space vm setup`.
+    pub kernel_dir: PathBuf,
 }
 
 /// The operator's egress settings (`--egress-*`).
@@ -79,6 +91,20 @@ impl WorkerConfig {
         ] {
             if !p.is_file() {
                 return Err(format!("{what} binary not found at {}", p.display()));
+            }
+        }
+        if let Some(vm) = &self.vm {
+            if !vm.qemu.is_file() {
+                return Err(format!(
+                    "--substrate vm needs QEMU: none at {} (Debian: qemu-system-x86)",
+                    vm.qemu.display()
+                ));
+            }
+            if !vm.kernel_dir.is_dir() {
+                return Err(format!(
+                    "--substrate vm needs a guest kernel at {}: run `space vm setup`",
+                    vm.kernel_dir.display()
+                ));
             }
         }
         if self.capacity == 0 {

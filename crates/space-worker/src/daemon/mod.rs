@@ -47,7 +47,7 @@ pub mod turns;
 pub mod updates;
 pub mod warm;
 
-pub use config::{DEFAULT_WARM_POOL, WorkerConfig};
+pub use config::{DEFAULT_WARM_POOL, VmSettings, WorkerConfig};
 pub use launch::Binaries;
 pub use start::{WorkerHandle, empty_keys, run};
 pub use state::Worker;

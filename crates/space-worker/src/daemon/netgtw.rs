@@ -37,7 +37,6 @@ use tokio::sync::watch;
 use super::metrics::PortBytes;
 use super::node_api::refusal::Refusal;
 use super::state::{Slot, Worker};
-use crate::substrate::Substrate as _;
 
 /// How long connecting to the port inside the sandbox may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -119,7 +118,7 @@ async fn connect_inside(worker: &Worker, slot: &Slot, port: u16) -> Result<TcpSt
         .handle
         .clone()
         .ok_or_else(|| Refusal::Bridge("the execution has no processes".into()))?;
-    let substrate = Arc::clone(&worker.substrate);
+    let substrate = worker.driver();
     let fd = tokio::task::spawn_blocking(move || substrate.service_socket(&handle))
         .await
         .map_err(|e| Refusal::Internal(e.to_string()))?

@@ -52,7 +52,7 @@ impl WorkerHandle {
         let _ = self.stop.send(true);
         let _ = self.task.await;
         let worker = Arc::clone(&self.worker);
-        let _ = tokio::task::spawn_blocking(move || worker.warm.shutdown(&worker.substrate)).await;
+        let _ = tokio::task::spawn_blocking(move || worker.warm.shutdown(&worker.jail)).await;
         if stop_sandboxes {
             self.worker.stop_all().await;
             if let Ok(egress) = self.worker.egress() {
@@ -143,7 +143,7 @@ pub async fn run(config: WorkerConfig) -> Result<WorkerHandle, String> {
     tracing::info!(worker = %config.id, url = %url, "worker ready");
     // After the reconciliation's sweep, which would take warm jails for leftovers.
     worker.warm.start(
-        Arc::clone(&worker.substrate),
+        Arc::clone(&worker.jail),
         worker.binaries.clone(),
         worker.data_dir.clone(),
     );
@@ -252,7 +252,10 @@ async fn enroll(
     let req = EnrollRequest {
         worker: config.id.clone(),
         url: url.to_owned(),
-        substrate: space_identity::Substrate::Jail,
+        substrate: match config.vm {
+            Some(_) => space_identity::Substrate::Vm,
+            None => space_identity::Substrate::Jail,
+        },
         capacity: config.capacity,
         enroll_secret: config.enroll_secret.clone(),
         credential,
@@ -333,7 +336,14 @@ async fn start_egress(
     let Some(settings) = config.egress.clone() else {
         return Err("the worker was started with --no-egress".into());
     };
-    if let Some(why) = manager::unavailable(worker.substrate.is_rootless()) {
+    if worker.vm.is_some() {
+        let why = "network mode egress is not available for VM sandboxes yet (the worker \
+                   runs --substrate vm; a VM has only its own loopback)"
+            .to_owned();
+        tracing::info!(reason = %why, "network mode egress is not available on this worker");
+        return Err(why);
+    }
+    if let Some(why) = manager::unavailable(worker.jail.is_rootless()) {
         tracing::info!(reason = %why, "network mode egress is not available on this worker");
         return Err(why);
     }

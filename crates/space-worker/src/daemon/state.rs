@@ -79,8 +79,11 @@ pub struct Worker {
     pub url: String,
     /// Durable records.
     pub records: Records,
-    /// The substrate (the jail driver; other drivers plug in behind the same trait).
-    pub substrate: Arc<JailDriver>,
+    /// The jail driver: every worker has one (it also keeps the cgroup parents, the
+    /// startup sweep and warm jails); the driver of its sandboxes unless `vm` is set.
+    pub jail: Arc<JailDriver>,
+    /// The VM driver of a worker that runs VM sandboxes (`--substrate vm`).
+    pub vm: Option<Arc<crate::substrate::vm::QemuDriver>>,
     /// Binaries.
     pub binaries: Binaries,
     /// Data directory.
@@ -193,6 +196,29 @@ pub fn installed_of(worker: &WorkerId, r: &ExecutionRecord) -> InstalledIdentity
     }
 }
 
+/// The VM driver of `vm`, its accelerator probed once per data directory and logged.
+fn open_vm(
+    config: &WorkerConfig,
+    vm: &super::config::VmSettings,
+) -> Result<Arc<crate::substrate::vm::QemuDriver>, String> {
+    use crate::substrate::vm::{QemuDriver, VmConfig, detect_accel};
+    let (accel, why) = detect_accel(&vm.qemu, &vm.kernel_dir, &config.data_dir);
+    tracing::info!(accel = accel.as_str(), reason = %why, "VM accelerator");
+    let driver = QemuDriver::new(
+        VmConfig {
+            qemu: vm.qemu.clone(),
+            kernel_dir: vm.kernel_dir.clone(),
+            agent: config.binaries.agent.clone(),
+            accel,
+            // The jail driver's parent: the startup sweep ends leftover VMs too.
+            cgroup_parent: config.cgroup_parent.clone(),
+        },
+        &config.data_dir,
+    )
+    .map_err(|e| format!("VM substrate: {e}"))?;
+    Ok(Arc::new(driver))
+}
+
 /// The activation of a record.
 pub fn activation_of(r: &ExecutionRecord) -> Activation {
     Activation {
@@ -215,7 +241,8 @@ impl Worker {
         let substrate = Arc::new(JailDriver::new(jail).map_err(|e| e.to_string())?);
         // Sandbox directories on the disk volume, where disk limits hold (root only:
         // a rootless worker cannot mount). Before the sweep, which leaves it mounted.
-        if !substrate.is_rootless() {
+        // VM sandboxes' disks are files of their disk limit's size: no volume.
+        if !substrate.is_rootless() && config.vm.is_none() {
             let disk = crate::substrate::jail::disk::ensure_volume(
                 &config.data_dir,
                 config.limits.disk_image_bytes,
@@ -224,6 +251,22 @@ impl Worker {
             tracing::info!(?disk, "disk limits");
         }
         Self::assemble(config, url, records, substrate)
+    }
+
+    /// The driver of this worker's sandboxes.
+    pub fn driver(&self) -> Arc<dyn crate::substrate::Substrate> {
+        match &self.vm {
+            Some(vm) => Arc::clone(vm) as Arc<dyn crate::substrate::Substrate>,
+            None => Arc::clone(&self.jail) as Arc<dyn crate::substrate::Substrate>,
+        }
+    }
+
+    /// Which substrate this worker's sandboxes run on.
+    pub fn kind(&self) -> space_identity::Substrate {
+        match self.vm {
+            Some(_) => space_identity::Substrate::Vm,
+            None => space_identity::Substrate::Jail,
+        }
     }
 
     /// The worker of `config` on `records` and `substrate` (its disk volume, if any,
@@ -243,7 +286,12 @@ impl Worker {
             id: config.id.clone(),
             url,
             records,
-            substrate,
+            jail: substrate,
+            vm: config
+                .vm
+                .as_ref()
+                .map(|vm| open_vm(config, vm))
+                .transpose()?,
             binaries: config.binaries.clone(),
             data_dir: config.data_dir.clone(),
             keys: RwLock::new(None),
@@ -259,8 +307,13 @@ impl Worker {
             readiness: super::readiness::Readiness::default(),
             control_url: config.control_url.clone(),
             stopping: std::sync::atomic::AtomicBool::new(false),
+            // Warm jails are jails: a VM worker keeps none.
             warm: WarmPool::new(
-                config.warm_pool,
+                if config.vm.is_some() {
+                    0
+                } else {
+                    config.warm_pool
+                },
                 super::limits::substrate_limits(&config.limits.defaults),
             ),
             limits: config.limits,
@@ -527,15 +580,15 @@ impl Worker {
         }
         while stopping.join_next().await.is_some() {}
         // The worker's own cgroup parents go too once empty (rmdir refuses otherwise).
-        let parent = self.substrate.config().cgroup_parent.clone();
-        for dir in self.substrate.hierarchy().parent_dirs(&parent) {
+        let parent = self.jail.config().cgroup_parent.clone();
+        for dir in self.jail.hierarchy().parent_dirs(&parent) {
             let _ = std::fs::remove_dir(dir);
         }
     }
 
     /// Stops an execution's processes off the runtime.
     pub async fn teardown(&self, r: &ExecutionRecord, layer: launch::Layer) {
-        let substrate = Arc::clone(&self.substrate);
+        let substrate = self.driver();
         let data_dir = self.data_dir.clone();
         let (h, b) = (r.handle.clone(), r.bridge.clone());
         let egress = self.egress().ok().cloned();

@@ -121,7 +121,7 @@ pub async fn reconcile(
                 .map(std::path::Path::to_path_buf)
         })
         .collect();
-    let jail = Arc::clone(&worker.substrate);
+    let jail = Arc::clone(&worker.jail);
     let data_dir = worker.data_dir.clone();
     // No install may create directories while the sweep decides what is left over.
     let _applying = worker.exclusive("the startup sweep").await;
@@ -199,7 +199,7 @@ async fn readopt(
     let alive = alive
         && r.handle
             .as_ref()
-            .is_some_and(|h| worker.substrate.hold_userns(h).unwrap_or(false));
+            .is_some_and(|h| worker.jail.hold_userns(h).unwrap_or(false));
     let alive = alive
         && {
             // The links of the worker's previous run were removed when it started: the

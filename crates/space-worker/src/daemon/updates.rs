@@ -14,7 +14,6 @@ use space_proto::api::{
 use super::launch;
 use super::records::{Claim, ExecutionRecord, RecordState};
 use super::state::{Worker, activation_of, now_secs, random32};
-use crate::substrate::Substrate;
 
 /// Why an update (or the delivery carrying it) is refused. The message is the whole
 /// answer a client sees; node-api chooses the status (`node_api::refusal`).
@@ -510,7 +509,7 @@ pub(crate) async fn freeze(
     record.state = to;
     record.updated_at = now_secs() as i64;
     put_record(worker, &record).await.map_err(internal)?;
-    let substrate = Arc::clone(&worker.substrate);
+    let substrate = worker.driver();
     let acted = tokio::task::spawn_blocking(move || {
         if pause {
             substrate.pause(&handle)
@@ -627,6 +626,13 @@ async fn install_execution(
     if let Some(why) = worker.limits.refusal(&i.limits) {
         return Err(invalid(why));
     }
+    if i.substrate != worker.kind() {
+        return Err(invalid(format!(
+            "this worker runs {} sandboxes, not {}",
+            worker.kind(),
+            i.substrate
+        )));
+    }
     let max = worker
         .records
         .max_generation(&i.sandbox)
@@ -702,7 +708,8 @@ async fn install_execution(
     worker.put_slot(record.clone(), None);
     space_http::crash::crash_point("worker.install.recorded");
 
-    let substrate = Arc::clone(&worker.substrate);
+    let jail = Arc::clone(&worker.jail);
+    let driver = worker.driver();
     let bins = worker.binaries.clone();
     let data_dir = worker.data_dir.clone();
     let activation = activation_of(&record);
@@ -715,20 +722,13 @@ async fn install_execution(
         let fresh = !launch::kept_layer(&data_dir, &activation.sandbox).exists()
             && template == crate::substrate::TemplateSpec::Default;
         if let Some(w) = fresh.then(|| warm.take(&limits)).flatten() {
-            match launch::launch_warm(&substrate, &bins, w, &activation) {
+            match launch::launch_warm(&jail, &bins, w, &activation) {
                 Ok(done) => return Ok((done, true)),
                 Err(e) => tracing::warn!(error = %e, "warm activation failed; launching cold"),
             }
         }
-        launch::launch(
-            &*substrate,
-            &bins,
-            &data_dir,
-            &activation,
-            limits,
-            &template,
-        )
-        .map(|d| (d, false))
+        launch::launch(&*driver, &bins, &data_dir, &activation, limits, &template)
+            .map(|d| (d, false))
     })
     .await
     .map_err(|e| internal(format!("launch task: {e}")))?;

@@ -59,6 +59,7 @@ pub(crate) fn bare_worker(data: &tempfile::TempDir, tag: &str) -> Arc<Worker> {
         userns: None,
         limits: Default::default(),
         egress: None,
+        vm: None,
     };
     let records = Records::open(&data.path().join("records.db")).unwrap();
     let mut jail = JailConfig::new(&exe);
