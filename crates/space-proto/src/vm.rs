@@ -8,9 +8,30 @@ pub const PORT_NAME: &str = "space.agent";
 pub const MODULES_DIR: &str = "/lib/space/modules";
 /// The file in [`MODULES_DIR`] naming the modules to load, one per line, in order.
 pub const MODULES_ORDER: &str = "order";
-/// The serial of the template's disk (read-only, ext4), as the guest finds it
-/// (`/sys/block/*/serial`: device order is not stable across machine types).
-pub const ROOT_SERIAL: &str = "space-root";
+/// The serials of the template's disks, one per layer (read-only, ext4), as the
+/// guest finds them (`/sys/block/*/serial`: device order is not stable across machine
+/// types): this prefix and the layer's place, `0` the top one.
+pub const LAYER_SERIAL_PREFIX: &str = "space-layer-";
+/// The kernel command-line parameter saying how many layer disks there are
+/// (`space.layers=N`, 1 to [`MAX_LAYERS`]).
+pub const LAYERS_PARAM: &str = "space.layers";
+/// Most layers a VM's template may have (a disk each).
+pub const MAX_LAYERS: usize = 16;
+
+/// The serial of layer `i` (`0` the top one).
+pub fn layer_serial(i: usize) -> String {
+    format!("{LAYER_SERIAL_PREFIX}{i}")
+}
+
+/// The number of layers a kernel command line names, if it names a valid one.
+pub fn layers_of_command_line(line: &str) -> Option<usize> {
+    let n: usize = line
+        .split_ascii_whitespace()
+        .find_map(|w| w.strip_prefix(LAYERS_PARAM)?.strip_prefix('='))?
+        .parse()
+        .ok()?;
+    (1..=MAX_LAYERS).contains(&n).then_some(n)
+}
 /// The serial of the sandbox's writable disk (ext4, its size the disk limit).
 pub const UPPER_SERIAL: &str = "space-upper";
 /// The guest's answer once it serves the activation it was sent.
@@ -30,3 +51,29 @@ pub const GUEST_MODULES: &[&str] = &[
     "virtio_blk",
     "overlay",
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_layer_count_is_read_from_the_command_line_and_bounded() {
+        assert_eq!(
+            layers_of_command_line("quiet space.layers=2 panic=-1"),
+            Some(2)
+        );
+        assert_eq!(layers_of_command_line("space.layers=1"), Some(1));
+        for bad in [
+            "",
+            "space.layers=0",
+            "space.layers=17",
+            "space.layers=x",
+            "space.layersx=2",
+        ] {
+            assert_eq!(layers_of_command_line(bad), None, "{bad:?}");
+        }
+        assert_eq!(layer_serial(15), "space-layer-15");
+        // virtio-blk serials are at most 20 bytes.
+        assert!(layer_serial(MAX_LAYERS - 1).len() <= 20);
+    }
+}

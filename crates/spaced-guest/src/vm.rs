@@ -61,13 +61,31 @@ fn boot() -> Result<(), String> {
     )?;
     load_modules(Path::new(vm::MODULES_DIR))?;
     let port = find_port(vm::PORT_NAME)?;
-    let root = find_disk(vm::ROOT_SERIAL)?;
+    let cmdline =
+        std::fs::read_to_string("/proc/cmdline").map_err(|e| format!("/proc/cmdline: {e}"))?;
+    let layers = vm::layers_of_command_line(&cmdline)
+        .ok_or_else(|| format!("no valid {}= on the command line", vm::LAYERS_PARAM))?;
     let upper = find_disk(vm::UPPER_SERIAL)?;
-    let (root, upper) = (root.to_string_lossy(), upper.to_string_lossy());
-    for d in ["/lower", "/disk", "/newroot"] {
+    let upper = upper.to_string_lossy();
+    for d in ["/disk", "/newroot"] {
         std::fs::create_dir_all(d).map_err(|e| format!("{d}: {e}"))?;
     }
-    mount_fs(&root, "/lower", "ext4", MsFlags::MS_RDONLY, None)?;
+    // Each layer's disk read-only at /lower/N (0 the top one), stacked by overlay as
+    // the jail stacks the same layers' directories.
+    let mut lowers = Vec::with_capacity(layers);
+    for i in 0..layers {
+        let disk = find_disk(&vm::layer_serial(i))?;
+        let at = format!("/lower/{i}");
+        std::fs::create_dir_all(&at).map_err(|e| format!("{at}: {e}"))?;
+        mount_fs(
+            &disk.to_string_lossy(),
+            &at,
+            "ext4",
+            MsFlags::MS_RDONLY,
+            None,
+        )?;
+        lowers.push(at);
+    }
     mount_fs(&upper, "/disk", "ext4", MsFlags::empty(), None)?;
     for d in ["/disk/upper", "/disk/work"] {
         std::fs::create_dir_all(d).map_err(|e| format!("{d}: {e}"))?;
@@ -77,7 +95,10 @@ fn boot() -> Result<(), String> {
         "/newroot",
         "overlay",
         MsFlags::empty(),
-        Some("lowerdir=/lower,upperdir=/disk/upper,workdir=/disk/work"),
+        Some(&format!(
+            "lowerdir={},upperdir=/disk/upper,workdir=/disk/work",
+            lowers.join(":")
+        )),
     )?;
     for d in ["dev", "proc", "sys", "tmp"] {
         let at = Path::new("/newroot").join(d);

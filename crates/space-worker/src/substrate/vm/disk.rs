@@ -1,5 +1,5 @@
-//! The guest's disks: the template rendered once to a read-only ext4 image (shared by
-//! every VM of the template), and a per-sandbox ext4 image, sparse, of the disk limit's
+//! The guest's disks: each layer of the template rendered once to a read-only ext4
+//! image (shared by every VM of a template with that layer), and a per-sandbox ext4 image, sparse, of the disk limit's
 //! size, for its writable layer. Both made with `mkfs.ext4` (`-d` copies a tree into
 //! the image without mounting it; it stores links as links, never following one).
 
@@ -14,9 +14,15 @@ static RENDERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new
 /// Room beyond the template's own bytes (ext4 metadata, inode tables).
 const ROOT_SLACK: u64 = 64 << 20;
 
-/// The root image of `template` under `images`, rendered if missing.
-pub fn root_image(images: &Path, template: &TemplateSpec) -> Result<PathBuf, SubstrateError> {
-    let (key, layers) = match template {
+/// The read-only images of `template`'s layers under `images`, top first, each
+/// rendered once if missing: an image template's layer by its directory's name (the
+/// layer's chain ID, so templates sharing a layer share its image), a directory
+/// template by a hash of its path.
+pub fn layer_images(
+    images: &Path,
+    template: &TemplateSpec,
+) -> Result<Vec<PathBuf>, SubstrateError> {
+    let layers: Vec<(String, PathBuf)> = match template {
         TemplateSpec::Default => {
             return Err(SubstrateError::Unsupported(
                 "a VM sandbox needs an image template (the host-directories default \
@@ -35,26 +41,42 @@ pub fn root_image(images: &Path, template: &TemplateSpec) -> Result<PathBuf, Sub
             }
             let path = lower_dir.to_string_lossy();
             let key = blake3::hash(path.as_bytes()).to_hex()[..32].to_owned();
-            (format!("dir-{key}"), vec![lower_dir.clone()])
+            vec![(format!("dir-{key}"), lower_dir.clone())]
         }
-        TemplateSpec::Image { digest, lower_dirs } => {
-            let key: String = digest
-                .chars()
-                .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-                .collect();
-            (key, lower_dirs.clone())
-        }
+        TemplateSpec::Image { lower_dirs, .. } => lower_dirs
+            .iter()
+            .map(|d| {
+                let name: String = d
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+                    .chars()
+                    .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+                    .collect();
+                (format!("layer-{name}"), d.clone())
+            })
+            .collect(),
     };
+    if layers.is_empty() || layers.len() > space_proto::vm::MAX_LAYERS {
+        return Err(SubstrateError::Unsupported(format!(
+            "a VM sandbox's template has 1 to {} layers; this one has {}",
+            space_proto::vm::MAX_LAYERS,
+            layers.len()
+        )));
+    }
     std::fs::create_dir_all(images).map_err(super::super::io_err("the VM images directory"))?;
+    layers
+        .iter()
+        .map(|(key, dir)| layer_image(images, key, dir))
+        .collect()
+}
+
+/// The image of one layer directory, `<images>/<key>.ext4`, rendered if missing.
+fn layer_image(images: &Path, key: &str, layer: &Path) -> Result<PathBuf, SubstrateError> {
     let image = images.join(format!("{key}.ext4"));
     if image.is_file() {
         return Ok(image);
     }
-    let [layer] = layers.as_slice() else {
-        return Err(SubstrateError::Unsupported(
-            "a VM sandbox of a template with several layers".into(),
-        ));
-    };
     let size = tree_bytes(layer)? + ROOT_SLACK;
     // Per call (two first launches of one template may render it at once; the
     // second rename replaces the first's identical image).
@@ -63,12 +85,12 @@ pub fn root_image(images: &Path, template: &TemplateSpec) -> Result<PathBuf, Sub
         std::process::id(),
         RENDERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
-    let made = make_ext4(&tmp, size, "space-root", Some(layer));
+    let made = make_ext4(&tmp, size, "space-layer", Some(layer));
     if let Err(e) = made {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
     }
-    std::fs::rename(&tmp, &image).map_err(super::super::io_err("the VM root image"))?;
+    std::fs::rename(&tmp, &image).map_err(super::super::io_err("a VM layer image"))?;
     Ok(image)
 }
 

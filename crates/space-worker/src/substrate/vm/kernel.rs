@@ -2,8 +2,10 @@
 //! package without installing it on the host (`dpkg-deb -x` into a temporary
 //! directory), kept in the worker's data directory with the modules a guest loads.
 //!
-//! Layout of `<dir>`: `vmlinuz`, `release` (the kernel's release string) and
-//! `modules/<name>.ko` for every name of [`vm::GUEST_MODULES`].
+//! Layout of `<dir>`: `vmlinuz`, `release` (the kernel's release string),
+//! `modules/<name>.ko` for every name of [`vm::GUEST_MODULES`] and every module they
+//! depend on (read from each module's `depends=`, as the package ships no
+//! `modules.dep`), and `modules/order`: their names, dependencies first.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -40,13 +42,20 @@ pub fn load(dir: &Path) -> Result<GuestKernel, String> {
         .map_err(|_| missing("release"))?
         .trim()
         .to_owned();
+    let order = std::fs::read_to_string(dir.join("modules").join(ORDER))
+        .map_err(|_| missing("modules/order"))?;
     let mut modules = Vec::new();
-    for name in vm::GUEST_MODULES {
+    for name in order.lines().map(str::trim).filter(|l| !l.is_empty()) {
         let path = dir.join("modules").join(format!("{name}.ko"));
-        if !path.is_file() {
+        if !plain_name(name) || !path.is_file() {
             return Err(missing(&format!("module {name}")));
         }
-        modules.push(((*name).to_owned(), path));
+        modules.push((name.to_owned(), path));
+    }
+    for name in vm::GUEST_MODULES {
+        if !modules.iter().any(|(n, _)| n == name) {
+            return Err(missing(&format!("module {name}")));
+        }
     }
     Ok(GuestKernel {
         vmlinuz,
@@ -97,12 +106,33 @@ pub fn setup(
     std::fs::create_dir_all(out.join("modules")).map_err(|e| e.to_string())?;
     std::fs::copy(boot.join(&image), out.join("vmlinuz")).map_err(|e| e.to_string())?;
     let modules_root = tree.join("lib/modules").join(&release).join("kernel");
-    for name in vm::GUEST_MODULES {
-        let found = find_module(&modules_root, name)
+    let mut depends = std::collections::BTreeMap::new();
+    let mut wanted: Vec<String> = vm::GUEST_MODULES.iter().map(|m| (*m).to_owned()).collect();
+    while let Some(name) = wanted.pop() {
+        if depends.contains_key(&name) {
+            continue;
+        }
+        if depends.len() >= MAX_MODULES || !plain_name(&name) {
+            return Err(format!(
+                "the guest modules' dependencies do not end (at {name})"
+            ));
+        }
+        let found = find_module(&modules_root, &name)
             .ok_or_else(|| format!("the package has no module {name}.ko"))?;
-        std::fs::copy(&found, out.join("modules").join(format!("{name}.ko")))
+        let bytes = std::fs::read(&found).map_err(|e| e.to_string())?;
+        let deps = modinfo_depends(&bytes);
+        wanted.extend(deps.iter().cloned());
+        depends.insert(name.clone(), deps);
+        std::fs::write(out.join("modules").join(format!("{name}.ko")), &bytes)
             .map_err(|e| e.to_string())?;
     }
+    let order = load_order(&depends)?;
+    std::fs::write(out.join("modules").join(ORDER), order.join("\n") + "\n")
+        .map_err(|e| e.to_string())?;
+    progress(&format!(
+        "guest modules, in load order: {}",
+        order.join(" ")
+    ));
     std::fs::write(out.join("release"), format!("{release}\n")).map_err(|e| e.to_string())?;
     // Into place in one step: a half-prepared kernel is never taken for one.
     std::fs::rename(&out, dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -111,6 +141,57 @@ pub fn setup(
         dir.display()
     ));
     load(dir)
+}
+
+/// The file naming the modules in load order.
+const ORDER: &str = "order";
+/// Most modules a guest loads (its list and their dependencies).
+const MAX_MODULES: usize = 64;
+
+/// A module name as a file name: `[A-Za-z0-9_-]`, 1 to 64 of them.
+fn plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// The modules a module's `.modinfo` says it needs (`depends=a,b`), from its bytes.
+pub fn modinfo_depends(module: &[u8]) -> Vec<String> {
+    const KEY: &[u8] = b"\0depends=";
+    let Some(at) = module.windows(KEY.len()).position(|w| w == KEY) else {
+        return Vec::new();
+    };
+    let rest = &module[at + KEY.len()..];
+    let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+    String::from_utf8_lossy(&rest[..end])
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `depends` (each module's dependencies) ordered so that every module comes after
+/// what it needs; a cycle is an error.
+pub fn load_order(
+    depends: &std::collections::BTreeMap<String, Vec<String>>,
+) -> Result<Vec<String>, String> {
+    let mut order: Vec<String> = Vec::new();
+    while order.len() < depends.len() {
+        let next = depends.iter().find(|(name, deps)| {
+            !order.contains(name)
+                && deps
+                    .iter()
+                    .all(|d| order.contains(d) || !depends.contains_key(d))
+        });
+        match next {
+            Some((name, _)) => order.push(name.clone()),
+            None => return Err("the guest modules depend on each other in a cycle".into()),
+        }
+    }
+    Ok(order)
 }
 
 /// A directory removed (with everything in it) when dropped.
@@ -186,4 +267,30 @@ fn output(cmd: &mut Command) -> Result<String, String> {
         ));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dependencies_are_read_from_modinfo_and_loaded_first() {
+        let module = b"\x7fELF junk\0license=GPL\0depends=virtio_ring,virtio\0name=virtio_blk\0";
+        assert_eq!(modinfo_depends(module), ["virtio_ring", "virtio"]);
+        assert!(modinfo_depends(b"\0depends=\0name=overlay\0").is_empty());
+        assert!(modinfo_depends(b"no modinfo at all").is_empty());
+        let mut deps = std::collections::BTreeMap::new();
+        deps.insert(
+            "virtio_blk".to_owned(),
+            vec!["virtio".to_owned(), "virtio_ring".to_owned()],
+        );
+        deps.insert("virtio".to_owned(), vec!["virtio_ring".to_owned()]);
+        deps.insert("virtio_ring".to_owned(), vec![]);
+        assert_eq!(
+            load_order(&deps).unwrap(),
+            ["virtio_ring", "virtio", "virtio_blk"]
+        );
+        deps.insert("virtio_ring".to_owned(), vec!["virtio_blk".to_owned()]);
+        assert!(load_order(&deps).is_err());
+    }
 }

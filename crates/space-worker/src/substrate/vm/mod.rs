@@ -136,7 +136,7 @@ impl QemuDriver {
         restore: Option<&snapshot::VmSnapshot>,
     ) -> Result<SandboxHandle, SubstrateError> {
         spec.key.validate()?;
-        let root = disk::root_image(&spec.data_dir.join("vm").join("images"), &spec.template)?;
+        let layers = disk::layer_images(&spec.data_dir.join("vm").join("images"), &spec.template)?;
         let sandbox_dir = spec.data_dir.join("sandboxes").join(spec.key.dir_name());
         std::fs::create_dir_all(&sandbox_dir).map_err(io_err("the sandbox directory"))?;
         let upper = sandbox_dir.join("upper.ext4");
@@ -150,7 +150,7 @@ impl QemuDriver {
             .filter(|k| std::fs::symlink_metadata(k).is_ok_and(|m| m.is_file()));
         match (restore, kept) {
             (Some(snap), _) => snap
-                .check_fits(spec, &root, &self.kernel.release)?
+                .check_fits(spec, &layers, &self.kernel.release)?
                 .copy_disk_to(&upper)?,
             (None, Some(k)) => {
                 std::fs::rename(&k, &upper).map_err(io_err("the kept VM disk"))?;
@@ -175,10 +175,7 @@ impl QemuDriver {
         snapshot::Machine {
             ram,
             cpus,
-            root_image: root
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
+            root_image: snapshot::image_names(&layers),
             kernel: self.kernel.release.clone(),
         }
         .write(&sandbox_dir.join(snapshot::MACHINE))?;
@@ -216,7 +213,10 @@ impl QemuDriver {
             .arg(&self.kernel.vmlinuz)
             .arg("-initrd")
             .arg(&self.initramfs)
-            .args(["-append", &kernel_command_line(self.config.accel)])
+            .args([
+                "-append",
+                &kernel_command_line(self.config.accel, layers.len()),
+            ])
             // The guest's console: a ring buffer of CONSOLE_BYTES in QEMU (read over
             // QMP), never a host file the guest could grow without end.
             .args([
@@ -239,14 +239,17 @@ impl QemuDriver {
                     space_proto::vm::PORT_NAME
                 ),
             ])
-            .args(["-drive", &drive(&root, "root", true)])
-            .args([
-                "-device",
-                &format!(
-                    "virtio-blk-device,drive=root,serial={}",
-                    space_proto::vm::ROOT_SERIAL
-                ),
-            ])
+            .args(layers.iter().enumerate().flat_map(|(i, layer)| {
+                [
+                    "-drive".to_owned(),
+                    drive(layer, &format!("layer{i}"), true),
+                    "-device".to_owned(),
+                    format!(
+                        "virtio-blk-device,drive=layer{i},serial={}",
+                        space_proto::vm::layer_serial(i)
+                    ),
+                ]
+            }))
             .args(["-drive", &drive(&upper, "upper", false)])
             .args([
                 "-device",
@@ -578,9 +581,11 @@ fn reap(pid: i32) {
 /// host's, and the kernel is told its rate: calibrating it against the emulated PIT
 /// fails whenever QEMU's main loop is busy (seen: a QMP client connected during boot),
 /// and a kernel without a clock source hangs there.
-fn kernel_command_line(accel: Accel) -> String {
-    let mut line =
-        String::from("console=ttyS0 quiet panic=-1 rdinit=/init pci=off random.trust_cpu=on");
+fn kernel_command_line(accel: Accel, layers: usize) -> String {
+    let mut line = format!(
+        "console=ttyS0 quiet panic=-1 rdinit=/init pci=off random.trust_cpu=on {}={layers}",
+        space_proto::vm::LAYERS_PARAM
+    );
     if accel == Accel::Tcg {
         if let Some(khz) = host_tsc_khz() {
             line.push_str(&format!(" tsc_early_khz={khz} tsc=reliable"));

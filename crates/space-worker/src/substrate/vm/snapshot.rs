@@ -50,7 +50,8 @@ pub struct Machine {
     pub ram: u64,
     /// vCPUs.
     pub cpus: u32,
-    /// The template's root image (its file name in the images directory).
+    /// The template's layer images, top first (their file names in the images
+    /// directory, comma-separated; see [`image_names`]).
     pub root_image: String,
     /// The guest kernel's release.
     pub kernel: String,
@@ -78,6 +79,16 @@ impl Machine {
         let bytes = serde_json::to_vec(self).unwrap_or_default();
         std::fs::write(path, bytes).map_err(io_err("write a VM machine file"))
     }
+}
+
+/// The file names of `layers`' images, top first, comma-separated (a machine's
+/// `root_image`).
+pub fn image_names(layers: &[PathBuf]) -> String {
+    layers
+        .iter()
+        .map(|l| file_name(l))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// A memory snapshot on disk.
@@ -112,11 +123,11 @@ impl VmSnapshot {
     pub(super) fn check_fits(
         &self,
         spec: &LaunchSpec,
-        root: &Path,
+        layers: &[PathBuf],
         kernel: &str,
     ) -> Result<&Self, SubstrateError> {
         let (ram, cpus) = machine_size(&spec.limits);
-        let image = file_name(root);
+        let image = image_names(layers);
         if self.machine.kernel != kernel {
             return Err(SubstrateError::InvalidSpec(format!(
                 "the snapshot ran on kernel {}, this worker's is {kernel}",
