@@ -134,8 +134,11 @@ pub fn setup(
         order.join(" ")
     ));
     std::fs::write(out.join("release"), format!("{release}\n")).map_err(|e| e.to_string())?;
-    // Into place in one step: a half-prepared kernel is never taken for one.
-    std::fs::rename(&out, dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    // Into place in one step: a half-prepared kernel is never taken for one. Another
+    // setup of the same directory may have finished first: its kernel is as good.
+    if let Err(e) = std::fs::rename(&out, dir) {
+        return load(dir).map_err(|_| format!("{}: {e}", dir.display()));
+    }
     progress(&format!(
         "guest kernel {release} ready in {}",
         dir.display()

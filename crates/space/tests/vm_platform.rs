@@ -1,0 +1,299 @@
+//! VM sandboxes through the platform (issue 18): `space up` with workers that run
+//! `--substrate vm` (QEMU, software emulation here), a sandbox of a two-layer image
+//! template created, used and paused through the edge like a jail — its own kernel,
+//! its template's layers stacked in the guest (a whiteout and an opaque directory),
+//! files, a terminal, a watch, a counter that keeps its memory across pause and
+//! resume — a killed QEMU relaunched as a new execution with the sandbox's files, and
+//! creates naming a substrate no worker runs refused, saying what there is.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use space_testkit::cluster as support;
+use support::{Cluster, can_run_jails};
+
+const BUSYBOX: &str = "/bin/busybox";
+const QEMU: &str = "/usr/bin/qemu-system-x86_64";
+
+fn text(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn ok(out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text(&out)
+}
+
+/// Why the VM tests cannot run here, if they cannot.
+fn missing() -> Option<String> {
+    if !can_run_jails() {
+        return Some("needs root, namespaces and cgroups (see can_run_jails)".into());
+    }
+    if !Path::new(QEMU).is_file() {
+        return Some(format!("needs {QEMU} (Debian: qemu-system-x86)"));
+    }
+    if !space_worker::substrate::jail::template::is_static(Path::new(BUSYBOX)) {
+        return Some(format!(
+            "needs a statically linked busybox at {BUSYBOX} (Debian: busybox-static)"
+        ));
+    }
+    None
+}
+
+/// The guest kernel, prepared once per checkout (as the worker's VM tests do).
+fn kernel_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/space-vm/kernel");
+    space_worker::substrate::vm::kernel::setup(&dir, None, &mut |step| {
+        eprintln!("vm setup: {step}")
+    })
+    .unwrap_or_else(|e| panic!("preparing the guest kernel: {e}"));
+    dir
+}
+
+/// `space up` whose two workers run VM sandboxes, with the two-layer sample image
+/// imported as `spacetest:1`.
+fn vm_cluster() -> Option<Cluster> {
+    if let Some(reason) = missing() {
+        eprintln!("SKIPPED: {reason}");
+        return None;
+    }
+    let kernel = kernel_dir();
+    let agent = space_testkit::static_agent();
+    let c = Cluster::start_with_env(&[
+        ("SPACE_AGENT", agent.to_str().unwrap()),
+        ("SPACE_VM_WORKERS", "2"),
+        ("SPACE_VM_KERNEL_DIR", kernel.to_str().unwrap()),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("image.tar");
+    space_image::sample::write_docker_save(&archive, Path::new(BUSYBOX)).unwrap();
+    ok(c.cli(&[
+        "template",
+        "import",
+        "spacetest:1",
+        archive.to_str().unwrap(),
+    ]));
+    Some(c)
+}
+
+/// A VM sandbox of the sample template: 256 MiB of RAM and of disk.
+fn create_vm(c: &Cluster) -> String {
+    c.create(&[
+        "--template",
+        "spacetest:1",
+        "--substrate",
+        "vm",
+        "--memory-mib",
+        "256",
+        "--disk-mib",
+        "256",
+    ])
+}
+
+fn sh(c: &Cluster, id: &str, script: &str) -> String {
+    ok(c.cli(&["exec", id, "--", "sh", "-c", script]))
+}
+
+fn wait_until<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_vm_sandbox_created_through_the_platform_runs_its_own_kernel_layers_files_terminal_and_watch() {
+    let Some(c) = vm_cluster() else { return };
+    let id = create_vm(&c);
+    let s = c.sandbox(&id);
+    assert_eq!(s["execution"]["substrate"], "vm", "{s}");
+
+    // Its own kernel, not the host's.
+    let host = ok(std::process::Command::new("uname")
+        .arg("-r")
+        .output()
+        .unwrap());
+    let guest = sh(&c, &id, "cat /proc/sys/kernel/osrelease");
+    assert_ne!(
+        guest.trim(),
+        host.trim(),
+        "the guest runs the host's kernel"
+    );
+    // The template's two layers, stacked in the guest as a jail stacks them: the top
+    // layer's file, the base layer's file the top one whited out gone, the opaque
+    // directory holding only the top layer's entry. No host directory inside.
+    assert!(sh(&c, &id, "cat /etc/os-release").contains("VERSION_ID=2"));
+    assert_eq!(
+        sh(&c, &id, "test -e /etc/motd && echo there || echo gone").trim(),
+        "gone"
+    );
+    assert_eq!(sh(&c, &id, "ls /dir").trim(), "new");
+    assert_eq!(
+        sh(
+            &c,
+            &id,
+            "test -e /usr/bin || test -e /work && echo host || echo none"
+        )
+        .trim(),
+        "none"
+    );
+    // The image's defaults: its user and working directory.
+    assert_eq!(
+        sh(&c, &id, "id -u; pwd")
+            .split_whitespace()
+            .collect::<Vec<_>>(),
+        ["1234", "/home/app"]
+    );
+
+    // Files in and out through the platform.
+    let local = tempfile::tempdir().unwrap();
+    let up = local.path().join("up.txt");
+    std::fs::write(&up, b"into the guest\n").unwrap();
+    ok(c.cli(&["fs", "put", &id, up.to_str().unwrap(), "/home/app/in.txt"]));
+    assert_eq!(sh(&c, &id, "cat /home/app/in.txt"), "into the guest\n");
+    let got = ok(c.cli(&["fs", "get", &id, "/home/app/in.txt"]));
+    assert_eq!(got, "into the guest\n");
+
+    // A terminal: a shell that answers and exits with its code.
+    let out = c.cli_with_stdin(&["term", &id], b"echo term-$((20+22))\nexit 5\n");
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text(&out).contains("term-42"), "{}", text(&out));
+
+    // A watch: a change in the guest reported.
+    let mut watch = std::process::Command::new(support::space_bin())
+        .args(["watch", &id, "/home/app"])
+        .env("SPACE_URL", &c.url)
+        .env("SPACE_API_KEY", &c.admin_key)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pipe = watch.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(pipe), &mut line).unwrap();
+        line
+    });
+    let mut n = 0;
+    wait_until("a watch event", Duration::from_secs(30), || {
+        n += 1;
+        sh(&c, &id, &format!("echo {n} > /home/app/watched-{n}"));
+        reader.is_finished().then_some(())
+    });
+    let line = reader.join().unwrap();
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert!(line.contains("watched-"), "{line}");
+
+    // A counter whose value lives in a process's memory keeps counting across a
+    // pause and a resume in place (the vCPUs stopped, the same execution).
+    sh(
+        &c,
+        &id,
+        "sh -c 'i=0; while true; do i=$((i+1)); echo $i > /home/app/count; sleep 0.1; done' \
+         >/dev/null 2>&1 &",
+    );
+    let count = || -> u64 {
+        sh(&c, &id, "cat /home/app/count")
+            .trim()
+            .parse()
+            .unwrap_or(0)
+    };
+    wait_until("the counter", Duration::from_secs(10), || {
+        (count() > 3).then_some(())
+    });
+    let execution = c.sandbox(&id)["execution"]["execution_id"].clone();
+    ok(c.cli(&["sandbox", "pause", &id]));
+    assert_eq!(c.sandbox(&id)["state"], "paused");
+    ok(c.cli(&["sandbox", "resume", &id]));
+    let before = count();
+    wait_until("counting on after resume", Duration::from_secs(10), || {
+        (count() > before).then_some(())
+    });
+    assert_eq!(
+        c.sandbox(&id)["execution"]["execution_id"],
+        execution,
+        "a pause in place keeps the execution"
+    );
+    ok(c.cli(&["sandbox", "rm", &id]));
+}
+
+#[test]
+fn a_killed_qemu_is_relaunched_as_a_new_execution_with_the_sandboxs_files() {
+    let Some(c) = vm_cluster() else { return };
+    let id = create_vm(&c);
+    let first = c.sandbox(&id)["execution"].clone();
+    let local = tempfile::tempdir().unwrap();
+    let file = local.path().join("kept.txt");
+    std::fs::write(&file, b"acknowledged before the crash\n").unwrap();
+    // An upload is fsynced by the agent before it is acknowledged.
+    ok(c.cli(&[
+        "fs",
+        "put",
+        &id,
+        file.to_str().unwrap(),
+        "/home/app/kept.txt",
+    ]));
+    // QEMU of this sandbox: the process whose command line names its serial socket.
+    let qemu = wait_until("the sandbox's QEMU", Duration::from_secs(5), || {
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd);
+            (cmd.contains("qemu-system") && cmd.contains(&id)).then_some(pid)
+        })
+    });
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(qemu).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let second = wait_until("a new execution", Duration::from_secs(60), || {
+        let s = c.sandbox(&id);
+        let e = s["execution"].clone();
+        (s["state"] == "running" && e["generation"] != first["generation"]).then_some(e)
+    });
+    assert_ne!(second["execution_id"], first["execution_id"]);
+    assert_eq!(second["substrate"], "vm");
+    assert_eq!(
+        sh(&c, &id, "cat /home/app/kept.txt"),
+        "acknowledged before the crash\n"
+    );
+}
+
+#[test]
+fn a_create_naming_a_substrate_no_worker_runs_is_refused_saying_what_there_is() {
+    if !can_run_jails() {
+        eprintln!("SKIPPED: needs root, namespaces and cgroups (see can_run_jails)");
+        return;
+    }
+    // Jail workers only: a VM sandbox has nowhere to go, and nothing is created.
+    let c = Cluster::start();
+    let out = c.cli(&["sandbox", "create", "--substrate", "vm"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no worker of this platform runs vm sandboxes (its workers run: jail)"),
+        "{err}"
+    );
+    let list = ok(c.cli(&["--json", "sandbox", "list"]));
+    let list: serde_json::Value = serde_json::from_str(&list).unwrap();
+    assert_eq!(list.as_array().map(Vec::len), Some(0), "{list}");
+    // Asking for a jail by name is the default's own placement.
+    let id = c.create(&["--substrate", "jail"]);
+    assert_eq!(c.sandbox(&id)["execution"]["substrate"], "jail");
+}
