@@ -232,6 +232,113 @@ fn a_vm_sandbox_created_through_the_platform_runs_its_own_kernel_layers_files_te
     ok(c.cli(&["sandbox", "rm", &id]));
 }
 
+/// A capability for `sandbox`'s current execution, straight from the control plane.
+fn capability(c: &Cluster, sandbox: &str) -> serde_json::Value {
+    let body = serde_json::json!({"access": ["exec"], "purpose": "control"}).to_string();
+    let (status, body) = c.http(
+        "POST",
+        &format!("{}/v1/sandboxes/{sandbox}/capabilities", c.url),
+        Some(&format!("Bearer {}", c.admin_key)),
+        body.as_bytes(),
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    serde_json::from_slice(&body).unwrap()
+}
+
+/// `POST …/exec` at the worker `cap` names (or `worker_url`), with `cap`'s token.
+fn direct_exec(c: &Cluster, cap: &serde_json::Value, worker_url: &str, id: &str) -> (u16, String) {
+    let token = cap["token"].as_str().unwrap();
+    let (status, body) = c.http(
+        "POST",
+        &format!("{worker_url}/v1/sandboxes/{id}/exec"),
+        Some(&format!("SpaceCap {token}")),
+        br#"{"cmd":["echo","direct"]}"#,
+    );
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    (
+        status,
+        body["reason"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+/// Whether a QEMU of `execution` runs (its serial socket is named after it).
+fn qemu_of(execution: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        std::fs::read(e.path().join("cmdline")).is_ok_and(|c| {
+            let c = String::from_utf8_lossy(&c);
+            c.contains("qemu-system") && c.contains(&format!("vm-{execution}.sock"))
+        })
+    })
+}
+
+#[test]
+fn a_vm_migrated_to_the_other_worker_keeps_its_memory_and_the_old_capability_gets_421_at_both() {
+    let Some(c) = vm_cluster() else { return };
+    let id = create_vm(&c);
+    let before = c.sandbox(&id)["execution"].clone();
+    sh(
+        &c,
+        &id,
+        "sh -c 'i=0; while true; do i=$((i+1)); echo $i > /home/app/count; sleep 0.1; done' \
+         >/dev/null 2>&1 &",
+    );
+    let count = || -> u64 {
+        sh(&c, &id, "cat /home/app/count")
+            .trim()
+            .parse()
+            .unwrap_or(0)
+    };
+    wait_until("the counter", Duration::from_secs(10), || {
+        (count() > 5).then_some(())
+    });
+    let old_cap = capability(&c, &id);
+    let target = if before["worker"] == "w1" { "w2" } else { "w1" };
+    let out = c.cli(&["--json", "sandbox", "migrate", &id, "--worker", target]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let after: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(after["state"], "running");
+    assert_eq!(after["execution"]["worker"], target);
+    assert_eq!(after["execution"]["substrate"], "vm");
+    assert_ne!(after["execution"]["execution_id"], before["execution_id"]);
+    // The same process, its memory kept: the counter goes on from where it was, not
+    // from 1 (a boot from the disk alone would have no counter at all).
+    let moved = count();
+    assert!(
+        moved > 5,
+        "the counter restarted after the migration: {moved}"
+    );
+    wait_until(
+        "counting on after the migration",
+        Duration::from_secs(10),
+        || (count() > moved).then_some(()),
+    );
+    // The old execution's capability: the old worker answers from its tombstone, the
+    // new one names the wrong worker. Never served by either.
+    let old_url = old_cap["route"]["worker_url"].as_str().unwrap().to_owned();
+    assert_eq!(
+        direct_exec(&c, &old_cap, &old_url, &id),
+        (421, "retired".into())
+    );
+    let new_url = capability(&c, &id)["route"]["worker_url"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(new_url, old_url);
+    assert_eq!(
+        direct_exec(&c, &old_cap, &new_url, &id),
+        (421, "wrong_worker".into())
+    );
+    // No QEMU of the old execution is left; the new one's runs.
+    let old_exe = before["execution_id"].as_str().unwrap();
+    let new_exe = after["execution"]["execution_id"].as_str().unwrap();
+    assert!(qemu_of(new_exe), "no QEMU runs the new execution");
+    assert!(!qemu_of(old_exe), "the old execution's QEMU still runs");
+}
+
 #[test]
 fn a_killed_qemu_is_relaunched_as_a_new_execution_with_the_sandboxs_files() {
     let Some(c) = vm_cluster() else { return };

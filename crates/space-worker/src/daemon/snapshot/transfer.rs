@@ -56,15 +56,27 @@ pub async fn take(
     let _applying = w.exclusive("a snapshot").await;
     updates::freeze(w, &sandbox, execution, true).await?;
     w.set_snapshot_frozen(&sandbox, execution.generation, true);
-    let Some(upper) = w
-        .slot(&sandbox)
-        .and_then(|s| s.record.handle.as_ref().map(|h| h.upper_dir.clone()))
-    else {
+    let Some(handle) = w.slot(&sandbox).and_then(|s| s.record.handle.clone()) else {
         return Err(UpdateError::Conflict("execution has no layer".into()).into());
     };
     let spool = spool_dir(w);
-    let packed =
-        tokio::task::spawn_blocking(move || pack_to_temp(&upper, &spool, MAX_ARCHIVE)).await;
+    let vm = w.vm.clone();
+    let packed = tokio::task::spawn_blocking(move || match vm {
+        // A VM's snapshot is its memory, its disk and its machine (see
+        // `substrate::vm::snapshot`), packed as a directory of three files.
+        Some(vm) => {
+            let dir = spool.join(format!("vm-{}", handle.key.dir_name()));
+            let _ = crate::substrate::tree::remove_tree(&dir);
+            let packed = vm
+                .snapshot(&handle, &dir)
+                .map_err(std::io::Error::other)
+                .and_then(|_| pack_to_temp(&dir, &spool, MAX_ARCHIVE));
+            let _ = crate::substrate::tree::remove_tree(&dir);
+            packed
+        }
+        None => pack_to_temp(&handle.upper_dir, &spool, MAX_ARCHIVE),
+    })
+    .await;
     match packed {
         Ok(Ok(done)) => Ok(done),
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::FileTooLarge => {

@@ -614,8 +614,25 @@ impl Substrate for QemuDriver {
         SubstrateKind::Vm
     }
 
+    /// A kept layer holding a memory snapshot (a migration's or a snapshot's, received
+    /// as `<kept>/upper/`) is restored; one holding a disk (a relaunch after a crash)
+    /// boots from it; otherwise a fresh disk is made.
     fn launch(&self, spec: &LaunchSpec) -> Result<SandboxHandle, SubstrateError> {
-        self.start(spec, None)
+        let snapshot_dir = spec.initial_upper.as_ref().map(|k| k.join("upper"));
+        let kept_snapshot = snapshot_dir.as_ref().filter(|d| {
+            std::fs::symlink_metadata(d.join(snapshot::MACHINE)).is_ok_and(|m| m.is_file())
+        });
+        let Some(dir) = kept_snapshot else {
+            return self.start(spec, None);
+        };
+        let snap = snapshot::VmSnapshot::open(dir)?;
+        let handle = self.start(spec, Some(&snap))?;
+        // Restored: the new execution has its own copy of the disk; the kept
+        // snapshot (its memory file as large as the guest's RAM) goes.
+        if let Some(kept) = &spec.initial_upper {
+            let _ = super::tree::remove_tree(kept);
+        }
+        Ok(handle)
     }
     fn pause(&self, handle: &SandboxHandle) -> Result<(), SubstrateError> {
         self.qmp(handle)?
