@@ -59,17 +59,24 @@ fn kernel_dir() -> PathBuf {
 /// `space up` whose two workers run VM sandboxes, with the two-layer sample image
 /// imported as `spacetest:1`.
 fn vm_cluster() -> Option<Cluster> {
+    vm_cluster_with(&[])
+}
+
+/// [`vm_cluster`] with more environment for `space up`.
+fn vm_cluster_with(env: &[(&str, &str)]) -> Option<Cluster> {
     if let Some(reason) = missing() {
         eprintln!("SKIPPED: {reason}");
         return None;
     }
     let kernel = kernel_dir();
     let agent = space_testkit::static_agent();
-    let c = Cluster::start_with_env(&[
+    let mut all = vec![
         ("SPACE_AGENT", agent.to_str().unwrap()),
         ("SPACE_VM_WORKERS", "2"),
         ("SPACE_VM_KERNEL_DIR", kernel.to_str().unwrap()),
-    ]);
+    ];
+    all.extend_from_slice(env);
+    let c = Cluster::start_with_env(&all);
     let dir = tempfile::tempdir().unwrap();
     let archive = dir.path().join("image.tar");
     space_image::sample::write_docker_save(&archive, Path::new(BUSYBOX)).unwrap();
@@ -337,6 +344,102 @@ fn a_vm_migrated_to_the_other_worker_keeps_its_memory_and_the_old_capability_get
     let new_exe = after["execution"]["execution_id"].as_str().unwrap();
     assert!(qemu_of(new_exe), "no QEMU runs the new execution");
     assert!(!qemu_of(old_exe), "the old execution's QEMU still runs");
+}
+
+/// The PID of worker `w`'s process, if one runs.
+fn worker_process(c: &Cluster, w: &str) -> Option<i32> {
+    let dir = c.worker_dir(w).display().to_string();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+        let args: Vec<String> = cmd
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let ours = args.iter().any(|a| a == "worker") && args.iter().any(|a| *a == dir);
+        ours.then_some(pid)
+    })
+}
+
+#[test]
+fn a_worker_killed_during_a_vm_snapshot_loses_nothing_acknowledged_and_the_vm_goes_on() {
+    let points = tempfile::tempdir().unwrap();
+    let point = "worker.snapshot.vm_written";
+    let crash_at = format!("{point}@{}", points.path().display());
+    let Some(c) = vm_cluster_with(&[("SPACE_CRASH_AT", &crash_at)]) else {
+        return;
+    };
+    let id = create_vm(&c);
+    let before = c.sandbox(&id)["execution"].clone();
+    let w = before["worker"].as_str().unwrap().to_owned();
+    let local = tempfile::tempdir().unwrap();
+    let file = local.path().join("kept.txt");
+    std::fs::write(&file, b"acknowledged before the snapshot\n").unwrap();
+    ok(c.cli(&[
+        "fs",
+        "put",
+        &id,
+        file.to_str().unwrap(),
+        "/home/app/kept.txt",
+    ]));
+    sh(
+        &c,
+        &id,
+        "sh -c 'i=0; while true; do i=$((i+1)); echo $i > /home/app/count; sleep 0.1; done' \
+         >/dev/null 2>&1 &",
+    );
+    let count = || -> u64 {
+        sh(&c, &id, "cat /home/app/count")
+            .trim()
+            .parse()
+            .unwrap_or(0)
+    };
+    wait_until("the counter", Duration::from_secs(10), || {
+        (count() > 5).then_some(())
+    });
+    let pid = c.worker_pid(&w);
+    // The worker dies by SIGKILL once QEMU has written the VM's memory, before the
+    // snapshot is packed and answered.
+    std::fs::write(points.path().join(point), b"").unwrap();
+    let out = c.cli(&["sandbox", "snapshot", &id]);
+    assert!(!out.status.success(), "the snapshot cannot have succeeded");
+    assert!(
+        !points.path().join(point).exists(),
+        "the crash point was not reached"
+    );
+    // `space up` starts the worker again; it re-adopts the frozen VM, and the
+    // abandoned snapshot thaws it: the same execution goes on, with its memory.
+    wait_until("the worker back", Duration::from_secs(60), || {
+        worker_process(&c, &w).filter(|p| *p != pid)
+    });
+    let after = wait_until("the sandbox running again", Duration::from_secs(90), || {
+        let s = c.sandbox(&id);
+        (s["state"] == "running").then_some(s)
+    });
+    assert_eq!(
+        sh(&c, &id, "cat /home/app/kept.txt"),
+        "acknowledged before the snapshot\n"
+    );
+    // The same execution, thawed (QEMU outlived its worker, stopped, and the
+    // restarted worker re-adopted it): its memory too.
+    assert_eq!(
+        after["execution"]["execution_id"], before["execution_id"],
+        "not the same execution after the crash"
+    );
+    let now = count();
+    assert!(now > 5, "the same execution lost its counter: {now}");
+    wait_until("counting on", Duration::from_secs(10), || {
+        (count() > now).then_some(())
+    });
+    // The half-taken snapshot (a memory file as large as the guest's RAM) is gone.
+    let spool = c.worker_dir(&w).join("spool").join("vm");
+    let left = std::fs::read_dir(&spool).map_or(0, |d| d.count());
+    assert_eq!(
+        left,
+        0,
+        "a half-taken VM snapshot was left in {}",
+        spool.display()
+    );
 }
 
 #[test]

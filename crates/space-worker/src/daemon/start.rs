@@ -90,6 +90,7 @@ pub async fn run(config: WorkerConfig) -> Result<WorkerHandle, String> {
         .unwrap_or_else(|| format!("http://{addr}"));
     lock.record(Some(&url))?;
     let worker = Worker::open(&config, url.clone())?;
+    super::snapshot::transfer::clear_leftovers(&config.data_dir);
     // Before anything is served: an install of a sandbox in mode `egress` needs it.
     let (egress, egress_lock) = match start_egress(&worker, &config, addr).await {
         Ok((e, l)) => (Ok(e), Some(l)),

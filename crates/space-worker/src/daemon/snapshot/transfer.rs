@@ -29,6 +29,17 @@ fn spool_dir(w: &Worker) -> std::path::PathBuf {
     w.data_dir.join("spool")
 }
 
+/// Where a VM's snapshot is written before it is packed (one directory per execution).
+fn vm_spool(data_dir: &std::path::Path) -> std::path::PathBuf {
+    data_dir.join("spool").join("vm")
+}
+
+/// Removes VM snapshots a worker killed while taking them left behind (a memory file
+/// as large as the guest's RAM each): nothing there outlives the worker that wrote it.
+pub fn clear_leftovers(data_dir: &std::path::Path) {
+    let _ = crate::substrate::tree::remove_tree(&vm_spool(data_dir));
+}
+
 /// Freezes the execution the signed `Snapshot` update names and packs its writable
 /// layer into an unnamed spool file (the limit enforced while it is written, a file
 /// too large for it refused before it is read), rewound for sending.
@@ -61,16 +72,20 @@ pub async fn take(
     };
     let spool = spool_dir(w);
     let vm = w.vm.clone();
+    let vm_dir = vm_spool(&w.data_dir).join(handle.key.dir_name());
     let packed = tokio::task::spawn_blocking(move || match vm {
         // A VM's snapshot is its memory, its disk and its machine (see
         // `substrate::vm::snapshot`), packed as a directory of three files.
         Some(vm) => {
-            let dir = spool.join(format!("vm-{}", handle.key.dir_name()));
+            let dir = vm_dir;
             let _ = crate::substrate::tree::remove_tree(&dir);
             let packed = vm
                 .snapshot(&handle, &dir)
                 .map_err(std::io::Error::other)
-                .and_then(|_| pack_to_temp(&dir, &spool, MAX_ARCHIVE));
+                .and_then(|_| {
+                    space_http::crash::crash_point("worker.snapshot.vm_written");
+                    pack_to_temp(&dir, &spool, MAX_ARCHIVE)
+                });
             let _ = crate::substrate::tree::remove_tree(&dir);
             packed
         }
