@@ -279,7 +279,8 @@ fn qemu_of(execution: &str) -> bool {
 }
 
 #[test]
-fn a_vm_migrated_to_the_other_worker_keeps_its_memory_and_the_old_capability_gets_421_at_both() {
+fn a_vm_migrated_to_the_other_worker_keeps_its_memory_closes_old_streams_and_the_old_capability_gets_421_at_both()
+ {
     let Some(c) = vm_cluster() else { return };
     let id = create_vm(&c);
     let before = c.sandbox(&id)["execution"].clone();
@@ -299,6 +300,22 @@ fn a_vm_migrated_to_the_other_worker_keeps_its_memory_and_the_old_capability_get
         (count() > 5).then_some(())
     });
     let old_cap = capability(&c, &id);
+    // A stream bound to the old execution (a terminal, its shell there; a watch
+    // would follow the sandbox to the new one): it ends with that execution.
+    let mut term = std::process::Command::new(support::space_bin())
+        .args(["term", &id])
+        .env("SPACE_URL", &c.url)
+        .env("SPACE_API_KEY", &c.admin_key)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(
+        term.try_wait().unwrap().is_none(),
+        "the terminal ended before the migration"
+    );
     let target = if before["worker"] == "w1" { "w2" } else { "w1" };
     let out = c.cli(&["--json", "sandbox", "migrate", &id, "--worker", target]);
     assert!(
@@ -311,6 +328,15 @@ fn a_vm_migrated_to_the_other_worker_keeps_its_memory_and_the_old_capability_get
     assert_eq!(after["execution"]["worker"], target);
     assert_eq!(after["execution"]["substrate"], "vm");
     assert_ne!(after["execution"]["execution_id"], before["execution_id"]);
+    let ended = wait_until(
+        "the old execution's terminal to end",
+        Duration::from_secs(10),
+        || term.try_wait().unwrap(),
+    );
+    assert!(
+        !ended.success(),
+        "the terminal ended as if its shell had exited: {ended}"
+    );
     // The same process, its memory kept: the counter goes on from where it was, not
     // from 1 (a boot from the disk alone would have no counter at all).
     let moved = count();
