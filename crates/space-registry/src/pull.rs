@@ -20,6 +20,7 @@ use crate::layout::{Layout, ManifestEntry};
 use crate::manifest::{self, ACCEPT, Blob, MAX_DEPTH};
 use crate::platform::Platform;
 use crate::reference::Reference;
+use crate::url::{Scheme, Url};
 
 /// How to pull.
 #[derive(Debug, Clone)]
@@ -91,6 +92,19 @@ pub struct Pulled {
     pub layers: usize,
     /// The blobs' bytes.
     pub bytes: u64,
+}
+
+impl PullOptions {
+    /// What can be refused about pulling `reference` so before any connection: plain
+    /// HTTP to a registry that is not loopback. ([`pull`] checks it again.)
+    pub fn check(&self, reference: &Reference) -> Result<()> {
+        let scheme = if self.plain_http {
+            Scheme::Http
+        } else {
+            Scheme::Https
+        };
+        Url::registry(reference.registry(), scheme)?.check_scheme(self.plain_http)
+    }
 }
 
 struct Fetched {
