@@ -18,10 +18,15 @@ fn plain() -> PullOptions {
     }
 }
 
+/// A pull, which must end within a minute (a defence missing fails the test, it
+/// does not hang it).
 async fn pull_to(reference: &str, dir: &Path, options: PullOptions) -> Result<(), RegistryError> {
     let reference = Reference::parse(reference).unwrap_or_else(|e| panic!("{e}"));
-    pull(&reference, dir, options, &mut |_| {})
+    let mut quiet = |_: &space_registry::Progress| {};
+    let pulled = pull(&reference, dir, options, &mut quiet);
+    tokio::time::timeout(Duration::from_secs(60), pulled)
         .await
+        .unwrap_or_else(|_| panic!("the pull of {reference} did not end within 60 s"))
         .map(|_| ())
 }
 
