@@ -278,3 +278,35 @@ async fn credentials_go_to_the_token_endpoint_as_basic_auth_and_none_means_refus
         "{basic:?}"
     );
 }
+
+#[tokio::test]
+async fn a_basic_challenge_takes_the_credentials_on_the_registry_itself() {
+    let registry = TestRegistry::start(Options {
+        basic: Some(("bob".into(), "pw".into())),
+        basic_challenge: true,
+        ..Options::default()
+    });
+    let image = TestImage::small();
+    registry.push("private/app", "1", &image);
+    let reference = format!("{}/private/app:1", registry.address());
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (got, _) = pull_to(&reference, dir.path(), plain()).await;
+    let e = got.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(e.contains("asks for a user and a password"), "{e}");
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let options = PullOptions {
+        credentials: Some(Credentials::new("bob", "pw").unwrap_or_else(|e| panic!("{e}"))),
+        ..plain()
+    };
+    let (got, _) = pull_to(&reference, dir.path(), options).await;
+    assert_eq!(
+        got.unwrap_or_else(|e| panic!("{e}")).digest.to_string(),
+        image.manifest.digest
+    );
+    assert!(
+        !registry
+            .requests()
+            .iter()
+            .any(|r| r.path.starts_with("/token"))
+    );
+}

@@ -61,6 +61,9 @@ pub struct Options {
     pub bind: Option<IpAddr>,
     /// The realm its challenges name (its own `/token` if none).
     pub realm: Option<String>,
+    /// Require `basic`'s credentials on `/v2/…` itself, with a `Basic` challenge
+    /// (instead of a token).
+    pub basic_challenge: bool,
 }
 
 /// One request received.
@@ -332,19 +335,24 @@ fn serve(state: &State, req: Request<Incoming>) -> Reply {
         authorization: authorization.clone(),
     });
     let path = req.uri().path().to_owned();
+    let basic = state.options.basic.as_ref().map(|(user, password)| {
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+        )
+    });
+    let basic_ok = basic.is_none() || authorization == basic;
+    if state.options.basic_challenge && path.starts_with("/v2/") && !basic_ok {
+        let challenge = "Basic realm=\"test-registry\"".to_owned();
+        return reply(401, &[("www-authenticate", challenge)], b"{}".to_vec());
+    }
     if path == "/token" {
-        if let Some((user, password)) = &state.options.basic {
-            let expected = format!(
-                "Basic {}",
-                base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+        if !basic_ok {
+            return reply(
+                401,
+                &[],
+                b"{\"errors\":[{\"code\":\"UNAUTHORIZED\"}]}".to_vec(),
             );
-            if authorization.as_deref() != Some(expected.as_str()) {
-                return reply(
-                    401,
-                    &[],
-                    b"{\"errors\":[{\"code\":\"UNAUTHORIZED\"}]}".to_vec(),
-                );
-            }
         }
         return reply(200, &[], format!("{{\"token\":\"{TOKEN}\"}}").into_bytes());
     }
