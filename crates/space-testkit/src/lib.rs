@@ -24,7 +24,10 @@
 //! - `cluster`: a real `space up`, its CLI, HTTP calls and a second signer
 //!   ([`cluster`]; space's);
 //! - `debian`: a Debian image with apt made from the host's packages
-//!   ([`debian_image`]) and a flat apt repository ([`apt_repo`]; space's egress tests).
+//!   ([`debian_image`]) and a flat apt repository ([`apt_repo`]; space's egress tests);
+//! - `registry`: an OCI registry on a loopback address, plain or HTTPS with a test CA,
+//!   with a token endpoint and hostile answers ([`registry`]; space-registry's and
+//!   space's pull tests).
 
 mod clock;
 mod ids;
@@ -48,6 +51,8 @@ pub mod cluster;
 pub mod debian_image;
 #[cfg(feature = "jail")]
 pub mod jail;
+#[cfg(feature = "registry")]
+pub mod registry;
 
 pub use bin::{static_agent, workspace_bin};
 pub use clock::{T0, TestClock, unix_now};

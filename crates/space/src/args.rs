@@ -539,6 +539,9 @@ pub enum TemplateCmd {
         /// The archive or OCI layout directory.
         path: PathBuf,
     },
+    /// Pull an image from a registry and import it as a template (admin key). The
+    /// pull runs here, with your credentials; the platform only receives the image.
+    Pull(crate::cli::pull::PullArgs),
     /// List the templates.
     Ls,
     /// Remove a template (admin key); refused while sandboxes use it.

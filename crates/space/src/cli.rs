@@ -18,6 +18,7 @@ pub(crate) mod errors;
 mod network;
 mod output;
 mod ports;
+pub(crate) mod pull;
 mod templates;
 
 use output::{print_json, sandbox_id, table};

@@ -1,7 +1,9 @@
-//! `space template import|ls|rm`: templates, through the edge, with the SDK. An
-//! import shows the bytes sent as they go (on stderr), then prints the digest.
+//! `space template import|pull|ls|rm|build`: templates, through the edge, with the
+//! SDK. An import shows the bytes sent as they go (on stderr), then prints the digest;
+//! a pull (see [`super::pull`]) fetches the image here first, then imports it so.
 
 use std::io::Write as _;
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -35,6 +37,31 @@ fn row(t: &TemplateView) -> Vec<String> {
     ]
 }
 
+/// Imports the archive or OCI layout directory at `path` as `name`, showing the bytes
+/// sent on stderr.
+pub(crate) async fn upload(
+    c: &Client,
+    name: &str,
+    path: &Path,
+    sdk: &dyn Fn(space_client::Error) -> String,
+) -> Result<TemplateView, String> {
+    let archive = ImageArchive::open(path).await.map_err(sdk)?;
+    let (sent, total) = (archive.sent(), archive.known_len());
+    let progress = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let n = sent.load(Ordering::Relaxed);
+            let of = total.map_or_else(String::new, |t| format!(" of {}", size(t)));
+            eprint!("\rsent {}{of}   ", size(n));
+            let _ = std::io::stderr().flush();
+        }
+    });
+    let imported = c.import_template_from(name, archive).await;
+    progress.abort();
+    eprintln!();
+    imported.map_err(sdk)
+}
+
 /// Runs a `space template` command; returns the exit code.
 pub(crate) async fn run(
     c: &Client,
@@ -45,21 +72,15 @@ pub(crate) async fn run(
     let sdk = |e: space_client::Error| errors::describe(&e, url);
     match cmd {
         TemplateCmd::Import { name, path } => {
-            let archive = ImageArchive::open(path).await.map_err(sdk)?;
-            let (sent, total) = (archive.sent(), archive.known_len());
-            let progress = tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    let n = sent.load(Ordering::Relaxed);
-                    let of = total.map_or_else(String::new, |t| format!(" of {}", size(t)));
-                    eprint!("\rsent {}{of}   ", size(n));
-                    let _ = std::io::stderr().flush();
-                }
-            });
-            let imported = c.import_template_from(name, archive).await;
-            progress.abort();
-            eprintln!();
-            let t = imported.map_err(sdk)?;
+            let t = upload(c, name, path, &sdk).await?;
+            if cli.json {
+                print_json(&t);
+            } else {
+                println!("{}", t.digest);
+            }
+        }
+        TemplateCmd::Pull(a) => {
+            let t = super::pull::pull(c, a, &sdk).await?;
             if cli.json {
                 print_json(&t);
             } else {
