@@ -382,7 +382,7 @@ fn worker_process(c: &Cluster, w: &str) -> Option<i32> {
             .split(|b| *b == 0)
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
-        let ours = args.iter().any(|a| a == "worker") && args.iter().any(|a| *a == dir);
+        let ours = args.iter().any(|a| a == "worker") && args.contains(&dir);
         ours.then_some(pid)
     })
 }
