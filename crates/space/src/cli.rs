@@ -20,6 +20,7 @@ mod output;
 mod ports;
 pub(crate) mod pull;
 mod templates;
+mod upload;
 
 use output::{print_json, sandbox_id, table};
 

@@ -179,7 +179,7 @@ pub(crate) async fn pull(
         pulled.layers,
         mib(pulled.bytes)
     );
-    let view = super::templates::upload(c, &name, work.path(), sdk).await?;
+    let view = super::upload::upload(c, &name, work.path(), sdk).await?;
     drop(work);
     Ok(view)
 }

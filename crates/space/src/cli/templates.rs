@@ -2,29 +2,16 @@
 //! SDK. An import shows the bytes sent as they go (on stderr), then prints the digest;
 //! a pull (see [`super::pull`]) fetches the image here first, then imports it so.
 
-use std::io::Write as _;
-use std::path::Path;
-use std::sync::atomic::Ordering;
-use std::time::Duration;
-
-use space_client::{Client, ImageArchive, TemplateView};
+use space_client::{Client, TemplateView};
 
 use super::errors;
 use super::output::{print_json, table};
+use super::upload::{size, upload};
 use crate::args::{Cli, TemplateCmd};
 
 /// `sha256:` and the first 12 hex digits.
 fn short(digest: &str) -> &str {
     digest.get(..19).unwrap_or(digest)
-}
-
-fn size(bytes: u64) -> String {
-    const MIB: f64 = 1024.0 * 1024.0;
-    if bytes >= 1 << 20 {
-        format!("{:.1} MiB", bytes as f64 / MIB)
-    } else {
-        format!("{:.1} KiB", bytes as f64 / 1024.0)
-    }
 }
 
 fn row(t: &TemplateView) -> Vec<String> {
@@ -35,31 +22,6 @@ fn row(t: &TemplateView) -> Vec<String> {
         size(t.size),
         t.created.clone(),
     ]
-}
-
-/// Imports the archive or OCI layout directory at `path` as `name`, showing the bytes
-/// sent on stderr.
-pub(crate) async fn upload(
-    c: &Client,
-    name: &str,
-    path: &Path,
-    sdk: &dyn Fn(space_client::Error) -> String,
-) -> Result<TemplateView, String> {
-    let archive = ImageArchive::open(path).await.map_err(sdk)?;
-    let (sent, total) = (archive.sent(), archive.known_len());
-    let progress = tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            let n = sent.load(Ordering::Relaxed);
-            let of = total.map_or_else(String::new, |t| format!(" of {}", size(t)));
-            eprint!("\rsent {}{of}   ", size(n));
-            let _ = std::io::stderr().flush();
-        }
-    });
-    let imported = c.import_template_from(name, archive).await;
-    progress.abort();
-    eprintln!();
-    imported.map_err(sdk)
 }
 
 /// Runs a `space template` command; returns the exit code.
