@@ -404,11 +404,36 @@ fn a_background_process_keeps_its_memory_across_a_snapshot_restored_as_a_new_exe
         secret: random(),
         ..a.clone()
     };
-    let spec = env.spec(&b, None);
+    // As a migration carries it: packed keeping the disk's holes, unpacked as the
+    // sandbox's kept layer on the receiving side, restored by a plain launch.
+    let (archive, packed) = space_worker::daemon::snapshot::pack_to_temp_keeping_holes(
+        &dir,
+        &env.files.path().join("spool"),
+        space_worker::daemon::snapshot::MAX_ARCHIVE,
+    )
+    .unwrap();
+    assert!(
+        packed.size < 200 << 20,
+        "the archive of a 256 MiB VM is {} bytes",
+        packed.size
+    );
+    drop(snap);
+    let kept = launch::kept_layer(env.data.path(), &a.sandbox);
+    std::fs::create_dir_all(&kept).unwrap();
+    space_worker::daemon::snapshot::unpack_keeping_holes(
+        std::io::BufReader::new(archive),
+        &kept.join("upper"),
+    )
+    .unwrap();
+    let spec = env.spec(&b, Some(kept.clone()));
     let handle = env
         .driver
-        .restore(&spec, &snap)
+        .launch(&spec)
         .unwrap_or_else(|e| panic!("restore: {e}\n{}", env.console()));
+    assert!(
+        !kept.exists(),
+        "the kept snapshot was left after the restore"
+    );
     let bridge = launch::start_bridge(&env.bins(), &handle, &b)
         .unwrap_or_else(|e| panic!("bridge: {e}\n{}", env.console()));
     let restored = Running {

@@ -241,24 +241,120 @@ fn find_port(name: &str) -> Result<PathBuf, String> {
     }
 }
 
-/// The agent over the port at `port`: one link per host connection, for ever.
+/// The agent over the port at `port`: one link per host connection, for ever. The
+/// port stays open across links: what a new host sends while the last link winds
+/// down (a new execution's activation, after a restore) waits in it for the next
+/// link — a port closed and opened again would have dropped it.
 pub fn serve_port(port: &Path, max_connections: usize) -> Result<(), String> {
+    // Non-blocking (see [`PortIo`]): a write to a port whose host is gone blocks
+    // until a host comes, and would then reach the next host with the old session's
+    // bytes.
+    let file = std::os::unix::fs::OpenOptionsExt::custom_flags(
+        OpenOptions::new().read(true).write(true),
+        libc::O_NONBLOCK,
+    )
+    .open(port)
+    .map_err(|e| format!("{}: {e}", port.display()))?;
+    // Held by every read and write (non-blocking, so briefly) and by a link's shut:
+    // once a link is shut, none of its reads or writes is under way or can start.
+    let port_lock = Arc::new(std::sync::Mutex::new(()));
     loop {
-        // A port opens once at a time: the previous link's descriptor may still be
-        // closing.
-        let file = loop {
-            match OpenOptions::new().read(true).write(true).open(port) {
-                Ok(f) => break f,
-                Err(e) if e.raw_os_error() == Some(nix::errno::Errno::EBUSY as i32) => {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Err(e) => return Err(format!("{}: {e}", port.display())),
-            }
-        };
         wait_for_host(&file).map_err(|e| format!("poll {}: {e}", port.display()))?;
-        if let Err(e) = serve_link(file, max_connections) {
+        if let Err(e) = serve_link(&file, &port_lock, max_connections) {
             eprintln!("spaced-guest: link ended: {e}");
         }
+    }
+}
+
+/// A link's end of the (non-blocking) port: each read and write waits in `poll` a
+/// bounded time at once, so that once the link is shut (`closed`) nothing blocks on
+/// the port any more — reads end (EOF), writes fail.
+struct PortIo {
+    port: File,
+    closed: Arc<std::sync::atomic::AtomicBool>,
+    port_lock: Arc<std::sync::Mutex<()>>,
+}
+
+impl PortIo {
+    /// Waits (50 ms at a time) until the port is ready for `flags` or hung up;
+    /// `false` once the link is shut.
+    fn wait(&self, flags: rustix::event::PollFlags) -> io::Result<bool> {
+        use rustix::event::{PollFd, PollFlags, poll};
+        let tick = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 50_000_000,
+        };
+        loop {
+            if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+                return Ok(false);
+            }
+            let mut fds = [PollFd::new(&self.port, flags)];
+            match poll(&mut fds, Some(&tick)) {
+                Ok(0) | Err(rustix::io::Errno::INTR) => continue,
+                Ok(_) => {}
+                Err(e) => return Err(e.into()),
+            }
+            let got = fds[0].revents();
+            if got.intersects(flags)
+                || (flags.contains(PollFlags::IN) && got.contains(PollFlags::HUP))
+            {
+                return Ok(true);
+            }
+            // A write while the host is away: wait for it, or for the shut.
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl io::Read for PortIo {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            if !self.wait(rustix::event::PollFlags::IN)? {
+                return Ok(0);
+            }
+            let _reading = self
+                .port_lock
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+                return Ok(0);
+            }
+            match (&self.port).read(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                other => return other,
+            }
+        }
+    }
+}
+
+impl io::Write for PortIo {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        loop {
+            if !self.wait(rustix::event::PollFlags::OUT)? {
+                return Err(io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    "the link on this port is shut",
+                ));
+            }
+            let _writing = self
+                .port_lock
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    "the link on this port is shut",
+                ));
+            }
+            match (&self.port).write(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                other => return other,
+            }
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 
@@ -288,13 +384,33 @@ fn wait_for_host(port: &File) -> io::Result<()> {
 /// from a memory snapshot, the new execution's bridge can reach the guest before the
 /// old session's end does — so it is a new activation: every stream of the old one is
 /// reset, and only then is the new one served and `ready` answered.
-fn serve_link(port: File, max_connections: usize) -> Result<(), String> {
-    let reader = port.try_clone().map_err(|e| e.to_string())?;
+fn serve_link(
+    port: &File,
+    port_lock: &Arc<std::sync::Mutex<()>>,
+    max_connections: usize,
+) -> Result<(), String> {
+    let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let end = |closed: &Arc<std::sync::atomic::AtomicBool>| -> Result<PortIo, String> {
+        Ok(PortIo {
+            port: port.try_clone().map_err(|e| e.to_string())?,
+            closed: Arc::clone(closed),
+            port_lock: Arc::clone(port_lock),
+        })
+    };
+    let (reader, writer) = (end(&closed)?, end(&closed)?);
+    let shut = Arc::clone(port_lock);
     let link = space_mux::Link::start(
         Box::new(reader),
-        Box::new(port),
-        // Closing a port is the host's business; the reader ends at its EOF.
-        Box::new(|| {}),
+        Box::new(writer),
+        // Once the link is dead nothing more is read or written through it (the
+        // next link has the port): a read or write under way is over before this
+        // returns.
+        Box::new(move || {
+            let _writing = shut
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        }),
         false,
         vm::MAX_STREAMS,
         None,

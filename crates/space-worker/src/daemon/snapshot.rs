@@ -34,10 +34,13 @@ pub fn digest(bytes: &[u8]) -> String {
 }
 
 mod pack;
+pub mod sparse;
 #[cfg(test)]
 mod tests;
 pub mod transfer;
 mod unpack;
 
-pub use pack::{MAX_DEPTH, Packed, pack, pack_into, pack_to_temp, tempfile_in};
-pub use unpack::unpack;
+pub use pack::{
+    MAX_DEPTH, Packed, pack, pack_into, pack_to_temp, pack_to_temp_keeping_holes, tempfile_in,
+};
+pub use unpack::{unpack, unpack_keeping_holes};

@@ -124,8 +124,10 @@ fn entry_bytes(len: u64) -> u64 {
 struct Packer<W: Write> {
     b: tar::Builder<Sink<W>>,
     /// Bytes the archive takes so far, counting each file at its apparent size before
-    /// any of it is read.
+    /// any of it is read (or, keeping holes, at its data extents).
     planned: u64,
+    /// Files with holes go as their data extents ([`super::sparse`]).
+    keep_holes: bool,
 }
 
 /// Deepest directory a layer may nest: the walk is iterative (a deep tree cannot
@@ -204,6 +206,35 @@ impl<W: Write> Packer<W> {
         if self.planned > limit {
             return Err(over_limit(limit, &format!("at /{}", rel.display())));
         }
+        // Keeping holes, a file with some goes as its data extents.
+        let extents = match ft.is_file() && self.keep_holes && meta.blocks() * 512 < meta.len() {
+            true => {
+                let f = open_file(&path)?;
+                super::sparse::data_extents(&f, meta.len())?.map(|e| (f, e))
+            }
+            false => None,
+        };
+        if let Some((f, extents)) = extents {
+            let data: u64 = extents.iter().map(|(_, l)| l).sum();
+            let map = super::sparse::encode_map(meta.len(), &extents);
+            self.planned += entry_bytes(data) + entry_bytes(map.len() as u64 + 64);
+            if self.planned > limit {
+                return Err(over_limit(
+                    limit,
+                    &format!("/{} holds {}", rel.display(), size_words(data)),
+                ));
+            }
+            let mut records: Vec<(&str, &[u8])> = pax
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_slice()))
+                .collect();
+            records.push((super::sparse::SPARSE_KEY, map.as_bytes()));
+            self.b.append_pax_extensions(records)?;
+            let mut h = header_for(&meta, tar::EntryType::Regular, data);
+            self.b
+                .append_data(&mut h, rel, super::sparse::ExtentReader::new(f, extents))?;
+            return Ok(false);
+        }
         if ft.is_file() {
             // A sparse file counts at its apparent size: refused before a byte of
             // it is read, however few blocks it really holds.
@@ -235,11 +266,7 @@ impl<W: Write> Packer<W> {
             return Ok(true);
         }
         if ft.is_file() {
-            // Never through a symlink (the tree is the sandbox's).
-            let f = fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-                .open(&path)?;
+            let f = open_file(&path)?;
             let mut h = header_for(&meta, tar::EntryType::Regular, meta.len());
             // Exactly the size in the header, whatever the file holds now.
             self.b
@@ -251,6 +278,15 @@ impl<W: Write> Packer<W> {
         // Sockets, FIFOs and other devices do not survive a snapshot.
         Ok(false)
     }
+}
+
+/// Opens a file of the tree for reading, never through a symlink (the tree is the
+/// sandbox's).
+fn open_file(path: &Path) -> io::Result<fs::File> {
+    fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
 }
 
 /// A reader of exactly `len` bytes: `inner`'s, cut or padded with zeros.
@@ -300,6 +336,10 @@ impl<R: Read> Read for ExactLen<R> {
 /// in memory at a time. Fails, naming the limit, before the archive would pass
 /// `limit` bytes; a file too large for it is refused before any of it is read.
 pub fn pack_into<W: Write>(upper: &Path, out: W, limit: u64) -> io::Result<Packed> {
+    pack_tree(upper, out, limit, false)
+}
+
+fn pack_tree<W: Write>(upper: &Path, out: W, limit: u64, keep_holes: bool) -> io::Result<Packed> {
     let sink = Sink {
         out,
         written: 0,
@@ -309,6 +349,7 @@ pub fn pack_into<W: Write>(upper: &Path, out: W, limit: u64) -> io::Result<Packe
     let mut p = Packer {
         b: tar::Builder::new(sink),
         planned: 1024,
+        keep_holes,
     };
     p.b.mode(tar::HeaderMode::Complete);
     p.add_tree(upper)?;
@@ -323,13 +364,34 @@ pub fn pack_into<W: Write>(upper: &Path, out: W, limit: u64) -> io::Result<Packe
 /// [`pack_into`] a new file in `dir` that has no name (unlinked as soon as it is
 /// made, so nothing is left behind whatever happens), rewound for reading.
 pub fn pack_to_temp(upper: &Path, dir: &Path, limit: u64) -> io::Result<(fs::File, Packed)> {
+    pack_tree_to_temp(upper, dir, limit, false)
+}
+
+/// [`pack_to_temp`], files with holes as their data extents ([`super::sparse`]): for
+/// a VM's snapshot, whose disk image is mostly holes. Only
+/// [`super::unpack_keeping_holes`] reads such an archive.
+pub fn pack_to_temp_keeping_holes(
+    upper: &Path,
+    dir: &Path,
+    limit: u64,
+) -> io::Result<(fs::File, Packed)> {
+    pack_tree_to_temp(upper, dir, limit, true)
+}
+
+fn pack_tree_to_temp(
+    upper: &Path,
+    dir: &Path,
+    limit: u64,
+    keep_holes: bool,
+) -> io::Result<(fs::File, Packed)> {
     use std::io::Seek;
     fs::create_dir_all(dir)?;
     let mut f = tempfile_in(dir)?;
-    let packed = pack_into(
+    let packed = pack_tree(
         upper,
         io::BufWriter::with_capacity(256 << 10, &mut f),
         limit,
+        keep_holes,
     )?;
     f.sync_data()?;
     f.seek(io::SeekFrom::Start(0))?;

@@ -470,3 +470,110 @@ fn an_archive_is_never_written_past_the_limit() {
         "a spool file was left"
     );
 }
+
+/// A 2 GiB file with data at three places and holes between.
+fn file_with_holes(path: &std::path::Path) {
+    use std::os::unix::fs::FileExt;
+    let f = fs::File::create(path).unwrap();
+    f.set_len(2 << 30).unwrap();
+    f.write_all_at(b"head", 0).unwrap();
+    f.write_all_at(&vec![9u8; 300 << 10], 1 << 30).unwrap();
+    f.write_all_at(b"tail", (2 << 30) - 4).unwrap();
+    drop(f);
+    let mut p = fs::metadata(path).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut p, 0o640);
+    fs::set_permissions(path, p).unwrap();
+}
+
+#[test]
+fn a_file_with_holes_keeps_them_through_an_archive_made_to_keep_them() {
+    use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+    let t = tempfile::tempdir().unwrap();
+    let upper = t.path().join("upper");
+    fs::create_dir_all(&upper).unwrap();
+    file_with_holes(&upper.join("disk.img"));
+    // Far under the apparent 2 GiB: only the data goes.
+    let (file, packed) =
+        pack_to_temp_keeping_holes(&upper, &t.path().join("spool"), 4 << 20).unwrap();
+    assert!(
+        packed.size < 1 << 20,
+        "the archive is {} bytes",
+        packed.size
+    );
+    let restored = t.path().join("restored");
+    unpack_keeping_holes(io::BufReader::new(file), &restored).unwrap();
+    let disk = restored.join("disk.img");
+    let meta = fs::metadata(&disk).unwrap();
+    assert_eq!(meta.len(), 2 << 30);
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
+    assert!(
+        meta.blocks() * 512 < 4 << 20,
+        "the holes were filled: {} blocks",
+        meta.blocks()
+    );
+    let f = fs::File::open(&disk).unwrap();
+    let mut buf = [0u8; 4];
+    for (at, want) in [
+        (0, *b"head"),
+        ((2 << 30) - 4, *b"tail"),
+        ((1 << 30) + 4096, [9; 4]),
+        (4096, [0; 4]),
+    ] {
+        f.read_exact_at(&mut buf, at).unwrap();
+        assert_eq!(buf, want, "at {at}");
+    }
+    // Without keeping holes the same file is refused by its apparent size.
+    let e = pack_to_temp(&upper, &t.path().join("spool"), 4 << 20).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::FileTooLarge, "{e}");
+}
+
+#[test]
+fn an_archive_with_holes_is_refused_by_an_unpack_not_told_to_keep_them() {
+    let t = tempfile::tempdir().unwrap();
+    let upper = t.path().join("upper");
+    fs::create_dir_all(&upper).unwrap();
+    file_with_holes(&upper.join("disk.img"));
+    let (file, _) = pack_to_temp_keeping_holes(&upper, &t.path().join("spool"), 4 << 20).unwrap();
+    // Read as plain data, its extents would be another file: refused, not guessed.
+    let e = unpack(io::BufReader::new(file), &t.path().join("restored")).unwrap_err();
+    assert!(
+        e.to_string().contains("sparse entries are refused here"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_disk_image_keeps_its_bytes_and_holes_through_an_archive_made_to_keep_them() {
+    let t = tempfile::tempdir().unwrap();
+    let upper = t.path().join("upper");
+    fs::create_dir_all(&upper).unwrap();
+    let image = upper.join("upper.ext4");
+    fs::File::create(&image)
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
+    let made = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-J", "size=4"])
+        .arg(&image)
+        .status();
+    if !made.is_ok_and(|s| s.success()) {
+        eprintln!("SKIPPED: needs mkfs.ext4 (e2fsprogs)");
+        return;
+    }
+    let (file, packed) =
+        pack_to_temp_keeping_holes(&upper, &t.path().join("spool"), MAX_ARCHIVE).unwrap();
+    assert!(
+        packed.size < 64 << 20,
+        "the archive is {} bytes",
+        packed.size
+    );
+    let restored = t.path().join("restored");
+    unpack_keeping_holes(io::BufReader::new(file), &restored).unwrap();
+    let (a, b) = (
+        fs::read(&image).unwrap(),
+        fs::read(restored.join("upper.ext4")).unwrap(),
+    );
+    assert_eq!(a.len(), b.len());
+    let first = a.iter().zip(&b).position(|(x, y)| x != y);
+    assert_eq!(first, None, "the images differ from byte {first:?}");
+}

@@ -7,7 +7,10 @@ use std::sync::Arc;
 use space_identity::Execution;
 use space_proto::api::{SignedUpdate, Update, UpdateAck};
 
-use super::{MAX_ARCHIVE, Packed, pack_to_temp, tempfile_in, unpack};
+use super::{
+    MAX_ARCHIVE, Packed, pack_to_temp, pack_to_temp_keeping_holes, tempfile_in, unpack,
+    unpack_keeping_holes,
+};
 use crate::daemon::launch;
 use crate::daemon::state::Worker;
 use crate::daemon::updates::{self, UpdateError};
@@ -84,7 +87,8 @@ pub async fn take(
                 .map_err(std::io::Error::other)
                 .and_then(|_| {
                     space_http::crash::crash_point("worker.snapshot.vm_written");
-                    pack_to_temp(&dir, &spool, MAX_ARCHIVE)
+                    // The disk image is mostly holes: they stay holes.
+                    pack_to_temp_keeping_holes(&dir, &spool, MAX_ARCHIVE)
                 });
             let _ = crate::substrate::tree::remove_tree(&dir);
             packed
@@ -157,6 +161,7 @@ pub async fn keep(
     let _applying = w.exclusive("a received layer").await;
     let dest = launch::kept_layer(&w.data_dir, &sandbox);
     let incoming = dest.with_extension(format!("incoming-{}", got.get(..12).unwrap_or("x")));
+    let vm = w.vm.is_some();
     let result = tokio::task::spawn_blocking(move || {
         use std::io::Seek;
         file.seek(std::io::SeekFrom::Start(0))?;
@@ -168,7 +173,11 @@ pub async fn keep(
         // the disk volume: see `substrate::jail::disk`).
         let upper = crate::substrate::jail::disk::new_layer(&incoming, None)
             .map_err(std::io::Error::other)?;
-        let unpacked = unpack(std::io::BufReader::new(file), &upper);
+        // A VM worker receives VM snapshots, whose disk image keeps its holes.
+        let unpacked = match vm {
+            true => unpack_keeping_holes(std::io::BufReader::new(file), &upper),
+            false => unpack(std::io::BufReader::new(file), &upper),
+        };
         if let Err(e) = unpacked {
             let _ = crate::substrate::tree::remove_tree(&incoming);
             return Err(e);

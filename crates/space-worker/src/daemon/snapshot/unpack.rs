@@ -3,6 +3,7 @@
 
 use std::fs;
 use std::io::{self, Read};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 
 use super::WHITEOUT_KEY;
@@ -82,6 +83,17 @@ fn place(
 /// made of plain names, and no symlink is followed: an entry below a symlink an
 /// earlier entry made, or over an existing path, is refused.
 pub fn unpack<R: Read>(archive: R, dest: &Path) -> io::Result<()> {
+    unpack_tree(archive, dest, false)
+}
+
+/// [`unpack`], also accepting files with holes ([`super::sparse`]; what
+/// [`super::pack_to_temp_keeping_holes`] makes, for a VM's snapshot): written at their
+/// extents, holes kept.
+pub fn unpack_keeping_holes<R: Read>(archive: R, dest: &Path) -> io::Result<()> {
+    unpack_tree(archive, dest, true)
+}
+
+fn unpack_tree<R: Read>(archive: R, dest: &Path, keep_holes: bool) -> io::Result<()> {
     fs::create_dir(dest)?;
     let mut real_dirs = std::collections::HashSet::new();
     let mut a = tar::Archive::new(archive);
@@ -92,6 +104,7 @@ pub fn unpack<R: Read>(archive: R, dest: &Path) -> io::Result<()> {
     for entry in a.entries()? {
         let mut entry = entry?;
         let mut whiteout = false;
+        let mut sparse: Option<Vec<u8>> = None;
         let mut xattrs: Vec<(String, Vec<u8>)> = Vec::new();
         for x in entry.pax_extensions()?.into_iter().flatten() {
             // Our own archives hold well-formed records only: one that does not parse
@@ -105,6 +118,8 @@ pub fn unpack<R: Read>(archive: R, dest: &Path) -> io::Result<()> {
             })?;
             if x.key_bytes() == WHITEOUT_KEY.as_bytes() {
                 whiteout = true;
+            } else if x.key_bytes() == super::sparse::SPARSE_KEY.as_bytes() {
+                sparse = Some(x.value_bytes().to_vec());
             } else if let Some(name) = x.key().ok().and_then(|k| k.strip_prefix("SCHILY.xattr.")) {
                 if name.starts_with("trusted.overlay.") {
                     xattrs.push((name.to_owned(), x.value_bytes().to_vec()));
@@ -113,6 +128,31 @@ pub fn unpack<R: Read>(archive: R, dest: &Path) -> io::Result<()> {
         }
         let rel = entry.path()?.into_owned();
         let kind = entry.header().entry_type();
+        if let Some(map) = sparse {
+            if !keep_holes {
+                return Err(refused_entry(&rel, "sparse entries are refused here"));
+            }
+            if kind != tar::EntryType::Regular || whiteout {
+                return Err(refused_entry(&rel, "only a regular file can have holes"));
+            }
+            let (real, extents) = super::sparse::decode_map(&map, entry.size())?;
+            let at = place(dest, &rel, false, &mut real_dirs)?;
+            let (mode, uid, gid, mtime) = {
+                let h = entry.header();
+                (h.mode()?, h.uid()?, h.gid()?, h.mtime()?)
+            };
+            let file = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .mode(0o600)
+                .open(&at)?;
+            super::sparse::write_extents(&mut entry, &file, real, &extents)?;
+            std::os::unix::fs::fchown(&file, u32::try_from(uid).ok(), u32::try_from(gid).ok())?;
+            file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode & 0o7777))?;
+            file.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(mtime))?;
+            continue;
+        }
         if whiteout {
             if kind != tar::EntryType::Regular || entry.size() != 0 {
                 return Err(refused_entry(&rel, "a whiteout holds no data"));
