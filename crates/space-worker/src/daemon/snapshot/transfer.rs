@@ -32,6 +32,18 @@ fn spool_dir(w: &Worker) -> std::path::PathBuf {
     w.data_dir.join("spool")
 }
 
+/// `e` and every error under it, for a message that says why.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut at = e.source();
+    while let Some(s) = at {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        at = s.source();
+    }
+    text
+}
+
 /// Where a VM's snapshot is written before it is packed (one directory per execution).
 fn vm_spool(data_dir: &std::path::Path) -> std::path::PathBuf {
     data_dir.join("spool").join("vm")
@@ -84,7 +96,7 @@ pub async fn take(
             let _ = crate::substrate::tree::remove_tree(&dir);
             let packed = vm
                 .snapshot(&handle, &dir)
-                .map_err(std::io::Error::other)
+                .map_err(|e| std::io::Error::other(error_chain(&e)))
                 .and_then(|_| {
                     space_http::crash::crash_point("worker.snapshot.vm_written");
                     // The disk image is mostly holes: they stay holes.
