@@ -42,6 +42,15 @@ fn activation() -> Activation {
     }
 }
 
+/// Skips (saying why) unless `SPACE_REQUIRE_VM=1` (CI) makes that a failure.
+fn skip(why: &str) {
+    assert!(
+        std::env::var_os("SPACE_REQUIRE_VM").is_none_or(|v| v != "1"),
+        "SPACE_REQUIRE_VM=1, and the VM tests cannot run: {why}"
+    );
+    eprintln!("SKIPPED: {why}");
+}
+
 /// Why these tests cannot run here, if they cannot.
 fn missing_requirement() -> Option<String> {
     if !rustix::process::geteuid().is_root() {
@@ -253,9 +262,47 @@ impl Running<'_> {
 }
 
 #[test]
+fn a_sandboxs_own_files_shaped_like_a_vm_snapshot_are_never_loaded_into_qemu() {
+    if let Some(why) = missing_requirement() {
+        skip(&why);
+        return;
+    }
+    let env = Env::new();
+    let a = activation();
+    // A kept layer as a jail leaves it (`upper/` holds the sandbox's own `/`), with
+    // the files of a VM snapshot planted there by the sandbox: a machine that fits,
+    // a migration stream it wrote, a disk.
+    let kept = launch::kept_layer(env.data.path(), &a.sandbox);
+    let upper = kept.join("upper");
+    std::fs::create_dir_all(&upper).unwrap();
+    let (ram, cpus) = space_worker::substrate::vm::machine_size(&vm_limits());
+    let planted = serde_json::json!({
+        "ram": ram, "cpus": cpus, "root_image": "anything", "kernel": env.driver.kernel_release(),
+    });
+    std::fs::write(upper.join("vm.json"), planted.to_string()).unwrap();
+    std::fs::write(
+        upper.join("memory"),
+        b"QEVM a migration stream the sandbox wrote",
+    )
+    .unwrap();
+    std::fs::File::create(upper.join("upper.ext4"))
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
+    // Not a VM snapshot this worker received (no mark beside the layer): a boot.
+    let vm = env.launch(&a);
+    assert_eq!(vm.sh("echo booted").1.trim(), "booted");
+    let (_, uptime) = vm.sh("cut -d. -f1 /proc/uptime");
+    assert!(
+        uptime.trim().parse::<u64>().unwrap_or(u64::MAX) < 120,
+        "{uptime}"
+    );
+}
+
+#[test]
 fn a_vm_sandbox_runs_commands_in_its_own_kernel_and_sees_nothing_of_the_host() {
     if let Some(why) = missing_requirement() {
-        eprintln!("SKIPPED: {why}");
+        skip(&why);
         return;
     }
     let env = Env::new();
@@ -316,7 +363,7 @@ fn bridge_outcome(spec: &spaced_host::BridgeSpec) -> (String, String) {
 #[test]
 fn a_rival_listener_or_another_process_at_the_serial_transport_is_refused() {
     if let Some(why) = missing_requirement() {
-        eprintln!("SKIPPED: {why}");
+        skip(&why);
         return;
     }
     let env = Env::new();
@@ -372,7 +419,7 @@ fn a_rival_listener_or_another_process_at_the_serial_transport_is_refused() {
 #[test]
 fn a_background_process_keeps_its_memory_across_a_snapshot_restored_as_a_new_execution() {
     if let Some(why) = missing_requirement() {
-        eprintln!("SKIPPED: {why}");
+        skip(&why);
         return;
     }
     let env = Env::new();
@@ -425,6 +472,12 @@ fn a_background_process_keeps_its_memory_across_a_snapshot_restored_as_a_new_exe
         &kept.join("upper"),
     )
     .unwrap();
+    // As the receiving VM worker marks it (beside the layer, not in it).
+    std::fs::write(
+        kept.join(space_worker::substrate::vm::snapshot::RECEIVED_MARK),
+        b"",
+    )
+    .unwrap();
     let spec = env.spec(&b, Some(kept.clone()));
     let handle = env
         .driver
@@ -470,7 +523,7 @@ fn a_background_process_keeps_its_memory_across_a_snapshot_restored_as_a_new_exe
 #[test]
 fn a_killed_qemu_is_noticed_its_bridge_ends_and_nothing_reconnects() {
     if let Some(why) = missing_requirement() {
-        eprintln!("SKIPPED: {why}");
+        skip(&why);
         return;
     }
     let env = Env::new();
@@ -510,7 +563,7 @@ fn a_killed_qemu_is_noticed_its_bridge_ends_and_nothing_reconnects() {
 #[test]
 fn a_guest_flooding_its_console_fills_a_bounded_ring_not_the_hosts_disk() {
     if let Some(why) = missing_requirement() {
-        eprintln!("SKIPPED: {why}");
+        skip(&why);
         return;
     }
     let env = Env::new();
@@ -540,7 +593,7 @@ fn a_guest_flooding_its_console_fills_a_bounded_ring_not_the_hosts_disk() {
 #[test]
 fn a_start_that_fails_gives_the_kept_disk_back() {
     if let Some(why) = missing_requirement() {
-        eprintln!("SKIPPED: {why}");
+        skip(&why);
         return;
     }
     let env = Env::new();
@@ -572,7 +625,7 @@ fn a_start_that_fails_gives_the_kept_disk_back() {
 #[test]
 fn the_accelerator_is_probed_once_and_a_vm_boots_with_the_one_chosen() {
     if let Some(why) = missing_requirement() {
-        eprintln!("SKIPPED: {why}");
+        skip(&why);
         return;
     }
     let data = tempfile::tempdir().unwrap();

@@ -170,10 +170,15 @@ pub struct UpArgs {
 }
 
 impl UpArgs {
-    /// Standby sandboxes to keep: as asked, or 16 per worker.
+    /// Standby sandboxes to keep: as asked, or 16 per worker — none by default where
+    /// every worker runs VMs (the default template, the host's directories, cannot be
+    /// a VM's root).
     pub fn standby(&self) -> usize {
-        self.standby
-            .unwrap_or(space_control::service::STANDBY_PER_WORKER * self.workers as usize)
+        let per_worker = match self.vm_workers == self.workers {
+            true => 0,
+            false => space_control::service::STANDBY_PER_WORKER,
+        };
+        self.standby.unwrap_or(per_worker * self.workers as usize)
     }
 }
 

@@ -56,6 +56,16 @@ fn kernel_dir() -> PathBuf {
     dir
 }
 
+/// Skips (saying why) where the VM tests cannot run, unless `SPACE_REQUIRE_VM=1`
+/// (CI), which makes that a failure.
+fn skip(reason: &str) {
+    assert!(
+        std::env::var_os("SPACE_REQUIRE_VM").is_none_or(|v| v != "1"),
+        "SPACE_REQUIRE_VM=1, and the VM tests cannot run: {reason}"
+    );
+    eprintln!("SKIPPED: {reason}");
+}
+
 /// `space up` whose two workers run VM sandboxes, with the two-layer sample image
 /// imported as `spacetest:1`.
 fn vm_cluster() -> Option<Cluster> {
@@ -65,7 +75,7 @@ fn vm_cluster() -> Option<Cluster> {
 /// [`vm_cluster`] with more environment for `space up`.
 fn vm_cluster_with(env: &[(&str, &str)]) -> Option<Cluster> {
     if let Some(reason) = missing() {
-        eprintln!("SKIPPED: {reason}");
+        skip(&reason);
         return None;
     }
     let kernel = kernel_dir();
@@ -533,4 +543,77 @@ fn a_create_naming_a_substrate_no_worker_runs_is_refused_saying_what_there_is() 
     // Asking for a jail by name is the default's own placement.
     let id = c.create(&["--substrate", "jail"]);
     assert_eq!(c.sandbox(&id)["execution"]["substrate"], "jail");
+}
+
+/// `space up` with one jail worker (w1) and one VM worker (w2), the sample template
+/// imported.
+fn mixed_cluster() -> Option<Cluster> {
+    vm_cluster_with(&[("SPACE_VM_WORKERS", "1")])
+}
+
+fn refused(out: &Output, says: &str) {
+    assert!(!out.status.success(), "{}", text(out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(says), "{err}");
+}
+
+#[test]
+fn on_a_platform_of_jail_and_vm_workers_no_sandbox_crosses_substrates() {
+    let Some(c) = mixed_cluster() else { return };
+    // A VM asked of the jail worker.
+    refused(
+        &c.cli(&[
+            "sandbox",
+            "create",
+            "--template",
+            "spacetest:1",
+            "--substrate",
+            "vm",
+            "--worker",
+            "w1",
+        ]),
+        "worker w1 runs jail sandboxes, not vm",
+    );
+    // A VM goes to the VM worker; the default (jail, not every worker is a VM
+    // worker) to the jail worker.
+    let vm = create_vm(&c);
+    let vm_before = c.sandbox(&vm)["execution"].clone();
+    assert_eq!(
+        (
+            vm_before["worker"].as_str(),
+            vm_before["substrate"].as_str()
+        ),
+        (Some("w2"), Some("vm"))
+    );
+    let jail = c.create(&["--template", "spacetest:1"]);
+    let jail_before = c.sandbox(&jail)["execution"].clone();
+    assert_eq!(
+        (
+            jail_before["worker"].as_str(),
+            jail_before["substrate"].as_str()
+        ),
+        (Some("w1"), Some("jail"))
+    );
+    // Neither migrates onto the other substrate, and each goes on where it was.
+    refused(
+        &c.cli(&["sandbox", "migrate", &vm, "--worker", "w1"]),
+        "worker w1 runs jail sandboxes, not vm",
+    );
+    refused(
+        &c.cli(&["sandbox", "migrate", &jail, "--worker", "w2"]),
+        "worker w2 runs vm sandboxes, not jail",
+    );
+    // Nor does a snapshot resume there.
+    ok(c.cli(&["sandbox", "snapshot", &jail]));
+    refused(
+        &c.cli(&["sandbox", "resume", &jail, "--worker", "w2"]),
+        "worker w2 runs vm sandboxes, not jail",
+    );
+    ok(c.cli(&["sandbox", "resume", &jail]));
+    for (id, before) in [(&vm, &vm_before), (&jail, &jail_before)] {
+        let now = c.sandbox(id);
+        assert_eq!(now["state"], "running", "{now}");
+        assert_eq!(now["execution"]["execution_id"], before["execution_id"]);
+        assert_eq!(sh(&c, id, "echo here").trim(), "here");
+    }
 }

@@ -416,6 +416,15 @@ fn serve_link(
         None,
     )
     .map_err(|e| e.to_string())?;
+    // Whatever ends this link ends it for good: its reader never takes what the next
+    // host sends.
+    let ended = serve_on(&link, max_connections);
+    link.shut("the link ended");
+    ended
+}
+
+/// Activations on `link` until it fails (see [`serve_link`]).
+fn serve_on(link: &space_mux::Link, max_connections: usize) -> Result<(), String> {
     let mut wait = Duration::from_secs(3600 * 24 * 365);
     loop {
         let record = match link.recv_control(wait) {
@@ -431,7 +440,7 @@ fn serve_link(
                 return Err(e.to_string());
             }
         };
-        activate(&link, &activation, max_connections)?;
+        activate(link, &activation, max_connections)?;
         wait = Duration::from_millis(500);
     }
 }

@@ -27,6 +27,18 @@ impl ControlPlane {
         w: &WorkerRecord,
     ) -> Result<ExecutionRecord, ControlError> {
         let worker = &w.id;
+        // Every execution of a sandbox runs on the substrate of its first: its files
+        // are that substrate's (a jail's layer, a VM's disk or memory snapshot).
+        if s.generation != space_identity::Generation::NONE {
+            if let Ok(last) = self.store.get_execution(&s.id, s.generation).await {
+                if last.substrate != w.substrate {
+                    return Err(ControlError::Conflict(format!(
+                        "sandbox {} runs on the {} substrate; worker {} runs {} sandboxes",
+                        s.id, last.substrate, w.id, w.substrate
+                    )));
+                }
+            }
+        }
         let now = now_secs() as i64;
         let exe = self
             .store

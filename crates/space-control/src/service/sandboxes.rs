@@ -171,7 +171,20 @@ impl ControlPlane {
                 template: template.clone(),
                 network: network.clone(),
             };
-            if let Some(s) = self.store.claim_standby(STANDBY_TENANT, &claim).await? {
+            let claimed = self.store.claim_standby(STANDBY_TENANT, &claim).await?;
+            // A standby sandbox started under another default substrate is not handed
+            // over as this one (a jail for a VM would be a weaker sandbox): it goes.
+            let claimed = match claimed {
+                Some(s) => match self.store.current_execution(&s.id).await? {
+                    Some(e) if e.substrate == substrate => Some(s),
+                    _ => {
+                        let _ = self.delete_sandbox(&s).await;
+                        None
+                    }
+                },
+                None => None,
+            };
+            if let Some(s) = claimed {
                 drop(quota_hold.take());
                 // A sandbox in mode `none` with no lists is what every standby sandbox
                 // of its kind runs. Any other policy is pushed (the standby sandbox ran

@@ -57,6 +57,15 @@ impl ControlPlane {
             }
             (Some(_), _) => return Err(taken()),
         };
+        // A worker ID keeps its substrate: the sandboxes whose files it holds were
+        // made for it (a jail's layer is no VM's disk, and a VM's kept snapshot must
+        // never be a jail's files).
+        if let Some(w) = existing.as_ref().filter(|w| w.substrate != req.substrate) {
+            return Err(ControlError::Conflict(format!(
+                "worker {} is enrolled as a {} worker; it cannot come back as a {} one                  (give the worker another ID and data directory)",
+                w.id, w.substrate, req.substrate
+            )));
+        }
         let now = now_secs() as i64;
         let record = WorkerRecord {
             id: req.worker.clone(),

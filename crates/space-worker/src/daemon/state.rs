@@ -196,6 +196,33 @@ pub fn installed_of(worker: &WorkerId, r: &ExecutionRecord) -> InstalledIdentity
     }
 }
 
+/// A data directory holds one substrate's sandboxes for good (a jail's layers are no
+/// VM's disks): the first start records it (`<data>/substrate`), a later start as
+/// another substrate is refused.
+fn keep_substrate(config: &WorkerConfig) -> Result<(), String> {
+    let kind = match config.vm {
+        Some(_) => space_identity::Substrate::Vm,
+        None => space_identity::Substrate::Jail,
+    };
+    let mark = config.data_dir.join("substrate");
+    match std::fs::read_to_string(&mark) {
+        Ok(was) if was.trim() == kind.as_str() => Ok(()),
+        Ok(was) => Err(format!(
+            "{} belongs to a {} worker (its sandboxes' files are of that substrate): start \
+             it with --substrate {}, or give a {kind} worker a data directory of its own",
+            config.data_dir.display(),
+            was.trim(),
+            was.trim()
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(&config.data_dir)
+                .and_then(|()| std::fs::write(&mark, kind.as_str()))
+                .map_err(|e| format!("{}: {e}", mark.display()))
+        }
+        Err(e) => Err(format!("{}: {e}", mark.display())),
+    }
+}
+
 /// The VM driver of `vm`, its accelerator probed once per data directory and logged.
 fn open_vm(
     config: &WorkerConfig,
@@ -233,6 +260,7 @@ pub fn activation_of(r: &ExecutionRecord) -> Activation {
 impl Worker {
     /// Opens the records and the substrate; loads installed keys and slots.
     pub fn open(config: &WorkerConfig, url: String) -> Result<Arc<Self>, String> {
+        keep_substrate(config)?;
         let records =
             Records::open(&config.data_dir.join("records.db")).map_err(|e| e.to_string())?;
         let mut jail = JailConfig::new(&config.jail_binary);

@@ -194,6 +194,13 @@ pub async fn keep(
             let _ = crate::substrate::tree::remove_tree(&incoming);
             return Err(e);
         }
+        if vm {
+            // Marked outside the layer: only this makes the VM driver restore it.
+            std::fs::write(
+                incoming.join(crate::substrate::vm::snapshot::RECEIVED_MARK),
+                b"",
+            )?;
+        }
         let _ = crate::substrate::tree::remove_tree(&dest);
         std::fs::rename(&incoming, &dest)
     })

@@ -80,11 +80,25 @@ pub fn setup(
         ));
         return Ok(k);
     }
+    // A directory of an earlier layout (or a half-removed one) is ours to replace.
+    if dir.exists() {
+        progress(&format!(
+            "replacing the incomplete kernel in {}",
+            dir.display()
+        ));
+        crate::substrate::tree::remove_tree(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
     let parent = dir
         .parent()
         .ok_or_else(|| format!("{} has no parent", dir.display()))?;
     std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
-    let work = WorkDir(parent.join(format!(".kernel-{}", std::process::id())));
+    // Per setup, also within one process (tests prepare it from several threads).
+    static SETUPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let work = WorkDir(parent.join(format!(
+        ".kernel-{}-{}",
+        std::process::id(),
+        SETUPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )));
     let _ = crate::substrate::tree::remove_tree(work.path());
     std::fs::create_dir_all(work.path()).map_err(|e| format!("{}: {e}", work.path().display()))?;
     let deb = match deb {

@@ -153,6 +153,8 @@ impl QemuDriver {
                 .check_fits(spec, &layers, &self.kernel.release)?
                 .copy_disk_to(&upper)?,
             (None, Some(k)) => {
+                // Moved out; the rest of the kept layer goes once the VM runs, so
+                // nothing is left to pass for the sandbox's files.
                 std::fs::rename(&k, &upper).map_err(io_err("the kept VM disk"))?;
                 kept_back = Some(KeptDisk {
                     from: upper.clone(),
@@ -189,7 +191,9 @@ impl QemuDriver {
         };
         let drive = |path: &Path, id: &str, ro: bool| {
             format!(
-                "file={},if=none,id={id},format=raw,readonly={},cache=none,aio=threads",
+                // An I/O error (a full host disk) is the guest's to see, not a pause
+                // of the VM the worker would not know of.
+                "file={},if=none,id={id},format=raw,readonly={},cache=none,aio=threads,werror=report,rerror=report",
                 path.display(),
                 if ro { "on" } else { "off" }
             )
@@ -340,6 +344,9 @@ impl QemuDriver {
         };
         if let Some(k) = kept_back.as_mut() {
             k.started();
+            if let Some(kept) = &spec.initial_upper {
+                let _ = super::tree::remove_tree(kept);
+            }
         }
         Ok(SandboxHandle {
             key: spec.key.clone(),
@@ -618,14 +625,16 @@ impl Substrate for QemuDriver {
     /// as `<kept>/upper/`) is restored; one holding a disk (a relaunch after a crash)
     /// boots from it; otherwise a fresh disk is made.
     fn launch(&self, spec: &LaunchSpec) -> Result<SandboxHandle, SubstrateError> {
-        let snapshot_dir = spec.initial_upper.as_ref().map(|k| k.join("upper"));
-        let kept_snapshot = snapshot_dir.as_ref().filter(|d| {
-            std::fs::symlink_metadata(d.join(snapshot::MACHINE)).is_ok_and(|m| m.is_file())
+        // Only a layer a VM worker received as a VM snapshot is one (its mark is
+        // beside `upper/`, where the sandbox's own files never are): a jail's files
+        // holding a `vm.json` are never loaded into QEMU.
+        let kept_snapshot = spec.initial_upper.as_ref().filter(|k| {
+            std::fs::symlink_metadata(k.join(snapshot::RECEIVED_MARK)).is_ok_and(|m| m.is_file())
         });
-        let Some(dir) = kept_snapshot else {
+        let Some(kept) = kept_snapshot else {
             return self.start(spec, None);
         };
-        let snap = snapshot::VmSnapshot::open(dir)?;
+        let snap = snapshot::VmSnapshot::open(&kept.join("upper"))?;
         let handle = self.start(spec, Some(&snap))?;
         // Restored: the new execution has its own copy of the disk; the kept
         // snapshot (its memory file as large as the guest's RAM) goes.
@@ -663,8 +672,9 @@ impl Substrate for QemuDriver {
         keep_at: &Path,
     ) -> Result<(), SubstrateError> {
         self.kill(handle);
-        std::fs::create_dir_all(keep_at).map_err(io_err("the kept layer directory"))?;
+        // A kept layer only where there is a disk to keep.
         if handle.upper_dir.is_file() {
+            std::fs::create_dir_all(keep_at).map_err(io_err("the kept layer directory"))?;
             std::fs::rename(&handle.upper_dir, keep_at.join("upper.ext4"))
                 .map_err(io_err("keep the VM disk"))?;
         }

@@ -37,6 +37,9 @@ pub const MEMORY: &str = "memory";
 pub const DISK: &str = "upper.ext4";
 /// The machine ([`Machine`], JSON).
 pub const MACHINE: &str = "vm.json";
+/// Beside a kept layer's `upper/`: it is a VM snapshot this worker received (written
+/// by the receiving VM worker, never by a sandbox).
+pub const RECEIVED_MARK: &str = "vm-snapshot";
 /// Largest machine file read.
 const MAX_MACHINE: u64 = 16 * 1024;
 /// How long a migration to or from a file may take.
@@ -147,6 +150,17 @@ impl VmSnapshot {
                 self.machine.cpus,
                 self.machine.root_image,
                 ram >> 20
+            )));
+        }
+        // The disk is the guest's of the sandbox's disk limit, whatever length the
+        // snapshot's file says (it came from another worker).
+        let want = spec.limits.disk_bytes.unwrap_or(1 << 30).div_ceil(1 << 20) << 20;
+        let got = std::fs::symlink_metadata(self.dir.join(DISK))
+            .map_err(io_err("the snapshot's disk"))?
+            .len();
+        if got != want {
+            return Err(SubstrateError::InvalidSpec(format!(
+                "the snapshot's disk is {got} bytes; this sandbox's is {want}"
             )));
         }
         Ok(self)
