@@ -566,3 +566,42 @@ async fn a_standalone_edge_passes_on_the_control_planes_404_and_409_as_they_came
         assert_eq!(a.error(), error);
     }
 }
+
+#[tokio::test]
+async fn a_worker_id_cannot_come_back_as_a_worker_of_another_substrate() {
+    let p = Plane::start().await;
+    let req = |substrate: space_identity::Substrate, credential: Option<String>| {
+        space_proto::api::EnrollRequest {
+            worker: "w1".parse().unwrap(),
+            url: "http://127.0.0.1:9".into(),
+            substrate,
+            capacity: 4,
+            enroll_secret: "enroll-secret".into(),
+            credential,
+        }
+    };
+    let first =
+        p.cp.enroll(&req(space_identity::Substrate::Jail, None))
+            .await
+            .unwrap();
+    // With its own credential, as the same substrate: re-enrolled.
+    p.cp.enroll(&req(
+        space_identity::Substrate::Jail,
+        Some(first.credential.clone()),
+    ))
+    .await
+    .unwrap();
+    // With its own credential, as a VM worker: refused, and still a jail worker (its
+    // sandboxes' files are jails').
+    let e =
+        p.cp.enroll(&req(space_identity::Substrate::Vm, Some(first.credential)))
+            .await
+            .unwrap_err();
+    assert!(
+        matches!(e, space_control::error::ControlError::Conflict(_)),
+        "{e}"
+    );
+    assert!(e.to_string().contains("enrolled as a jail worker"), "{e}");
+    let w = p.cp.store.get_worker(&"w1".parse().unwrap()).await.unwrap();
+    assert_eq!(w.substrate, space_identity::Substrate::Jail);
+}

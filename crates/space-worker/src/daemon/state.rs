@@ -668,3 +668,49 @@ impl Worker {
         B64.encode(bytes)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(data: &std::path::Path, vm: bool) -> WorkerConfig {
+        WorkerConfig {
+            id: space_testkit::worker("w1"),
+            control_url: "http://127.0.0.1:9".into(),
+            enroll_secret: "unused".into(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            advertise_url: None,
+            data_dir: data.to_path_buf(),
+            capacity: 1,
+            binaries: Binaries {
+                agent: "/nonexistent".into(),
+                bridge: "/nonexistent".into(),
+            },
+            jail_binary: "/nonexistent".into(),
+            cgroup_parent: "unused".into(),
+            warm_pool: 0,
+            userns: None,
+            limits: Default::default(),
+            egress: None,
+            vm: vm.then(|| super::super::config::VmSettings {
+                qemu: "/nonexistent".into(),
+                kernel_dir: "/nonexistent".into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_data_directory_keeps_the_substrate_of_its_first_start() {
+        let data = tempfile::tempdir().unwrap();
+        keep_substrate(&config(data.path(), false)).unwrap();
+        keep_substrate(&config(data.path(), false)).unwrap();
+        // Its sandboxes' files are jails': a VM worker on it is refused, saying so.
+        let e = keep_substrate(&config(data.path(), true)).unwrap_err();
+        assert!(e.contains("belongs to a jail worker"), "{e}");
+        assert!(e.contains("--substrate jail"), "{e}");
+        let other = tempfile::tempdir().unwrap();
+        keep_substrate(&config(other.path(), true)).unwrap();
+        let e = keep_substrate(&config(other.path(), false)).unwrap_err();
+        assert!(e.contains("belongs to a vm worker"), "{e}");
+    }
+}
