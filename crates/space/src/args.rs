@@ -144,11 +144,12 @@ pub struct UpArgs {
     /// `network`, or `space sandbox create --net`, chooses otherwise).
     #[arg(long, env = "SPACE_NETWORK_DEFAULT", default_value = "none", value_parser = network_mode())]
     pub network_default: space_proto::api::NetworkMode,
-    /// The template of a sandbox created without one: `host` (the host's system
-    /// directories, read-only) or `debian` (Debian bookworm with Python 3, built with
-    /// mmdebstrap on the first start — progress shown — and kept as the template
-    /// `debian-default`; where it cannot be built, `host`, saying why).
-    #[arg(long, env = "SPACE_DEFAULT_TEMPLATE", default_value = "host", value_parser = ["host", "debian"])]
+    /// The template of a sandbox created without one: `debian` (Debian bookworm with
+    /// Python 3, built with mmdebstrap on the first start — progress shown — and kept
+    /// as the template `debian-default`; until then, and where it cannot be built,
+    /// the host's directories, saying why) or `host` (the host's system directories,
+    /// read-only, always).
+    #[arg(long, env = "SPACE_DEFAULT_TEMPLATE", default_value = "debian", value_parser = ["host", "debian"])]
     pub default_template: String,
     /// Standby sandboxes of an image template as well, `NAME[:TAG]=N` (repeatable):
     /// N in all, spread over the workers, for creates of that template to claim

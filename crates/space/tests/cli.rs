@@ -124,6 +124,8 @@ fn second_up(data: &std::path::Path, limit: Duration) -> Output {
         .env("SPACE_STANDBY", "0")
         // No egress: the test needs none, and leaves no table or link behind.
         .env("SPACE_NO_EGRESS", "1")
+        // The host's directories as the default template (no image built).
+        .env("SPACE_DEFAULT_TEMPLATE", "host")
         .stdout(std::fs::File::create(&out_path).unwrap())
         .stderr(std::fs::File::create(&err_path).unwrap())
         .spawn()

@@ -413,6 +413,8 @@ fn space_up_on(data: &std::path::Path) -> (std::process::ExitStatus, String) {
         .env("SPACE_STANDBY", "0")
         // No egress: the test needs none, and leaves no table or link behind.
         .env("SPACE_NO_EGRESS", "1")
+        // The host's directories as the default template (no image built).
+        .env("SPACE_DEFAULT_TEMPLATE", "host")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()

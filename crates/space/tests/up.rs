@@ -125,3 +125,64 @@ fn start_then_stop_at_once() {
     }
     assert!(held.is_empty(), "left mounted: {held:?}");
 }
+
+/// Without `--default-template`, `space up` takes the Debian default: it builds
+/// `debian-default` once, or — where no image can be made here (no mmdebstrap, no
+/// mirror) — keeps the host's directories and says why, in one line.
+#[test]
+fn without_a_default_template_flag_space_up_builds_the_debian_one_or_says_why_not() {
+    if !can_run_jails() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut up = Command::new(space_bin())
+        .args([
+            "up",
+            "--listen",
+            "127.0.0.1:0",
+            "--workers",
+            "1",
+            "--warm-pool",
+            "0",
+            "--standby",
+            "0",
+            "--data-dir",
+        ])
+        .arg(dir.path().join("data"))
+        .env("SPACE_LOG", "warn")
+        .env("SPACE_NO_EGRESS", "1")
+        .env_remove("SPACE_DEFAULT_TEMPLATE")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("space up");
+    let lines = BufReader::new(up.stdout.take().expect("stdout")).lines();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            if line.starts_with("default template:") {
+                let _ = tx.send(line);
+                return;
+            }
+        }
+    });
+    let said = rx.recv_timeout(Duration::from_secs(60));
+    let _ = rustix::process::kill_process(
+        rustix::process::Pid::from_raw(up.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    );
+    let _ = up.wait();
+    let said = said.expect("space up said nothing of its default template within 60 s");
+    let mmdebstrap = std::process::Command::new("sh")
+        .args(["-c", "command -v mmdebstrap"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if mmdebstrap {
+        assert!(said.contains("building debian-default"), "{said}");
+    } else {
+        assert!(
+            said.contains("the host's directories (no Debian image can be built here"),
+            "{said}"
+        );
+    }
+}

@@ -112,6 +112,9 @@ impl Cluster {
             // No egress unless a test asks (with a slot of its own): clusters of tests
             // running side by side must not share links or a table.
             .env("SPACE_NO_EGRESS", "1")
+            // The host's directories as the default template: no test platform builds
+            // a Debian image (from a mirror) at its start.
+            .env("SPACE_DEFAULT_TEMPLATE", "host")
             // Marks every process of this cluster, bridges and jails included, for the
             // clean-up of a test that failed with a worker crashed (see `Drop`).
             .env(MARK, self.data_dir())

@@ -71,6 +71,8 @@ impl Platform {
             .arg(&data_dir)
             .env("SPACE_LOG", "warn")
             .env("SPACE_RECONCILE_AFTER_SECS", "1")
+            // The figures are of the host-directories default (no image built).
+            .env("SPACE_DEFAULT_TEMPLATE", "host")
             // No egress unless a figure asks for it (`bench egress` does, with slots
             // of its own).
             .env("SPACE_NO_EGRESS", "1")
