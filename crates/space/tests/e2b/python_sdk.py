@@ -292,7 +292,9 @@ def ports():
     _serve(private, 8080)
     phost = private.get_host(8080)
     out["private_without_token"] = _get(phost, "/hello.txt")[0]
-    out["private_wrong_token"] = _get(phost, "/hello.txt", {"e2b-traffic-access-token": token[:-1] + "0"})[0]
+    # Another token: its last character changed (to one it is not).
+    wrong = token[:-1] + ("1" if token.endswith("0") else "0")
+    out["private_wrong_token"] = _get(phost, "/hello.txt", {"e2b-traffic-access-token": wrong})[0]
     out["private_with_token"] = _get(phost, "/hello.txt", {"e2b-traffic-access-token": token})
     # The other sandbox's token opens nothing here, and this one's nothing there.
     other = Sandbox.create(timeout=300, network={"allow_public_traffic": False})
