@@ -121,6 +121,10 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
                 "--vm-kernel-dir".into(),
                 kernel.display().to_string(),
             ]);
+        } else {
+            // Said, not inherited: a `SPACE_SUBSTRATE` in this environment would
+            // otherwise make every worker what only the last ones are.
+            args.extend(["--substrate".into(), "jail".into()]);
         }
         supervisors.push(tokio::spawn(supervise(
             n as usize - 1,

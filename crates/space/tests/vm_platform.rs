@@ -528,8 +528,10 @@ fn a_create_naming_a_substrate_no_worker_runs_is_refused_saying_what_there_is() 
         eprintln!("SKIPPED: needs root, namespaces and cgroups (see can_run_jails)");
         return;
     }
-    // Jail workers only: a VM sandbox has nowhere to go, and nothing is created.
-    let c = Cluster::start();
+    // Jail workers only (a `SPACE_SUBSTRATE` in `space up`'s environment does not
+    // reach them: `space up` says each worker's substrate): a VM sandbox has nowhere
+    // to go, and nothing is created.
+    let c = Cluster::start_with_env(&[("SPACE_SUBSTRATE", "vm")]);
     let out = c.cli(&["sandbox", "create", "--substrate", "vm"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
