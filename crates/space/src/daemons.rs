@@ -154,15 +154,6 @@ pub async fn worker(a: WorkerArgs) -> Result<(), String> {
     };
     let data_dir = std::path::absolute(&a.data_dir).map_err(|e| format!("--data-dir: {e}"))?;
     let cgroup_parent = a.cgroup_parent.unwrap_or_else(|| format!("space-{}", a.id));
-    if !matches!(
-        a.substrate,
-        space_identity::Substrate::Jail | space_identity::Substrate::Vm
-    ) {
-        return Err(format!(
-            "--substrate {} is not built: jail or vm",
-            a.substrate
-        ));
-    }
     let config = WorkerConfig {
         id,
         control_url: a.control,

@@ -116,6 +116,25 @@ fn sh(c: &Cluster, id: &str, script: &str) -> String {
     ok(c.cli(&["exec", id, "--", "sh", "-c", script]))
 }
 
+/// Starts, in the guest, a counter whose value lives only in a process's memory
+/// (the file is its output), and waits until it has counted a few.
+fn start_counter(c: &Cluster, id: &str) {
+    sh(
+        c,
+        id,
+        "sh -c 'i=0; while true; do i=$((i+1)); echo $i > /home/app/count; sleep 0.1; done' \
+         >/dev/null 2>&1 &",
+    );
+    wait_until("the counter", Duration::from_secs(10), || {
+        (counted(c, id) > 5).then_some(())
+    });
+}
+
+/// The counter's value now (0 before it wrote one).
+fn counted(c: &Cluster, id: &str) -> u64 {
+    sh(c, id, "cat /home/app/count").trim().parse().unwrap_or(0)
+}
+
 fn wait_until<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + limit;
     loop {
@@ -217,21 +236,8 @@ fn a_vm_sandbox_created_through_the_platform_runs_its_own_kernel_layers_files_te
 
     // A counter whose value lives in a process's memory keeps counting across a
     // pause and a resume in place (the vCPUs stopped, the same execution).
-    sh(
-        &c,
-        &id,
-        "sh -c 'i=0; while true; do i=$((i+1)); echo $i > /home/app/count; sleep 0.1; done' \
-         >/dev/null 2>&1 &",
-    );
-    let count = || -> u64 {
-        sh(&c, &id, "cat /home/app/count")
-            .trim()
-            .parse()
-            .unwrap_or(0)
-    };
-    wait_until("the counter", Duration::from_secs(10), || {
-        (count() > 3).then_some(())
-    });
+    start_counter(&c, &id);
+    let count = || counted(&c, &id);
     let execution = c.sandbox(&id)["execution"]["execution_id"].clone();
     ok(c.cli(&["sandbox", "pause", &id]));
     assert_eq!(c.sandbox(&id)["state"], "paused");
@@ -295,21 +301,8 @@ fn a_vm_migrated_to_the_other_worker_keeps_its_memory_closes_old_streams_and_the
     };
     let id = create_vm(&c);
     let before = c.sandbox(&id)["execution"].clone();
-    sh(
-        &c,
-        &id,
-        "sh -c 'i=0; while true; do i=$((i+1)); echo $i > /home/app/count; sleep 0.1; done' \
-         >/dev/null 2>&1 &",
-    );
-    let count = || -> u64 {
-        sh(&c, &id, "cat /home/app/count")
-            .trim()
-            .parse()
-            .unwrap_or(0)
-    };
-    wait_until("the counter", Duration::from_secs(10), || {
-        (count() > 5).then_some(())
-    });
+    start_counter(&c, &id);
+    let count = || counted(&c, &id);
     let old_cap = capability(&c, &id);
     // A stream bound to the old execution (a terminal, its shell there; a watch
     // would follow the sandbox to the new one): it ends with that execution.
@@ -419,21 +412,8 @@ fn a_worker_killed_during_a_vm_snapshot_loses_nothing_acknowledged_and_the_vm_go
         file.to_str().unwrap(),
         "/home/app/kept.txt",
     ]));
-    sh(
-        &c,
-        &id,
-        "sh -c 'i=0; while true; do i=$((i+1)); echo $i > /home/app/count; sleep 0.1; done' \
-         >/dev/null 2>&1 &",
-    );
-    let count = || -> u64 {
-        sh(&c, &id, "cat /home/app/count")
-            .trim()
-            .parse()
-            .unwrap_or(0)
-    };
-    wait_until("the counter", Duration::from_secs(10), || {
-        (count() > 5).then_some(())
-    });
+    start_counter(&c, &id);
+    let count = || counted(&c, &id);
     let pid = c.worker_pid(&w);
     // The worker dies by SIGKILL once QEMU has written the VM's memory, before the
     // snapshot is packed and answered.
