@@ -35,6 +35,7 @@ pub mod userns;
 
 pub use error::JailError;
 pub use fds::{ACTIVATION_FD, LISTEN_FD};
+pub use sys::bring_up_loopback;
 
 /// Entry point of the `space-jail` binary; returns the process exit code.
 pub fn main_entry() -> i32 {

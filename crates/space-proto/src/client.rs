@@ -405,6 +405,14 @@ impl<S> AgentConnection<S> {
         &mut self.stream
     }
 
+    /// The underlying stream, ending the session: for a connection handed over to
+    /// something else (a port's bytes after `PortConnected`). Answers are read frame
+    /// by frame with nothing read ahead, so every byte after the last one read is
+    /// still the stream's.
+    pub fn into_stream(self) -> S {
+        self.stream
+    }
+
     /// The frames that start `call` (its request and all its input, in one buffer: one
     /// write) under a fresh request id.
     fn start<T>(&mut self, call: &mut Call<T>) -> Result<(RequestId, Vec<u8>), ClientError> {

@@ -3,7 +3,8 @@
 //! template created, used and paused through the edge like a jail — its own kernel,
 //! its template's layers stacked in the guest (a whiteout and an opaque directory),
 //! files, a terminal, a watch, a counter that keeps its memory across pause and
-//! resume — a killed QEMU relaunched as a new execution with the sandbox's files, and
+//! resume, servers on the guest's loopback reached through their service-port URLs
+//! (before and after a migration) — a killed QEMU relaunched as a new execution with the sandbox's files, and
 //! creates naming a substrate no worker runs refused, saying what there is.
 
 use std::path::{Path, PathBuf};
@@ -12,6 +13,13 @@ use std::time::{Duration, Instant};
 
 use space_testkit::cluster as support;
 use support::{Cluster, can_run_jails};
+
+#[path = "ports/wire.rs"]
+#[allow(
+    dead_code,
+    reason = "the HTTP client of the ports tests; these use part of it"
+)]
+mod wire;
 
 const BUSYBOX: &str = "/bin/busybox";
 const QEMU: &str = "/usr/bin/qemu-system-x86_64";
@@ -598,4 +606,114 @@ fn on_a_platform_of_jail_and_vm_workers_no_sandbox_crosses_substrates() {
         assert_eq!(now["execution"]["execution_id"], before["execution_id"]);
         assert_eq!(sh(&c, id, "echo here").trim(), "here");
     }
+}
+
+/// The edge's address (the cluster's URL is `http://ip:port`).
+fn edge(c: &Cluster) -> std::net::SocketAddr {
+    c.url.strip_prefix("http://").unwrap().parse().unwrap()
+}
+
+/// `POST …/ports` with the admin key.
+fn expose(c: &Cluster, id: &str, port: u16, protocol: &str) {
+    let body = serde_json::json!({"port": port, "protocol": protocol}).to_string();
+    let (status, body) = c.http(
+        "POST",
+        &format!("{}/v1/sandboxes/{id}/ports", c.url),
+        Some(&format!("Bearer {}", c.admin_key)),
+        body.as_bytes(),
+    );
+    assert!(
+        status == 201 || status == 200,
+        "{status} {}",
+        String::from_utf8_lossy(&body)
+    );
+}
+
+/// `GET /` of `port` of `id` through its URL on `conn`, with the admin key.
+fn get_port(c: &Cluster, conn: &mut wire::Conn, id: &str, port: u16) -> wire::Answer {
+    let host = format!("{port}-{id}.localhost:{}", edge(c).port());
+    conn.get(
+        &host,
+        "/",
+        &[("Authorization", &format!("Bearer {}", c.admin_key))],
+    )
+}
+
+/// A `CONNECT {id}:9000` tunnel with the admin key, checked to echo.
+fn echo_tunnel(c: &Cluster, id: &str) -> wire::Conn {
+    let mut conn = wire::Conn::open(edge(c));
+    let target = format!("{id}:9000");
+    let auth = format!("Bearer {}", c.admin_key);
+    let a = conn.request("CONNECT", &target, &target, &[("Authorization", &auth)]);
+    assert_eq!(a.status, 200, "{a}");
+    conn.write(b"ping through the guest\n");
+    assert_eq!(conn.read_exact(23), b"ping through the guest\n");
+    conn
+}
+
+#[test]
+fn a_vm_sandbox_serves_its_loopback_ports_through_their_urls_and_a_migration_keeps_them() {
+    let Some(c) = vm_cluster() else { return };
+    let id = create_vm(&c);
+    // Servers bound to the guest's own loopback (the guest has no other network):
+    // busybox's httpd and a netcat that runs `cat` for every connection.
+    sh(
+        &c,
+        &id,
+        "mkdir -p /home/app/www && echo served by the guest > /home/app/www/index.html && \
+         (busybox httpd -f -p 127.0.0.1:8000 -h /home/app/www >/dev/null 2>&1 </dev/null &) && \
+         (busybox nc -ll -p 9000 -e /bin/cat >/dev/null 2>&1 </dev/null &)",
+    );
+    wait_until("the guest's servers", Duration::from_secs(20), || {
+        let probe = "busybox wget -q -O - http://127.0.0.1:8000/ && \
+                     busybox nc -w 1 127.0.0.1 9000 </dev/null";
+        c.cli(&["exec", &id, "--", "sh", "-c", probe])
+            .status
+            .success()
+            .then_some(())
+    });
+    expose(&c, &id, 8000, "http");
+    expose(&c, &id, 9000, "tcp");
+    expose(&c, &id, 8001, "http");
+
+    // HTTP by host name: two requests on one client connection (busybox's httpd
+    // closes after each answer, so the second is a new connection into the guest).
+    let mut kept = wire::Conn::open(edge(&c));
+    for _ in 0..2 {
+        let a = get_port(&c, &mut kept, &id, 8000);
+        assert_eq!(
+            (a.status, a.text()),
+            (200, "served by the guest\n".into()),
+            "{a}"
+        );
+    }
+    // An exposed port nothing listens on in the guest: the agent's refusal.
+    let a = get_port(&c, &mut wire::Conn::open(edge(&c)), &id, 8001);
+    assert_eq!((a.status, a.error()), (502, "port_closed".into()), "{a}");
+    // A raw TCP tunnel.
+    let mut tunnel = echo_tunnel(&c, &id);
+
+    // Migrated to the other worker: connections to the old execution end, and the
+    // same URLs reach the new one — whose servers are the same processes, their
+    // memory kept (nothing started them again).
+    let before = c.sandbox(&id)["execution"].clone();
+    let target = if before["worker"] == "w1" { "w2" } else { "w1" };
+    let out = c.cli(&["--json", "sandbox", "migrate", &id, "--worker", target]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    tunnel
+        .ended_within(Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("the old execution's tunnel: {e}"));
+    let a = get_port(&c, &mut wire::Conn::open(edge(&c)), &id, 8000);
+    assert_eq!(
+        (a.status, a.text()),
+        (200, "served by the guest\n".into()),
+        "{a}"
+    );
+    echo_tunnel(&c, &id);
+    let now = c.sandbox(&id)["execution"].clone();
+    assert_eq!(now["worker"], target, "{now}");
 }

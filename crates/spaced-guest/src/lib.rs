@@ -14,6 +14,7 @@ pub mod config;
 mod conn;
 mod exec;
 mod files;
+mod ports;
 pub mod server;
 mod session;
 mod sys;

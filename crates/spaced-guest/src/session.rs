@@ -12,7 +12,7 @@ use space_proto::guest::{
 
 use crate::agent::Agent;
 use crate::conn::{Conn, End, Flow};
-use crate::{exec, files, tree, watch};
+use crate::{exec, files, ports, tree, watch};
 
 /// How long a new connection may take to say hello: a peer that connects and stays
 /// silent must not hold a connection slot forever.
@@ -126,6 +126,7 @@ fn dispatch(conn: &mut Conn<'_>, id: RequestId, op: Operation) -> Flow {
             ),
         },
         Operation::ReadRange { path, range } => files::read_range(conn, id, &path, range),
+        Operation::ConnectPort { port } => ports::connect(conn, id, port),
         op => {
             let body = files::simple(conn.agent, op).unwrap_or_else(AgentBody::Error);
             conn.send(id, body)

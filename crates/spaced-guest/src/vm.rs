@@ -2,7 +2,7 @@
 //! service over the VM's virtio-serial port.
 //!
 //! As PID 1 ([`init`]): mount `/dev`, `/proc`, `/sys`; load the modules the initramfs
-//! carries; mount the template disk read-only under the sandbox's writable disk as an
+//! carries; bring up `lo`; mount the template disk read-only under the sandbox's writable disk as an
 //! overlay and switch to it; start the agent (`spaced-guest vm-agent PORT`, this same
 //! program) and reap every orphan until it ends, then power off — so the host sees the
 //! VM end when its agent does.
@@ -60,6 +60,9 @@ fn boot() -> Result<(), String> {
         None,
     )?;
     load_modules(Path::new(vm::MODULES_DIR))?;
+    // The guest's own loopback (a kernel starts with `lo` down): what its servers
+    // listen on and what the agent connects to for a service port.
+    space_jail::bring_up_loopback().map_err(|e| format!("loopback up: {e}"))?;
     let port = find_port(vm::PORT_NAME)?;
     let cmdline =
         std::fs::read_to_string("/proc/cmdline").map_err(|e| format!("/proc/cmdline: {e}"))?;

@@ -175,6 +175,15 @@ pub enum Operation {
         /// What it does.
         op: Box<Operation>,
     },
+    /// Connect to `port` on the sandbox's own loopback (`127.0.0.1`, from inside the
+    /// sandbox: a service port of a sandbox whose network the worker cannot enter, a
+    /// VM's) and hand this connection over to it: `PortConnected` (final), after
+    /// which the connection carries the port's bytes both ways, unframed, until both
+    /// sides have closed it; `Error(PortClosed)` when nothing accepts on the port.
+    ConnectPort {
+        /// The port.
+        port: u16,
+    },
 }
 
 /// An account of the sandbox, as its `/etc/passwd` names it, or a bare uid.
@@ -390,6 +399,9 @@ pub enum AgentBody {
         /// Whether this request made it (`false`: a directory was already there).
         created: bool,
     },
+    /// `ConnectPort` connected (final): from the byte after this frame the
+    /// connection is the port's.
+    PortConnected,
 }
 
 impl AgentBody {
@@ -406,6 +418,7 @@ impl AgentBody {
                 | Self::Done
                 | Self::WatchEnded { .. }
                 | Self::Made { .. }
+                | Self::PortConnected
         )
     }
 }
@@ -590,6 +603,8 @@ pub enum ErrorKind {
     NoSpace,
     /// The account named is not in the sandbox's `/etc/passwd`.
     UnknownUser,
+    /// Nothing accepts connections on the port asked for.
+    PortClosed,
 }
 
 impl ErrorKind {
@@ -608,6 +623,7 @@ impl ErrorKind {
             Self::Busy => "busy",
             Self::NoSpace => "no_space",
             Self::UnknownUser => "unknown_user",
+            Self::PortClosed => "port_closed",
         }
     }
 }

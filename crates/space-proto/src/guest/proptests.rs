@@ -98,6 +98,7 @@ fn operation() -> impl Strategy<Value = Operation> {
             user,
             op: Box::new(Operation::Stat { path })
         }),
+        any::<u16>().prop_map(|port| Operation::ConnectPort { port }),
     ]
 }
 
@@ -141,6 +142,7 @@ fn error_kind() -> impl Strategy<Value = ErrorKind> {
         Just(ErrorKind::Busy),
         Just(ErrorKind::NoSpace),
         Just(ErrorKind::UnknownUser),
+        Just(ErrorKind::PortClosed),
     ]
 }
 
@@ -268,6 +270,7 @@ fn agent_body() -> impl Strategy<Value = AgentBody> {
         (any::<u64>(), option::of(any::<(u64, u64)>()))
             .prop_map(|(size, range)| AgentBody::FileOpened { size, range }),
         any::<bool>().prop_map(|created| AgentBody::Made { created }),
+        Just(AgentBody::PortConnected),
     ]
 }
 

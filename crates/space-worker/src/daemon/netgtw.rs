@@ -3,7 +3,9 @@
 //! with the sandbox's trusted record) is bound to that one sandbox, execution and
 //! port. Its connection into the sandbox is a socket created inside the sandbox's
 //! network namespace and connected to the port on its loopback — the sandbox gets no
-//! routable address.
+//! routable address. A VM's loopback is its own kernel's: there the connection is one
+//! the guest's agent makes to the port and hands over, on a verified agent
+//! connection of the execution (`Operation::ConnectPort`).
 //!
 //! - `tcp`: the tunnel's bytes are the port's.
 //! - `http`: every request on the tunnel is read and checked — one naming another
@@ -31,7 +33,7 @@ use hyper_util::rt::TokioIo;
 use space_http::proxy::{self, Counted, Forwarded, UpgradeAsk};
 use space_identity::{Protocol, SandboxId, ServicePort};
 use space_proto::api::ports::{PORT_HEADER, SANDBOX_HEADER, exposure, port_host};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::watch;
 
 use super::metrics::PortBytes;
@@ -47,6 +49,20 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 /// Tunnels one sandbox may hold open at once at this worker.
 pub const MAX_TUNNELS_PER_SANDBOX: usize = 1024;
 
+/// Tunnels one VM sandbox may hold open at once: each is a stream of the VM's one
+/// link to its agent, and half the link's streams stay for everything else (exec,
+/// files, watches), so a browser opening many connections cannot lock the sandbox's
+/// owner out of it.
+pub const MAX_VM_TUNNELS_PER_SANDBOX: usize = space_proto::vm::MAX_STREAMS / 2;
+
+/// The tunnels a sandbox of `worker` may hold open at once.
+fn max_tunnels(worker: &Worker) -> usize {
+    match worker.kind() {
+        space_identity::Substrate::Vm => MAX_VM_TUNNELS_PER_SANDBOX,
+        _ => MAX_TUNNELS_PER_SANDBOX,
+    }
+}
+
 /// The body of an answer through an `http` tunnel: the server's, or netgtw's own.
 type Body = Either<Incoming, Full<Bytes>>;
 
@@ -57,7 +73,7 @@ pub(crate) struct Tunnel {
     worker: Arc<Worker>,
     slot: Arc<Slot>,
     port: ServicePort,
-    first: TcpStream,
+    first: Inside,
     counts: PortBytes,
     /// Shared with the bridges of the tunnel's WebSocket upgrades, which outlive it.
     held: Arc<TunnelPermit>,
@@ -71,10 +87,10 @@ struct TunnelPermit {
 }
 
 impl TunnelPermit {
-    fn take(worker: &Arc<Worker>, sandbox: SandboxId) -> Option<Self> {
+    fn take(worker: &Arc<Worker>, sandbox: SandboxId, most: usize) -> Option<Self> {
         let mut held = worker.tunnels.lock().ok()?;
         let n = held.entry(sandbox).or_insert(0);
-        if *n >= MAX_TUNNELS_PER_SANDBOX {
+        if *n >= most {
             return None;
         }
         *n += 1;
@@ -110,9 +126,98 @@ fn still_serves(worker: &Worker, slot: &Slot, port: ServicePort) -> bool {
     })
 }
 
+/// A connection into a sandbox, to a port on its loopback.
+#[derive(Debug)]
+enum Inside {
+    /// A socket made in the sandbox's network namespace (a jail's).
+    Tcp(TcpStream),
+    /// An agent connection handed over to the port (a VM's).
+    Agent(UnixStream),
+}
+
+/// [`proxy::bridge`] of a client socket that arrived with `early` bytes already read
+/// past the upgrade (they go to the backend first).
+async fn bridge_with_early<B>(
+    client: TcpStream,
+    early: Bytes,
+    mut backend: B,
+    stop: watch::Receiver<bool>,
+) where
+    B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::AsyncWriteExt as _;
+    if !early.is_empty() && backend.write_all(&early).await.is_err() {
+        return;
+    }
+    proxy::bridge(client, backend, stop).await;
+}
+
+impl tokio::io::AsyncRead for Inside {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Inside::Tcp(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            Inside::Agent(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for Inside {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Inside::Tcp(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            Inside::Agent(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Inside::Tcp(s) => std::pin::Pin::new(s).poll_flush(cx),
+            Inside::Agent(s) => std::pin::Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Inside::Tcp(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            Inside::Agent(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// A connection to `port` on the loopback of `slot`'s sandbox: from inside its
+/// network namespace, or — a VM's — made by its agent inside the guest.
+async fn connect_inside(worker: &Worker, slot: &Arc<Slot>, port: u16) -> Result<Inside, Refusal> {
+    if worker.kind() == space_identity::Substrate::Vm {
+        return super::node_api::agent::connect_port(slot, port)
+            .await
+            .map(Inside::Agent);
+    }
+    connect_in_namespace(worker, slot, port)
+        .await
+        .map(Inside::Tcp)
+}
+
 /// A connection to `port` on the loopback of `slot`'s sandbox, from inside its
 /// network namespace.
-async fn connect_inside(worker: &Worker, slot: &Slot, port: u16) -> Result<TcpStream, Refusal> {
+async fn connect_in_namespace(
+    worker: &Worker,
+    slot: &Slot,
+    port: u16,
+) -> Result<TcpStream, Refusal> {
     let handle = slot
         .record
         .handle
@@ -153,9 +258,10 @@ impl Tunnel {
         slot: Arc<Slot>,
         port: ServicePort,
     ) -> Result<Self, Refusal> {
-        let held = TunnelPermit::take(worker, slot.record.sandbox).ok_or_else(|| {
+        let most = max_tunnels(worker);
+        let held = TunnelPermit::take(worker, slot.record.sandbox, most).ok_or_else(|| {
             Refusal::TooLarge(format!(
-                "the sandbox has {MAX_TUNNELS_PER_SANDBOX} service-port connections open already"
+                "the sandbox has {most} service-port connections open already"
             ))
         })?;
         let first = connect_inside(worker, &slot, port.port).await?;
@@ -179,31 +285,33 @@ impl Tunnel {
     /// either side ends it or the execution stops serving the port.
     pub(crate) async fn run(self, client: hyper::upgrade::Upgraded) {
         let stop = self.stop_signal();
-        match self.port.protocol {
-            Protocol::Tcp => match proxy::raw_tcp(client) {
-                // Kernel to kernel between the two sockets.
-                Ok((client, early)) => {
-                    let counts = self.counts.clone();
-                    proxy::splice_bridge(
-                        client,
-                        early,
-                        self.first,
-                        Bytes::new(),
-                        stop,
-                        |to, from| {
-                            use space_http::proxy::Count as _;
-                            counts.written(to);
-                            counts.read(from);
-                        },
-                    )
-                    .await;
-                }
-                Err(client) => {
-                    let backend = Counted::new(self.first, self.counts.clone());
-                    proxy::bridge(TokioIo::new(client), backend, stop).await;
-                }
-            },
-            Protocol::Http => self.serve_http(client, stop).await,
+        if self.port.protocol == Protocol::Http {
+            return self.serve_http(client, stop).await;
+        }
+        // The permit is held (with the rest of the tunnel) until the bridge ends.
+        let Tunnel { first, counts, .. } = self;
+        match (first, proxy::raw_tcp(client)) {
+            // Kernel to kernel between the two sockets.
+            (Inside::Tcp(first), Ok((client, early))) => {
+                proxy::splice_bridge(client, early, first, Bytes::new(), stop, |to, from| {
+                    use space_http::proxy::Count as _;
+                    counts.written(to);
+                    counts.read(from);
+                })
+                .await;
+            }
+            (Inside::Tcp(first), Err(client)) => {
+                let backend = Counted::new(Inside::Tcp(first), counts);
+                proxy::bridge(TokioIo::new(client), backend, stop).await;
+            }
+            (Inside::Agent(first), Ok((client, early))) => {
+                let backend = Counted::new(Inside::Agent(first), counts);
+                bridge_with_early(client, early, backend, stop).await;
+            }
+            (Inside::Agent(first), Err(client)) => {
+                let backend = Counted::new(Inside::Agent(first), counts);
+                proxy::bridge(TokioIo::new(client), backend, stop).await;
+            }
         }
     }
 
@@ -272,7 +380,7 @@ struct Gate {
     counts: PortBytes,
     stop: watch::Receiver<bool>,
     backend: tokio::sync::Mutex<Option<SendRequest<Incoming>>>,
-    first: std::sync::Mutex<Option<TcpStream>>,
+    first: std::sync::Mutex<Option<Inside>>,
     held: Arc<TunnelPermit>,
 }
 

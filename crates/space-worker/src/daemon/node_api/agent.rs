@@ -109,7 +109,11 @@ pub(crate) async fn start_split(slot: &Arc<Slot>, op: Operation) -> Result<Split
     let Some(pool) = slot.pool.clone() else {
         return Err(Refusal::RefreshRoute(Stale::NotRunning));
     };
-    let watch = matches!(op, Operation::Watch { .. });
+    let expected = match op {
+        Operation::Watch { .. } => First::WatchStarted,
+        Operation::ConnectPort { .. } => First::PortConnected,
+        _ => First::Started,
+    };
     let bad = Refusal::Bridge;
     let std_conn = match pool.idle() {
         Some(idle) => {
@@ -146,8 +150,10 @@ pub(crate) async fn start_split(slot: &Arc<Slot>, op: Operation) -> Result<Split
         }
         Err(e) => return Err(bad(e.to_string())),
     };
-    match (&first, watch) {
-        (AgentBody::Started { .. }, false) | (AgentBody::WatchStarted, true) => {}
+    match (&first, expected) {
+        (AgentBody::Started { .. }, First::Started)
+        | (AgentBody::WatchStarted, First::WatchStarted)
+        | (AgentBody::PortConnected, First::PortConnected) => {}
         (AgentBody::Error(e), _) => return Err(Refusal::Agent(e.clone())),
         (other, _) => return Err(bad(format!("unexpected {other:?}"))),
     }
@@ -166,6 +172,30 @@ pub(crate) async fn start_split(slot: &Arc<Slot>, op: Operation) -> Result<Split
         conn,
         first,
     })
+}
+
+/// The answer that says an operation of [`start_split`] started.
+#[derive(Debug, Clone, Copy)]
+enum First {
+    Started,
+    WatchStarted,
+    PortConnected,
+}
+
+/// A connection to `port` on the loopback of `slot`'s sandbox made by its agent
+/// ([`Operation::ConnectPort`]), on a verified connection of the execution's own: the
+/// stream carries the port's bytes from here on. A port nothing accepts on is the
+/// agent's `port_closed` (502).
+pub(crate) async fn connect_port(
+    slot: &Arc<Slot>,
+    port: u16,
+) -> Result<tokio::net::UnixStream, Refusal> {
+    let split = start_split(slot, Operation::ConnectPort { port }).await?;
+    split
+        .conn
+        .into_stream()
+        .reunite(split.writer)
+        .map_err(|e| Refusal::Bridge(format!("reunite: {e}")))
 }
 
 /// Puts a new verified connection in `pool` in the background (for the next stream);

@@ -132,6 +132,7 @@ fn agent_status(kind: ErrorKind) -> (StatusCode, WorkerCode) {
         ErrorKind::Busy => (StatusCode::SERVICE_UNAVAILABLE, WorkerCode::Busy),
         ErrorKind::NoSpace => (StatusCode::INSUFFICIENT_STORAGE, WorkerCode::NoSpace),
         ErrorKind::UnknownUser => (StatusCode::BAD_REQUEST, WorkerCode::UnknownUser),
+        ErrorKind::PortClosed => (StatusCode::BAD_GATEWAY, WorkerCode::PortClosed),
         _ => (StatusCode::BAD_GATEWAY, WorkerCode::Agent),
     }
 }

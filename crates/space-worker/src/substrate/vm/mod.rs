@@ -697,7 +697,9 @@ impl Substrate for QemuDriver {
         _handle: &SandboxHandle,
     ) -> Result<std::os::fd::OwnedFd, SubstrateError> {
         Err(SubstrateError::Unsupported(
-            "service ports of VM sandboxes are not reachable yet".into(),
+            "a VM's loopback is its guest kernel's, not in a namespace of the host: \
+             netgtw reaches its ports through the guest's agent (ConnectPort)"
+                .into(),
         ))
     }
 
