@@ -16,7 +16,7 @@ mod socktable;
 pub use path::{bind_listener, check_socket_path, prepare_socket_dir};
 pub use peer::{PeerCred, peer_process};
 pub use process::{FileId, LiveProcess, ProcessIdentity};
-pub use socktable::{listening_unix_inode, process_holds_socket};
+pub use socktable::{listening_unix_inode, listening_unix_inode_of, process_holds_socket};
 
 /// Why a peer or a socket path was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -11,8 +11,18 @@ const ACCEPTCON: u32 = 1 << 16;
 /// The inode of the listening Unix socket bound at `path`, from `/proc/net/unix` of this
 /// process's network namespace.
 pub fn listening_unix_inode(path: &Path) -> Result<u64, PeerError> {
-    let table = fs::read_to_string("/proc/net/unix")
-        .map_err(|e| PeerError::sys("read /proc/net/unix", e))?;
+    listening_in("/proc/net/unix", path)
+}
+
+/// [`listening_unix_inode`] from the table of process `pid`'s network namespace (a
+/// VMM in a namespace of its own lists its sockets there, not in the worker's).
+pub fn listening_unix_inode_of(pid: u32, path: &Path) -> Result<u64, PeerError> {
+    listening_in(&format!("/proc/{pid}/net/unix"), path)
+}
+
+fn listening_in(table_path: &str, path: &Path) -> Result<u64, PeerError> {
+    let table = fs::read_to_string(table_path)
+        .map_err(|e| PeerError::sys("read the Unix socket table", e))?;
     let want = path
         .to_str()
         .ok_or(PeerError::SocketTable("path is not UTF-8"))?;
@@ -66,6 +76,45 @@ mod tests {
             .spawn()
             .unwrap();
         assert!(!process_holds_socket(child.id(), inode).unwrap());
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn a_listener_in_another_network_namespace_is_in_its_processs_table_only() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("s");
+        // A listener bound by a process in a network namespace of its own.
+        let script = format!(
+            "import socket, time; s = socket.socket(socket.AF_UNIX); s.bind('{}'); s.listen(); \
+             print('up', flush=True); time.sleep(30)",
+            path.display()
+        );
+        let mut child = match std::process::Command::new("unshare")
+            .args(["--net", "python3", "-c", &script])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+        {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("SKIPPED: needs unshare and python3: {e}");
+                return;
+            }
+        };
+        let mut up = String::new();
+        let _ = std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+            &mut up,
+        );
+        if up.trim() != "up" {
+            let _ = child.kill();
+            let _ = child.wait();
+            eprintln!("SKIPPED: unshare --net needs root");
+            return;
+        }
+        assert!(listening_unix_inode(&path).is_err());
+        let inode = listening_unix_inode_of(child.id(), &path).unwrap();
+        assert!(process_holds_socket(child.id(), inode).unwrap());
         child.kill().unwrap();
         child.wait().unwrap();
     }

@@ -49,8 +49,27 @@ pub const GUEST_MODULES: &[&str] = &[
     "virtio_pci",
     "virtio_console",
     "virtio_blk",
+    "virtio_net",
     "overlay",
 ];
+
+/// The guest's network, the same in every VM (it survives a snapshot and a
+/// migration unchanged): its NIC is QEMU's user-mode network inside the execution's
+/// own network namespace on the host, whose connections leave from that namespace —
+/// through the sandbox's veth and the worker's egress rules when it has a link,
+/// nowhere without one. The guest's interface.
+pub const GUEST_NIC: &str = "eth0";
+/// The guest's address (QEMU's user-mode network gives out this one).
+pub const GUEST_ADDR: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 0, 2, 15);
+/// The guest network's mask.
+pub const GUEST_NETMASK: std::net::Ipv4Addr = std::net::Ipv4Addr::new(255, 255, 255, 0);
+/// The guest's gateway (QEMU's side).
+pub const GUEST_GATEWAY: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 0, 2, 2);
+/// The guest network, as QEMU's `-netdev user,net=` takes it.
+pub const GUEST_NET: &str = "10.0.2.0/24";
+/// The resolver a guest asks (as a jail's `/etc/resolv.conf` names it): DNS to any
+/// address from a sandbox with a link is answered by the platform's resolver.
+pub const GUEST_RESOLVER: &str = "169.254.169.253";
 
 #[cfg(test)]
 mod tests {

@@ -198,3 +198,73 @@ pub(crate) fn signal_group(pgid: i32, n: i32) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// An IPv4 address as the `sockaddr` the interface and route ioctls take.
+fn sockaddr_v4(addr: std::net::Ipv4Addr) -> libc::sockaddr {
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(addr).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: `sockaddr_in` and `sockaddr` are both 16 bytes of plain data; the
+    // kernel reads an AF_INET `sockaddr` as a `sockaddr_in`.
+    unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sin) }
+}
+
+/// Gives interface `dev` (of the VM's own kernel) the address `addr` with `mask`,
+/// brings it up, and routes everything else through `gateway`.
+pub(crate) fn configure_ipv4(
+    dev: &str,
+    addr: std::net::Ipv4Addr,
+    mask: std::net::Ipv4Addr,
+    gateway: std::net::Ipv4Addr,
+) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let socket = rustix::net::socket(
+        rustix::net::AddressFamily::INET,
+        rustix::net::SocketType::DGRAM,
+        None,
+    )?;
+    let fd = socket.as_raw_fd();
+    let name = |req: &mut libc::ifreq| {
+        for (dst, src) in req.ifr_name.iter_mut().zip(dev.bytes().chain([0])) {
+            *dst = src as libc::c_char;
+        }
+    };
+    let ioctl = |request: libc::c_ulong, arg: *mut libc::c_void| {
+        // SAFETY: every request below is given a pointer to the structure its
+        // ioctl reads or writes (`ifreq` or `rtentry`), alive across the call.
+        if unsafe { libc::ioctl(fd, request as _, arg) } == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    };
+    if dev.len() >= libc::IFNAMSIZ {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "interface name too long",
+        ));
+    }
+    // SAFETY: `ifreq` is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    name(&mut req);
+    req.ifr_ifru.ifru_addr = sockaddr_v4(addr);
+    ioctl(libc::SIOCSIFADDR, (&raw mut req).cast())?;
+    req.ifr_ifru.ifru_netmask = sockaddr_v4(mask);
+    ioctl(libc::SIOCSIFNETMASK, (&raw mut req).cast())?;
+    ioctl(libc::SIOCGIFFLAGS, (&raw mut req).cast())?;
+    // SAFETY: reading the union member SIOCGIFFLAGS just wrote.
+    let flags = unsafe { req.ifr_ifru.ifru_flags };
+    req.ifr_ifru.ifru_flags = flags | (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    ioctl(libc::SIOCSIFFLAGS, (&raw mut req).cast())?;
+    // SAFETY: `rtentry` is plain old data (its device pointer null: any device).
+    let mut route: libc::rtentry = unsafe { std::mem::zeroed() };
+    route.rt_dst = sockaddr_v4(std::net::Ipv4Addr::UNSPECIFIED);
+    route.rt_genmask = sockaddr_v4(std::net::Ipv4Addr::UNSPECIFIED);
+    route.rt_gateway = sockaddr_v4(gateway);
+    route.rt_flags = libc::RTF_UP | libc::RTF_GATEWAY;
+    ioctl(libc::SIOCADDRT, (&raw mut route).cast())
+}

@@ -2,7 +2,8 @@
 //! service over the VM's virtio-serial port.
 //!
 //! As PID 1 ([`init`]): mount `/dev`, `/proc`, `/sys`; load the modules the initramfs
-//! carries; bring up `lo`; mount the template disk read-only under the sandbox's writable disk as an
+//! carries; bring up `lo` and the NIC (when the VM has one: the address, mask and
+//! gateway of every VM, `/etc/resolv.conf` naming the platform's resolver); mount the template disk read-only under the sandbox's writable disk as an
 //! overlay and switch to it; start the agent (`spaced-guest vm-agent PORT`, this same
 //! program) and reap every orphan until it ends, then power off — so the host sees the
 //! VM end when its agent does.
@@ -63,6 +64,17 @@ fn boot() -> Result<(), String> {
     // The guest's own loopback (a kernel starts with `lo` down): what its servers
     // listen on and what the agent connects to for a service port.
     space_jail::bring_up_loopback().map_err(|e| format!("loopback up: {e}"))?;
+    // The NIC of a VM launched with one: the same address in every VM.
+    let nic = Path::new("/sys/class/net").join(vm::GUEST_NIC).exists();
+    if nic {
+        crate::sys::configure_ipv4(
+            vm::GUEST_NIC,
+            vm::GUEST_ADDR,
+            vm::GUEST_NETMASK,
+            vm::GUEST_GATEWAY,
+        )
+        .map_err(|e| format!("{}: {e}", vm::GUEST_NIC))?;
+    }
     let port = find_port(vm::PORT_NAME)?;
     let cmdline =
         std::fs::read_to_string("/proc/cmdline").map_err(|e| format!("/proc/cmdline: {e}"))?;
@@ -133,6 +145,17 @@ fn boot() -> Result<(), String> {
         .map_err(|e| format!("move the root: {e}"))?;
     nix::unistd::chroot(".").map_err(|e| format!("chroot: {e}"))?;
     nix::unistd::chdir("/").map_err(|e| format!("chdir /: {e}"))?;
+    if nic {
+        // The platform's resolver, as a jail's `/etc` names it (a link the image
+        // left there is replaced, not followed: this is the guest's own disk).
+        let conf = Path::new("/etc/resolv.conf");
+        if std::fs::symlink_metadata(conf).is_ok_and(|m| m.file_type().is_symlink()) {
+            let _ = std::fs::remove_file(conf);
+        }
+        if let Err(e) = std::fs::write(conf, format!("nameserver {}\n", vm::GUEST_RESOLVER)) {
+            eprintln!("spaced-guest init: /etc/resolv.conf: {e}");
+        }
+    }
     // This program, from the initramfs beneath (the magic link still reaches it).
     let mut agent = std::process::Command::new("/proc/self/exe")
         .arg("vm-agent")

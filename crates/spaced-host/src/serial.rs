@@ -14,7 +14,7 @@ use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use space_mux::Link;
-use space_peer::{check_socket_path, listening_unix_inode, peer_process, process_holds_socket};
+use space_peer::{check_socket_path, listening_unix_inode_of, peer_process, process_holds_socket};
 use space_proto::vm;
 
 use crate::error::BridgeError;
@@ -32,7 +32,8 @@ pub fn connect(spec: &BridgeSpec, ready_wait: Duration) -> Result<Link, BridgeEr
     let transport = UnixStream::connect(&spec.agent_socket)?;
     let (_, peer) = peer_process(transport.as_fd())?;
     spec.agent.verify(&peer.identity)?;
-    let inode = listening_unix_inode(&spec.agent_socket)?;
+    // The table of the VMM's own network namespace (QEMU runs in one of its own).
+    let inode = listening_unix_inode_of(spec.agent.pid, &spec.agent_socket)?;
     if !process_holds_socket(spec.agent.pid, inode)? {
         return Err(space_peer::PeerError::SocketTable(
             "the recorded VMM does not hold the serial socket",

@@ -337,13 +337,6 @@ async fn start_egress(
     let Some(settings) = config.egress.clone() else {
         return Err("the worker was started with --no-egress".into());
     };
-    if worker.vm.is_some() {
-        let why = "network mode egress is not available for VM sandboxes yet (the worker \
-                   runs --substrate vm; a VM has only its own loopback)"
-            .to_owned();
-        tracing::info!(reason = %why, "network mode egress is not available on this worker");
-        return Err(why);
-    }
     if let Some(why) = manager::unavailable(worker.jail.is_rootless()) {
         tracing::info!(reason = %why, "network mode egress is not available on this worker");
         return Err(why);

@@ -23,7 +23,7 @@ pub mod cgroup;
 pub mod disk;
 pub mod log;
 pub mod netns;
-mod spawn;
+pub(crate) mod spawn;
 pub mod sweep;
 pub mod template;
 pub mod uid_ranges;

@@ -57,6 +57,20 @@ fn dup_high(fd: &OwnedFd) -> io::Result<OwnedFd> {
 /// Starts `binary` (space-jail) with `fds` as 0–4, in new namespaces when
 /// `new_namespaces` (root; a rootless `space-jail` creates them itself).
 ///
+/// Makes `command` start in a network namespace of its own (only a loopback, down):
+/// a VM's QEMU, whose NIC's connections then leave from there.
+pub fn in_new_network_namespace(command: &mut Command) {
+    // SAFETY: the closure runs in the forked child of a multithreaded process and
+    // calls only unshare (an async-signal-safe syscall; building the error from
+    // errno does not allocate).
+    unsafe {
+        command.pre_exec(|| {
+            nix::sched::unshare(CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
+            Ok(())
+        });
+    }
+}
+
 /// The parent's copies of the descriptors are closed when this returns.
 pub fn spawn_jail(binary: &Path, new_namespaces: bool, fds: JailFds) -> io::Result<Child> {
     let listener = dup_high(&fds.listener)?;

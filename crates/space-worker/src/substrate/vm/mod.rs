@@ -78,6 +78,10 @@ pub struct QemuDriver {
     kernel: kernel::GuestKernel,
     initramfs: PathBuf,
     cgroups: Option<CgroupHierarchy>,
+    /// Whether VMs get a NIC: only where QEMU can be given a network namespace of its
+    /// own (a root worker) — a NIC in the worker's namespace would reach the host's
+    /// network past every egress rule.
+    nic: bool,
 }
 
 impl QemuDriver {
@@ -119,6 +123,7 @@ impl QemuDriver {
             kernel,
             initramfs,
             cgroups,
+            nic: rustix::process::geteuid().is_root(),
         })
     }
 
@@ -174,11 +179,21 @@ impl QemuDriver {
         // QEMU's own messages (the guest's console is a ring inside QEMU, see below).
         let log_path = sandbox_dir.join("qemu.log");
         let (ram, cpus) = machine_size(&spec.limits);
+        // A restored machine is the one its state was saved on, NIC or none.
+        let nic = restore.map_or(self.nic, |s| s.machine.nic);
+        if nic && !self.nic {
+            return Err(SubstrateError::Unsupported(
+                "the snapshot's VM has a NIC, which needs a network namespace of its own \
+                 for QEMU: a worker running as root"
+                    .into(),
+            ));
+        }
         snapshot::Machine {
             ram,
             cpus,
             root_image: snapshot::image_names(&layers),
             kernel: self.kernel.release.clone(),
+            nic,
         }
         .write(&sandbox_dir.join(snapshot::MACHINE))?;
         let accel = match self.config.accel {
@@ -262,6 +277,7 @@ impl QemuDriver {
                     space_proto::vm::UPPER_SERIAL
                 ),
             ])
+            .args(nic_args(nic))
             .args([
                 "-qmp",
                 &format!("unix:{},server=on,wait=off", qmp_path.display()),
@@ -275,6 +291,12 @@ impl QemuDriver {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(vmm_log);
+        // QEMU in a network namespace of its own: its NIC's connections leave from
+        // there (through the sandbox's veth once the worker gives it one), and QEMU
+        // itself reaches nothing of the host's network.
+        if nic {
+            crate::substrate::jail::spawn::in_new_network_namespace(&mut cmd);
+        }
         let cgroups = match &self.cgroups {
             Some(h) => {
                 let limits = Limits {
@@ -582,6 +604,24 @@ fn reap(pid: i32) {
             _ => return,
         }
     }
+}
+
+/// QEMU's arguments for the guest's NIC: its user-mode network (every guest the same
+/// addresses, [`space_proto::vm::GUEST_ADDR`] and its gateway), IPv4 only.
+fn nic_args(nic: bool) -> Vec<String> {
+    if !nic {
+        return Vec::new();
+    }
+    vec![
+        "-netdev".into(),
+        format!(
+            "user,id=net0,ipv6=off,net={},host={}",
+            space_proto::vm::GUEST_NET,
+            space_proto::vm::GUEST_GATEWAY
+        ),
+        "-device".into(),
+        "virtio-net-device,netdev=net0".into(),
+    ]
 }
 
 /// The guest kernel's command line. Under software emulation the guest's TSC is the

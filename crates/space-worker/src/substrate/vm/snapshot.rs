@@ -58,6 +58,10 @@ pub struct Machine {
     pub root_image: String,
     /// The guest kernel's release.
     pub kernel: String,
+    /// Whether it has the NIC (QEMU's user-mode network in the execution's network
+    /// namespace); machines of snapshots taken before VMs had one do not.
+    #[serde(default)]
+    pub nic: bool,
 }
 
 impl Machine {
