@@ -14,7 +14,7 @@ mod process;
 mod socktable;
 
 pub use path::{bind_listener, check_socket_path, prepare_socket_dir};
-pub use peer::{PeerCred, peer_process};
+pub use peer::{PeerCred, peer_process, peer_process_listened_as};
 pub use process::{FileId, LiveProcess, ProcessIdentity};
 pub use socktable::{listening_unix_inode, listening_unix_inode_of, process_holds_socket};
 

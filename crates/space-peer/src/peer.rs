@@ -22,6 +22,24 @@ pub struct PeerCred {
 /// where the kernel has it, `SO_PEERPIDFD` (which cannot name a later process that
 /// reused the PID). The uid the kernel recorded must match what `/proc` shows.
 pub fn peer_process(sock: BorrowedFd<'_>) -> Result<(PeerCred, LiveProcess), PeerError> {
+    peer_process_with(sock, None)
+}
+
+/// [`peer_process`] for a peer that listened on the socket before it dropped to
+/// another uid (QEMU with `-runas`): the uid the kernel recorded at `listen` may be
+/// `listened_as` instead of the one `/proc` shows now. The process itself is still
+/// the one the kernel recorded (its pidfd where the kernel has them).
+pub fn peer_process_listened_as(
+    sock: BorrowedFd<'_>,
+    listened_as: u32,
+) -> Result<(PeerCred, LiveProcess), PeerError> {
+    peer_process_with(sock, Some(listened_as))
+}
+
+fn peer_process_with(
+    sock: BorrowedFd<'_>,
+    listened_as: Option<u32>,
+) -> Result<(PeerCred, LiveProcess), PeerError> {
     let cred = socket_peercred(sock).map_err(|e| PeerError::sys("SO_PEERCRED", e))?;
     let cred = PeerCred {
         pid: u32::try_from(cred.pid.as_raw_nonzero().get()).unwrap_or(0),
@@ -40,7 +58,7 @@ pub fn peer_process(sock: BorrowedFd<'_>) -> Result<(PeerCred, LiveProcess), Pee
         }
         None => LiveProcess::open(cred.pid)?,
     };
-    if live.identity.uid != cred.uid {
+    if live.identity.uid != cred.uid && listened_as != Some(cred.uid) {
         return Err(PeerError::Mismatch { what: "uid" });
     }
     Ok((cred, live))

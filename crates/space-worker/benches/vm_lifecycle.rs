@@ -111,6 +111,7 @@ fn main() {
             agent: agent.clone(),
             accel,
             cgroup_parent: format!("space-bench-vm-{}", std::process::id()),
+            uid_ranges: None,
         },
         data.path(),
     )

@@ -11,6 +11,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::symlink;
 use std::os::unix::net::UnixListener;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use space_proto::client::AgentConnection;
 use space_proto::guest::{Activation, ExecSpec, ExitOutcome};
 use space_worker::daemon::launch::{self, Binaries, Layer};
 use space_worker::daemon::records::BridgeRecord;
+use space_worker::substrate::jail::uid_ranges::{UidRangeConfig, UidRanges};
 use space_worker::substrate::vm::{Accel, QemuDriver, VmConfig, detect_accel, kernel};
 use space_worker::substrate::{Limits, SandboxHandle, Substrate, TemplateSpec};
 
@@ -135,6 +137,8 @@ impl Env {
             agent: space_testkit::bin::static_agent(),
             accel,
             cgroup_parent: cgroup_parent.clone(),
+            // QEMU as a uid of its own, from the host's shared ranges (as a worker).
+            uid_ranges: Some(Arc::new(UidRanges::new(UidRangeConfig::default()).unwrap())),
         };
         Self {
             driver: Arc::new(QemuDriver::new(config, data.path()).unwrap()),
@@ -297,6 +301,81 @@ fn a_sandboxs_own_files_shaped_like_a_vm_snapshot_are_never_loaded_into_qemu() {
         uptime.trim().parse::<u64>().unwrap_or(u64::MAX) < 120,
         "{uptime}"
     );
+}
+
+#[test]
+fn qemu_runs_as_a_uid_of_its_own_without_capabilities_and_cannot_read_the_workers_files() {
+    if let Some(why) = missing_requirement() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let env = Env::new();
+    // A secret of the worker's, as its keys and records are: 0600 in a 0700 directory.
+    let private = env.data.path().join("private");
+    std::fs::create_dir_all(&private).unwrap();
+    std::fs::set_permissions(
+        &private,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let secret = private.join("secret.key");
+    std::fs::write(&secret, b"the worker's secret").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let vm = env.launch(&activation());
+    assert_eq!(vm.sh("echo up").1.trim(), "up");
+    let uid = vm.handle.host_uid.expect("the VM's uid is recorded");
+    assert_ne!(uid, 0);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", vm.handle.init.pid)).unwrap();
+    let field = |name: &str| -> String {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    // Every uid and gid of QEMU the VM's, no capability, and no way to gain one.
+    assert_eq!(
+        field("Uid:"),
+        format!("{uid} {uid} {uid} {uid}"),
+        "{status}"
+    );
+    assert_eq!(
+        field("Gid:"),
+        format!("{uid} {uid} {uid} {uid}"),
+        "{status}"
+    );
+    assert_eq!(field("CapEff:"), "0000000000000000", "{status}");
+    assert_eq!(field("CapPrm:"), "0000000000000000", "{status}");
+    assert_eq!(field("NoNewPrivs:"), "1", "{status}");
+    // What an escape from QEMU would be: a process of that uid. It reads nothing of
+    // the worker's (root reads the same file: the file is there).
+    let as_vm = |path: &Path| {
+        Command::new("cat")
+            .arg(path)
+            .uid(uid)
+            .gid(uid)
+            .output()
+            .unwrap()
+    };
+    let read = as_vm(&secret);
+    assert!(
+        !read.status.success(),
+        "the VM's uid read the worker's secret"
+    );
+    assert!(read.stdout.is_empty());
+    assert!(
+        Command::new("cat")
+            .arg(&secret)
+            .output()
+            .unwrap()
+            .status
+            .success()
+    );
+    // Nor another VM's disk or the run directory's sockets.
+    let run = vm.handle.socket_path.parent().unwrap().to_path_buf();
+    assert!(!as_vm(&run.join("nothing")).status.success());
 }
 
 #[test]
@@ -605,6 +684,7 @@ fn a_start_that_fails_gives_the_kept_disk_back() {
             agent: space_testkit::bin::static_agent(),
             accel: Accel::Tcg,
             cgroup_parent: env.cgroup_parent.clone(),
+            uid_ranges: None,
         },
         env.data.path(),
     )

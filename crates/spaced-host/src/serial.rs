@@ -14,7 +14,9 @@ use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use space_mux::Link;
-use space_peer::{check_socket_path, listening_unix_inode_of, peer_process, process_holds_socket};
+use space_peer::{
+    check_socket_path, listening_unix_inode_of, peer_process_listened_as, process_holds_socket,
+};
 use space_proto::vm;
 
 use crate::error::BridgeError;
@@ -30,7 +32,10 @@ const WRITE_WAIT: Duration = Duration::from_secs(30);
 pub fn connect(spec: &BridgeSpec, ready_wait: Duration) -> Result<Link, BridgeError> {
     check_socket_path(&spec.agent_socket)?;
     let transport = UnixStream::connect(&spec.agent_socket)?;
-    let (_, peer) = peer_process(transport.as_fd())?;
+    // QEMU listened on it as the worker's uid (this bridge's), then dropped to the
+    // VM's own (`-runas`): what it runs as now is in the recorded identity.
+    let (_, peer) =
+        peer_process_listened_as(transport.as_fd(), rustix::process::geteuid().as_raw())?;
     spec.agent.verify(&peer.identity)?;
     // The table of the VMM's own network namespace (QEMU runs in one of its own).
     let inode = listening_unix_inode_of(spec.agent.pid, &spec.agent_socket)?;

@@ -227,6 +227,7 @@ fn keep_substrate(config: &WorkerConfig) -> Result<(), String> {
 fn open_vm(
     config: &WorkerConfig,
     vm: &super::config::VmSettings,
+    jail: &JailDriver,
 ) -> Result<Arc<crate::substrate::vm::QemuDriver>, String> {
     use crate::substrate::vm::{QemuDriver, VmConfig, detect_accel};
     let (accel, why) = detect_accel(&vm.qemu, &vm.kernel_dir, &config.data_dir);
@@ -239,6 +240,7 @@ fn open_vm(
             accel,
             // The jail driver's parent: the startup sweep ends leftover VMs too.
             cgroup_parent: config.cgroup_parent.clone(),
+            uid_ranges: jail.uid_ranges(),
         },
         &config.data_dir,
     )
@@ -310,16 +312,17 @@ impl Worker {
                 .map_err(|e| format!("template store: {e}"))?
                 .with_limits(config.limits.images),
         );
+        let vm = config
+            .vm
+            .as_ref()
+            .map(|vm| open_vm(config, vm, &substrate))
+            .transpose()?;
         let worker = Arc::new(Self {
             id: config.id.clone(),
             url,
             records,
             jail: substrate,
-            vm: config
-                .vm
-                .as_ref()
-                .map(|vm| open_vm(config, vm))
-                .transpose()?,
+            vm,
             binaries: config.binaries.clone(),
             data_dir: config.data_dir.clone(),
             keys: RwLock::new(None),

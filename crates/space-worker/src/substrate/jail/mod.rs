@@ -205,6 +205,13 @@ impl JailDriver {
         self.uid_ranges.is_some()
     }
 
+    /// The host uid ranges jails take their user namespaces from (shared with the VM
+    /// driver, whose QEMU processes each run as a range's first uid); `None` without
+    /// user namespaces.
+    pub fn uid_ranges(&self) -> Option<Arc<UidRanges>> {
+        self.uid_ranges.clone()
+    }
+
     /// Takes the user namespace range of a jail re-adopted after a restart again;
     /// `false` if another process holds it meanwhile.
     pub fn hold_userns(&self, handle: &SandboxHandle) -> Result<bool, SubstrateError> {

@@ -45,8 +45,13 @@ pub struct JailFds {
 
 /// A close-on-exec duplicate of `fd` numbered at least [`HANDOVER_MIN_FD`].
 fn dup_high(fd: &OwnedFd) -> io::Result<OwnedFd> {
+    dup_at_least(fd, HANDOVER_MIN_FD)
+}
+
+/// A close-on-exec duplicate of `fd` numbered at least `min`.
+fn dup_at_least(fd: &OwnedFd, min: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: F_DUPFD_CLOEXEC on a valid descriptor; no memory involved.
-    let raw = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, HANDOVER_MIN_FD) };
+    let raw = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min) };
     if raw == -1 {
         return Err(io::Error::last_os_error());
     }
@@ -57,20 +62,6 @@ fn dup_high(fd: &OwnedFd) -> io::Result<OwnedFd> {
 /// Starts `binary` (space-jail) with `fds` as 0–4, in new namespaces when
 /// `new_namespaces` (root; a rootless `space-jail` creates them itself).
 ///
-/// Makes `command` start in a network namespace of its own (only a loopback, down):
-/// a VM's QEMU, whose NIC's connections then leave from there.
-pub fn in_new_network_namespace(command: &mut Command) {
-    // SAFETY: the closure runs in the forked child of a multithreaded process and
-    // calls only unshare (an async-signal-safe syscall; building the error from
-    // errno does not allocate).
-    unsafe {
-        command.pre_exec(|| {
-            nix::sched::unshare(CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
-            Ok(())
-        });
-    }
-}
-
 /// The parent's copies of the descriptors are closed when this returns.
 pub fn spawn_jail(binary: &Path, new_namespaces: bool, fds: JailFds) -> io::Result<Child> {
     let listener = dup_high(&fds.listener)?;
@@ -100,4 +91,52 @@ pub fn spawn_jail(binary: &Path, new_namespaces: bool, fds: JailFds) -> io::Resu
     let child = command.spawn();
     drop((listener, activation, fds.listener, fds.activation));
     child
+}
+
+/// Where a VM's QEMU finds the descriptors [`qemu_child`] hands it: the first at 3.
+pub const QEMU_FIRST_FD: RawFd = 3;
+
+/// Lowest descriptor number of the parent's copies while QEMU's are handed over:
+/// above every target (`QEMU_FIRST_FD` + at most 60 descriptors).
+const QEMU_HANDOVER_MIN_FD: RawFd = 64;
+
+/// Makes `command` (a VM's QEMU) start with `fds` at descriptors
+/// [`QEMU_FIRST_FD`], `QEMU_FIRST_FD + 1`, … in order (without close-on-exec), and
+/// in a network namespace of its own (only a loopback, down) when `new_netns`. The
+/// returned copies must be kept until the command is spawned.
+pub fn qemu_child(
+    command: &mut Command,
+    fds: &[OwnedFd],
+    new_netns: bool,
+) -> io::Result<Vec<OwnedFd>> {
+    if fds.len() > (QEMU_HANDOVER_MIN_FD - QEMU_FIRST_FD) as usize {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "too many descriptors for QEMU",
+        ));
+    }
+    let copies = fds
+        .iter()
+        .map(|fd| dup_at_least(fd, QEMU_HANDOVER_MIN_FD))
+        .collect::<io::Result<Vec<_>>>()?;
+    let sources: Vec<RawFd> = copies.iter().map(AsRawFd::as_raw_fd).collect();
+    // SAFETY: the closure runs in the forked child of a multithreaded process and
+    // calls only dup2 and unshare (async-signal-safe syscalls; `sources` was built
+    // before the fork and is only read; building the error from errno does not
+    // allocate). Every source is ≥ 64 and every target below it, so no dup2
+    // overwrites a source not yet copied; dup2 clears close-on-exec on the targets.
+    unsafe {
+        command.pre_exec(move || {
+            for (i, &src) in sources.iter().enumerate() {
+                if libc::dup2(src, QEMU_FIRST_FD + i as RawFd) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if new_netns {
+                nix::sched::unshare(CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
+            }
+            Ok(())
+        });
+    }
+    Ok(copies)
 }

@@ -11,6 +11,7 @@
 //! rest (`spaced_host::serial`): it verifies QEMU as the socket's peer and sends the
 //! activation record over the port before anything is served.
 
+mod accel;
 pub mod disk;
 pub mod initramfs;
 pub mod kernel;
@@ -28,25 +29,8 @@ use super::{
     CgroupSet, LaunchSpec, Limits, ProcessIdentity, SandboxHandle, SandboxStats, Substrate,
     SubstrateError, SubstrateKind, io_err,
 };
-
-/// How QEMU runs guest code.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Accel {
-    /// Hardware virtualization (`/dev/kvm`, where a stock kernel boots under it).
-    Kvm,
-    /// QEMU's software emulation.
-    Tcg,
-}
-
-impl Accel {
-    /// QEMU's name of it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Kvm => "kvm",
-            Self::Tcg => "tcg",
-        }
-    }
-}
+use accel::kernel_command_line;
+pub use accel::{Accel, detect_accel};
 
 /// What the driver needs.
 #[derive(Debug, Clone)]
@@ -61,6 +45,10 @@ pub struct VmConfig {
     pub accel: Accel,
     /// The cgroup (under each hierarchy) holding the VMs' cgroups.
     pub cgroup_parent: String,
+    /// Host uids for QEMU processes (the jails' ranges, shared with the jail driver):
+    /// each VM's QEMU drops to the first uid of a range of its own (`-runas`) once
+    /// its devices are open. `None`: QEMU stays the worker's uid (`--no-userns`).
+    pub uid_ranges: Option<std::sync::Arc<super::jail::uid_ranges::UidRanges>>,
 }
 
 /// Memory QEMU itself may use beyond the guest's RAM (its code, device state and, under
@@ -141,6 +129,8 @@ impl QemuDriver {
         restore: Option<&snapshot::VmSnapshot>,
     ) -> Result<SandboxHandle, SubstrateError> {
         spec.key.validate()?;
+        // A uid of its own for this VM's QEMU, given back if the start fails.
+        let uid = VmUid::take(self.config.uid_ranges.as_ref())?;
         let layers = disk::layer_images(&spec.data_dir.join("vm").join("images"), &spec.template)?;
         let sandbox_dir = spec.data_dir.join("sandboxes").join(spec.key.dir_name());
         std::fs::create_dir_all(&sandbox_dir).map_err(io_err("the sandbox directory"))?;
@@ -204,16 +194,43 @@ impl QemuDriver {
             Accel::Kvm => "host",
             Accel::Tcg => "max",
         };
-        let drive = |path: &Path, id: &str, ro: bool| {
+        // The disks are opened here and handed to QEMU as descriptors, named by
+        // `/proc/self/fd/N`: QEMU reopens an image to change its access (a
+        // migration's end makes it read-only), and after dropping to the VM's uid it
+        // could not reach them by path through the worker's 0700 data directory. A
+        // reopen through the magic link checks only the file's own mode (the layers
+        // are read-only to everyone, the disk is the VM uid's). QEMU's image locking
+        // is off: it would set each reopened descriptor against its own earlier one,
+        // and no other process opens these images while it runs.
+        let mut disks = Vec::with_capacity(layers.len() + 1);
+        for layer in &layers {
+            disks.push(open_disk(layer, false)?);
+        }
+        let upper_fd = disks.len();
+        disks.push(open_disk(&upper, true)?);
+        let drive = |fd: usize, id: &str, ro: bool| {
             format!(
                 // An I/O error (a full host disk) is the guest's to see, not a pause
                 // of the VM the worker would not know of.
-                "file={},if=none,id={id},format=raw,readonly={},cache=none,aio=threads,werror=report,rerror=report",
-                path.display(),
+                "file=/proc/self/fd/{},if=none,id={id},format=raw,readonly={},cache=none,aio=threads,werror=report,rerror=report,file.locking=off",
+                crate::substrate::jail::spawn::QEMU_FIRST_FD + fd as i32,
                 if ro { "on" } else { "off" }
             )
         };
         let vmm_log = std::fs::File::create(&log_path).map_err(io_err("the QEMU log"))?;
+        if let Some(base) = uid.base() {
+            // Its own disk stays writable after the drop (QEMU may reopen it to
+            // change its flags); the layers' images are read-only to everyone.
+            std::os::unix::fs::chown(&upper, Some(base), Some(base))
+                .map_err(io_err("give the VM's disk to its uid"))?;
+        }
+        // After its devices are open QEMU drops to the VM's uid, with no capability
+        // and no_new_privs: the drop needs set*id (so the seccomp filter allows them,
+        // which can then raise nothing); without a uid, they are denied.
+        let sandbox_opts = match uid.base() {
+            Some(_) => "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny",
+            None => "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+        };
         let mut cmd = Command::new(&self.config.qemu);
         cmd.args(["-machine", "microvm"])
             .args(["-accel", &accel])
@@ -224,10 +241,13 @@ impl QemuDriver {
             // QEMU's own seccomp filter: no obsolete system calls, no privilege gain,
             // no spawning (snapshots go through descriptors the worker passes), no
             // scheduler or resource changes.
-            .args([
-                "-sandbox",
-                "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
-            ])
+            .args(["-sandbox", sandbox_opts])
+            .args(
+                uid.base()
+                    .map(|b| ["-runas".to_owned(), format!("{b}:{b}")])
+                    .into_iter()
+                    .flatten(),
+            )
             .arg("-kernel")
             .arg(&self.kernel.vmlinuz)
             .arg("-initrd")
@@ -258,10 +278,10 @@ impl QemuDriver {
                     space_proto::vm::PORT_NAME
                 ),
             ])
-            .args(layers.iter().enumerate().flat_map(|(i, layer)| {
+            .args((0..layers.len()).flat_map(|i| {
                 [
                     "-drive".to_owned(),
-                    drive(layer, &format!("layer{i}"), true),
+                    drive(i, &format!("layer{i}"), true),
                     "-device".to_owned(),
                     format!(
                         "virtio-blk-device,drive=layer{i},serial={}",
@@ -269,7 +289,7 @@ impl QemuDriver {
                     ),
                 ]
             }))
-            .args(["-drive", &drive(&upper, "upper", false)])
+            .args(["-drive", &drive(upper_fd, "upper", false)])
             .args([
                 "-device",
                 &format!(
@@ -291,12 +311,12 @@ impl QemuDriver {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(vmm_log);
-        // QEMU in a network namespace of its own: its NIC's connections leave from
-        // there (through the sandbox's veth once the worker gives it one), and QEMU
-        // itself reaches nothing of the host's network.
-        if nic {
-            crate::substrate::jail::spawn::in_new_network_namespace(&mut cmd);
-        }
+        // The disks at their descriptors, and QEMU in a network namespace of its own
+        // when it has a NIC: its NIC's connections leave from there (through the
+        // sandbox's veth once the worker gives it one), and QEMU itself reaches
+        // nothing of the host's network.
+        let handed = crate::substrate::jail::spawn::qemu_child(&mut cmd, &disks, nic)
+            .map_err(io_err("hand QEMU its disks"))?;
         let cgroups = match &self.cgroups {
             Some(h) => {
                 let limits = Limits {
@@ -319,8 +339,10 @@ impl QemuDriver {
             }
         };
         let pid = child.id() as i32;
-        // The child handle is dropped: destroy reaps it by PID.
+        // The child handle is dropped: destroy reaps it by PID. QEMU holds its own
+        // copies of the disks now.
         drop(child);
+        drop((handed, disks));
         let fail = |e: SubstrateError| {
             let _ = rustix::process::kill_process(
                 rustix::process::Pid::from_raw(pid).expect("a child's PID is positive"),
@@ -334,12 +356,9 @@ impl QemuDriver {
         if let Err(e) = cgroups.add_process(pid) {
             return Err(fail(e));
         }
-        let init = match ProcessIdentity::of(pid) {
-            Ok(i) => i,
-            Err(e) => return Err(fail(SubstrateError::io("QEMU's identity", e))),
-        };
         // QEMU creates both sockets before it runs the guest: once QMP answers, the
-        // serial socket listens.
+        // serial socket listens — and QEMU has dropped to the VM's uid, which its
+        // recorded identity carries.
         let mut q = match qmp::Qmp::connect(&qmp_path, Duration::from_secs(10)) {
             Ok(q) => q,
             Err(e) => {
@@ -350,6 +369,20 @@ impl QemuDriver {
                 )));
             }
         };
+        let init = match ProcessIdentity::of(pid) {
+            Ok(i) => i,
+            Err(e) => return Err(fail(SubstrateError::io("QEMU's identity", e))),
+        };
+        if let Some(base) = uid.base() {
+            let runs_as = space_peer::LiveProcess::open(pid as u32)
+                .map(|l| l.identity.uid)
+                .ok();
+            if runs_as != Some(base) {
+                return Err(fail(SubstrateError::InvalidSpec(format!(
+                    "QEMU runs as uid {runs_as:?}, not the VM's {base}"
+                ))));
+            }
+        }
         let started = match restore {
             Some(snap) => snap
                 .memory()
@@ -381,7 +414,7 @@ impl QemuDriver {
             upper_dir: upper,
             log_path,
             cgroups,
-            host_uid: None,
+            host_uid: uid.keep(),
         })
     }
 
@@ -431,6 +464,14 @@ impl QemuDriver {
     }
 
     fn kill(&self, handle: &SandboxHandle) {
+        self.kill_qemu(handle);
+        // Its uid once nothing of it runs.
+        if let (Some(ranges), Some(base)) = (&self.config.uid_ranges, handle.host_uid) {
+            ranges.release(base);
+        }
+    }
+
+    fn kill_qemu(&self, handle: &SandboxHandle) {
         // Through a pidfd of the recorded process: a reused PID is never signalled.
         if let Ok(live) = space_peer::LiveProcess::open(handle.init.pid as u32) {
             if live.identity.start_time == handle.init.start_time {
@@ -450,120 +491,39 @@ impl QemuDriver {
     }
 }
 
-/// How long the KVM probe's guest may take to reach its root mount.
-const KVM_PROBE_WAIT: Duration = Duration::from_secs(15);
-/// Console bytes of the probe kept (the rest is read and dropped).
-const KVM_PROBE_OUTPUT: usize = 256 * 1024;
-
-/// The accelerator for this machine, and why: KVM where a stock guest kernel boots under
-/// it, software emulation (TCG) otherwise. Probed once per data directory (the answer
-/// is kept in `<data>/vm/accel`; remove it to probe again): the guest kernel is started
-/// under KVM without a root and must reach its root mount — a nested KVM that cannot
-/// boot a stock kernel (this host class's) hangs before, in its real-mode setup.
-pub fn detect_accel(qemu: &Path, kernel_dir: &Path, data_dir: &Path) -> (Accel, String) {
-    let cache = data_dir.join("vm").join("accel");
-    match std::fs::read_to_string(&cache).as_deref().map(str::trim) {
-        Ok("kvm") => return (Accel::Kvm, format!("probed before ({})", cache.display())),
-        Ok("tcg") => return (Accel::Tcg, format!("probed before ({})", cache.display())),
-        _ => {}
-    }
-    let (accel, why) = probe_kvm(qemu, kernel_dir);
-    if let Some(dir) = cache.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    let _ = std::fs::write(&cache, accel.as_str());
-    (accel, why)
+/// A VM's QEMU uid while its start is under way: given back when dropped unless kept.
+struct VmUid {
+    ranges: Option<std::sync::Arc<super::jail::uid_ranges::UidRanges>>,
+    base: Option<u32>,
 }
 
-fn probe_kvm(qemu: &Path, kernel_dir: &Path) -> (Accel, String) {
-    use std::io::Read;
-    if std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-        .is_err()
-    {
-        return (Accel::Tcg, "no usable /dev/kvm: software emulation".into());
+impl VmUid {
+    fn take(
+        ranges: Option<&std::sync::Arc<super::jail::uid_ranges::UidRanges>>,
+    ) -> Result<Self, SubstrateError> {
+        let base = ranges.map(|r| r.allocate()).transpose()?;
+        Ok(Self {
+            ranges: ranges.cloned(),
+            base,
+        })
     }
-    let kernel = match kernel::load(kernel_dir) {
-        Ok(k) => k,
-        Err(e) => {
-            return (
-                Accel::Tcg,
-                format!("KVM not probed ({e}): software emulation"),
-            );
-        }
-    };
-    let child = Command::new(qemu)
-        .args([
-            "-machine", "microvm", "-accel", "kvm", "-cpu", "host", "-m", "128M",
-        ])
-        .args(["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"])
-        .args([
-            "-sandbox",
-            "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
-        ])
-        .arg("-kernel")
-        .arg(&kernel.vmlinuz)
-        .args(["-append", "console=ttyS0 panic=-1", "-serial", "stdio"])
-        .env_clear()
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn();
-    let mut child = match child {
-        Ok(c) => c,
-        Err(e) => {
-            return (
-                Accel::Tcg,
-                format!("KVM probe did not start ({e}): software emulation"),
-            );
-        }
-    };
-    let mut stdout = child.stdout.take();
-    let reader = std::thread::spawn(move || {
-        let mut kept = Vec::new();
-        let mut buf = [0u8; 4096];
-        while let Some(out) = stdout.as_mut() {
-            match out.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    let room = KVM_PROBE_OUTPUT.saturating_sub(kept.len());
-                    kept.extend_from_slice(&buf[..n.min(room)]);
-                }
-            }
-        }
-        kept
-    });
-    let deadline = std::time::Instant::now() + KVM_PROBE_WAIT;
-    while std::time::Instant::now() < deadline {
-        if matches!(child.try_wait(), Ok(Some(_))) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
+
+    fn base(&self) -> Option<u32> {
+        self.base
     }
-    let _ = child.kill();
-    let _ = child.wait();
-    let output = reader.join().unwrap_or_default();
-    let text = String::from_utf8_lossy(&output);
-    if text.contains("VFS:") || text.contains("Kernel panic") {
-        return (Accel::Kvm, "a stock guest kernel boots under KVM".into());
+
+    /// The uid, now the started VM's (released by its destroy).
+    fn keep(mut self) -> Option<u32> {
+        self.base.take()
     }
-    let last = text
-        .lines()
-        .map(str::trim)
-        .rfind(|l| !l.is_empty())
-        .unwrap_or("nothing")
-        .chars()
-        .take(120)
-        .collect::<String>();
-    (
-        Accel::Tcg,
-        format!(
-            "KVM does not boot a stock kernel here (the probe's guest stopped at {last:?} within {} s): software emulation",
-            KVM_PROBE_WAIT.as_secs()
-        ),
-    )
+}
+
+impl Drop for VmUid {
+    fn drop(&mut self) {
+        if let (Some(r), Some(b)) = (&self.ranges, self.base) {
+            r.release(b);
+        }
+    }
 }
 
 /// A kept writable disk moved into a starting VM's directory: moved back when dropped
@@ -606,6 +566,19 @@ fn reap(pid: i32) {
     }
 }
 
+/// An image for QEMU: read-only, or read-write (the sandbox's disk); never through a
+/// symlink (the worker made every one of them, nothing else should be there).
+fn open_disk(path: &Path, writable: bool) -> Result<std::os::fd::OwnedFd, SubstrateError> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(writable)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map(std::os::fd::OwnedFd::from)
+        .map_err(io_err(format!("open the VM disk {}", path.display())))
+}
+
 /// QEMU's arguments for the guest's NIC: its user-mode network (every guest the same
 /// addresses, [`space_proto::vm::GUEST_ADDR`] and its gateway), IPv4 only.
 fn nic_args(nic: bool) -> Vec<String> {
@@ -622,38 +595,6 @@ fn nic_args(nic: bool) -> Vec<String> {
         "-device".into(),
         "virtio-net-device,netdev=net0".into(),
     ]
-}
-
-/// The guest kernel's command line. Under software emulation the guest's TSC is the
-/// host's, and the kernel is told its rate: calibrating it against the emulated PIT
-/// fails whenever QEMU's main loop is busy (seen: a QMP client connected during boot),
-/// and a kernel without a clock source hangs there.
-fn kernel_command_line(accel: Accel, layers: usize) -> String {
-    let mut line = format!(
-        "console=ttyS0 quiet panic=-1 rdinit=/init pci=off random.trust_cpu=on {}={layers}",
-        space_proto::vm::LAYERS_PARAM
-    );
-    if accel == Accel::Tcg {
-        if let Some(khz) = host_tsc_khz() {
-            line.push_str(&format!(" tsc_early_khz={khz} tsc=reliable"));
-        }
-    }
-    line
-}
-
-/// The host's TSC rate in kHz (`cpu MHz` of `/proc/cpuinfo`: the nominal rate on a
-/// CPU with a constant TSC).
-fn host_tsc_khz() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-    let mhz: f64 = info
-        .lines()
-        .find(|l| l.starts_with("cpu MHz"))?
-        .split(':')
-        .nth(1)?
-        .trim()
-        .parse()
-        .ok()?;
-    (mhz > 1.0).then_some((mhz * 1000.0) as u64)
 }
 
 impl Substrate for QemuDriver {
@@ -714,6 +655,12 @@ impl Substrate for QemuDriver {
         self.kill(handle);
         // A kept layer only where there is a disk to keep.
         if handle.upper_dir.is_file() {
+            // The worker's again: the VM's uid goes back to the shared ranges, and
+            // whoever takes it next has no claim on this disk.
+            if handle.host_uid.is_some() {
+                std::os::unix::fs::chown(&handle.upper_dir, Some(0), Some(0))
+                    .map_err(io_err("take the kept VM disk back"))?;
+            }
             std::fs::create_dir_all(keep_at).map_err(io_err("the kept layer directory"))?;
             std::fs::rename(&handle.upper_dir, keep_at.join("upper.ext4"))
                 .map_err(io_err("keep the VM disk"))?;
