@@ -722,3 +722,39 @@ fn the_accelerator_is_probed_once_and_a_vm_boots_with_the_one_chosen() {
     let vm = env.launch(&activation());
     assert_eq!(vm.sh("echo booted").1.trim(), "booted");
 }
+
+#[test]
+fn the_debian_kernel_yields_the_elf_vmlinux_a_firecracker_boots() {
+    if let Some(why) = missing_requirement() {
+        skip(&why);
+        return;
+    }
+    if Command::new("lz4").arg("--version").output().is_err() {
+        skip("needs lz4 (Debian: lz4), the Debian kernel's payload compressor");
+        return;
+    }
+    let kernel = space_worker::substrate::vm::kernel::load(&kernel_dir()).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let vmlinux =
+        space_worker::substrate::vm::vmlinux::vmlinux(&kernel.vmlinuz, out.path()).unwrap();
+    let bytes = std::fs::read(&vmlinux).unwrap();
+    assert!(bytes.starts_with(b"\x7fELF\x02\x01"), "not a 64-bit LE ELF");
+    assert_eq!(u16::from_le_bytes([bytes[18], bytes[19]]), 62, "not x86-64");
+    // Uncompressed: well beyond the bzImage it came from, and it names its release.
+    let compressed = std::fs::metadata(&kernel.vmlinuz).unwrap().len();
+    assert!(bytes.len() as u64 > 2 * compressed, "{} bytes", bytes.len());
+    assert!(
+        bytes
+            .windows(kernel.release.len())
+            .any(|w| w == kernel.release.as_bytes()),
+        "the release {} is not in it",
+        kernel.release
+    );
+    // Made once: a second call keeps the file.
+    let mtime = std::fs::metadata(&vmlinux).unwrap().modified().unwrap();
+    space_worker::substrate::vm::vmlinux::vmlinux(&kernel.vmlinuz, out.path()).unwrap();
+    assert_eq!(
+        std::fs::metadata(&vmlinux).unwrap().modified().unwrap(),
+        mtime
+    );
+}

@@ -20,6 +20,7 @@ pub mod error;
 pub mod serial;
 pub mod server;
 pub mod spec;
+pub mod vsock;
 
 pub use client::{BridgeClientError, BridgePool, BridgeTarget, connect};
 pub use server::{BridgeError, run, run_with};

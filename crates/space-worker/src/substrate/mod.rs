@@ -4,6 +4,7 @@
 //! The trait is blocking: launching forks processes and polls cgroup files.
 //! The worker daemon calls it from `tokio::task::spawn_blocking`.
 
+pub mod firecracker;
 pub mod jail;
 pub mod process;
 pub mod tree;

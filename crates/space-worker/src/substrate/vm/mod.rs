@@ -17,6 +17,7 @@ pub mod initramfs;
 pub mod kernel;
 pub mod qmp;
 pub mod snapshot;
+pub mod vmlinux;
 
 pub use snapshot::machine_size;
 
