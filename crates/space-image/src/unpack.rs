@@ -551,7 +551,8 @@ impl Unpacker<'_> {
     /// Opens `path` (directories of the merged root, or missing ones) in this layer,
     /// creating what it lacks.
     fn make_dirs(&mut self, m: &Member, path: &[Vec<u8>]) -> Result<OwnedFd> {
-        let mut dir = rustix::io::dup(&self.root).map_err(|e| self.fail(m, "dup", e))?;
+        let mut dir =
+            rustix::io::fcntl_dupfd_cloexec(&self.root, 0).map_err(|e| self.fail(m, "dup", e))?;
         let mut here: Option<MergedDir> = None;
         if self.stack.has_lowers() {
             here = Some(

@@ -110,7 +110,7 @@ impl Stack {
     /// resolutions may look up `max_lookups` names altogether.
     pub(crate) fn new(top: &OwnedFd, lowers: Vec<OwnedFd>, max_lookups: u64) -> io::Result<Self> {
         let mut roots = Vec::with_capacity(lowers.len() + 1);
-        roots.push(rustix::io::dup(top)?);
+        roots.push(rustix::io::fcntl_dupfd_cloexec(top, 0)?);
         roots.extend(lowers);
         Ok(Self {
             roots,
@@ -128,7 +128,11 @@ impl Stack {
     pub(crate) fn root(&self) -> io::Result<MergedDir> {
         self.roots
             .iter()
-            .map(|r| rustix::io::dup(r).map(Some).map_err(io::Error::from))
+            .map(|r| {
+                rustix::io::fcntl_dupfd_cloexec(r, 0)
+                    .map(Some)
+                    .map_err(io::Error::from)
+            })
             .collect::<io::Result<_>>()
             .map(MergedDir)
     }

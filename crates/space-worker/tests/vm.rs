@@ -758,3 +758,36 @@ fn the_debian_kernel_yields_the_elf_vmlinux_a_firecracker_boots() {
         mtime
     );
 }
+
+#[test]
+fn qemu_inherits_its_disks_and_nothing_the_worker_left_without_close_on_exec() {
+    if let Some(why) = missing_requirement() {
+        skip(&why);
+        return;
+    }
+    let env = Env::new();
+    // A descriptor of the worker's that some library left inheritable: a secret of
+    // the worker's, opened without close-on-exec.
+    let secret = env.data.path().join("inheritable-secret");
+    std::fs::write(&secret, b"the worker's").unwrap();
+    let file = std::fs::File::open(&secret).unwrap();
+    rustix::io::fcntl_setfd(&file, rustix::io::FdFlags::empty()).unwrap();
+    let vm = env.launch(&activation());
+    assert_eq!(vm.sh("echo up").1.trim(), "up");
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", vm.handle.init.pid)).unwrap();
+    let targets: Vec<String> = fds
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .map(|t| t.display().to_string())
+        .collect();
+    assert!(
+        !targets.iter().any(|t| t.contains("inheritable-secret")),
+        "QEMU inherited the worker's descriptor: {targets:?}"
+    );
+    // Its disks it has: the sandbox's writable one among them.
+    assert!(
+        targets.iter().any(|t| t.ends_with("upper.ext4")),
+        "{targets:?}"
+    );
+    drop(file);
+}

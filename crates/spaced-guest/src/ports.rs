@@ -1,7 +1,8 @@
 //! `ConnectPort`: the agent connects to a port on the sandbox's own loopback and hands
 //! the client's connection over to it — how netgtw reaches a service port of a
 //! sandbox whose network namespace the worker cannot enter (a VM's: its loopback is
-//! the guest kernel's). The guest stays loopback-only: nothing is given an address.
+//! the guest kernel's). The server may stay on the loopback: nothing is forwarded to
+//! a network address.
 
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpStream};

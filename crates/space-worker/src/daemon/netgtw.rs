@@ -202,9 +202,25 @@ impl tokio::io::AsyncWrite for Inside {
 /// network namespace, or — a VM's — made by its agent inside the guest.
 async fn connect_inside(worker: &Worker, slot: &Arc<Slot>, port: u16) -> Result<Inside, Refusal> {
     if worker.kind() == space_identity::Substrate::Vm {
-        return super::node_api::agent::connect_port(slot, port)
-            .await
-            .map(Inside::Agent);
+        // The guest connects within its own CONNECT_TIMEOUT; a guest that never
+        // answers holds nothing past a little more.
+        let lease = slot.lease();
+        let asked = super::node_api::agent::connect_port(slot, port);
+        return match tokio::time::timeout(CONNECT_TIMEOUT + Duration::from_secs(2), asked).await {
+            Ok(Ok(stream)) => Ok(Inside::Agent(stream)),
+            // A broken agent connection while the execution was retired is a stale
+            // route, as for every other agent call.
+            Ok(Err(r))
+                if r.status() == hyper::StatusCode::BAD_GATEWAY
+                    && matches!(r, Refusal::Bridge(_)) =>
+            {
+                Err(super::node_api::agent::stale_or(r, lease, slot).await)
+            }
+            Ok(Err(r)) => Err(r),
+            Err(_) => Err(Refusal::PortClosed(format!(
+                "the sandbox's agent did not connect to port {port} in time"
+            ))),
+        };
     }
     connect_in_namespace(worker, slot, port)
         .await

@@ -70,6 +70,12 @@ impl Api {
         path: &str,
         body: Option<&serde_json::Value>,
     ) -> Result<Answer, ApiError> {
+        // Only the methods and plain paths this driver sends: nothing of a request
+        // line can come from elsewhere.
+        let plain = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_graphic());
+        if !matches!(method, "GET" | "PUT" | "PATCH") || !path.starts_with('/') || !plain(path) {
+            return Err(ApiError::Malformed(format!("request {method} {path:?}")));
+        }
         let mut s = UnixStream::connect(&self.socket)?;
         s.set_read_timeout(Some(self.timeout))?;
         s.set_write_timeout(Some(self.timeout))?;

@@ -93,42 +93,42 @@ pub fn spawn_jail(binary: &Path, new_namespaces: bool, fds: JailFds) -> io::Resu
     child
 }
 
-/// Where a VM's QEMU finds the descriptors [`qemu_child`] hands it: the first at 3.
-pub const QEMU_FIRST_FD: RawFd = 3;
-
-/// Lowest descriptor number of the parent's copies while QEMU's are handed over:
-/// above every target (`QEMU_FIRST_FD` + at most 60 descriptors).
+/// Lowest descriptor number of what a VM's QEMU inherits: above what a worker's
+/// early descriptors take, and named by their own numbers (`/proc/self/fd/N`) in
+/// QEMU's arguments — no `dup2` in the child that could land on the exec-error pipe
+/// `std` made before the fork.
 const QEMU_HANDOVER_MIN_FD: RawFd = 64;
 
-/// Makes `command` (a VM's QEMU) start with `fds` at descriptors
-/// [`QEMU_FIRST_FD`], `QEMU_FIRST_FD + 1`, … in order (without close-on-exec), and
-/// in a network namespace of its own (only a loopback, down) when `new_netns`. The
-/// returned copies must be kept until the command is spawned.
-pub fn qemu_child(
-    command: &mut Command,
-    fds: &[OwnedFd],
-    new_netns: bool,
-) -> io::Result<Vec<OwnedFd>> {
-    if fds.len() > (QEMU_HANDOVER_MIN_FD - QEMU_FIRST_FD) as usize {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "too many descriptors for QEMU",
-        ));
-    }
-    let copies = fds
-        .iter()
+/// Close-on-exec copies of `fds` (numbered at least 64) for [`qemu_child`]; their
+/// numbers are the ones QEMU will have. Keep them until the command is spawned.
+pub fn for_qemu(fds: &[OwnedFd]) -> io::Result<Vec<OwnedFd>> {
+    fds.iter()
         .map(|fd| dup_at_least(fd, QEMU_HANDOVER_MIN_FD))
-        .collect::<io::Result<Vec<_>>>()?;
-    let sources: Vec<RawFd> = copies.iter().map(AsRawFd::as_raw_fd).collect();
+        .collect()
+}
+
+/// Makes `command` (a VM's QEMU) inherit exactly `fds` (from [`for_qemu`]) besides
+/// its standard streams — every other descriptor above 2 is made close-on-exec in
+/// the child, whatever some library of the worker left without the flag — and start
+/// in a network namespace of its own (only a loopback, down) when `new_netns`.
+pub fn qemu_child(command: &mut Command, fds: &[OwnedFd], new_netns: bool) {
+    let keep: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
     // SAFETY: the closure runs in the forked child of a multithreaded process and
-    // calls only dup2 and unshare (async-signal-safe syscalls; `sources` was built
-    // before the fork and is only read; building the error from errno does not
-    // allocate). Every source is ≥ 64 and every target below it, so no dup2
-    // overwrites a source not yet copied; dup2 clears close-on-exec on the targets.
+    // calls only close_range, fcntl and unshare (async-signal-safe syscalls; `keep`
+    // was built before the fork and is only read; building the error from errno does
+    // not allocate).
     unsafe {
         command.pre_exec(move || {
-            for (i, &src) in sources.iter().enumerate() {
-                if libc::dup2(src, QEMU_FIRST_FD + i as RawFd) == -1 {
+            // Everything above the standard streams close-on-exec (std's own error
+            // pipe already is); kernels before 5.11 lack the flag: left as it is.
+            let _ = libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            );
+            for &fd in &keep {
+                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
                     return Err(io::Error::last_os_error());
                 }
             }
@@ -138,5 +138,4 @@ pub fn qemu_child(
             Ok(())
         });
     }
-    Ok(copies)
 }

@@ -74,7 +74,15 @@ pub fn layer_images(
 /// The image of one layer directory, `<images>/<key>.ext4`, rendered if missing.
 fn layer_image(images: &Path, key: &str, layer: &Path) -> Result<PathBuf, SubstrateError> {
     let image = images.join(format!("{key}.ext4"));
-    if image.is_file() {
+    // Read-only to everyone whatever the worker's umask: a QEMU dropped to a VM's uid
+    // reopens its images (through the descriptors it was given) at a migration's end.
+    let readable = |p: &Path| {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o444))
+            .map_err(super::super::io_err("a VM layer image's mode"))
+    };
+    if std::fs::symlink_metadata(&image).is_ok_and(|m| m.is_file()) {
+        readable(&image)?;
         return Ok(image);
     }
     let size = tree_bytes(layer)? + ROOT_SLACK;
@@ -86,7 +94,7 @@ fn layer_image(images: &Path, key: &str, layer: &Path) -> Result<PathBuf, Substr
         RENDERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     let made = make_ext4(&tmp, size, "space-layer", Some(layer));
-    if let Err(e) = made {
+    if let Err(e) = made.and_then(|()| readable(&tmp)) {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
     }

@@ -209,12 +209,15 @@ impl QemuDriver {
         }
         let upper_fd = disks.len();
         disks.push(open_disk(&upper, true)?);
+        let handed = crate::substrate::jail::spawn::for_qemu(&disks)
+            .map_err(io_err("hand QEMU its disks"))?;
+        let fd_number = |i: usize| std::os::fd::AsRawFd::as_raw_fd(&handed[i]);
         let drive = |fd: usize, id: &str, ro: bool| {
             format!(
                 // An I/O error (a full host disk) is the guest's to see, not a pause
                 // of the VM the worker would not know of.
                 "file=/proc/self/fd/{},if=none,id={id},format=raw,readonly={},cache=none,aio=threads,werror=report,rerror=report,file.locking=off",
-                crate::substrate::jail::spawn::QEMU_FIRST_FD + fd as i32,
+                fd_number(fd),
                 if ro { "on" } else { "off" }
             )
         };
@@ -222,7 +225,7 @@ impl QemuDriver {
         if let Some(base) = uid.base() {
             // Its own disk stays writable after the drop (QEMU may reopen it to
             // change its flags); the layers' images are read-only to everyone.
-            std::os::unix::fs::chown(&upper, Some(base), Some(base))
+            std::os::unix::fs::fchown(&disks[upper_fd], Some(base), Some(base))
                 .map_err(io_err("give the VM's disk to its uid"))?;
         }
         // After its devices are open QEMU drops to the VM's uid, with no capability
@@ -313,11 +316,10 @@ impl QemuDriver {
             .stdout(Stdio::null())
             .stderr(vmm_log);
         // The disks at their descriptors, and QEMU in a network namespace of its own
-        // when it has a NIC: its NIC's connections leave from there (through the
-        // sandbox's veth once the worker gives it one), and QEMU itself reaches
-        // nothing of the host's network.
-        let handed = crate::substrate::jail::spawn::qemu_child(&mut cmd, &disks, nic)
-            .map_err(io_err("hand QEMU its disks"))?;
+        // wherever the worker can give one (root), NIC or not: its NIC's connections
+        // leave from there (through the sandbox's veth once the worker gives it one),
+        // and QEMU itself reaches nothing of the host's network.
+        crate::substrate::jail::spawn::qemu_child(&mut cmd, &handed, self.nic);
         let cgroups = match &self.cgroups {
             Some(h) => {
                 let limits = Limits {
@@ -464,15 +466,26 @@ impl QemuDriver {
             .map_err(io_err("QMP"))
     }
 
+    /// Ends QEMU, then gives its uid back — once, and only when nothing of it runs any
+    /// more (a uid handed out while a QEMU of it lives would be shared). Called once
+    /// per handle, by `destroy`.
     fn kill(&self, handle: &SandboxHandle) {
-        self.kill_qemu(handle);
-        // Its uid once nothing of it runs.
+        let gone = self.kill_qemu(handle);
         if let (Some(ranges), Some(base)) = (&self.config.uid_ranges, handle.host_uid) {
-            ranges.release(base);
+            if gone {
+                ranges.release(base);
+            } else {
+                tracing::warn!(
+                    uid = base,
+                    pid = handle.init.pid,
+                    "QEMU did not end: its uid stays taken until the worker exits"
+                );
+            }
         }
     }
 
-    fn kill_qemu(&self, handle: &SandboxHandle) {
+    /// Ends QEMU and its cgroup; whether nothing of it runs now.
+    fn kill_qemu(&self, handle: &SandboxHandle) -> bool {
         // Through a pidfd of the recorded process: a reused PID is never signalled.
         if let Ok(live) = space_peer::LiveProcess::open(handle.init.pid as u32) {
             if live.identity.start_time == handle.init.start_time {
@@ -481,14 +494,16 @@ impl QemuDriver {
             }
         }
         reap(handle.init.pid);
+        let mut empty = true;
         if !matches!(handle.cgroups, CgroupSet::None) {
             let _ = handle.cgroups.kill_all();
-            let _ = handle.cgroups.wait_empty();
+            empty = handle.cgroups.wait_empty().is_ok();
             let _ = handle.cgroups.remove();
         }
         for p in [handle.socket_path.clone(), qmp_socket(&handle.socket_path)] {
             let _ = std::fs::remove_file(p);
         }
+        empty && !handle.init.is_alive()
     }
 }
 
@@ -653,13 +668,16 @@ impl Substrate for QemuDriver {
         handle: &SandboxHandle,
         keep_at: &Path,
     ) -> Result<(), SubstrateError> {
-        self.kill(handle);
-        // A kept layer only where there is a disk to keep.
-        if handle.upper_dir.is_file() {
-            // The worker's again: the VM's uid goes back to the shared ranges, and
-            // whoever takes it next has no claim on this disk.
+        // QEMU ends here; its uid goes back in `destroy` below, once, after the disk
+        // is the worker's again.
+        self.kill_qemu(handle);
+        // A kept layer only where there is a disk to keep (the worker made the path:
+        // never through a link).
+        let disk = std::fs::symlink_metadata(&handle.upper_dir).is_ok_and(|m| m.is_file());
+        if disk {
+            // The worker's again: whoever takes the VM's uid next has no claim on it.
             if handle.host_uid.is_some() {
-                std::os::unix::fs::chown(&handle.upper_dir, Some(0), Some(0))
+                std::os::unix::fs::lchown(&handle.upper_dir, Some(0), Some(0))
                     .map_err(io_err("take the kept VM disk back"))?;
             }
             std::fs::create_dir_all(keep_at).map_err(io_err("the kept layer directory"))?;

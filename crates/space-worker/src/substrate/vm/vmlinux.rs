@@ -33,10 +33,22 @@ pub fn vmlinux(vmlinuz: &Path, dir: &Path) -> Result<PathBuf, String> {
             from = at + 1;
             match decompress(tool, &image[at..]) {
                 Ok(elf) if is_x86_64_elf(&elf) => {
-                    let tmp = dir.join(".vmlinux.tmp");
-                    std::fs::write(&tmp, &elf)
-                        .and_then(|()| std::fs::rename(&tmp, &out))
-                        .map_err(|e| format!("{}: {e}", out.display()))?;
+                    // Per call (two workers sharing a kernel directory may make it at
+                    // once), durable before it is renamed into place.
+                    static MADE: std::sync::atomic::AtomicU64 =
+                        std::sync::atomic::AtomicU64::new(0);
+                    let tmp = dir.join(format!(
+                        ".vmlinux.{}.{}.tmp",
+                        std::process::id(),
+                        MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                    ));
+                    let written = std::fs::File::create(&tmp)
+                        .and_then(|mut f| f.write_all(&elf).and_then(|()| f.sync_all()))
+                        .and_then(|()| std::fs::rename(&tmp, &out));
+                    if let Err(e) = written {
+                        let _ = std::fs::remove_file(&tmp);
+                        return Err(format!("{}: {e}", out.display()));
+                    }
                     return Ok(out);
                 }
                 Ok(_) => tried.push(format!("{tool} at {at}: not an x86-64 ELF")),
@@ -63,6 +75,8 @@ pub fn vmlinux(vmlinuz: &Path, dir: &Path) -> Result<PathBuf, String> {
 fn decompress(tool: &str, data: &[u8]) -> Result<Vec<u8>, String> {
     let mut child = Command::new(tool)
         .args(["-dc"])
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
