@@ -7,7 +7,7 @@
 //! into them); the upstream DNS is this test's server on 127.0.0.1.
 
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use dns::DnsServer;
@@ -33,9 +33,8 @@ mod net;
     reason = "the egress tests' probes; this test uses part of them"
 )]
 mod probes;
-
-const BUSYBOX: &str = "/bin/busybox";
-const QEMU: &str = "/usr/bin/qemu-system-x86_64";
+#[path = "vm/support.rs"]
+mod support;
 
 /// The egress tests' number of this test (its slots and test hosts).
 const TEST: u8 = 20;
@@ -45,28 +44,7 @@ fn missing() -> Option<String> {
     if !can_run_jails() {
         return Some("root, namespaces and cgroups (see can_run_jails)".into());
     }
-    if let Some(what) = net::missing() {
-        return Some(what);
-    }
-    if !Path::new(QEMU).is_file() {
-        return Some(format!("{QEMU} (Debian: qemu-system-x86)"));
-    }
-    if !space_worker::substrate::jail::template::is_static(Path::new(BUSYBOX)) {
-        return Some(format!(
-            "a statically linked busybox at {BUSYBOX} (Debian: busybox-static)"
-        ));
-    }
-    None
-}
-
-/// The guest kernel, prepared once per checkout (as the other VM tests do).
-fn kernel_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/space-vm/kernel");
-    space_worker::substrate::vm::kernel::setup(&dir, None, &mut |step| {
-        eprintln!("vm setup: {step}")
-    })
-    .unwrap_or_else(|e| panic!("preparing the guest kernel: {e}"));
-    dir
+    net::missing().or_else(support::missing_vm)
 }
 
 /// `GET /` with `Host: {name}` to `{addr}:80` from `id` (busybox's netcat): the
@@ -107,7 +85,7 @@ fn a_vm_sandbox_reaches_allowed_hosts_through_the_platforms_proxy_and_resolver_a
     let a = TestHost::start(TEST, 0, "a", None);
     let b = TestHost::start(TEST, 1, "b", None);
     let dns = DnsServer::start(&[("a.test", a.addr), ("b.test", b.addr)]);
-    let kernel = kernel_dir();
+    let kernel = support::kernel_dir();
     let agent = space_testkit::static_agent();
     let slot = (200 + 2 * u32::from(TEST)).to_string();
     let upstream = dns.addr.to_string();
@@ -121,7 +99,7 @@ fn a_vm_sandbox_reaches_allowed_hosts_through_the_platforms_proxy_and_resolver_a
     ]);
     let dir = tempfile::tempdir().unwrap();
     let archive = dir.path().join("image.tar");
-    space_image::sample::write_docker_save(&archive, Path::new(BUSYBOX)).unwrap();
+    space_image::sample::write_docker_save(&archive, Path::new(support::BUSYBOX)).unwrap();
     let out = c.cli(&[
         "template",
         "import",

@@ -7,22 +7,21 @@
 //! (before and after a migration) — a killed QEMU relaunched as a new execution with the sandbox's files, and
 //! creates naming a substrate no worker runs refused, saying what there is.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
 use space_testkit::cluster as support;
 use support::{Cluster, can_run_jails};
 
+#[path = "vm/support.rs"]
+mod vm_support;
 #[path = "ports/wire.rs"]
 #[allow(
     dead_code,
     reason = "the HTTP client of the ports tests; these use part of it"
 )]
 mod wire;
-
-const BUSYBOX: &str = "/bin/busybox";
-const QEMU: &str = "/usr/bin/qemu-system-x86_64";
 
 fn text(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -43,25 +42,7 @@ fn missing() -> Option<String> {
     if !can_run_jails() {
         return Some("needs root, namespaces and cgroups (see can_run_jails)".into());
     }
-    if !Path::new(QEMU).is_file() {
-        return Some(format!("needs {QEMU} (Debian: qemu-system-x86)"));
-    }
-    if !space_worker::substrate::jail::template::is_static(Path::new(BUSYBOX)) {
-        return Some(format!(
-            "needs a statically linked busybox at {BUSYBOX} (Debian: busybox-static)"
-        ));
-    }
-    None
-}
-
-/// The guest kernel, prepared once per checkout (as the worker's VM tests do).
-fn kernel_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/space-vm/kernel");
-    space_worker::substrate::vm::kernel::setup(&dir, None, &mut |step| {
-        eprintln!("vm setup: {step}")
-    })
-    .unwrap_or_else(|e| panic!("preparing the guest kernel: {e}"));
-    dir
+    vm_support::missing_vm()
 }
 
 /// Skips (saying why) where the VM tests cannot run, unless `SPACE_REQUIRE_VM=1`
@@ -86,7 +67,7 @@ fn vm_cluster_with(env: &[(&str, &str)]) -> Option<Cluster> {
         skip(&reason);
         return None;
     }
-    let kernel = kernel_dir();
+    let kernel = vm_support::kernel_dir();
     let agent = space_testkit::static_agent();
     let mut all = vec![
         ("SPACE_AGENT", agent.to_str().unwrap()),
@@ -97,7 +78,7 @@ fn vm_cluster_with(env: &[(&str, &str)]) -> Option<Cluster> {
     let c = Cluster::start_with_env(&all);
     let dir = tempfile::tempdir().unwrap();
     let archive = dir.path().join("image.tar");
-    space_image::sample::write_docker_save(&archive, Path::new(BUSYBOX)).unwrap();
+    space_image::sample::write_docker_save(&archive, Path::new(vm_support::BUSYBOX)).unwrap();
     ok(c.cli(&[
         "template",
         "import",

@@ -261,7 +261,30 @@ impl CgroupHierarchy {
     }
 
     /// Creates a sandbox's cgroups with its limits. On failure nothing is left.
+    ///
+    /// A parent emptied and removed by someone else while this runs (the last sandbox
+    /// of another process under the same parent going, a sweep) fails a mkdir or a
+    /// write with ENOENT: the whole creation is done again, a few times.
     pub fn create(
+        &self,
+        parent: &str,
+        name: &str,
+        limits: &Limits,
+    ) -> Result<CgroupSet, SubstrateError> {
+        let mut tries = 0;
+        loop {
+            match self.create_once(parent, name, limits) {
+                Err(SubstrateError::Cgroup { ref source, .. })
+                    if source.kind() == io::ErrorKind::NotFound && tries < 3 =>
+                {
+                    tries += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn create_once(
         &self,
         parent: &str,
         name: &str,
