@@ -125,9 +125,15 @@ fn main() {
         disk_bytes: Some(1 << 30),
         ..Limits::default()
     };
+    // The first exec answers the guest's uptime (seconds): a restored guest's goes on
+    // from the snapshot's, a guest that booted afresh starts again near zero.
     let first_exec = |bridge: &space_worker::daemon::records::BridgeRecord, a: &Activation| {
         let mut c = spaced_host::connect(&launch::bridge_target(bridge, a)).expect("connect");
-        c.exec(ExecSpec::shell("true")).expect("exec");
+        let out = c
+            .exec(ExecSpec::shell("read up idle < /proc/uptime; echo $up"))
+            .expect("exec");
+        let up = String::from_utf8_lossy(&out.stdout);
+        up.trim().parse::<f64>().expect("the guest's uptime")
     };
     let (mut cold, mut snap_t, mut restore_t) = (Vec::new(), Vec::new(), Vec::new());
     let (mut transfer_t, mut archive_bytes) = (Vec::new(), Vec::new());
@@ -151,6 +157,7 @@ fn main() {
         let (bridge_pss, _) = pss_kib(bridge.process.pid as i32, None);
         overhead.push((qemu - guest + bridge_pss, qemu, guest, bridge_pss));
         let dir = files.path().join(format!("snap-{run}"));
+        let up_at_snapshot = first_exec(&bridge, &a);
         let t1 = Instant::now();
         let snap = driver.snapshot(&handle, &dir).expect("snapshot");
         snap_t.push(t1.elapsed());
@@ -171,6 +178,13 @@ fn main() {
             &kept.join("upper"),
         )
         .expect("unpack");
+        // As the receiving VM worker marks it: only a marked kept layer is restored
+        // (an unmarked one is booted from, as after a crash).
+        std::fs::write(
+            kept.join(space_worker::substrate::vm::snapshot::RECEIVED_MARK),
+            b"",
+        )
+        .expect("mark the kept layer");
         transfer_t.push(t_move.elapsed());
         archive_bytes.push(packed.size);
         launch::teardown(
@@ -201,8 +215,13 @@ fn main() {
         let t2 = Instant::now();
         let handle = space_worker::substrate::Substrate::launch(&driver, &spec).expect("restore");
         let bridge = launch::start_bridge(&bins, &handle, &b).expect("bridge");
-        first_exec(&bridge, &b);
+        let up_restored = first_exec(&bridge, &b);
         restore_t.push(t2.elapsed());
+        // A measure of a fresh boot would pass for a restore's: refuse it.
+        assert!(
+            up_restored >= up_at_snapshot,
+            "the guest booted afresh instead of being restored (uptime {up_restored} s, {up_at_snapshot} s at the snapshot)"
+        );
         launch::teardown(
             &driver,
             data.path(),
