@@ -287,7 +287,7 @@ fn spawn_standby_keeper(cp: Arc<ControlPlane>, mut stop: watch::Receiver<bool>) 
                 _ = tokio::time::sleep(pause) => {}
                 _ = stop.changed() => return,
             }
-            pause = match cp.keep_standby().await {
+            pause = match cp.keep_standby(false).await {
                 Ok(_) => KEEPER_TICK,
                 Err(e) => {
                     tracing::warn!(error = %e, "standby keeper failed");

@@ -6,9 +6,15 @@
 //! burst of claims drains every worker evenly and the refills land where the claims
 //! were taken. Refills run while creates run — bounded to a few starts in flight per
 //! worker, so they never queue ahead of a burst's own launches — rather than waiting
-//! for a quiet moment, which back-to-back creates never leave.
+//! for a quiet moment, which back-to-back creates never leave. While claims are
+//! arriving the keeper holds new starts back for a short, bounded time
+//! ([`hold_refills`]): on a worker's few cores a refill (a whole create: store writes,
+//! a launch, a link) competes with the burst's claims for the CPU, and a pool is
+//! made to absorb a burst. A worker whose share has fallen below
+//! [`LOW_WATER_DIVISOR`]th is refilled even then.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use space_identity::WorkerId;
 
@@ -91,6 +97,50 @@ impl TemplatePool {
 pub struct Bounds {
     /// Most standby starts in flight on one worker at once.
     pub per_worker: usize,
+    /// Refills are held back ([`hold_refills`]): only a worker below
+    /// [`LOW_WATER_DIVISOR`]th of its share of a pool gets starts of it.
+    pub holding: bool,
+}
+
+/// A claim this recent holds refills back: the burst it belongs to is still arriving.
+pub const BURST_QUIET: Duration = Duration::from_millis(100);
+/// The longest refills are held back in a row: under claims that never pause, the
+/// keeper still starts refills at least this often.
+pub const MAX_HOLD: Duration = Duration::from_millis(300);
+/// While refills are held back, a worker holding less than its share divided by this
+/// is refilled anyway: a burst never drains a pool empty waiting for its end.
+pub const LOW_WATER_DIVISOR: usize = 8;
+
+/// When the last claim came and since when refills have been held back for it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BurstClock {
+    /// The last claim of a standby sandbox.
+    pub last_claim: Option<Instant>,
+    /// The first keeper step of the hold under way.
+    pub held_since: Option<Instant>,
+}
+
+impl BurstClock {
+    /// A claim at `now`.
+    pub fn claimed(&mut self, now: Instant) {
+        self.last_claim = Some(now);
+    }
+
+    /// Whether the keeper step at `now` holds refills back: a claim came within
+    /// [`BURST_QUIET`] and the hold under way (begun now if none is) is younger than
+    /// [`MAX_HOLD`]. A step that does not hold ends the hold, so the next burst, or the
+    /// rest of this one, starts a new one.
+    pub fn hold_refills(&mut self, now: Instant) -> bool {
+        let recent = self
+            .last_claim
+            .is_some_and(|t| now.saturating_duration_since(t) < BURST_QUIET);
+        let since = *self.held_since.get_or_insert(now);
+        let hold = recent && now.saturating_duration_since(since) < MAX_HOLD;
+        if !hold {
+            self.held_since = None;
+        }
+        hold
+    }
 }
 
 /// Each active worker's share of a pool of `total`: `total / n`, the first
@@ -121,7 +171,11 @@ pub fn next_starts(
     for (p, pool) in pools.iter().enumerate() {
         for (w, share) in shares(pool.total, &accepting).into_iter().enumerate() {
             let have = accepting[w].standby.get(&pool.key).copied().unwrap_or(0);
-            deficit[w][p] = share.saturating_sub(have);
+            let low = have.saturating_mul(LOW_WATER_DIVISOR) < share;
+            deficit[w][p] = match bounds.holding && !low {
+                true => 0,
+                false => share.saturating_sub(have),
+            };
         }
     }
     let mut room: Vec<usize> = accepting
@@ -196,7 +250,14 @@ mod tests {
                 total: 4,
             },
         ];
-        let starts = next_starts(&pools, &[w1], Bounds { per_worker: 8 });
+        let starts = next_starts(
+            &pools,
+            &[w1],
+            Bounds {
+                per_worker: 8,
+                holding: false,
+            },
+        );
         assert_eq!(count(&starts, "w1", "default"), 0);
         assert_eq!(
             starts.iter().filter(|(_, k)| *k == linked).count(),
@@ -212,12 +273,26 @@ mod tests {
             worker("w1", &[("default", 0)], 0),
             worker("w2", &[("default", 16)], 0),
         ];
-        let starts = next_starts(&[pool("default", 32)], &workers, Bounds { per_worker: 4 });
+        let starts = next_starts(
+            &[pool("default", 32)],
+            &workers,
+            Bounds {
+                per_worker: 4,
+                holding: false,
+            },
+        );
         assert_eq!(count(&starts, "w1", "default"), 4);
         assert_eq!(count(&starts, "w2", "default"), 0);
         // An odd pool: 17 over two workers is 9 + 8, never 17 + 0.
         let empty = [worker("w1", &[], 0), worker("w2", &[], 0)];
-        let starts = next_starts(&[pool("default", 17)], &empty, Bounds { per_worker: 100 });
+        let starts = next_starts(
+            &[pool("default", 17)],
+            &empty,
+            Bounds {
+                per_worker: 100,
+                holding: false,
+            },
+        );
         assert_eq!(
             (
                 count(&starts, "w1", "default"),
@@ -230,7 +305,14 @@ mod tests {
     #[test]
     fn starts_in_flight_bound_the_refill_per_worker() {
         let workers = [worker("w1", &[], 2), worker("w2", &[], 0)];
-        let starts = next_starts(&[pool("default", 32)], &workers, Bounds { per_worker: 2 });
+        let starts = next_starts(
+            &[pool("default", 32)],
+            &workers,
+            Bounds {
+                per_worker: 2,
+                holding: false,
+            },
+        );
         assert_eq!(count(&starts, "w1", "default"), 0);
         assert_eq!(count(&starts, "w2", "default"), 2);
     }
@@ -241,14 +323,27 @@ mod tests {
         let starts = next_starts(
             &[pool("a", 8), pool("b", 8)],
             &workers,
-            Bounds { per_worker: 2 },
+            Bounds {
+                per_worker: 2,
+                holding: false,
+            },
         );
         assert_eq!(
             (count(&starts, "w1", "a"), count(&starts, "w1", "b")),
             (1, 1)
         );
         let full = [worker("w1", &[("a", 8)], 0)];
-        assert!(next_starts(&[pool("a", 8)], &full, Bounds { per_worker: 2 }).is_empty());
+        assert!(
+            next_starts(
+                &[pool("a", 8)],
+                &full,
+                Bounds {
+                    per_worker: 2,
+                    holding: false
+                }
+            )
+            .is_empty()
+        );
     }
 
     #[test]
@@ -256,10 +351,76 @@ mod tests {
         let mut draining = worker("w1", &[], 0);
         draining.accepts = false;
         let workers = [draining, worker("w2", &[], 0)];
-        let starts = next_starts(&[pool("default", 4)], &workers, Bounds { per_worker: 8 });
+        let starts = next_starts(
+            &[pool("default", 4)],
+            &workers,
+            Bounds {
+                per_worker: 8,
+                holding: false,
+            },
+        );
         assert_eq!(count(&starts, "w1", "default"), 0);
         assert_eq!(count(&starts, "w2", "default"), 4);
-        assert!(next_starts(&[pool("default", 4)], &[], Bounds { per_worker: 8 }).is_empty());
+        assert!(
+            next_starts(
+                &[pool("default", 4)],
+                &[],
+                Bounds {
+                    per_worker: 8,
+                    holding: false
+                }
+            )
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn refills_wait_while_a_burst_of_claims_arrives_but_never_long_and_never_past_low_water() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let mut clock = BurstClock::default();
+        // No claim yet: nothing held.
+        assert!(!clock.hold_refills(t0));
+        // Claims arriving: held, step after step...
+        clock.claimed(ms(10));
+        assert!(clock.hold_refills(ms(20)));
+        clock.claimed(ms(60));
+        assert!(clock.hold_refills(ms(70)));
+        // ...until the claims pause for BURST_QUIET.
+        assert!(!clock.hold_refills(ms(60) + BURST_QUIET));
+        // Claims that never pause hold refills back at most MAX_HOLD in a row; the
+        // step after that one holds again (a new hold).
+        let mut steady = BurstClock::default();
+        let mut held = Vec::new();
+        for step in 0..20u64 {
+            steady.claimed(ms(step * 50));
+            held.push(steady.hold_refills(ms(step * 50 + 1)));
+        }
+        let longest = held.split(|h| !h).map(<[bool]>::len).max().unwrap_or(0);
+        // Steps 50 ms apart: six held (250 ms), the seventh refills, and so on.
+        assert!(longest as u128 * 50 <= MAX_HOLD.as_millis(), "{held:?}");
+        assert_eq!(held.iter().filter(|h| !**h).count(), 2, "{held:?}");
+
+        // While held, a pool above low water on a worker gets no start; below it, the
+        // whole deficit.
+        let workers = [
+            worker("w1", &[("default", 10)], 0),
+            worker("w2", &[("default", 1)], 0),
+        ];
+        let holding = Bounds {
+            per_worker: 64,
+            holding: true,
+        };
+        let starts = next_starts(&[pool("default", 32)], &workers, holding);
+        assert_eq!(count(&starts, "w1", "default"), 0);
+        assert_eq!(count(&starts, "w2", "default"), 15);
+        let free = Bounds {
+            holding: false,
+            ..holding
+        };
+        let starts = next_starts(&[pool("default", 32)], &workers, free);
+        assert_eq!(count(&starts, "w1", "default"), 6);
+        assert_eq!(count(&starts, "w2", "default"), 15);
     }
 
     #[test]

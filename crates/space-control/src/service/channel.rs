@@ -80,17 +80,21 @@ impl ControlPlane {
     /// `n`, if more) in one store write, whose rest is kept for the updates that
     /// follow. A burst of updates costs one reservation per block, not one each.
     /// Several replicas reserve from the one counter: their blocks never overlap.
+    /// Each worker's numbers have a lock of their own: a reservation for one worker
+    /// (a store write) holds up no update of another.
     async fn take_update_seqs(&self, worker: &WorkerId, n: u64) -> Result<u64, ControlError> {
-        let mut blocks = self.seq_blocks.lock().await;
+        let lock = self.seq_blocks.of(worker);
+        let mut block = lock.lock().await;
         let now = std::time::Instant::now();
-        if let Some(first) = blocks.get_mut(worker).and_then(|b| b.take(n, now)) {
+        if let Some(first) = block.as_mut().and_then(|b| b.take(n, now)) {
             return Ok(first);
         }
-        // Reserved under the lock: updates waiting meanwhile take from this block.
+        // Reserved under the worker's lock: its updates waiting meanwhile take from
+        // this block.
         let size = n.max(SEQ_BLOCK);
         let last = self.store.reserve_update_seqs(worker, size).await?;
         let first = last + 1 - size;
-        blocks.insert(worker.clone(), SeqBlock::new(first + n, last + 1, now));
+        *block = Some(SeqBlock::new(first + n, last + 1, now));
         Ok(first)
     }
 

@@ -84,16 +84,32 @@ impl ControlPlane {
     /// concurrent change (this replica's or another's) or a new execution is then
     /// told too, so the last policy stored is the one in effect.
     pub async fn push_network(&self, sandbox: &SandboxId) -> Result<NetworkApplied, ControlError> {
+        self.push_network_from(sandbox, None).await
+    }
+
+    /// [`Self::push_network`], its first round with `first` — the execution and the
+    /// policy the caller read or wrote itself a moment ago — instead of reading them
+    /// (a claim's create); every later round, and so the confirmation, reads them.
+    pub(super) async fn push_network_from(
+        &self,
+        sandbox: &SandboxId,
+        mut first: Option<(space_store::ExecutionRecord, Policy)>,
+    ) -> Result<NetworkApplied, ControlError> {
         let mut told: Option<(Execution, Policy)> = None;
         for _ in 0..PUSH_ROUNDS {
-            let current =
-                self.store.current_execution(sandbox).await?.filter(|e| {
-                    matches!(e.state, ExecutionState::Running | ExecutionState::Pending)
-                });
+            let (current, known) = match first.take() {
+                Some((exe, policy)) => (Some(exe), Some(policy)),
+                None => (self.store.current_execution(sandbox).await?, None),
+            };
+            let current = current
+                .filter(|e| matches!(e.state, ExecutionState::Running | ExecutionState::Pending));
             let Some(exe) = current else {
                 return Ok(NetworkApplied::NothingRuns);
             };
-            let policy = self.store.get_sandbox(sandbox).await?.network;
+            let policy = match known {
+                Some(p) => p,
+                None => self.store.get_sandbox(sandbox).await?.network,
+            };
             if told.as_ref() == Some(&(exe.execution(), policy.clone())) {
                 return Ok(NetworkApplied::Execution {
                     execution: exe.execution(),

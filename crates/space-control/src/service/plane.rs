@@ -66,11 +66,13 @@ pub struct ControlPlane {
     /// Standby starts under way, per worker.
     pub(super) standby_in_flight: std::sync::Mutex<std::collections::BTreeMap<WorkerId, usize>>,
     /// Workers that get no standby start until then (one failed there).
-    /// Update sequence numbers reserved ahead, per worker (`channel::SeqBlock`).
-    pub(super) seq_blocks:
-        tokio::sync::Mutex<std::collections::HashMap<WorkerId, super::seq_blocks::SeqBlock>>,
     pub(super) standby_backoff:
         std::sync::Mutex<std::collections::BTreeMap<WorkerId, std::time::Instant>>,
+    /// When a create last claimed a standby sandbox, and since when the keeper has
+    /// held refills back for it ([`crate::standby_plan::hold_refills`]).
+    pub(super) standby_burst: std::sync::Mutex<crate::standby_plan::BurstClock>,
+    /// Update sequence numbers reserved ahead, per worker (`channel::SeqBlock`).
+    pub(super) seq_blocks: super::seq_blocks::SeqBlocks,
     /// Default and largest sandbox limits, and the per-tenant sandbox quota.
     pub(super) limits_policy: std::sync::RwLock<crate::limits::LimitsPolicy>,
     /// The network mode of a create that names no policy (`none` unless set).
@@ -143,7 +145,8 @@ impl ControlPlane {
             standby_pinned: std::sync::RwLock::default(),
             standby_in_flight: std::sync::Mutex::default(),
             standby_backoff: std::sync::Mutex::default(),
-            seq_blocks: tokio::sync::Mutex::default(),
+            standby_burst: std::sync::Mutex::default(),
+            seq_blocks: super::seq_blocks::SeqBlocks::default(),
             quota_pending: Arc::default(),
             limits_policy: std::sync::RwLock::new(crate::limits::LimitsPolicy::from_env()),
             network_default: std::sync::RwLock::default(),

@@ -176,7 +176,7 @@ impl ControlPlane {
             // over as this one (a jail for a VM would be a weaker sandbox): it goes.
             let claimed = match claimed {
                 Some(s) => match self.store.current_execution(&s.id).await? {
-                    Some(e) if e.substrate == substrate => Some(s),
+                    Some(e) if e.substrate == substrate => Some((s, e)),
                     _ => {
                         let _ = self.delete_sandbox(&s).await;
                         None
@@ -184,15 +184,22 @@ impl ControlPlane {
                 },
                 None => None,
             };
-            if let Some(s) = claimed {
+            if let Some((s, e)) = claimed {
                 drop(quota_hold.take());
+                self.standby_burst
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .claimed(std::time::Instant::now());
                 // A sandbox in mode `none` with no lists is what every standby sandbox
                 // of its kind runs. Any other policy is pushed (the standby sandbox ran
                 // its pool's, or one from before a restart that changed it): handed
                 // over only once the worker has put it in force; one whose worker
                 // does not take it is stopped, not handed over.
                 if network != space_proto::api::Policy::none() {
-                    let pushed = self.push_network(&s.id).await;
+                    // What the claim wrote and the execution just read are the first
+                    // round's (the confirmation reads both again).
+                    let first = (e, s.network.clone());
+                    let pushed = self.push_network_from(&s.id, Some(first)).await;
                     if let Ok(applied) = &pushed {
                         tracing::debug!(sandbox = %s.id, ?applied, "claimed standby sandbox given its policy");
                     }

@@ -3,7 +3,7 @@
 //! (`ControlPlane::take_update_seqs`).
 
 /// Update sequence numbers reserved in one store write for the updates that follow.
-pub(crate) const SEQ_BLOCK: u64 = 32;
+pub(crate) const SEQ_BLOCK: u64 = 128;
 
 /// How long numbers reserved ahead may still be signed. Far below what makes a number
 /// unsafe to sign late: a worker forgets the numbers of updates issued
@@ -12,6 +12,33 @@ pub(crate) const SEQ_BLOCK: u64 = 32;
 /// signed within this time of it, is refused by its age (60 s plus 15 s of skew) before
 /// any such later number can be forgotten.
 pub(crate) const SEQ_BLOCK_LIFETIME: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Every worker's block, each behind a lock of its own (held across a reservation,
+/// a store write, so that the updates waiting meanwhile take from the new block).
+#[derive(Debug, Default)]
+pub(crate) struct SeqBlocks {
+    by_worker: std::sync::Mutex<
+        std::collections::HashMap<
+            space_identity::WorkerId,
+            std::sync::Arc<tokio::sync::Mutex<Option<SeqBlock>>>,
+        >,
+    >,
+}
+
+impl SeqBlocks {
+    /// `worker`'s block and its lock (made on first use; a worker's entry is a few
+    /// dozen bytes, and workers are few).
+    pub(crate) fn of(
+        &self,
+        worker: &space_identity::WorkerId,
+    ) -> std::sync::Arc<tokio::sync::Mutex<Option<SeqBlock>>> {
+        let mut map = self
+            .by_worker
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        std::sync::Arc::clone(map.entry(worker.clone()).or_default())
+    }
+}
 
 /// Numbers of one worker's update sequence reserved durably and not signed yet:
 /// `next..end`, reserved at `reserved`.

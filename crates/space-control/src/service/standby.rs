@@ -168,8 +168,12 @@ impl ControlPlane {
     /// for the pools, begun in the background (through the normal create path:
     /// placement on the planned worker, warm jail, acknowledged install). Returns the
     /// starts begun, to wait for if the caller wants to.
+    ///
+    /// While claims are arriving, refills are held back a short, bounded time
+    /// ([`standby_plan::BurstClock::hold_refills`]) unless `now` is set.
     pub async fn keep_standby(
         self: &Arc<Self>,
+        now: bool,
     ) -> Result<Vec<tokio::task::JoinHandle<()>>, ControlError> {
         let pools = self.pools().await;
         let standby = self.store.count_standby_by_worker(STANDBY_TENANT).await?;
@@ -241,6 +245,12 @@ impl ControlPlane {
             &workers,
             Bounds {
                 per_worker: STARTS_PER_WORKER,
+                holding: !now
+                    && self
+                        .standby_burst
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .hold_refills(std::time::Instant::now()),
             },
         );
         Ok(starts
@@ -257,9 +267,10 @@ impl ControlPlane {
             .collect())
     }
 
-    /// One keeper step, waited for: how many standby sandboxes it started (tests).
+    /// One keeper step that holds nothing back, waited for: how many standby
+    /// sandboxes it started (tests).
     pub async fn keep_standby_now(self: &Arc<Self>) -> Result<usize, ControlError> {
-        let started = self.keep_standby().await?;
+        let started = self.keep_standby(true).await?;
         let n = started.len();
         for task in started {
             task.await
