@@ -495,29 +495,37 @@ fn serve_link(
             closed.store(true, std::sync::atomic::Ordering::SeqCst);
         }),
         max_connections,
+        true,
     )
 }
 
 /// The guest's end of one link over any transport (the serial port, a vsock
 /// connection): activations (see [`serve_link`]) until it ends; `shutdown` ends the
-/// transport both ways, after which nothing more is read or written through it.
+/// transport both ways, after which nothing more is read or written through it. With
+/// `set_hostname` (in a VM: the guest's own kernel) each activation names the host
+/// after its sandbox; a test on a host passes `false`, never renaming the machine.
 pub fn run_link(
     reader: Box<dyn io::Read + Send>,
     writer: Box<dyn io::Write + Send>,
     shutdown: Box<dyn Fn() + Send + Sync>,
     max_connections: usize,
+    set_hostname: bool,
 ) -> Result<(), String> {
     let link = space_mux::Link::start(reader, writer, shutdown, false, vm::MAX_STREAMS, None)
         .map_err(|e| e.to_string())?;
     // Whatever ends this link ends it for good: its reader never takes what the next
     // host sends.
-    let ended = serve_on(&link, max_connections);
+    let ended = serve_on(&link, max_connections, set_hostname);
     link.shut("the link ended");
     ended
 }
 
 /// Activations on `link` until it fails (see [`serve_link`]).
-fn serve_on(link: &space_mux::Link, max_connections: usize) -> Result<(), String> {
+fn serve_on(
+    link: &space_mux::Link,
+    max_connections: usize,
+    set_hostname: bool,
+) -> Result<(), String> {
     let mut wait = Duration::from_secs(3600 * 24 * 365);
     loop {
         let record = match link.recv_control(wait) {
@@ -533,7 +541,7 @@ fn serve_on(link: &space_mux::Link, max_connections: usize) -> Result<(), String
                 return Err(e.to_string());
             }
         };
-        activate(link, &activation, max_connections)?;
+        activate(link, &activation, max_connections, set_hostname)?;
         wait = Duration::from_millis(500);
     }
 }
@@ -543,9 +551,12 @@ fn activate(
     link: &space_mux::Link,
     activation: &Activation,
     max_connections: usize,
+    set_hostname: bool,
 ) -> Result<(), String> {
-    let hostname = activation.sandbox.to_string().replace('_', "-");
-    let _ = nix::unistd::sethostname(&hostname);
+    if set_hostname {
+        let hostname = activation.sandbox.to_string().replace('_', "-");
+        let _ = nix::unistd::sethostname(&hostname);
+    }
     let agent = Arc::new(Agent::new(
         activation,
         PathBuf::from("/root"),

@@ -70,7 +70,7 @@ pub fn serve_vsock(port: u32, max_connections: usize) -> Result<(), String> {
                 continue;
             }
         }
-        if let Err(e) = serve_connection(conn, max_connections) {
+        if let Err(e) = serve_connection(conn, max_connections, true) {
             eprintln!("spaced-guest: link ended: {e}");
         }
     }
@@ -78,7 +78,12 @@ pub fn serve_vsock(port: u32, max_connections: usize) -> Result<(), String> {
 
 /// One link over a connected stream socket `conn` (a vsock connection from the host,
 /// or in tests a Unix stream): until it ends; the socket is closed when this returns.
-pub fn serve_connection(conn: OwnedFd, max_connections: usize) -> Result<(), String> {
+/// `set_hostname` as [`crate::vm::run_link`] takes it (`false` off a VM).
+pub fn serve_connection(
+    conn: OwnedFd,
+    max_connections: usize,
+    set_hostname: bool,
+) -> Result<(), String> {
     rustix::net::sockopt::set_socket_timeout(
         &conn,
         rustix::net::sockopt::Timeout::Send,
@@ -94,6 +99,7 @@ pub fn serve_connection(conn: OwnedFd, max_connections: usize) -> Result<(), Str
             let _ = rustix::net::shutdown(conn.as_fd(), rustix::net::Shutdown::Both);
         }),
         max_connections,
+        set_hostname,
     )
 }
 
@@ -113,8 +119,9 @@ mod tests {
 
     #[test]
     fn a_connection_is_one_link_activated_then_ended_by_the_host() {
+        let hostname = nix::unistd::gethostname().unwrap();
         let (host, guest) = std::os::unix::net::UnixStream::pair().unwrap();
-        let served = std::thread::spawn(move || serve_connection(OwnedFd::from(guest), 4));
+        let served = std::thread::spawn(move || serve_connection(OwnedFd::from(guest), 4, false));
         let link = space_mux::Link::over_unix(host, true, vm::MAX_STREAMS, None).unwrap();
         let activation = Activation {
             sandbox: SandboxId::from_bytes([7; 16]),
@@ -133,5 +140,7 @@ mod tests {
         assert!(link.open().is_ok());
         link.shut("the host went away");
         assert!(served.join().unwrap().is_err());
+        // Off a VM the machine keeps its name.
+        assert_eq!(nix::unistd::gethostname().unwrap(), hostname);
     }
 }

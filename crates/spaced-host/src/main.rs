@@ -48,6 +48,12 @@ fn real_main() -> Result<(), String> {
             spaced_host::serial::exit_with(&link);
             Some(link)
         }
+        spaced_host::Transport::Vsock => {
+            let link = spaced_host::vsock::connect_agent(&spec, spaced_host::serial::READY_WAIT)
+                .map_err(|e| format!("vsock transport: {e}"))?;
+            spaced_host::serial::exit_with(&link);
+            Some(link)
+        }
     };
     let listener = space_peer::bind_listener(&spec.listen).map_err(|e| e.to_string())?;
     let mut out = std::io::stdout();

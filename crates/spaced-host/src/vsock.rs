@@ -2,11 +2,24 @@
 //! VMM's Unix socket by asking for it (`CONNECT <port>\n`, in one write) and reading
 //! `OK <host port>\n`; from then on the stream is the guest's. A guest port nobody
 //! listens on ends the stream without an `OK`. Every read is bounded and timed.
+//!
+//! The bridge's vsock transport ([`connect_agent`], a Firecracker VM's) is the serial
+//! transport's flow over such a stream: the VMM verified as the socket's peer, then
+//! the guest activated over one `space-mux` link for the bridge's life.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
+
+use space_mux::Link;
+use space_proto::vm;
+
+use crate::error::BridgeError;
+use crate::spec::BridgeSpec;
+
+/// How long the VMM may take to acknowledge a `CONNECT`.
+const HANDSHAKE_WAIT: Duration = Duration::from_secs(10);
 
 /// Longest acknowledgement line read (`OK ` and a `u32`, with room to spare).
 const MAX_ACK: usize = 32;
@@ -70,6 +83,29 @@ pub fn handshake(
     stream.set_read_timeout(None)?;
     stream.set_write_timeout(None)?;
     Ok((stream, host_port))
+}
+
+/// The bridge's vsock transport: connects to the VMM's hybrid vsock socket
+/// (`agent_socket`), verifies it as [`crate::serial`] verifies QEMU — its directory
+/// reachable only by this uid and the VMM's, its peer the recorded VMM process (PID,
+/// start time, executable, uid, pidfd), that process holding the listener there in its
+/// network namespace's socket table — asks for the guest's [`vm::VSOCK_PORT`], and
+/// activates the guest: the link, once `ready`.
+pub fn connect_agent(spec: &BridgeSpec, ready_wait: Duration) -> Result<Link, BridgeError> {
+    space_peer::check_vmm_socket_path(&spec.agent_socket, spec.agent.uid)?;
+    let stream = UnixStream::connect(&spec.agent_socket)?;
+    crate::serial::verify_peer(&stream, spec)?;
+    if !space_peer::process_listens_at(spec.agent.pid, &spec.agent_socket)? {
+        return Err(space_peer::PeerError::SocketTable(
+            "the recorded VMM does not hold the vsock socket",
+        )
+        .into());
+    }
+    let (stream, _) = handshake(stream, vm::VSOCK_PORT, HANDSHAKE_WAIT).map_err(|e| match e {
+        VsockError::Io(e) => BridgeError::Io(e),
+        other => BridgeError::Io(std::io::Error::other(other.to_string())),
+    })?;
+    crate::serial::activate(stream, spec, ready_wait)
 }
 
 #[cfg(test)]
