@@ -1,0 +1,111 @@
+//! Firecracker as a uid of its own. Firecracker has no `-runas` (its jailer drops
+//! privileges, besides a chroot, namespaces and a cgroup of its own; this driver does
+//! not use the jailer, see `docs/architecture.md`): the child drops to the VM's uid
+//! after the fork and before `exec`, so Firecracker itself never runs as the worker.
+//! The uid then opens `/dev/kvm` through the device's group (kept as its one
+//! supplementary group) or its mode, and reaches its files only through its own
+//! working directory, which the worker prepared for it.
+#![allow(unsafe_code)]
+
+use std::io;
+use std::os::unix::fs::MetadataExt as _;
+use std::os::unix::process::CommandExt as _;
+use std::path::Path;
+use std::process::Command;
+
+use crate::substrate::SubstrateError;
+
+/// How a VM's uid gets to `/dev/kvm` given the device's `mode` and group `gid`:
+/// through its mode (read and write for others: no group needed), through its group
+/// (read and write for the group: that group kept), or not at all.
+pub fn kvm_group(mode: u32, gid: u32) -> Result<Option<u32>, String> {
+    if mode & 0o006 == 0o006 {
+        return Ok(None);
+    }
+    if mode & 0o060 == 0o060 {
+        return Ok(Some(gid));
+    }
+    Err(format!(
+        "/dev/kvm (mode {:o}) is open to neither its group nor others: a VM's own uid \
+         could not use it",
+        mode & 0o7777
+    ))
+}
+
+/// [`kvm_group`] of this host's `/dev/kvm`.
+pub fn kvm_access(dev: &Path) -> Result<Option<u32>, SubstrateError> {
+    let m = std::fs::metadata(dev).map_err(|e| {
+        SubstrateError::Unsupported(format!("no {} ({e}): Firecracker needs KVM", dev.display()))
+    })?;
+    kvm_group(m.mode(), m.gid()).map_err(SubstrateError::Unsupported)
+}
+
+/// Makes `command` set `no_new_privs` and, with `uid`, drop to `uid` (every uid and
+/// gid, no capability left) with `group` as its only supplementary group, in the child
+/// before `exec`. Register it after any step that needs the worker's privileges
+/// (`unshare` of a network namespace): closures run in their order.
+pub fn drop_to(command: &mut Command, uid: Option<u32>, group: Option<u32>) {
+    let groups: Vec<libc::gid_t> = group.into_iter().collect();
+    // SAFETY: the closure runs in the forked child of a multithreaded process and calls
+    // only setgroups, setresgid, setresuid and prctl (async-signal-safe system calls);
+    // `groups` was allocated before the fork and is only read; building the error
+    // from errno does not allocate.
+    unsafe {
+        command.pre_exec(move || {
+            if let Some(id) = uid {
+                if libc::setgroups(groups.len(), groups.as_ptr()) == -1
+                    || libc::setresgid(id, id, id) == -1
+                    || libc::setresuid(id, id, id) == -1
+                {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kvm_is_reached_through_its_mode_or_its_group_or_not_at_all() {
+        assert_eq!(kvm_group(0o20666, 108), Ok(None));
+        assert_eq!(kvm_group(0o20660, 108), Ok(Some(108)));
+        assert!(kvm_group(0o20600, 108).is_err());
+        // Read without write is not use.
+        assert!(kvm_group(0o20640, 108).is_err());
+    }
+
+    #[test]
+    fn a_child_dropped_to_a_uid_runs_as_it_with_no_new_privileges() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("SKIPPED: needs root to drop to another uid");
+            return;
+        }
+        let mut cmd = Command::new("cat");
+        cmd.arg("/proc/self/status");
+        drop_to(&mut cmd, Some(64_999), Some(64_998));
+        let out = cmd.output().unwrap();
+        let status = String::from_utf8_lossy(&out.stdout);
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .unwrap_or_default()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        assert_eq!(field("Uid:"), "64999 64999 64999 64999", "{status}");
+        assert_eq!(field("Gid:"), "64999 64999 64999 64999", "{status}");
+        assert_eq!(field("Groups:"), "64998", "{status}");
+        assert_eq!(field("CapEff:"), "0000000000000000", "{status}");
+        assert_eq!(field("CapPrm:"), "0000000000000000", "{status}");
+        assert_eq!(field("NoNewPrivs:"), "1", "{status}");
+    }
+}

@@ -1,0 +1,216 @@
+//! Memory snapshots under Firecracker, in the QEMU driver's layout
+//! (`substrate::vm::snapshot`: `vm.json`, `memory`, `upper.ext4`) plus Firecracker's
+//! device and vCPU state (`vmstate`), so that packing, transfer and unpacking carry it
+//! unchanged.
+//!
+//! Taking one: the VM is paused, Firecracker writes a full snapshot into its own
+//! directory (as the VM's uid: names it cannot have been given before, see
+//! [`requests::NEW_VMSTATE`]), the worker moves both files into the snapshot's
+//! directory and makes them its own, and copies the (stopped, flushed) disk sparsely.
+//!
+//! Loading one: the new execution's directory gets links of the snapshot's state and
+//! memory under the names the load reads, readable by the new VM's uid; once
+//! Firecracker has loaded them (the memory mapped privately: the guest's writes never
+//! reach the file) the names go, so nothing the restored VM writes later lands in the
+//! snapshot's files.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::api::Api;
+use super::requests;
+use crate::substrate::vm::snapshot::{self as vmsnap, Machine, VmSnapshot, Vmm};
+use crate::substrate::{SandboxHandle, SubstrateError, io_err};
+
+/// Writes a snapshot of the VM behind `api` (its Firecracker directory `fc`) into
+/// `dir`; the VM stays paused.
+pub(super) fn take(
+    api: &Api,
+    handle: &SandboxHandle,
+    fc: &Path,
+    dir: &Path,
+    wait: Duration,
+) -> Result<VmSnapshot, SubstrateError> {
+    let machine = Machine::read(&handle.sandbox_dir.join(vmsnap::MACHINE))?;
+    if machine.vmm != Vmm::Firecracker {
+        return Err(SubstrateError::InvalidSpec(
+            "not a Firecracker VM's machine".into(),
+        ));
+    }
+    std::fs::create_dir_all(dir).map_err(io_err("the snapshot directory"))?;
+    let refused = |what: &str, e: super::api::ApiError| {
+        SubstrateError::io(what.to_owned(), std::io::Error::other(e.to_string()))
+    };
+    let (method, path, body) = requests::vm_state(true);
+    api.ok(method, &path, Some(&body))
+        .map_err(|e| refused("pause the VM", e))?;
+    for name in [requests::NEW_VMSTATE, requests::NEW_MEMORY] {
+        let _ = std::fs::remove_file(fc.join(name));
+    }
+    let (method, path, body) = requests::snapshot_create();
+    let written = Api::new(api.socket(), wait).ok(method, &path, Some(&body));
+    if let Err(e) = written {
+        for name in [requests::NEW_VMSTATE, requests::NEW_MEMORY] {
+            let _ = std::fs::remove_file(fc.join(name));
+        }
+        return Err(refused("the memory snapshot", e));
+    }
+    for (from, to) in [
+        (requests::NEW_VMSTATE, vmsnap::VMSTATE),
+        (requests::NEW_MEMORY, vmsnap::MEMORY),
+    ] {
+        take_file(&fc.join(from), &dir.join(to))?;
+    }
+    // Paused, its disk flushed by the snapshot: the disk is consistent.
+    vmsnap::copy_sparse(&handle.upper_dir, &dir.join(vmsnap::DISK))?;
+    machine.write(&dir.join(vmsnap::MACHINE))?;
+    VmSnapshot::open(dir)
+}
+
+/// Moves a file Firecracker wrote (as the VM's uid) to `to`, the worker's own and
+/// private to it; never through a link Firecracker could have left at `from`.
+fn take_file(from: &Path, to: &Path) -> Result<(), SubstrateError> {
+    let plain = std::fs::symlink_metadata(from).is_ok_and(|m| m.is_file());
+    if !plain {
+        return Err(SubstrateError::InvalidSpec(format!(
+            "Firecracker wrote no plain file at {}",
+            from.display()
+        )));
+    }
+    let _ = std::fs::remove_file(to);
+    if std::fs::rename(from, to).is_err() {
+        // Another filesystem: copied, holes kept.
+        vmsnap::copy_sparse(from, to)?;
+        let _ = std::fs::remove_file(from);
+    }
+    let me = rustix::process::geteuid().as_raw();
+    let my_gid = rustix::process::getegid().as_raw();
+    std::os::unix::fs::lchown(to, Some(me), Some(my_gid)).map_err(io_err("own a snapshot file"))?;
+    std::fs::set_permissions(to, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .map_err(io_err("a snapshot file's mode"))
+}
+
+/// Puts `snap`'s state and memory into the new execution's directory `fc` under the
+/// names the load reads: links of the snapshot's files where they are on the same
+/// filesystem (readable by the VM's uid: their mode is opened to reading, their
+/// directories stay closed to every other uid), copies (the VM uid's) otherwise.
+pub(super) fn stage_for_load(
+    snap: &VmSnapshot,
+    fc: &Path,
+    uid: Option<u32>,
+) -> Result<(), SubstrateError> {
+    for (from, to) in [
+        (vmsnap::VMSTATE, requests::VMSTATE),
+        (vmsnap::MEMORY, requests::MEMORY),
+    ] {
+        let (from, to) = (snap.dir().join(from), fc.join(to));
+        let plain = std::fs::symlink_metadata(&from).is_ok_and(|m| m.is_file());
+        if !plain {
+            return Err(SubstrateError::InvalidSpec(format!(
+                "the snapshot has no plain {}",
+                from.display()
+            )));
+        }
+        if std::fs::hard_link(&from, &to).is_ok() {
+            std::fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode(0o444))
+                .map_err(io_err("a snapshot file's mode"))?;
+        } else {
+            vmsnap::copy_sparse(&from, &to)?;
+            if let Some(base) = uid {
+                std::os::unix::fs::lchown(&to, Some(base), Some(base))
+                    .map_err(io_err("give the VM its snapshot files"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Removes the names [`stage_for_load`] made (after the load, or after it failed).
+pub(super) fn unstage(fc: &Path) {
+    for name in [requests::VMSTATE, requests::MEMORY] {
+        let _ = std::fs::remove_file(fc.join(name));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot_dir(root: &Path) -> VmSnapshot {
+        let dir = root.join("snap");
+        std::fs::create_dir_all(&dir).unwrap();
+        Machine {
+            ram: 256 << 20,
+            cpus: 1,
+            root_image: "layer-a.ext4".into(),
+            kernel: "6.1.0-cloud-amd64".into(),
+            nic: false,
+            vmm: Vmm::Firecracker,
+        }
+        .write(&dir.join(vmsnap::MACHINE))
+        .unwrap();
+        for f in [vmsnap::MEMORY, vmsnap::DISK, vmsnap::VMSTATE] {
+            std::fs::write(dir.join(f), f.as_bytes()).unwrap();
+        }
+        VmSnapshot::open(&dir).unwrap()
+    }
+
+    #[test]
+    fn a_firecracker_snapshot_needs_its_vmstate_and_says_its_vmm() {
+        let t = tempfile::tempdir().unwrap();
+        let snap = snapshot_dir(t.path());
+        assert_eq!(snap.machine.vmm, Vmm::Firecracker);
+        std::fs::remove_file(snap.dir().join(vmsnap::VMSTATE)).unwrap();
+        assert!(VmSnapshot::open(snap.dir()).is_err());
+        // A QEMU machine file (no `vmm`) reads as QEMU's and is written as before.
+        let qemu = Machine {
+            vmm: Vmm::Qemu,
+            ..snap.machine.clone()
+        };
+        let text = serde_json::to_string(&qemu).unwrap();
+        assert!(!text.contains("vmm"), "{text}");
+        let back: Machine = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.vmm, Vmm::Qemu);
+    }
+
+    #[test]
+    fn staged_files_are_the_snapshots_own_and_go_once_loaded() {
+        let t = tempfile::tempdir().unwrap();
+        let snap = snapshot_dir(t.path());
+        let fc = t.path().join("fc-1");
+        std::fs::create_dir_all(&fc).unwrap();
+        stage_for_load(&snap, &fc, None).unwrap();
+        assert_eq!(
+            std::fs::read(fc.join(requests::VMSTATE)).unwrap(),
+            vmsnap::VMSTATE.as_bytes()
+        );
+        assert_eq!(
+            std::fs::read(fc.join(requests::MEMORY)).unwrap(),
+            vmsnap::MEMORY.as_bytes()
+        );
+        unstage(&fc);
+        assert!(!fc.join(requests::VMSTATE).exists());
+        assert!(!fc.join(requests::MEMORY).exists());
+        // The snapshot itself is whole.
+        assert!(VmSnapshot::open(snap.dir()).is_ok());
+    }
+
+    #[test]
+    fn a_written_file_is_taken_only_if_plain_and_becomes_the_workers() {
+        let t = tempfile::tempdir().unwrap();
+        let (from, to) = (t.path().join("new.memory"), t.path().join("memory"));
+        std::os::unix::fs::symlink("/etc/passwd", &from).unwrap();
+        assert!(take_file(&from, &to).is_err());
+        assert!(!to.exists());
+        std::fs::remove_file(&from).unwrap();
+        std::fs::write(&from, b"ram").unwrap();
+        take_file(&from, &to).unwrap();
+        assert_eq!(std::fs::read(&to).unwrap(), b"ram");
+        assert!(!from.exists());
+        use std::os::unix::fs::PermissionsExt as _;
+        assert_eq!(
+            std::fs::metadata(&to).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
+}
