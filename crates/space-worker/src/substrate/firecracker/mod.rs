@@ -23,6 +23,7 @@
 
 pub mod api;
 pub mod child;
+pub mod probe;
 pub mod requests;
 mod snapshot;
 
