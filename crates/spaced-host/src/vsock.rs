@@ -90,22 +90,68 @@ pub fn handshake(
 /// reachable only by this uid and the VMM's, its peer the recorded VMM process (PID,
 /// start time, executable, uid, pidfd), that process holding the listener there in its
 /// network namespace's socket table — asks for the guest's [`vm::VSOCK_PORT`], and
-/// activates the guest: the link, once `ready`.
+/// activates the guest: the link, once `ready`. A guest still booting has no listener
+/// yet (the VMM closes the stream without an `OK`): asked again, each time on a new
+/// connection verified anew, until `ready_wait` has passed.
 pub fn connect_agent(spec: &BridgeSpec, ready_wait: Duration) -> Result<Link, BridgeError> {
-    space_peer::check_vmm_socket_path(&spec.agent_socket, spec.agent.uid)?;
-    let stream = UnixStream::connect(&spec.agent_socket)?;
-    crate::serial::verify_peer(&stream, spec)?;
-    if !space_peer::process_listens_at(spec.agent.pid, &spec.agent_socket)? {
-        return Err(space_peer::PeerError::SocketTable(
-            "the recorded VMM does not hold the vsock socket",
-        )
-        .into());
+    let deadline = std::time::Instant::now() + ready_wait;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match connect_once(spec, left.min(HANDSHAKE_WAIT)) {
+            Ok(stream) => {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                return crate::serial::activate(stream, spec, left.max(Duration::from_secs(1)));
+            }
+            Err(Attempt::Again(e)) if std::time::Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(Attempt::Again(e) | Attempt::Refused(e)) => return Err(e),
+        }
     }
-    let (stream, _) = handshake(stream, vm::VSOCK_PORT, HANDSHAKE_WAIT).map_err(|e| match e {
-        VsockError::Io(e) => BridgeError::Io(e),
-        other => BridgeError::Io(std::io::Error::other(other.to_string())),
-    })?;
-    crate::serial::activate(stream, spec, ready_wait)
+}
+
+/// Why one attempt failed: worth another (nothing listens yet, a VMM slow to answer),
+/// or not (the socket or its peer is not the recorded VMM's).
+enum Attempt {
+    Again(BridgeError),
+    Refused(BridgeError),
+}
+
+fn connect_once(spec: &BridgeSpec, wait: Duration) -> Result<UnixStream, Attempt> {
+    let refused = |e: BridgeError| Attempt::Refused(e);
+    space_peer::check_vmm_socket_path(&spec.agent_socket, spec.agent.uid)
+        .map_err(|e| refused(e.into()))?;
+    let stream = UnixStream::connect(&spec.agent_socket).map_err(|e| refused(e.into()))?;
+    crate::serial::verify_peer(&stream, spec).map_err(refused)?;
+    let listens = space_peer::process_listens_at(spec.agent.pid, &spec.agent_socket)
+        .map_err(|e| refused(e.into()))?;
+    if !listens {
+        return Err(refused(
+            space_peer::PeerError::SocketTable("the recorded VMM does not hold the vsock socket")
+                .into(),
+        ));
+    }
+    match handshake(stream, vm::VSOCK_PORT, wait.max(Duration::from_millis(100))) {
+        Ok((stream, _)) => Ok(stream),
+        Err(e @ VsockError::NoListener(_)) => Err(Attempt::Again(BridgeError::Io(
+            std::io::Error::other(e.to_string()),
+        ))),
+        Err(VsockError::Io(e))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock
+                    | std::io::ErrorKind::TimedOut
+                    | std::io::ErrorKind::ConnectionReset
+            ) =>
+        {
+            Err(Attempt::Again(BridgeError::Io(e)))
+        }
+        Err(VsockError::Io(e)) => Err(refused(BridgeError::Io(e))),
+        Err(other) => Err(refused(BridgeError::Io(std::io::Error::other(
+            other.to_string(),
+        )))),
+    }
 }
 
 #[cfg(test)]

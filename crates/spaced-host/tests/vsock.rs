@@ -29,6 +29,16 @@ fn dirs() -> (tempfile::TempDir, PathBuf, PathBuf) {
 /// `CONNECT` line, and (when it names the agent's port) answers `OK` and serves the
 /// guest's end of the link with the real guest code until the link ends.
 fn fake_firecracker(socket: &Path, connections: usize) -> std::thread::JoinHandle<Vec<String>> {
+    fake_firecracker_resettable(socket, connections, Default::default())
+}
+
+/// [`fake_firecracker`] that also keeps a handle of every acknowledged connection in
+/// `open`, so that a test can reset it as Firecracker does at a snapshot.
+fn fake_firecracker_resettable(
+    socket: &Path,
+    connections: usize,
+    open: std::sync::Arc<std::sync::Mutex<Vec<std::os::unix::net::UnixStream>>>,
+) -> std::thread::JoinHandle<Vec<String>> {
     let listener = UnixListener::bind(socket).unwrap();
     std::thread::spawn(move || {
         let mut asked = Vec::new();
@@ -48,6 +58,7 @@ fn fake_firecracker(socket: &Path, connections: usize) -> std::thread::JoinHandl
             }
             // Firecracker's acknowledgement names the host side's port.
             conn.write_all(b"OK 1073741824\n").unwrap();
+            open.lock().unwrap().push(conn.try_clone().unwrap());
             let _ = spaced_guest::vsock::serve_connection(OwnedFd::from(conn), 16, false);
         }
         asked
@@ -154,24 +165,92 @@ fn a_vsock_socket_whose_peer_is_not_the_recorded_vmm_is_refused() {
 }
 
 #[test]
-fn a_vsock_socket_others_can_reach_or_without_a_listener_in_the_guest_is_refused() {
+fn a_guest_not_listening_yet_is_asked_again_until_the_wait_ends() {
     let (_t, run, vmm) = dirs();
     let socket = vmm.join("v.sock");
-    // A stand-in that closes without an acknowledgement: no agent listens.
+    // A VMM whose guest never listens: every CONNECT is closed unanswered.
     let listener = UnixListener::bind(&socket).unwrap();
     let closer = std::thread::spawn(move || {
-        if let Ok((mut c, _)) = listener.accept() {
-            let mut b = [0u8; 16];
-            let _ = c.read(&mut b);
+        let mut asked = 0;
+        listener.set_nonblocking(true).unwrap();
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        while std::time::Instant::now() < until {
+            match listener.accept() {
+                Ok((mut c, _)) => {
+                    c.set_nonblocking(false).unwrap();
+                    let mut b = [0u8; 16];
+                    let _ = c.read(&mut b);
+                    asked += 1;
+                }
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(5)),
+            }
         }
+        asked
     });
-    let (line, err) = bridge_outcome(&spec(&run, socket.clone(), this_process()));
-    assert_ne!(line.trim(), "ready");
+    let started = std::time::Instant::now();
+    let err = spaced_host::vsock::connect_agent(
+        &spec(&run, socket, this_process()),
+        std::time::Duration::from_millis(600),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("nothing listens on vsock port"), "{err}");
-    closer.join().unwrap();
-    // The VMM's directory open to others: refused before connecting.
+    assert!(started.elapsed() >= std::time::Duration::from_millis(600));
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    assert!(closer.join().unwrap() > 1, "asked only once");
+}
+
+#[test]
+fn a_vmm_socket_directory_open_to_others_is_refused() {
+    let (_t, run, vmm) = dirs();
+    let socket = vmm.join("v.sock");
+    let _listener = UnixListener::bind(&socket).unwrap();
     std::fs::set_permissions(&vmm, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let (line, err) = bridge_outcome(&spec(&run, socket, this_process()));
     assert_ne!(line.trim(), "ready");
     assert!(err.contains("accessible to group or others"), "{err}");
+}
+
+#[test]
+fn a_link_the_vmm_resets_is_made_again_to_the_same_vmm_with_the_same_activation() {
+    let (_t, run, vmm) = dirs();
+    let socket = vmm.join("v.sock");
+    let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let asked = fake_firecracker_resettable(&socket, 2, open.clone());
+    let spec = spec(&run, socket, this_process());
+    let mut bridge = start_bridge_with(&bridge_bin(), &spec);
+    let target = spaced_host::BridgeTarget {
+        socket: spec.listen.clone(),
+        bridge: bridge.identity(),
+        served: spec.activation.identity(),
+        secret: spec.activation.secret,
+    };
+    let echo = |what: &str| {
+        let mut conn = spaced_host::connect(&target).unwrap();
+        conn.exec(ExecSpec::shell(&format!("echo {what}")))
+            .unwrap()
+            .stdout
+    };
+    assert_eq!(echo("first"), b"first\n");
+    // Firecracker writing a snapshot: every vsock connection reset.
+    for c in open.lock().unwrap().drain(..) {
+        c.shutdown(std::net::Shutdown::Both).unwrap();
+    }
+    // The bridge links again (a new CONNECT, the same activation) and serves on.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let again = loop {
+        let tried = spaced_host::connect(&target)
+            .ok()
+            .and_then(|mut c| c.exec(ExecSpec::shell("echo again")).ok());
+        if let Some(out) = tried {
+            break out.stdout;
+        }
+        assert!(std::time::Instant::now() < deadline, "no new link");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!(again, b"again\n");
+    bridge.0.kill().unwrap();
+    bridge.0.wait().unwrap();
+    let port = format!("CONNECT {}", space_proto::vm::VSOCK_PORT);
+    assert_eq!(asked.join().unwrap(), [port.clone(), port]);
 }
