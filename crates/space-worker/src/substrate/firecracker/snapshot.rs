@@ -41,9 +41,14 @@ pub(super) fn take(
     let refused = |what: &str, e: super::api::ApiError| {
         SubstrateError::io(what.to_owned(), std::io::Error::other(e.to_string()))
     };
-    let (method, path, body) = requests::vm_state(true);
-    api.ok(method, &path, Some(&body))
-        .map_err(|e| refused("pause the VM", e))?;
+    // Paused first unless it already is (the worker freezes an execution before
+    // its snapshot).
+    let state = api.state().map_err(|e| refused("the VM's state", e))?;
+    if state != "Paused" {
+        let (method, path, body) = requests::vm_state(true);
+        api.ok(method, &path, Some(&body))
+            .map_err(|e| refused("pause the VM", e))?;
+    }
     for name in [requests::NEW_VMSTATE, requests::NEW_MEMORY] {
         let _ = std::fs::remove_file(fc.join(name));
     }

@@ -1,0 +1,295 @@
+//! The Firecracker driver against a stand-in `firecracker` (a Python script,
+//! `tests/firecracker/fake_firecracker.py`, that serves the API, opens what it is
+//! given as Firecracker would and boots nothing): everything of a launch, a pause, a
+//! snapshot, a restore and a destroy that happens on the host runs for real — the
+//! cgroup, the cleared environment, the working directory, the inherited kernel and
+//! initramfs descriptors, the requests in their order, the snapshot's files and their
+//! staging for a load. What needs a real Firecracker and KVM is in
+//! `tests/firecracker.rs`.
+//!
+//! Needs root (cgroups), `/usr/bin/python3` and `mkfs.ext4`; skips saying so otherwise.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+
+use space_worker::substrate::firecracker::{FirecrackerConfig, FirecrackerDriver};
+use space_worker::substrate::vm::snapshot::{Machine, Vmm};
+use space_worker::substrate::{
+    AgentCommand, ExecutionKey, LaunchSpec, Limits, Substrate, SubstrateKind, TemplateSpec,
+};
+
+const PYTHON: &str = "/usr/bin/python3";
+
+fn missing() -> Option<String> {
+    if !rustix::process::geteuid().is_root() {
+        return Some("needs root (cgroups)".into());
+    }
+    if !Path::new(PYTHON).is_file() {
+        return Some(format!("needs {PYTHON} for the stand-in firecracker"));
+    }
+    if std::process::Command::new("mkfs.ext4")
+        .arg("-V")
+        .output()
+        .is_err()
+    {
+        return Some("needs mkfs.ext4 (e2fsprogs)".into());
+    }
+    None
+}
+
+/// A kernel directory as `space vm setup` leaves it, with placeholder files (the
+/// stand-in boots nothing) and an ELF header as its `vmlinux`.
+fn fake_kernel(dir: &Path) {
+    let modules = dir.join("modules");
+    std::fs::create_dir_all(&modules).unwrap();
+    std::fs::write(dir.join("vmlinuz"), b"not a kernel").unwrap();
+    std::fs::write(dir.join("release"), "6.1.0-test\n").unwrap();
+    let names: Vec<&str> = space_proto::vm::GUEST_MODULES
+        .iter()
+        .chain(space_proto::vm::VSOCK_MODULES)
+        .copied()
+        .collect();
+    for n in &names {
+        std::fs::write(modules.join(format!("{n}.ko")), b"module").unwrap();
+    }
+    std::fs::write(modules.join("order"), names.join("\n")).unwrap();
+    let mut elf = vec![0u8; 128];
+    elf[..4].copy_from_slice(b"\x7fELF");
+    elf[4] = 2;
+    elf[5] = 1;
+    elf[18] = 62;
+    std::fs::write(dir.join("vmlinux"), elf).unwrap();
+}
+
+struct Env {
+    driver: FirecrackerDriver,
+    data: tempfile::TempDir,
+    files: tempfile::TempDir,
+    cgroup_parent: String,
+}
+
+impl Env {
+    fn new(firecracker: &Path) -> Self {
+        let files = tempfile::tempdir().unwrap();
+        let data = tempfile::tempdir().unwrap();
+        fake_kernel(&files.path().join("kernel"));
+        let agent = files.path().join("agent");
+        std::fs::write(&agent, b"an agent").unwrap();
+        let template = files.path().join("template");
+        std::fs::create_dir_all(template.join("etc")).unwrap();
+        std::fs::write(template.join("etc/hostname"), b"t\n").unwrap();
+        let cgroup_parent = format!("space-test-fcapi-{}", std::process::id());
+        let driver = FirecrackerDriver::new(
+            FirecrackerConfig {
+                firecracker: firecracker.to_path_buf(),
+                kernel_dir: files.path().join("kernel"),
+                agent,
+                cgroup_parent: cgroup_parent.clone(),
+                // This host's /dev/kvm is root's alone: the uid drop itself is tested
+                // in `substrate::firecracker::child`.
+                uid_ranges: None,
+            },
+            data.path(),
+        )
+        .unwrap();
+        Self {
+            driver,
+            data,
+            files,
+            cgroup_parent,
+        }
+    }
+
+    fn spec(&self, execution: &str, initial_upper: Option<PathBuf>) -> LaunchSpec {
+        LaunchSpec {
+            key: ExecutionKey::new("sbx_fc", execution),
+            data_dir: self.data.path().to_path_buf(),
+            template: TemplateSpec::Directory {
+                lower_dir: self.files.path().join("template"),
+                read_only_binds: Vec::new(),
+            },
+            limits: Limits {
+                memory_bytes: Some(256 << 20),
+                disk_bytes: Some(64 << 20),
+                ..Limits::default()
+            },
+            agent: AgentCommand::spaced_guest("/nonexistent"),
+            activation: b"{}".to_vec(),
+            hostname: None,
+            initial_upper,
+        }
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if let Ok(h) = space_worker::substrate::jail::cgroup::CgroupHierarchy::detect() {
+            for dir in h.parent_dirs(&self.cgroup_parent) {
+                let _ = std::fs::remove_dir(dir);
+            }
+        }
+    }
+}
+
+/// The stand-in (or `script`) as an executable in a directory of its own.
+fn firecracker_bin(root: &Path, script: &str) -> PathBuf {
+    let dir = root.join("bin");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("firecracker");
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+fn requests(fc_dir: &Path) -> Vec<(String, String, serde_json::Value)> {
+    std::fs::read_to_string(fc_dir.join("requests.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn launch_pause_snapshot_restore_and_destroy_against_a_stand_in_firecracker() {
+    if let Some(why) = missing() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let bins = tempfile::tempdir().unwrap();
+    let fake = firecracker_bin(bins.path(), include_str!("firecracker/fake_firecracker.py"));
+    let env = Env::new(&fake);
+    let handle = env.driver.launch(&env.spec("01", None)).unwrap();
+    assert_eq!(handle.substrate, SubstrateKind::Firecracker);
+    let fc = handle.socket_path.parent().unwrap().to_path_buf();
+    assert_eq!(fc.file_name().unwrap(), "fc-01");
+    assert_eq!(handle.socket_path.file_name().unwrap(), "v.sock");
+    assert!(handle.upper_dir.is_file());
+    // Firecracker in its directory, with nothing of the worker's environment.
+    let pid = handle.init.pid;
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap(),
+        fc.canonicalize().unwrap()
+    );
+    assert!(
+        std::fs::read(format!("/proc/{pid}/environ"))
+            .unwrap()
+            .is_empty()
+    );
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(status.contains("NoNewPrivs:\t1"), "{status}");
+    // In a cgroup of its own, where this host has cgroups.
+    if space_worker::substrate::jail::cgroup::CgroupHierarchy::detect().is_ok() {
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+        assert!(cgroup.contains(&env.cgroup_parent), "{cgroup}");
+        assert!(cgroup.contains("sbx_fc.01"), "{cgroup}");
+    }
+    // The boot's requests in order, after Firecracker answered on its socket; the
+    // kernel and initramfs by inherited descriptor (the stand-in opened them).
+    let reqs = requests(&fc);
+    let paths: Vec<&str> = reqs.iter().map(|(_, p, _)| p.as_str()).collect();
+    let first = paths.iter().position(|p| *p != "/").unwrap();
+    assert_eq!(
+        &paths[first..],
+        [
+            "/machine-config",
+            "/boot-source",
+            "/drives/layer0",
+            "/drives/upper",
+            "/vsock",
+            "/actions"
+        ]
+    );
+    let boot = &reqs[first + 1].2;
+    assert!(
+        boot["kernel_image_path"]
+            .as_str()
+            .unwrap()
+            .starts_with("/proc/self/fd/"),
+        "{boot}"
+    );
+    assert_eq!(reqs[first].2["mem_size_mib"], 256);
+
+    env.driver.pause(&handle).unwrap();
+    env.driver.resume(&handle).unwrap();
+    let reqs = requests(&fc);
+    let vm: Vec<&serde_json::Value> = reqs
+        .iter()
+        .filter(|(m, p, _)| m == "PATCH" && p == "/vm")
+        .map(|(_, _, b)| b)
+        .collect();
+    assert_eq!(
+        vm,
+        [
+            &serde_json::json!({"state": "Paused"}),
+            &serde_json::json!({"state": "Resumed"})
+        ]
+    );
+
+    // A snapshot: the shared layout plus the state, the worker's own files.
+    let snap_dir = env.files.path().join("snap");
+    let snap = env.driver.snapshot(&handle, &snap_dir).unwrap();
+    assert_eq!(snap.machine.vmm, Vmm::Firecracker);
+    assert_eq!(std::fs::read(snap_dir.join("memory")).unwrap(), b"ram");
+    assert_eq!(std::fs::read(snap_dir.join("vmstate")).unwrap(), b"state");
+    assert!(snap_dir.join("upper.ext4").is_file());
+    assert_eq!(
+        Machine::read(&snap_dir.join("vm.json")).unwrap().vmm,
+        Vmm::Firecracker
+    );
+    assert!(!fc.join("new.memory").exists() && !fc.join("new.vmstate").exists());
+
+    // Restored as a new execution: a new Firecracker that only loads the snapshot,
+    // the staged names gone once it has.
+    let restored = env.driver.restore(&env.spec("02", None), &snap).unwrap();
+    let fc2 = restored.socket_path.parent().unwrap().to_path_buf();
+    assert_ne!(restored.init.pid, handle.init.pid);
+    let reqs = requests(&fc2);
+    let asked: Vec<(&str, &str)> = reqs
+        .iter()
+        .filter(|(_, p, _)| p != "/")
+        .map(|(m, p, _)| (m.as_str(), p.as_str()))
+        .collect();
+    assert_eq!(asked, [("PUT", "/snapshot/load")]);
+    assert!(!fc2.join("memory").exists() && !fc2.join("vmstate").exists());
+    assert!(restored.upper_dir.is_file());
+    // The snapshot itself is whole after the load.
+    assert_eq!(std::fs::read(snap_dir.join("memory")).unwrap(), b"ram");
+
+    for h in [&handle, &restored] {
+        env.driver.destroy(h).unwrap();
+        assert!(!h.init.is_alive());
+        assert!(!h.socket_path.parent().unwrap().exists());
+        assert!(!h.sandbox_dir.exists());
+        // Idempotent.
+        env.driver.destroy(h).unwrap();
+    }
+}
+
+#[test]
+fn a_firecracker_that_fails_to_start_leaves_nothing_and_gives_the_kept_disk_back() {
+    if let Some(why) = missing() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let bins = tempfile::tempdir().unwrap();
+    let broken = firecracker_bin(bins.path(), "#!/bin/sh\necho 'no KVM here' >&2\nexit 1\n");
+    let env = Env::new(&broken);
+    let kept = env.files.path().join("kept");
+    std::fs::create_dir_all(&kept).unwrap();
+    std::fs::write(kept.join("upper.ext4"), b"the sandbox's files").unwrap();
+    let err = env
+        .driver
+        .launch(&env.spec("03", Some(kept.clone())))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("API socket"), "{err}");
+    assert_eq!(
+        std::fs::read(kept.join("upper.ext4")).unwrap(),
+        b"the sandbox's files"
+    );
+    let run = env.data.path().join("run").join("sbx_fc");
+    assert!(
+        !run.join("fc-03").exists(),
+        "the Firecracker directory was left"
+    );
+}
