@@ -67,32 +67,72 @@ pub(super) fn take(
         take_file(&fc.join(from), &dir.join(to))?;
     }
     // Paused, its disk flushed by the snapshot: the disk is consistent.
-    vmsnap::copy_sparse(&handle.upper_dir, &dir.join(vmsnap::DISK))?;
+    copy_disk(&handle.upper_dir, &dir.join(vmsnap::DISK))?;
     machine.write(&dir.join(vmsnap::MACHINE))?;
     VmSnapshot::open(dir)
 }
 
 /// Moves a file Firecracker wrote (as the VM's uid) to `to`, the worker's own and
-/// private to it; never through a link Firecracker could have left at `from`.
+/// private to it. Whatever is at `from` is moved first (into the worker's directory,
+/// out of the VM uid's reach), then checked: a plain file with one link, else it is
+/// dropped — never a link Firecracker could have left to make the worker change or
+/// ship another file.
 fn take_file(from: &Path, to: &Path) -> Result<(), SubstrateError> {
-    let plain = std::fs::symlink_metadata(from).is_ok_and(|m| m.is_file());
-    if !plain {
+    let _ = std::fs::remove_file(to);
+    std::fs::rename(from, to).map_err(io_err("take a snapshot file"))?;
+    let own = || -> Result<(), SubstrateError> {
+        let file = open_plain(to)?;
+        let me = rustix::process::geteuid().as_raw();
+        let my_gid = rustix::process::getegid().as_raw();
+        std::os::unix::fs::fchown(&file, Some(me), Some(my_gid))
+            .map_err(io_err("own a snapshot file"))?;
+        file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .map_err(io_err("a snapshot file's mode"))
+    };
+    own().inspect_err(|_| {
+        let _ = std::fs::remove_file(to);
+    })
+}
+
+/// `path` opened read-only without following a link, and only if it is a plain file
+/// with one link.
+fn open_plain(path: &Path) -> Result<std::fs::File, SubstrateError> {
+    use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(io_err(format!("open {}", path.display())))?;
+    let m = file.metadata().map_err(io_err("a snapshot file"))?;
+    if !m.is_file() || m.nlink() != 1 {
         return Err(SubstrateError::InvalidSpec(format!(
-            "Firecracker wrote no plain file at {}",
-            from.display()
+            "{} is not a plain file of one link",
+            path.display()
         )));
     }
-    let _ = std::fs::remove_file(to);
-    if std::fs::rename(from, to).is_err() {
-        // Another filesystem: copied, holes kept.
-        vmsnap::copy_sparse(from, to)?;
-        let _ = std::fs::remove_file(from);
+    Ok(file)
+}
+
+/// Copies the VM's disk (in the VM uid's directory, which it could change under the
+/// copy) sparsely to `to`: from a descriptor of the plain file opened without
+/// following a link, which `cp` reads as its standard input.
+fn copy_disk(disk: &Path, to: &Path) -> Result<(), SubstrateError> {
+    let file = open_plain(disk)?;
+    let out = std::process::Command::new("cp")
+        .args(["--sparse=always", "--reflink=auto", "/dev/stdin"])
+        .arg(to)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .stdin(file)
+        .output()
+        .map_err(io_err("copy a VM disk"))?;
+    if !out.status.success() {
+        return Err(SubstrateError::io(
+            "copy a VM disk",
+            std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_owned()),
+        ));
     }
-    let me = rustix::process::geteuid().as_raw();
-    let my_gid = rustix::process::getegid().as_raw();
-    std::os::unix::fs::lchown(to, Some(me), Some(my_gid)).map_err(io_err("own a snapshot file"))?;
-    std::fs::set_permissions(to, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .map_err(io_err("a snapshot file's mode"))
+    Ok(())
 }
 
 /// Puts `snap`'s state and memory into the new execution's directory `fc` under the
@@ -140,6 +180,35 @@ pub(super) fn unstage(fc: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
+
+    #[test]
+    fn the_disk_is_copied_with_its_holes_only_from_a_plain_file() {
+        let t = tempfile::tempdir().unwrap();
+        let disk = t.path().join("upper.ext4");
+        let f = std::fs::File::create(&disk).unwrap();
+        f.set_len(64 << 20).unwrap();
+        std::os::unix::fs::FileExt::write_at(&f, b"data", 1 << 20).unwrap();
+        drop(f);
+        let to = t.path().join("copy.ext4");
+        copy_disk(&disk, &to).unwrap();
+        let m = std::fs::metadata(&to).unwrap();
+        assert_eq!(m.len(), 64 << 20);
+        use std::os::unix::fs::MetadataExt as _;
+        assert!(
+            m.blocks() * 512 < 8 << 20,
+            "holes not kept: {} blocks",
+            m.blocks()
+        );
+        let mut back = [0u8; 4];
+        std::os::unix::fs::FileExt::read_at(&std::fs::File::open(&to).unwrap(), &mut back, 1 << 20)
+            .unwrap();
+        assert_eq!(&back, b"data");
+        // The disk replaced by a link to another file: not copied.
+        let link = t.path().join("link.ext4");
+        std::os::unix::fs::symlink(&disk, &link).unwrap();
+        assert!(copy_disk(&link, &t.path().join("no.ext4")).is_err());
+    }
 
     fn snapshot_dir(root: &Path) -> VmSnapshot {
         let dir = root.join("snap");
@@ -204,15 +273,24 @@ mod tests {
     fn a_written_file_is_taken_only_if_plain_and_becomes_the_workers() {
         let t = tempfile::tempdir().unwrap();
         let (from, to) = (t.path().join("new.memory"), t.path().join("memory"));
-        std::os::unix::fs::symlink("/etc/passwd", &from).unwrap();
+        // A link to a file of the worker's: neither changed nor taken.
+        let secret = t.path().join("secret");
+        std::fs::write(&secret, b"the worker's").unwrap();
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o640)).unwrap();
+        std::os::unix::fs::symlink(&secret, &from).unwrap();
         assert!(take_file(&from, &to).is_err());
-        assert!(!to.exists());
-        std::fs::remove_file(&from).unwrap();
+        assert!(std::fs::symlink_metadata(&to).is_err());
+        std::fs::hard_link(&secret, &from).unwrap();
+        assert!(take_file(&from, &to).is_err());
+        assert!(std::fs::symlink_metadata(&to).is_err());
+        assert_eq!(
+            std::fs::metadata(&secret).unwrap().permissions().mode() & 0o777,
+            0o640
+        );
         std::fs::write(&from, b"ram").unwrap();
         take_file(&from, &to).unwrap();
         assert_eq!(std::fs::read(&to).unwrap(), b"ram");
         assert!(!from.exists());
-        use std::os::unix::fs::PermissionsExt as _;
         assert_eq!(
             std::fs::metadata(&to).unwrap().permissions().mode() & 0o777,
             0o600

@@ -498,7 +498,9 @@ pub(crate) fn end_vmm(handle: &SandboxHandle) -> bool {
 pub(crate) fn keep_disk(handle: &SandboxHandle, keep_at: &Path) -> Result<(), SubstrateError> {
     // A kept layer only where there is a disk to keep (the worker made the path:
     // never through a link).
-    let disk = std::fs::symlink_metadata(&handle.upper_dir).is_ok_and(|m| m.is_file());
+    // One link only: a VMM that hard-linked another file there gets nothing kept.
+    let disk = std::fs::symlink_metadata(&handle.upper_dir)
+        .is_ok_and(|m| m.is_file() && std::os::unix::fs::MetadataExt::nlink(&m) == 1);
     if disk {
         // The worker's again: whoever takes the VM's uid next has no claim on it.
         if handle.host_uid.is_some() {
