@@ -40,7 +40,15 @@ pub fn init() -> ! {
         eprintln!("spaced-guest init: {e}");
     }
     nix::unistd::sync();
-    let _ = nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_POWER_OFF);
+    // Firecracker ends its VM on the guest's reset (`reboot=k`), not on a power-off,
+    // which would leave a halted VM behind: its guests (the vsock transport) reset.
+    let firecracker = std::fs::read_to_string("/proc/cmdline")
+        .is_ok_and(|l| vm::transport_of_command_line(&l) == Some(vm::GuestTransport::Vsock));
+    let _ = nix::sys::reboot::reboot(if firecracker {
+        nix::sys::reboot::RebootMode::RB_AUTOBOOT
+    } else {
+        nix::sys::reboot::RebootMode::RB_POWER_OFF
+    });
     // Not reached: a failed power-off leaves PID 1 to exit, which panics the kernel
     // (`panic=-1` on the command line reboots it, and QEMU `-no-reboot` ends).
     std::process::exit(1)
