@@ -87,13 +87,16 @@ pub struct FirecrackerDriver {
 
 impl FirecrackerDriver {
     /// A driver for `config`, its initramfs under `data_dir/vm` (the QEMU driver's).
-    pub fn new(config: FirecrackerConfig, data_dir: &Path) -> Result<Self, SubstrateError> {
+    pub fn new(mut config: FirecrackerConfig, data_dir: &Path) -> Result<Self, SubstrateError> {
         if !config.firecracker.is_file() {
             return Err(SubstrateError::Unsupported(format!(
                 "no Firecracker at {}",
                 config.firecracker.display()
             )));
         }
+        // Absolute: it is started in the execution's directory.
+        config.firecracker = std::fs::canonicalize(&config.firecracker)
+            .map_err(io_err("the Firecracker binary's path"))?;
         let kvm_group = match config.uid_ranges {
             Some(_) => child::kvm_access(Path::new(KVM))?,
             None => None,
