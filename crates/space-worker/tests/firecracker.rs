@@ -258,9 +258,20 @@ impl Drop for Running<'_> {
 }
 
 impl Running<'_> {
+    /// A verified connection; tried again for a while, as a worker does, after a
+    /// snapshot (Firecracker resets vsock then, and the bridge links again).
     fn connect(&self) -> AgentConnection {
-        spaced_host::connect(&launch::bridge_target(&self.bridge, &self.activation))
-            .unwrap_or_else(|e| panic!("connect: {e}\n{}", self.env.logs()))
+        let target = launch::bridge_target(&self.bridge, &self.activation);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            match spaced_host::connect(&target) {
+                Ok(c) => return c,
+                Err(e) if std::time::Instant::now() > deadline => {
+                    panic!("connect: {e}\n{}", self.env.logs())
+                }
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(200)),
+            }
+        }
     }
 
     fn sh(&self, script: &str) -> (i32, String) {
