@@ -60,7 +60,9 @@ pub fn drop_to(command: &mut Command, uid: Option<u32>, group: Option<u32>) {
                     return Err(io::Error::last_os_error());
                 }
             }
-            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == -1 {
+            // Whole `unsigned long`s: the kernel checks every argument.
+            let (one, zero): (libc::c_ulong, libc::c_ulong) = (1, 0);
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, one, zero, zero, zero) == -1 {
                 return Err(io::Error::last_os_error());
             }
             Ok(())
