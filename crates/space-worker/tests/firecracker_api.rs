@@ -293,3 +293,56 @@ fn a_firecracker_that_fails_to_start_leaves_nothing_and_gives_the_kept_disk_back
         "the Firecracker directory was left"
     );
 }
+
+#[test]
+fn an_api_socket_a_vmm_replaced_by_a_link_or_another_listener_gets_no_request() {
+    if let Some(why) = missing() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let bins = tempfile::tempdir().unwrap();
+    let fake = firecracker_bin(bins.path(), include_str!("firecracker/fake_firecracker.py"));
+    let env = Env::new(&fake);
+    let handle = env.driver.launch(&env.spec("04", None)).unwrap();
+    let fc = handle.socket_path.parent().unwrap().to_path_buf();
+    let api = fc.join("api.sock");
+    // The VMM moves its own socket aside and leaves, at its name, a link to another
+    // listener (another VM's API socket, say) ...
+    std::fs::rename(&api, fc.join("api.real")).unwrap();
+    let other = env.files.path().join("other.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&other).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    std::os::unix::fs::symlink(&other, &api).unwrap();
+    let err = env.driver.pause(&handle).unwrap_err().to_string();
+    assert!(err.contains("not a socket"), "{err}");
+    assert!(
+        env.driver
+            .snapshot(&handle, &env.files.path().join("s1"))
+            .is_err()
+    );
+    assert!(listener.accept().is_err(), "the link was followed");
+    // ... or a socket of another process than the recorded Firecracker.
+    std::fs::remove_file(&api).unwrap();
+    let impostor = std::os::unix::net::UnixListener::bind(&api).unwrap();
+    impostor.set_nonblocking(true).unwrap();
+    let err = env.driver.resume(&handle).unwrap_err().to_string();
+    assert!(err.contains("not served by Firecracker"), "{err}");
+    // Connected (the backlog took it), but never written to: nothing was sent.
+    if let Ok((mut s, _)) = impostor.accept() {
+        use std::io::Read as _;
+        s.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 64];
+        assert!(
+            !matches!(s.read(&mut buf), Ok(n) if n > 0),
+            "a request was sent"
+        );
+    }
+    let asked: Vec<String> = requests(&fc).into_iter().map(|(_, p, _)| p).collect();
+    assert!(!asked.iter().any(|p| p == "/vm"), "{asked:?}");
+    // Its own socket back at its name: served again.
+    drop(impostor);
+    std::fs::remove_file(&api).unwrap();
+    std::fs::rename(fc.join("api.real"), &api).unwrap();
+    env.driver.pause(&handle).unwrap();
+    env.driver.destroy(&handle).unwrap();
+}

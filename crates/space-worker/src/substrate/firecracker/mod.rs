@@ -307,14 +307,17 @@ impl FirecrackerDriver {
         if let Err(e) = cgroups.add_process(pid) {
             return Err(fail(e));
         }
-        let api = api::Api::new(&dir.join(requests::API_SOCKET), API_WAIT);
-        if let Err(e) = wait_for_api(&api, pid) {
-            return Err(fail(e));
-        }
+        // Recorded now, before its socket is asked anything: the API must be served by
+        // this process (the PID the worker spawned, at this start time), never by
+        // whatever a link in its directory leads to.
         let init = match ProcessIdentity::of(pid) {
             Ok(i) => i,
             Err(e) => return Err(fail(SubstrateError::io("Firecracker's identity", e))),
         };
+        let api = api::Api::new(&dir.join(requests::API_SOCKET), API_WAIT, served(&init));
+        if let Err(e) = wait_for_api(&api, pid) {
+            return Err(fail(e));
+        }
         if let Some(base) = uid.base() {
             let runs_as = space_peer::LiveProcess::open(pid as u32)
                 .map(|l| l.identity.uid)
@@ -331,7 +334,8 @@ impl FirecrackerDriver {
                 .try_for_each(|(method, path, body)| api.ok(method, path, Some(body)).map(drop)),
             Some(_) => {
                 let (method, path, body) = requests::snapshot_load();
-                let loaded = api::Api::new(api.socket(), SNAPSHOT_WAIT)
+                let loaded = api
+                    .with_timeout(SNAPSHOT_WAIT)
                     .ok(method, &path, Some(&body))
                     .map(drop);
                 // Loaded (the memory file mapped privately): the staged names go, so
@@ -395,6 +399,7 @@ impl FirecrackerDriver {
         Ok(api::Api::new(
             &fc_dir(handle)?.join(requests::API_SOCKET),
             API_WAIT,
+            served(&handle.init),
         ))
     }
 
@@ -404,7 +409,10 @@ impl FirecrackerDriver {
             .ok(method, &path, Some(&body))
             .map(drop)
             .map_err(|e| {
-                SubstrateError::io("pause or resume", std::io::Error::other(e.to_string()))
+                SubstrateError::io(
+                    format!("pause or resume: {e}"),
+                    std::io::Error::other(e.to_string()),
+                )
             })
     }
 
@@ -422,6 +430,14 @@ impl FirecrackerDriver {
                 );
             }
         }
+    }
+}
+
+/// The recorded Firecracker process, as the API client checks its socket's peer.
+fn served(init: &ProcessIdentity) -> api::Served {
+    api::Served {
+        pid: init.pid as u32,
+        start_time: init.start_time,
     }
 }
 

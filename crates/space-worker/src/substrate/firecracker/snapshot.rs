@@ -53,7 +53,7 @@ pub(super) fn take(
         let _ = std::fs::remove_file(fc.join(name));
     }
     let (method, path, body) = requests::snapshot_create();
-    let written = Api::new(api.socket(), wait).ok(method, &path, Some(&body));
+    let written = api.with_timeout(wait).ok(method, &path, Some(&body));
     if let Err(e) = written {
         for name in [requests::NEW_VMSTATE, requests::NEW_MEMORY] {
             let _ = std::fs::remove_file(fc.join(name));
