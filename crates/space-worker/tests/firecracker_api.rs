@@ -346,3 +346,41 @@ fn an_api_socket_a_vmm_replaced_by_a_link_or_another_listener_gets_no_request() 
     env.driver.pause(&handle).unwrap();
     env.driver.destroy(&handle).unwrap();
 }
+
+#[test]
+fn a_kept_disk_is_kept_only_as_the_plain_single_link_file_and_the_directory_goes() {
+    if let Some(why) = missing() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let bins = tempfile::tempdir().unwrap();
+    let fake = firecracker_bin(bins.path(), include_str!("firecracker/fake_firecracker.py"));
+    let env = Env::new(&fake);
+    // Kept: the disk moves out, the worker's, and the Firecracker directory goes.
+    let handle = env.driver.launch(&env.spec("05", None)).unwrap();
+    let fc = handle.socket_path.parent().unwrap().to_path_buf();
+    let keep = env.files.path().join("keep5");
+    env.driver.destroy_keeping_layer(&handle, &keep).unwrap();
+    assert!(keep.join("upper.ext4").is_file());
+    assert!(!fc.exists());
+    // The VMM hard-linked another file at the disk's name: nothing is kept, and the
+    // other file is neither moved nor given away.
+    let handle = env.driver.launch(&env.spec("06", None)).unwrap();
+    let other = env.files.path().join("other.ext4");
+    std::fs::write(&other, b"not the VM's").unwrap();
+    std::fs::remove_file(&handle.upper_dir).unwrap();
+    std::fs::hard_link(&other, &handle.upper_dir).unwrap();
+    let keep = env.files.path().join("keep6");
+    env.driver.destroy_keeping_layer(&handle, &keep).unwrap();
+    assert!(!keep.join("upper.ext4").exists());
+    assert_eq!(std::fs::read(&other).unwrap(), b"not the VM's");
+    // A link at the disk's name: not followed.
+    let handle = env.driver.launch(&env.spec("07", None)).unwrap();
+    std::fs::remove_file(&handle.upper_dir).unwrap();
+    std::os::unix::fs::symlink(&other, &handle.upper_dir).unwrap();
+    let keep = env.files.path().join("keep7");
+    env.driver.destroy_keeping_layer(&handle, &keep).unwrap();
+    assert!(!keep.join("upper.ext4").exists());
+    assert!(other.is_file());
+    assert!(!handle.socket_path.parent().unwrap().exists());
+}

@@ -77,7 +77,10 @@ pub struct FirecrackerDriver {
     kernel: kernel::GuestKernel,
     vmlinux: PathBuf,
     initramfs: PathBuf,
-    cgroups: Option<CgroupHierarchy>,
+    /// Required: without a cgroup a VM would have no memory, pids or CPU limit, and
+    /// its end could not be confirmed (a forked child would outlive the main PID and
+    /// keep the uid and directory of a VM taken for gone).
+    cgroups: CgroupHierarchy,
     /// The supplementary group a VM's uid needs for `/dev/kvm`, if any.
     kvm_group: Option<u32>,
     /// Whether Firecracker gets a network namespace of its own (a root worker): it
@@ -101,6 +104,11 @@ impl FirecrackerDriver {
             Some(_) => child::kvm_access(Path::new(KVM))?,
             None => None,
         };
+        let cgroups = CgroupHierarchy::detect().map_err(|e| {
+            SubstrateError::Unsupported(format!(
+                "Firecracker VMs need cgroups (their limits, and killing all of a VM): {e}"
+            ))
+        })?;
         let kernel = kernel::load(&config.kernel_dir).map_err(SubstrateError::Unsupported)?;
         kernel::has_vsock_modules(&kernel).map_err(SubstrateError::Unsupported)?;
         let vmlinux = super::vm::vmlinux::vmlinux(&kernel.vmlinuz, &config.kernel_dir)
@@ -117,7 +125,7 @@ impl FirecrackerDriver {
             kernel,
             vmlinux,
             initramfs,
-            cgroups: CgroupHierarchy::detect().ok(),
+            cgroups,
             kvm_group,
             netns: rustix::process::geteuid().is_root(),
         })
@@ -222,10 +230,12 @@ impl FirecrackerDriver {
             snapshot::stage_for_load(snap, dir, uid.base())?;
         }
         if let Some(base) = uid.base() {
-            for p in [dir, upper.as_path()] {
-                std::os::unix::fs::lchown(p, Some(base), Some(base))
-                    .map_err(io_err("give the VM's directory and disk to its uid"))?;
-            }
+            // The disk by descriptor (a plain file of one link), then the directory.
+            let disk = super::vm::open_single(&upper).map_err(io_err("the VM's disk"))?;
+            std::os::unix::fs::fchown(&disk, Some(base), Some(base))
+                .map_err(io_err("give the VM's disk to its uid"))?;
+            std::os::unix::fs::lchown(dir, Some(base), Some(base))
+                .map_err(io_err("give the VM's directory to its uid"))?;
         }
         let (ram, cpus) = vmsnap::machine_size(&spec.limits);
         Machine {
@@ -265,19 +275,21 @@ impl FirecrackerDriver {
         // the VM's uid: in that order (the unshare needs the worker's privileges).
         crate::substrate::jail::spawn::qemu_child(&mut cmd, &handed, self.netns);
         child::drop_to(&mut cmd, uid.base(), uid.base().and(self.kvm_group));
-        let cgroups = match &self.cgroups {
-            Some(h) => {
-                let limits = Limits {
-                    memory_bytes: Some(ram + VMM_OVERHEAD),
-                    // Its API, VMM and vCPU threads, with room.
-                    pids_max: Some(32 + u64::from(cpus)),
-                    cpu_millis: spec.limits.cpu_millis,
-                    disk_bytes: None,
-                };
-                h.create(&self.config.cgroup_parent, &spec.key.dir_name(), &limits)?
-            }
-            None => CgroupSet::None,
+        let limits = Limits {
+            memory_bytes: Some(ram + VMM_OVERHEAD),
+            // Its API, VMM and vCPU threads, with room.
+            pids_max: Some(32 + u64::from(cpus)),
+            cpu_millis: spec.limits.cpu_millis,
+            disk_bytes: None,
         };
+        let cgroups =
+            self.cgroups
+                .create(&self.config.cgroup_parent, &spec.key.dir_name(), &limits)?;
+        if matches!(cgroups, CgroupSet::None) {
+            return Err(SubstrateError::Unsupported(
+                "no cgroup for the Firecracker VM".into(),
+            ));
+        }
         let child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {
@@ -416,8 +428,9 @@ impl FirecrackerDriver {
             })
     }
 
-    /// Ends Firecracker and its cgroup, then gives its uid back once nothing of it runs.
-    fn kill(&self, handle: &SandboxHandle) {
+    /// Ends Firecracker and its cgroup, then gives its uid back once nothing of it runs;
+    /// whether nothing of it runs.
+    fn kill(&self, handle: &SandboxHandle) -> bool {
         let gone = super::vm::end_vmm(handle);
         if let (Some(ranges), Some(base)) = (&self.config.uid_ranges, handle.host_uid) {
             if gone {
@@ -430,7 +443,17 @@ impl FirecrackerDriver {
                 );
             }
         }
+        gone
     }
+}
+
+/// A destroy that found Firecracker (or a process of its cgroup) still running.
+fn not_gone(handle: &SandboxHandle) -> SubstrateError {
+    SubstrateError::Timeout(format!(
+        "Firecracker {} (or a process of its cgroup) did not end: its directory, disk and \
+         uid are left to the sweep",
+        handle.init.pid
+    ))
 }
 
 /// The recorded Firecracker process, as the API client checks its socket's peer.
@@ -538,10 +561,16 @@ impl Substrate for FirecrackerDriver {
         self.set_paused(handle, false)
     }
 
+    /// Removes the VM's directory only once Firecracker and everything in its cgroup
+    /// are confirmed gone: a live process of the VM's uid could change the tree under
+    /// the removal. Otherwise the directory (and its disk) is left to the next start's
+    /// sweep, which kills the cgroup first.
     fn destroy(&self, handle: &SandboxHandle) -> Result<(), SubstrateError> {
-        self.kill(handle);
+        if !self.kill(handle) {
+            return Err(not_gone(handle));
+        }
         if let Ok(dir) = fc_dir(handle) {
-            let _ = super::tree::remove_tree(&dir);
+            super::tree::remove_tree(&dir).map_err(io_err("remove the Firecracker directory"))?;
         }
         match std::fs::remove_dir_all(&handle.sandbox_dir) {
             Ok(()) => Ok(()),
@@ -555,8 +584,11 @@ impl Substrate for FirecrackerDriver {
         handle: &SandboxHandle,
         keep_at: &Path,
     ) -> Result<(), SubstrateError> {
-        // Firecracker ends here; its uid goes back in `destroy`, once.
-        super::vm::end_vmm(handle);
+        // Firecracker ends here; its uid goes back in `destroy`, once. Nothing of its
+        // directory is kept unless nothing of it runs.
+        if !super::vm::end_vmm(handle) {
+            return Err(not_gone(handle));
+        }
         super::vm::keep_disk(handle, keep_at)?;
         self.destroy(handle)
     }

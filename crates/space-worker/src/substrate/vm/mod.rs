@@ -499,19 +499,61 @@ pub(crate) fn keep_disk(handle: &SandboxHandle, keep_at: &Path) -> Result<(), Su
     // A kept layer only where there is a disk to keep (the worker made the path:
     // never through a link).
     // One link only: a VMM that hard-linked another file there gets nothing kept.
-    let disk = std::fs::symlink_metadata(&handle.upper_dir)
-        .is_ok_and(|m| m.is_file() && std::os::unix::fs::MetadataExt::nlink(&m) == 1);
-    if disk {
-        // The worker's again: whoever takes the VM's uid next has no claim on it.
-        if handle.host_uid.is_some() {
-            std::os::unix::fs::lchown(&handle.upper_dir, Some(0), Some(0))
-                .map_err(io_err("take the kept VM disk back"))?;
-        }
-        std::fs::create_dir_all(keep_at).map_err(io_err("the kept layer directory"))?;
-        std::fs::rename(&handle.upper_dir, keep_at.join("upper.ext4"))
-            .map_err(io_err("keep the VM disk"))?;
+    // Checked and given back by descriptor (opened without following a link), and the
+    // name moved is checked to be that file.
+    let Ok(disk) = open_single(&handle.upper_dir) else {
+        return Ok(());
+    };
+    // The worker's again: whoever takes the VM's uid next has no claim on it.
+    if handle.host_uid.is_some() {
+        own(&disk).map_err(io_err("take the kept VM disk back"))?;
+    }
+    std::fs::create_dir_all(keep_at).map_err(io_err("the kept layer directory"))?;
+    let kept = keep_at.join("upper.ext4");
+    std::fs::rename(&handle.upper_dir, &kept).map_err(io_err("keep the VM disk"))?;
+    if !same_file(&disk, &kept) {
+        let _ = super::tree::remove_tree(&kept);
+        return Err(SubstrateError::InvalidSpec(
+            "the VM disk changed while it was kept".into(),
+        ));
     }
     Ok(())
+}
+
+/// `path` opened read-only without following a link (nor blocking on a FIFO), only if
+/// it is a regular file of one link.
+pub(crate) fn open_single(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)?;
+    let m = file.metadata()?;
+    if !m.is_file() || m.nlink() != 1 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{} is not a plain file of one link", path.display()),
+        ));
+    }
+    Ok(file)
+}
+
+/// Makes `file` the worker's (its effective uid and gid), by descriptor.
+pub(crate) fn own(file: &std::fs::File) -> std::io::Result<()> {
+    std::os::unix::fs::fchown(
+        file,
+        Some(rustix::process::geteuid().as_raw()),
+        Some(rustix::process::getegid().as_raw()),
+    )
+}
+
+/// Whether the name `path` (not followed) is `file`.
+pub(crate) fn same_file(file: &std::fs::File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    match (file.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
 }
 
 /// A VM's exit status once its VMM (this process's child) has exited; shared by both
@@ -624,9 +666,21 @@ impl KeptDisk {
 }
 
 impl Drop for KeptDisk {
+    /// Back only as the plain single-link file it was, the worker's again (the VM's
+    /// uid may have owned it, and goes to another VM next); anything else stays to be
+    /// removed with the VM's directory.
     fn drop(&mut self) {
-        if !self.from.as_os_str().is_empty() {
-            let _ = std::fs::rename(&self.from, &self.to);
+        if self.from.as_os_str().is_empty() {
+            return;
+        }
+        let Ok(disk) = open_single(&self.from) else {
+            return;
+        };
+        if own(&disk).is_ok()
+            && std::fs::rename(&self.from, &self.to).is_ok()
+            && !same_file(&disk, &self.to)
+        {
+            let _ = super::tree::remove_tree(&self.to);
         }
     }
 }
