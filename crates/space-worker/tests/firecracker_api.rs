@@ -384,3 +384,38 @@ fn a_kept_disk_is_kept_only_as_the_plain_single_link_file_and_the_directory_goes
     assert!(other.is_file());
     assert!(!handle.socket_path.parent().unwrap().exists());
 }
+
+#[test]
+fn a_firecracker_writing_without_end_to_its_log_fills_only_a_bounded_log() {
+    if let Some(why) = missing() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let bins = tempfile::tempdir().unwrap();
+    let fake = firecracker_bin(bins.path(), include_str!("firecracker/fake_firecracker.py"));
+    let real = bins.path().join("fake_firecracker.py");
+    std::fs::rename(&fake, &real).unwrap();
+    // Megabytes of warnings (what a guest poking its devices could make Firecracker
+    // write), then the stand-in itself.
+    let noisy = format!(
+        "#!/bin/sh\nhead -c 8000000 /dev/zero | tr '\\000' w >&2\nexec {} \"$@\"\n",
+        real.display()
+    );
+    let fake = firecracker_bin(bins.path(), &noisy);
+    let env = Env::new(&fake);
+    let handle = env.driver.launch(&env.spec("08", None)).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let log = loop {
+        let log = std::fs::read(&handle.log_path).unwrap();
+        if log.ends_with(b"dropped]\n") || std::time::Instant::now() > deadline {
+            break log;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let max = space_worker::substrate::firecracker::LOG_MAX as usize;
+    assert!(log.len() <= max + 100, "a log of {} bytes", log.len());
+    assert!(log.ends_with(b"dropped]\n"), "no mark of the dropped rest");
+    // It still runs and answers: nothing blocked on its stderr.
+    env.driver.pause(&handle).unwrap();
+    env.driver.destroy(&handle).unwrap();
+}

@@ -248,7 +248,7 @@ impl FirecrackerDriver {
         }
         .write(&sandbox_dir.join(vmsnap::MACHINE))?;
         let log_path = sandbox_dir.join("firecracker.log");
-        let vmm_log = std::fs::File::create(&log_path).map_err(io_err("the Firecracker log"))?;
+        let vmm_log = bounded_log(&log_path)?;
         // The kernel and initramfs as descriptors (`/proc/self/fd/N`): the dropped
         // uid could not reach them by path.
         let boot_files = [
@@ -290,7 +290,11 @@ impl FirecrackerDriver {
                 "no cgroup for the Firecracker VM".into(),
             ));
         }
-        let child = match cmd.spawn() {
+        let spawned = cmd.spawn();
+        // The log pipe's write end is Firecracker's alone now: its drain ends when
+        // Firecracker (and anything it gave its stderr) does.
+        drop(cmd);
+        let child = match spawned {
             Ok(c) => c,
             Err(e) => {
                 let _ = cgroups.remove();
@@ -307,7 +311,9 @@ impl FirecrackerDriver {
             super::vm::reap(pid);
             let _ = cgroups.kill_all();
             let _ = cgroups.remove();
-            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            // Its drain has what it wrote by the time it is gone (or soon after).
+            std::thread::sleep(Duration::from_millis(50));
+            let log = read_tail(&log_path, 2000);
             let log = tail(&log, 2000).trim();
             match e {
                 SubstrateError::Io { context, source } if !log.is_empty() => {
@@ -519,6 +525,61 @@ fn wait_for_socket(path: &Path, pid: i32) -> Result<u64, SubstrateError> {
 /// Whether process `pid` still runs (an exited child not yet reaped does not).
 fn alive(pid: i32) -> bool {
     space_peer::LiveProcess::open(pid as u32).is_ok_and(|l| l.is_alive())
+}
+
+/// The most of Firecracker's stderr kept in its log (`firecracker.log`): the first
+/// bytes (a failed start says why there), the rest read and dropped.
+pub const LOG_MAX: u64 = 256 << 10;
+
+/// Firecracker's stderr: the write end of a pipe that a thread of the worker drains
+/// into `path`, keeping at most [`LOG_MAX`] bytes and a line saying the rest was
+/// dropped. Firecracker never blocks on it (the drain reads to the end), and a guest
+/// that makes Firecracker warn without end cannot fill the host's disk.
+fn bounded_log(path: &Path) -> Result<std::fs::File, SubstrateError> {
+    use std::io::{Read as _, Write as _};
+    let mut file = std::fs::File::create(path).map_err(io_err("the Firecracker log"))?;
+    let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| SubstrateError::io("the Firecracker log's pipe", e.into()))?;
+    std::thread::Builder::new()
+        .name("fc-log".into())
+        .stack_size(64 << 10)
+        .spawn(move || {
+            let mut read = std::fs::File::from(read);
+            let mut kept = 0u64;
+            let mut dropped = false;
+            let mut buf = [0u8; 8192];
+            loop {
+                let n = match read.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => break,
+                };
+                let room = (LOG_MAX - kept).min(n as u64) as usize;
+                if room > 0 && file.write_all(&buf[..room]).is_ok() {
+                    kept += room as u64;
+                }
+                if room < n && !dropped {
+                    dropped = true;
+                    let _ = file.write_all(b"\n[the rest of Firecracker's log was dropped]\n");
+                }
+            }
+        })
+        .map_err(io_err("the Firecracker log's drain"))?;
+    Ok(std::fs::File::from(write))
+}
+
+/// The last `n` bytes of the file at `path` (lossy text; empty if unreadable).
+fn read_tail(path: &Path, n: u64) -> String {
+    use std::io::{Read as _, Seek as _};
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = f.seek(std::io::SeekFrom::Start(len.saturating_sub(n)));
+    let mut bytes = Vec::new();
+    let _ = f.take(n).read_to_end(&mut bytes);
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// The last `n` bytes of `text` or fewer (on a character boundary).

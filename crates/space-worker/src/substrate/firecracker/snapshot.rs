@@ -15,12 +15,16 @@
 //! snapshot's files.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::api::Api;
 use super::requests;
 use crate::substrate::vm::snapshot::{self as vmsnap, Machine, VmSnapshot, Vmm};
 use crate::substrate::{SandboxHandle, SubstrateError, io_err};
+
+/// The longest a snapshot's disk copy may take (a disk of the largest limit, sparse,
+/// on a slow disk).
+const DISK_COPY_WAIT: Duration = Duration::from_secs(600);
 
 /// Writes a snapshot of the VM behind `api` (its Firecracker directory `fc`) into
 /// `dir`; the VM stays paused.
@@ -67,7 +71,11 @@ pub(super) fn take(
         take_file(&fc.join(from), &dir.join(to))?;
     }
     // Paused, its disk flushed by the snapshot: the disk is consistent.
-    copy_disk(&handle.upper_dir, &dir.join(vmsnap::DISK))?;
+    copy_disk(
+        &handle.upper_dir,
+        &dir.join(vmsnap::DISK),
+        Instant::now() + DISK_COPY_WAIT,
+    )?;
     machine.write(&dir.join(vmsnap::MACHINE))?;
     VmSnapshot::open(dir)
 }
@@ -115,23 +123,59 @@ fn open_plain(path: &Path) -> Result<std::fs::File, SubstrateError> {
 
 /// Copies the VM's disk (in the VM uid's directory, which it could change under the
 /// copy) sparsely to `to`: from a descriptor of the plain file opened without
-/// following a link, which `cp` reads as its standard input.
-fn copy_disk(disk: &Path, to: &Path) -> Result<(), SubstrateError> {
-    let file = open_plain(disk)?;
-    let out = std::process::Command::new("cp")
-        .args(["--sparse=always", "--reflink=auto", "/dev/stdin"])
-        .arg(to)
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .stdin(file)
-        .output()
-        .map_err(io_err("copy a VM disk"))?;
-    if !out.status.success() {
-        return Err(SubstrateError::io(
-            "copy a VM disk",
-            std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_owned()),
-        ));
+/// following a link, only its data extents (holes stay holes), at most the length it
+/// had when opened (a file the VMM grows during the copy gets no further), and within
+/// `deadline`.
+fn copy_disk(disk: &Path, to: &Path, deadline: Instant) -> Result<(), SubstrateError> {
+    use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
+    let from = open_plain(disk)?;
+    let len = from.metadata().map_err(io_err("a VM disk"))?.len();
+    let _ = std::fs::remove_file(to);
+    let out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(to)
+        .map_err(io_err("the snapshot's disk"))?;
+    out.set_len(len).map_err(io_err("the snapshot's disk"))?;
+    let late =
+        || SubstrateError::Timeout(format!("copying the VM disk ({len} bytes) took too long"));
+    let mut pos = 0;
+    let mut buf = vec![0u8; 1 << 20];
+    while pos < len {
+        let data = match rustix::fs::seek(&from, rustix::fs::SeekFrom::Data(pos)) {
+            Ok(d) => d,
+            // No data after `pos`: the rest is a hole.
+            Err(rustix::io::Errno::NXIO) => break,
+            Err(e) => return Err(SubstrateError::io("read a VM disk", e.into())),
+        };
+        if data >= len {
+            break;
+        }
+        let hole = rustix::fs::seek(&from, rustix::fs::SeekFrom::Hole(data))
+            .unwrap_or(len)
+            .min(len);
+        let mut at = data;
+        while at < hole {
+            if Instant::now() > deadline {
+                return Err(late());
+            }
+            let want = ((hole - at) as usize).min(buf.len());
+            let n = from
+                .read_at(&mut buf[..want], at)
+                .map_err(io_err("read a VM disk"))?;
+            if n == 0 {
+                // Shortened under the copy: the rest stays zero.
+                break;
+            }
+            out.write_all_at(&buf[..n], at)
+                .map_err(io_err("write the snapshot's disk"))?;
+            at += n as u64;
+        }
+        pos = hole.max(at);
     }
+    out.sync_all().map_err(io_err("the snapshot's disk"))?;
     Ok(())
 }
 
@@ -191,7 +235,7 @@ mod tests {
         std::os::unix::fs::FileExt::write_at(&f, b"data", 1 << 20).unwrap();
         drop(f);
         let to = t.path().join("copy.ext4");
-        copy_disk(&disk, &to).unwrap();
+        copy_disk(&disk, &to, Instant::now() + Duration::from_secs(60)).unwrap();
         let m = std::fs::metadata(&to).unwrap();
         assert_eq!(m.len(), 64 << 20);
         use std::os::unix::fs::MetadataExt as _;
@@ -207,7 +251,12 @@ mod tests {
         // The disk replaced by a link to another file: not copied.
         let link = t.path().join("link.ext4");
         std::os::unix::fs::symlink(&disk, &link).unwrap();
-        assert!(copy_disk(&link, &t.path().join("no.ext4")).is_err());
+        let later = Instant::now() + Duration::from_secs(60);
+        assert!(copy_disk(&link, &t.path().join("no.ext4"), later).is_err());
+        // A deadline already past: refused, not copied without end.
+        let past = Instant::now() - Duration::from_secs(1);
+        let err = copy_disk(&disk, &t.path().join("late.ext4"), past).unwrap_err();
+        assert!(matches!(err, SubstrateError::Timeout(_)), "{err}");
     }
 
     fn snapshot_dir(root: &Path) -> VmSnapshot {
