@@ -4,9 +4,13 @@
 //! The agent listens on [`vm::VSOCK_PORT`] and takes connections from the host
 //! ([`vm::HOST_CID`]) only. One connection is one `space-mux` link, served exactly as
 //! the serial port's ([`crate::vm::run_link`]: the activation as its first control
-//! message, `ready`, then streams); the next connection is accepted once the link
-//! ends. After a snapshot is loaded the VMM resets every vsock connection, so the old
-//! link ends and the new execution's bridge, connecting anew, brings its activation.
+//! message, `ready`, then streams), one at a time. After a snapshot the VMM resets
+//! every vsock connection, so the old link ends and the bridge, connecting anew,
+//! brings its activation. A VMM that did not tell the guest of the reset (Firecracker
+//! before 1.10, which the worker refuses anyway) would leave the old link open for
+//! ever: so a new host connection ends the link being served first (its socket shut
+//! both ways, its end awaited at most [`OLD_LINK_WAIT`]) and is then served. Only the
+//! host can connect (CID 2: the VMM's socket, which only the worker's bridge reaches).
 
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -22,6 +26,8 @@ use space_proto::vm;
 const WRITE_WAIT: Duration = Duration::from_secs(30);
 /// Connections the kernel queues while a link is served.
 const BACKLOG: i32 = 4;
+/// How long a new host connection waits for the link it replaces to end.
+pub const OLD_LINK_WAIT: Duration = Duration::from_secs(5);
 
 /// Whether a connection from `cid` may be served: only the host's.
 pub fn accepts_peer(cid: u32) -> bool {
@@ -47,32 +53,82 @@ pub fn serve_vsock(port: u32, max_connections: usize) -> Result<(), String> {
         Backlog::new(BACKLOG).map_err(|e| format!("backlog: {e}"))?,
     )
     .map_err(|e| format!("listen on vsock port {port}: {e}"))?;
-    loop {
-        let conn = match rustix::net::accept(&listener) {
-            Ok(c) => c,
-            Err(rustix::io::Errno::INTR | rustix::io::Errno::CONNABORTED) => continue,
-            Err(e) => {
-                // A transient failure (no memory, a descriptor limit): wait, go on.
-                eprintln!("spaced-guest: vsock accept: {e}");
-                std::thread::sleep(Duration::from_millis(100));
-                continue;
+    let host_connections = std::iter::from_fn(|| {
+        loop {
+            let conn = match rustix::net::accept(&listener) {
+                Ok(c) => c,
+                Err(rustix::io::Errno::INTR | rustix::io::Errno::CONNABORTED) => continue,
+                Err(e) => {
+                    // A transient failure (no memory, a descriptor limit): wait, go on.
+                    eprintln!("spaced-guest: vsock accept: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+            };
+            let peer = getpeername::<VsockAddr>(conn.as_raw_fd()).map(|a| a.cid());
+            match peer {
+                Ok(cid) if accepts_peer(cid) => return Some(conn),
+                Ok(cid) => eprintln!("spaced-guest: a vsock connection from CID {cid} refused"),
+                Err(e) => eprintln!("spaced-guest: vsock peer: {e}"),
             }
+        }
+    });
+    serve_connections(host_connections, max_connections, true);
+    Ok(())
+}
+
+/// Serves each connection of `connections` (the host's, already checked) as one link,
+/// one at a time: a new connection ends the link being served first (shut both ways,
+/// its end awaited at most [`OLD_LINK_WAIT`]). Returns when `connections` ends, after
+/// ending the last link. `set_hostname` as [`crate::vm::run_link`] takes it.
+pub fn serve_connections(
+    connections: impl Iterator<Item = OwnedFd>,
+    max_connections: usize,
+    set_hostname: bool,
+) {
+    let mut current: Option<(OwnedFd, std::thread::JoinHandle<()>)> = None;
+    for conn in connections {
+        if let Some((old, served)) = current.take() {
+            end_link(&old, served);
+        }
+        let Ok(shut) = conn.try_clone() else {
+            eprintln!("spaced-guest: a vsock connection could not be held; dropped");
+            continue;
         };
-        let peer = getpeername::<VsockAddr>(conn.as_raw_fd()).map(|a| a.cid());
-        match peer {
-            Ok(cid) if accepts_peer(cid) => {}
-            Ok(cid) => {
-                eprintln!("spaced-guest: a vsock connection from CID {cid} refused");
-                continue;
-            }
-            Err(e) => {
-                eprintln!("spaced-guest: vsock peer: {e}");
-                continue;
-            }
+        let served = std::thread::Builder::new()
+            .name("vsock-link".into())
+            .spawn(move || {
+                if let Err(e) = serve_connection(conn, max_connections, set_hostname) {
+                    eprintln!("spaced-guest: link ended: {e}");
+                }
+            });
+        match served {
+            Ok(served) => current = Some((shut, served)),
+            Err(e) => eprintln!("spaced-guest: a vsock link could not start: {e}"),
         }
-        if let Err(e) = serve_connection(conn, max_connections, true) {
-            eprintln!("spaced-guest: link ended: {e}");
-        }
+    }
+    if let Some((old, served)) = current.take() {
+        end_link(&old, served);
+    }
+}
+
+/// Ends the link over `conn` (served by `served`): its socket shut both ways, then its
+/// end awaited at most [`OLD_LINK_WAIT`].
+fn end_link(conn: &OwnedFd, served: std::thread::JoinHandle<()>) {
+    if served.is_finished() {
+        let _ = served.join();
+        return;
+    }
+    eprintln!("spaced-guest: a new host connection: the link served until now ends");
+    let _ = rustix::net::shutdown(conn.as_fd(), rustix::net::Shutdown::Both);
+    let deadline = std::time::Instant::now() + OLD_LINK_WAIT;
+    while !served.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if served.is_finished() {
+        let _ = served.join();
+    } else {
+        eprintln!("spaced-guest: the old link did not end in time; serving the new one");
     }
 }
 
@@ -115,6 +171,54 @@ mod tests {
         for cid in [0, 1, vm::GUEST_CID, 4, u32::MAX] {
             assert!(!accepts_peer(cid), "{cid}");
         }
+    }
+
+    fn activation(seed: u8) -> Activation {
+        Activation {
+            sandbox: SandboxId::from_bytes([seed; 16]),
+            generation: Generation(1),
+            execution_id: ExecutionId::from_bytes([seed + 1; 16]),
+            activation: 1,
+            secret: [seed; 32],
+        }
+    }
+
+    #[test]
+    fn a_new_host_connection_ends_the_old_link_and_is_served() {
+        let (tx, rx) = std::sync::mpsc::channel::<OwnedFd>();
+        let served = std::thread::spawn(move || serve_connections(rx.into_iter(), 4, false));
+        // The first link, activated and up.
+        let (host1, guest1) = std::os::unix::net::UnixStream::pair().unwrap();
+        tx.send(OwnedFd::from(guest1)).unwrap();
+        let link1 = space_mux::Link::over_unix(host1, true, vm::MAX_STREAMS, None).unwrap();
+        link1.send_control(&activation(7).encode()).unwrap();
+        assert_eq!(
+            link1.recv_control(Duration::from_secs(10)).unwrap(),
+            vm::READY
+        );
+        // A VMM that reset nothing on the guest's side: the bridge's new connection
+        // arrives while the old link is still open. The old one ends, the new one is
+        // activated.
+        let (host2, guest2) = std::os::unix::net::UnixStream::pair().unwrap();
+        tx.send(OwnedFd::from(guest2)).unwrap();
+        let link2 = space_mux::Link::over_unix(host2, true, vm::MAX_STREAMS, None).unwrap();
+        link2.send_control(&activation(9).encode()).unwrap();
+        assert_eq!(
+            link2.recv_control(Duration::from_secs(10)).unwrap(),
+            vm::READY
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while link1.dead().is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the old link stayed up"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(link2.dead().is_none());
+        drop(tx);
+        served.join().unwrap();
+        assert!(link2.dead().is_some() || link2.recv_control(Duration::from_secs(5)).is_err());
     }
 
     #[test]

@@ -5,13 +5,18 @@
 //! vsock connection whenever it writes a snapshot — the VM goes on, its link does not
 //! — so the bridge links again, to the recorded VMM only: each attempt a new
 //! connection verified as the first was (path, peer process, socket table), the same
-//! activation sent, `ready` awaited. It exits as soon as the VMM is gone or not the
-//! recorded process, or the guest breaks the protocol. Worker connections of the old
+//! activation sent, `ready` awaited. It links again only after an end that looks like
+//! the VMM's reset — the transport's end of file, a reset or a broken pipe
+//! ([`Link::ended_by_transport`]) — and at most [`MAX_RELINKS`] times in
+//! [`RELINK_WINDOW`]. It exits as soon as the VMM is gone or not the recorded process,
+//! or the guest breaks the protocol (a malformed frame, a stream past its credit, a
+//! stalled write), or the relinks come too often. Worker connections of the old
 //! link end with it; the worker connects again, and is verified again, as after any
 //! dropped connection.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use space_mux::Link;
 
@@ -47,6 +52,31 @@ impl SharedLink {
 
 /// Pause between two attempts to link again.
 const RELINK_PAUSE: Duration = Duration::from_secs(1);
+/// The most links made again within [`RELINK_WINDOW`] (a snapshot each: far more than
+/// a worker takes); one more and the bridge exits.
+pub const MAX_RELINKS: usize = 8;
+/// See [`MAX_RELINKS`].
+pub const RELINK_WINDOW: Duration = Duration::from_secs(60);
+
+/// Whether a link that ended (`by_transport`: as a VMM's reset ends it) may be made
+/// again, given the times of the earlier relinks (kept to [`RELINK_WINDOW`]); records
+/// this one if so.
+fn may_relink(by_transport: bool, earlier: &mut VecDeque<Instant>, now: Instant) -> bool {
+    if !by_transport {
+        return false;
+    }
+    while earlier
+        .front()
+        .is_some_and(|t| now.duration_since(*t) > RELINK_WINDOW)
+    {
+        earlier.pop_front();
+    }
+    if earlier.len() >= MAX_RELINKS {
+        return false;
+    }
+    earlier.push_back(now);
+    true
+}
 
 /// Watches `shared`: when its link ends, exits this process — or, with `relink` (the
 /// vsock transport), links again as the module says.
@@ -55,13 +85,22 @@ pub fn watch(shared: Arc<SharedLink>, spec: BridgeSpec, relink: bool) {
         .name("link-watch".into())
         .stack_size(128 * 1024)
         .spawn(move || {
+            let mut relinked = VecDeque::new();
             loop {
                 std::thread::sleep(Duration::from_millis(100));
-                let Some(why) = shared.get().dead() else {
+                let link = shared.get();
+                let Some(why) = link.dead() else {
                     continue;
                 };
                 if !relink {
                     eprintln!("spaced-host: the guest link ended ({why}); exiting");
+                    std::process::exit(3);
+                }
+                if !may_relink(link.ended_by_transport(), &mut relinked, Instant::now()) {
+                    eprintln!(
+                        "spaced-host: the guest link ended ({why}), not as a VMM's reset \
+                         does or too often; exiting"
+                    );
                     std::process::exit(3);
                 }
                 eprintln!("spaced-host: the guest link ended ({why}); linking again");
@@ -89,5 +128,31 @@ fn link_again(spec: &BridgeSpec) -> Result<Link, BridgeError> {
                 std::thread::sleep(RELINK_PAUSE);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_transports_end_is_relinked_and_only_so_often() {
+        let mut earlier = VecDeque::new();
+        let t0 = Instant::now();
+        assert!(!may_relink(false, &mut earlier, t0));
+        for i in 0..MAX_RELINKS {
+            assert!(may_relink(
+                true,
+                &mut earlier,
+                t0 + Duration::from_secs(i as u64)
+            ));
+        }
+        assert!(!may_relink(true, &mut earlier, t0 + Duration::from_secs(9)));
+        // Once the window has passed, again.
+        assert!(may_relink(
+            true,
+            &mut earlier,
+            t0 + RELINK_WINDOW + Duration::from_secs(MAX_RELINKS as u64)
+        ));
     }
 }

@@ -254,3 +254,68 @@ fn a_link_the_vmm_resets_is_made_again_to_the_same_vmm_with_the_same_activation(
     let port = format!("CONNECT {}", space_proto::vm::VSOCK_PORT);
     assert_eq!(asked.join().unwrap(), [port.clone(), port]);
 }
+
+/// A stand-in VMM whose "guest" answers `ready` to the activation and then breaks the
+/// protocol (a frame of an unknown kind); the connections it was asked for.
+fn fake_firecracker_with_a_guest_that_breaks_the_protocol(
+    socket: &Path,
+) -> std::thread::JoinHandle<usize> {
+    let listener = UnixListener::bind(socket).unwrap();
+    std::thread::spawn(move || {
+        listener.set_nonblocking(true).unwrap();
+        let mut connections = 0;
+        let mut held = Vec::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(6);
+        while std::time::Instant::now() < deadline {
+            let Ok((mut conn, _)) = listener.accept() else {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                continue;
+            };
+            connections += 1;
+            conn.set_nonblocking(false).unwrap();
+            let mut b = [0u8; 1];
+            while conn.read(&mut b).unwrap_or(0) == 1 && b[0] != b'\n' {}
+            conn.write_all(b"OK 1073741824\n").unwrap();
+            // The activation, then `ready`, then a frame no guest may send.
+            while let Ok(Some(f)) = space_mux::frame::read_frame(&mut conn) {
+                if f.kind == space_mux::Kind::Control {
+                    break;
+                }
+            }
+            let ready = space_mux::frame::wire(
+                space_mux::frame::CONTROL,
+                space_mux::Kind::Control,
+                space_proto::vm::READY,
+            )
+            .unwrap();
+            conn.write_all(&ready).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            conn.write_all(&[0, 0, 0, 1, 0xee, 0, 0, 0, 0]).unwrap();
+            held.push(conn);
+        }
+        connections
+    })
+}
+
+#[test]
+fn a_guest_that_breaks_the_protocol_ends_the_bridge_and_is_never_linked_again() {
+    let (_t, run, vmm) = dirs();
+    let socket = vmm.join("v.sock");
+    let asked = fake_firecracker_with_a_guest_that_breaks_the_protocol(&socket);
+    let spec = spec(&run, socket, this_process());
+    let mut bridge = start_bridge_with(&bridge_bin(), &spec);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let status = loop {
+        if let Some(status) = bridge.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the bridge served on after a protocol violation"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    // One connection only: no relink of a guest that broke the protocol.
+    assert_eq!(asked.join().unwrap(), 1);
+}
