@@ -191,6 +191,7 @@ fn launch_pause_snapshot_restore_and_destroy_against_a_stand_in_firecracker() {
     assert_eq!(
         &paths[first..],
         [
+            "/version",
             "/machine-config",
             "/boot-source",
             "/drives/layer0",
@@ -199,7 +200,7 @@ fn launch_pause_snapshot_restore_and_destroy_against_a_stand_in_firecracker() {
             "/actions"
         ]
     );
-    let boot = &reqs[first + 1].2;
+    let boot = &reqs[first + 2].2;
     assert!(
         boot["kernel_image_path"]
             .as_str()
@@ -207,7 +208,7 @@ fn launch_pause_snapshot_restore_and_destroy_against_a_stand_in_firecracker() {
             .starts_with("/proc/self/fd/"),
         "{boot}"
     );
-    assert_eq!(reqs[first].2["mem_size_mib"], 256);
+    assert_eq!(reqs[first + 1].2["mem_size_mib"], 256);
 
     env.driver.pause(&handle).unwrap();
     env.driver.resume(&handle).unwrap();
@@ -249,7 +250,7 @@ fn launch_pause_snapshot_restore_and_destroy_against_a_stand_in_firecracker() {
         .filter(|(_, p, _)| p != "/")
         .map(|(m, p, _)| (m.as_str(), p.as_str()))
         .collect();
-    assert_eq!(asked, [("PUT", "/snapshot/load")]);
+    assert_eq!(asked, [("GET", "/version"), ("PUT", "/snapshot/load")]);
     assert!(!fc2.join("memory").exists() && !fc2.join("vmstate").exists());
     assert!(restored.upper_dir.is_file());
     // The snapshot itself is whole after the load.
@@ -418,4 +419,24 @@ fn a_firecracker_writing_without_end_to_its_log_fills_only_a_bounded_log() {
     // It still runs and answers: nothing blocked on its stderr.
     env.driver.pause(&handle).unwrap();
     env.driver.destroy(&handle).unwrap();
+}
+
+#[test]
+fn a_firecracker_older_than_1_10_is_refused_at_launch() {
+    if let Some(why) = missing() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let bins = tempfile::tempdir().unwrap();
+    let old = include_str!("firecracker/fake_firecracker.py").replace("1.10.1", "1.9.1");
+    let fake = firecracker_bin(bins.path(), &old);
+    let env = Env::new(&fake);
+    let err = env
+        .driver
+        .launch(&env.spec("09", None))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("older than 1.10"), "{err}");
+    let run = env.data.path().join("run").join("sbx_fc");
+    assert!(!run.join("fc-09").exists());
 }

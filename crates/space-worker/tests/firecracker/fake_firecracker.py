@@ -59,7 +59,9 @@ while True:
     log.write(json.dumps([method, path, req]) + "\n")
     log.flush()
     try:
-        if method == "GET" and path == "/":
+        if method == "GET" and path == "/version":
+            answer(conn, 200, json.dumps({"firecracker_version": "1.10.1"}).encode())
+        elif method == "GET" and path == "/":
             answer(conn, 200, json.dumps({"state": state, "id": "fake"}).encode())
         elif path == "/boot-source":
             open(req["kernel_image_path"], "rb").close()

@@ -336,6 +336,13 @@ impl FirecrackerDriver {
         if let Err(e) = wait_for_api(&api, pid) {
             return Err(fail(e));
         }
+        let version = api
+            .ok("GET", "/version", None)
+            .map_err(|e| e.to_string())
+            .and_then(|body| requests::check_version(&body));
+        if let Err(e) = version {
+            return Err(fail(SubstrateError::Unsupported(e)));
+        }
         if let Some(base) = uid.base() {
             let runs_as = space_peer::LiveProcess::open(pid as u32)
                 .map(|l| l.identity.uid)

@@ -178,6 +178,33 @@ pub fn snapshot_load() -> Request {
     )
 }
 
+/// The oldest Firecracker the driver runs: 1.10 tells a restored guest that its vsock
+/// connections were reset (firecracker PR #4796); before it the guest's agent kept
+/// the old link and the bridge could not link again after a snapshot.
+pub const MIN_VERSION: (u64, u64) = (1, 10);
+
+/// Checks the body of `GET /version` (`{"firecracker_version": "1.10.1"}`): at least
+/// [`MIN_VERSION`]; the version, or why not.
+pub fn check_version(body: &[u8]) -> Result<String, String> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("GET /version: {e}"))?;
+    let version = v["firecracker_version"]
+        .as_str()
+        .ok_or("GET /version without a firecracker_version")?;
+    let mut parts = version.trim_start_matches('v').split(['.', '-']);
+    let number = |p: Option<&str>| p.and_then(|p| p.parse::<u64>().ok());
+    let (Some(major), Some(minor)) = (number(parts.next()), number(parts.next())) else {
+        return Err(format!("Firecracker version {version:?} is not one"));
+    };
+    if (major, minor) < MIN_VERSION {
+        return Err(format!(
+            "Firecracker {version} is older than {}.{} (which tells a restored guest of \
+             its vsock reset, PR #4796): upgrade it",
+            MIN_VERSION.0, MIN_VERSION.1
+        ));
+    }
+    Ok(version.to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,5 +300,20 @@ mod tests {
         for id in [layer_drive(15), UPPER_DRIVE.to_owned()] {
             assert!(id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
         }
+    }
+
+    #[test]
+    fn firecracker_before_1_10_is_refused() {
+        let v = |s: &str| check_version(format!("{{\"firecracker_version\": \"{s}\"}}").as_bytes());
+        assert_eq!(v("1.10.1").unwrap(), "1.10.1");
+        assert!(v("1.12.0-dev").is_ok());
+        assert!(v("2.0.0").is_ok());
+        for old in ["1.9.1", "1.7.0", "0.25.2"] {
+            let err = v(old).unwrap_err();
+            assert!(err.contains("older than 1.10"), "{err}");
+        }
+        assert!(v("banana").is_err());
+        assert!(check_version(b"{}").is_err());
+        assert!(check_version(b"").is_err());
     }
 }
