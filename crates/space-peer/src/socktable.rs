@@ -20,9 +20,26 @@ pub fn listening_unix_inode_of(pid: u32, path: &Path) -> Result<u64, PeerError> 
     listening_in(&format!("/proc/{pid}/net/unix"), path)
 }
 
-fn listening_in(table_path: &str, path: &Path) -> Result<u64, PeerError> {
-    let table = fs::read_to_string(table_path)
+/// The most of a socket table read: a VMM in a network namespace of its own makes
+/// as many sockets there as it likes, and the bridge reads that table at every
+/// connect; a table past this is refused, not read without end.
+pub const MAX_TABLE: u64 = 16 << 20;
+
+fn read_table(path: &str) -> Result<String, PeerError> {
+    use std::io::Read as _;
+    let file = fs::File::open(path).map_err(|e| PeerError::sys("read the Unix socket table", e))?;
+    let mut table = String::new();
+    file.take(MAX_TABLE + 1)
+        .read_to_string(&mut table)
         .map_err(|e| PeerError::sys("read the Unix socket table", e))?;
+    if table.len() as u64 > MAX_TABLE {
+        return Err(PeerError::SocketTable("the socket table is over its bound"));
+    }
+    Ok(table)
+}
+
+fn listening_in(table_path: &str, path: &Path) -> Result<u64, PeerError> {
+    let table = read_table(table_path)?;
     let want = path
         .to_str()
         .ok_or(PeerError::SocketTable("path is not UTF-8"))?;
@@ -53,8 +70,7 @@ fn listening_in(table_path: &str, path: &Path) -> Result<u64, PeerError> {
 /// in every execution so that a snapshot's names hold in its restore) — as the path's
 /// file name while its working directory is the path's directory.
 pub fn process_listens_at(pid: u32, path: &Path) -> Result<bool, PeerError> {
-    let table = fs::read_to_string(format!("/proc/{pid}/net/unix"))
-        .map_err(|e| PeerError::sys("read the Unix socket table", e))?;
+    let table = read_table(&format!("/proc/{pid}/net/unix"))?;
     let absolute = path
         .to_str()
         .ok_or(PeerError::SocketTable("path is not UTF-8"))?;

@@ -34,7 +34,19 @@ pub fn layers_of_command_line(line: &str) -> Option<usize> {
 }
 /// The guest's vsock port its agent listens on when the VM has a vsock device
 /// (Firecracker's): the host reaches it through the VMM's hybrid vsock socket.
-pub const VSOCK_PORT: u32 = 1024;
+///
+/// Below 1024: the guest kernel lets only a process with `CAP_NET_BIND_SERVICE` (in
+/// the initial user namespace) bind a vsock port at or below 1023
+/// (`net/vmw_vsock/af_vsock.c`, `__vsock_bind_connectible`: `EACCES` otherwise), so an
+/// unprivileged guest process cannot take the agent's port should the agent die, and
+/// receive the activation a relink sends. A guest process that is root in the guest
+/// still could; the activation then proves nothing to it beyond what it already had
+/// (its own sandbox, execution and secret).
+pub const VSOCK_PORT: u32 = 1023;
+const _: () = assert!(
+    VSOCK_PORT <= 1023,
+    "the agent's port must be a privileged one"
+);
 /// The host's vsock context ID: the only peer the guest's agent accepts.
 pub const HOST_CID: u32 = 2;
 /// The guest's vsock context ID (the VMM's `guest_cid`).
