@@ -357,7 +357,7 @@ impl FirecrackerDriver {
             None => requests::boot(ram, cpus, &kernel_path, &initrd_path, layers.len())
                 .iter()
                 .try_for_each(|(method, path, body)| api.ok(method, path, Some(body)).map(drop)),
-            Some(_) => {
+            Some(snap) => {
                 let (method, path, body) = requests::snapshot_load();
                 let loaded = api
                     .with_timeout(SNAPSHOT_WAIT)
@@ -365,7 +365,7 @@ impl FirecrackerDriver {
                     .map(drop);
                 // Loaded (the memory file mapped privately): the staged names go, so
                 // that nothing later writes through them into the snapshot's files.
-                snapshot::unstage(dir);
+                snapshot::unstage(dir, snap);
                 loaded
             }
         };

@@ -214,10 +214,18 @@ pub(super) fn stage_for_load(
     Ok(())
 }
 
-/// Removes the names [`stage_for_load`] made (after the load, or after it failed).
-pub(super) fn unstage(fc: &Path) {
+/// Removes the names [`stage_for_load`] made (after the load, or after it failed), and
+/// closes `snap`'s state and memory to all but the worker again: a link shares its
+/// inode's mode, which the staging opened to reading (guest RAM stays 0600 in the
+/// snapshot, whatever packs or moves it next).
+pub(super) fn unstage(fc: &Path, snap: &VmSnapshot) {
     for name in [requests::VMSTATE, requests::MEMORY] {
         let _ = std::fs::remove_file(fc.join(name));
+    }
+    for name in [vmsnap::VMSTATE, vmsnap::MEMORY] {
+        if let Ok(file) = crate::substrate::vm::open_single(&snap.dir().join(name)) {
+            let _ = file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600));
+        }
     }
 }
 
@@ -311,7 +319,24 @@ mod tests {
             std::fs::read(fc.join(requests::MEMORY)).unwrap(),
             vmsnap::MEMORY.as_bytes()
         );
-        unstage(&fc);
+        assert_eq!(
+            std::fs::metadata(snap.dir().join(vmsnap::MEMORY))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o444,
+            "staged by a link: the snapshot's own inode"
+        );
+        unstage(&fc, &snap);
+        // Private again once loaded.
+        for f in [vmsnap::MEMORY, vmsnap::VMSTATE] {
+            let mode = std::fs::metadata(snap.dir().join(f))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "{f}");
+        }
         assert!(!fc.join(requests::VMSTATE).exists());
         assert!(!fc.join(requests::MEMORY).exists());
         // The snapshot itself is whole.
