@@ -177,6 +177,13 @@ fn launch_pause_snapshot_restore_and_destroy_against_a_stand_in_firecracker() {
     );
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     assert!(status.contains("NoNewPrivs:\t1"), "{status}");
+    // Left the worker's uid (no uid ranges here), yet with no capability at all.
+    for cap in ["CapEff", "CapPrm", "CapBnd"] {
+        assert!(
+            status.contains(&format!("{cap}:\t0000000000000000")),
+            "{cap}: {status}"
+        );
+    }
     // In a cgroup of its own, where this host has cgroups.
     if space_worker::substrate::jail::cgroup::CgroupHierarchy::detect().is_ok() {
         let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();

@@ -40,18 +40,52 @@ pub fn kvm_access(dev: &Path) -> Result<Option<u32>, SubstrateError> {
     kvm_group(m.mode(), m.gid()).map_err(SubstrateError::Unsupported)
 }
 
-/// Makes `command` set `no_new_privs` and, with `uid`, drop to `uid` (every uid and
-/// gid, no capability left) with `group` as its only supplementary group, in the child
-/// before `exec`. Register it after any step that needs the worker's privileges
-/// (`unshare` of a network namespace): closures run in their order.
+/// `struct __user_cap_header_struct`.
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+/// `struct __user_cap_data_struct`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// `_LINUX_CAPABILITY_VERSION_3` (two data structs: 64 capabilities).
+const CAP_V3: u32 = 0x2008_0522;
+
+/// Makes `command` set `no_new_privs`, drop every capability (the bounding set where
+/// the worker may, the ambient set, then effective, permitted and inheritable, checked
+/// to be empty — an inherited `SECBIT_NO_SETUID_FIXUP` or a worker without uid ranges,
+/// where Firecracker keeps the worker's uid, would otherwise keep them) and, with
+/// `uid`, drop to `uid` (every uid and gid) with `group` as its only supplementary
+/// group, in the child before `exec`. Register it after any step that needs the
+/// worker's privileges (`unshare` of a network namespace): closures run in their order.
 pub fn drop_to(command: &mut Command, uid: Option<u32>, group: Option<u32>) {
     let groups: Vec<libc::gid_t> = group.into_iter().collect();
+    let last_cap: libc::c_ulong = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(63);
     // SAFETY: the closure runs in the forked child of a multithreaded process and calls
-    // only setgroups, setresgid, setresuid and prctl (async-signal-safe system calls);
-    // `groups` was allocated before the fork and is only read; building the error
-    // from errno does not allocate.
+    // only setgroups, setresgid, setresuid, prctl, capset and capget (async-signal-safe
+    // system calls) on memory of its own stack; `groups` was allocated before the fork
+    // and is only read; building the error from errno does not allocate.
     unsafe {
         command.pre_exec(move || {
+            let zero: libc::c_ulong = 0;
+            // The bounding set first, while the worker's CAP_SETPCAP (if it has it)
+            // still holds; a worker without it has nothing there to give anyway.
+            for cap in 0..=last_cap {
+                libc::prctl(libc::PR_CAPBSET_DROP, cap, zero, zero, zero);
+            }
+            let clear_all = libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong;
+            libc::prctl(libc::PR_CAP_AMBIENT, clear_all, zero, zero, zero);
             if let Some(id) = uid {
                 if libc::setgroups(groups.len(), groups.as_ptr()) == -1
                     || libc::setresgid(id, id, id) == -1
@@ -60,8 +94,24 @@ pub fn drop_to(command: &mut Command, uid: Option<u32>, group: Option<u32>) {
                     return Err(io::Error::last_os_error());
                 }
             }
+            let mut header = CapHeader {
+                version: CAP_V3,
+                pid: 0,
+            };
+            let mut data = [CapData::default(); 2];
+            if libc::syscall(libc::SYS_capset, &raw mut header, data.as_ptr()) == -1
+                || libc::syscall(libc::SYS_capget, &raw mut header, data.as_mut_ptr()) == -1
+            {
+                return Err(io::Error::last_os_error());
+            }
+            if data
+                .iter()
+                .any(|d| d.effective | d.permitted | d.inheritable != 0)
+            {
+                return Err(io::Error::from_raw_os_error(libc::EPERM));
+            }
             // Whole `unsigned long`s: the kernel checks every argument.
-            let (one, zero): (libc::c_ulong, libc::c_ulong) = (1, 0);
+            let one: libc::c_ulong = 1;
             if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, one, zero, zero, zero) == -1 {
                 return Err(io::Error::last_os_error());
             }
@@ -108,6 +158,33 @@ mod tests {
         assert_eq!(field("Groups:"), "64998", "{status}");
         assert_eq!(field("CapEff:"), "0000000000000000", "{status}");
         assert_eq!(field("CapPrm:"), "0000000000000000", "{status}");
+        assert_eq!(field("NoNewPrivs:"), "1", "{status}");
+        assert_eq!(field("CapBnd:"), "0000000000000000", "{status}");
+    }
+
+    #[test]
+    fn a_child_left_the_workers_uid_keeps_no_capability() {
+        // A root worker without uid ranges (`--no-userns`): Firecracker stays uid 0,
+        // but with no capability at all (none to use, none to regain by `exec`).
+        let mut cmd = Command::new("cat");
+        cmd.arg("/proc/self/status");
+        drop_to(&mut cmd, None, None);
+        let out = cmd.output().unwrap();
+        let status = String::from_utf8_lossy(&out.stdout);
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .unwrap_or_default()
+                .trim()
+                .to_owned()
+        };
+        for cap in ["CapInh:", "CapPrm:", "CapEff:", "CapAmb:"] {
+            assert_eq!(field(cap), "0000000000000000", "{cap} {status}");
+        }
+        if rustix::process::geteuid().is_root() {
+            assert_eq!(field("CapBnd:"), "0000000000000000", "{status}");
+        }
         assert_eq!(field("NoNewPrivs:"), "1", "{status}");
     }
 }
