@@ -40,6 +40,26 @@ pub fn kvm_access(dev: &Path) -> Result<Option<u32>, SubstrateError> {
     kvm_group(m.mode(), m.gid()).map_err(SubstrateError::Unsupported)
 }
 
+/// Makes `command` join a cgroup in the child before `exec`: `0` (the calling
+/// process) written to each of `procs`, descriptors of the cgroup's `cgroup.procs`
+/// files opened before the fork. Register it before [`drop_to`] (the dropped uid may
+/// not write them).
+pub fn join_cgroup(command: &mut Command, procs: Vec<std::os::fd::OwnedFd>) {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: the closure runs in the forked child and calls only write(2) on
+    // descriptors opened before the fork, with a static buffer.
+    unsafe {
+        command.pre_exec(move || {
+            for fd in &procs {
+                if libc::write(fd.as_raw_fd(), b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
 /// `struct __user_cap_header_struct`.
 #[repr(C)]
 struct CapHeader {
@@ -160,6 +180,47 @@ mod tests {
         assert_eq!(field("CapPrm:"), "0000000000000000", "{status}");
         assert_eq!(field("NoNewPrivs:"), "1", "{status}");
         assert_eq!(field("CapBnd:"), "0000000000000000", "{status}");
+    }
+
+    #[test]
+    fn a_child_is_in_its_cgroup_before_exec() {
+        use crate::substrate::jail::cgroup::CgroupHierarchy;
+        let Ok(h) = CgroupHierarchy::detect() else {
+            eprintln!("SKIPPED: no cgroups here");
+            return;
+        };
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("SKIPPED: needs root (cgroups)");
+            return;
+        }
+        let parent = format!("space-test-fcjoin-{}", std::process::id());
+        let set = h
+            .create(&parent, "x.1", &crate::substrate::Limits::default())
+            .unwrap();
+        let procs = set
+            .dirs()
+            .iter()
+            .map(|d| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(d.join("cgroup.procs"))
+                    .map(std::os::fd::OwnedFd::from)
+                    .unwrap()
+            })
+            .collect();
+        // What the program reads first thing, with nothing written after the spawn.
+        let mut cmd = Command::new("cat");
+        cmd.arg("/proc/self/cgroup");
+        join_cgroup(&mut cmd, procs);
+        drop_to(&mut cmd, None, None);
+        let out = cmd.output().unwrap();
+        let cgroup = String::from_utf8_lossy(&out.stdout).into_owned();
+        let _ = set.kill_all();
+        let _ = set.remove();
+        for dir in h.parent_dirs(&parent) {
+            let _ = std::fs::remove_dir(dir);
+        }
+        assert!(cgroup.contains(&format!("{parent}/x.1")), "{cgroup}");
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub mod requests;
 mod snapshot;
 
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -271,10 +272,6 @@ impl FirecrackerDriver {
         // The guest's console: nowhere (a guest could write without end).
         .stdout(Stdio::null())
         .stderr(vmm_log);
-        // Exactly the boot descriptors, a network namespace of its own (root), then
-        // the VM's uid: in that order (the unshare needs the worker's privileges).
-        crate::substrate::jail::spawn::qemu_child(&mut cmd, &handed, self.netns);
-        child::drop_to(&mut cmd, uid.base(), uid.base().and(self.kvm_group));
         let limits = Limits {
             memory_bytes: Some(ram + VMM_OVERHEAD),
             // Its API, VMM and vCPU threads, with room.
@@ -290,6 +287,33 @@ impl FirecrackerDriver {
                 "no cgroup for the Firecracker VM".into(),
             ));
         }
+        // Its cgroup joined in the child, before `exec` (through descriptors opened
+        // here: the dropped uid could not open them): nothing of Firecracker runs
+        // outside its limits.
+        let join = match cgroups
+            .dirs()
+            .iter()
+            .map(|d| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .custom_flags(libc::O_CLOEXEC)
+                    .open(d.join("cgroup.procs"))
+                    .map(OwnedFd::from)
+            })
+            .collect::<std::io::Result<Vec<OwnedFd>>>()
+        {
+            Ok(fds) => fds,
+            Err(e) => {
+                let _ = cgroups.remove();
+                return Err(SubstrateError::io("open the VM's cgroup", e));
+            }
+        };
+        // Exactly the boot descriptors, a network namespace of its own (root), its
+        // cgroup, then the VM's uid: in that order (the unshare and the join need the
+        // worker's privileges).
+        crate::substrate::jail::spawn::qemu_child(&mut cmd, &handed, self.netns);
+        child::join_cgroup(&mut cmd, join);
+        child::drop_to(&mut cmd, uid.base(), uid.base().and(self.kvm_group));
         let spawned = cmd.spawn();
         // The log pipe's write end is Firecracker's alone now: its drain ends when
         // Firecracker (and anything it gave its stderr) does.
@@ -322,6 +346,7 @@ impl FirecrackerDriver {
                 other => other,
             }
         };
+        // Joined in the child already; written again here, which checks it holds.
         if let Err(e) = cgroups.add_process(pid) {
             return Err(fail(e));
         }
