@@ -25,6 +25,12 @@ fn main() -> ExitCode {
                 eprintln!("spaced-guest: vm-agent --vsock: not a port: {port}");
                 return ExitCode::from(2);
             };
+            let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+            let here = spaced_guest::vsock::pid1_is_this_binary();
+            if let Err(e) = spaced_guest::vsock::may_serve(&cmdline, here) {
+                eprintln!("spaced-guest: vm-agent --vsock: {e}");
+                return ExitCode::from(2);
+            }
             return match spaced_guest::vsock::serve_vsock(port, 256) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

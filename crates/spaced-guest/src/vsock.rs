@@ -29,6 +29,36 @@ const BACKLOG: i32 = 4;
 /// How long a new host connection waits for the link it replaces to end.
 pub const OLD_LINK_WAIT: Duration = Duration::from_secs(5);
 
+/// Whether `vm-agent --vsock` may serve here: only in a VM whose kernel command line
+/// (`cmdline`) names the vsock transport and whose PID 1 is this binary (the init of
+/// a SPACE guest, which started it). Elsewhere — a host that is itself a VM with a
+/// guest-to-host vsock transport — its hypervisor could otherwise activate it, rename
+/// the machine and run commands.
+pub fn may_serve(cmdline: &str, pid1_is_this_binary: bool) -> Result<(), String> {
+    if vm::transport_of_command_line(cmdline) != Some(vm::GuestTransport::Vsock) {
+        return Err(format!(
+            "the kernel command line does not say {}=vsock: not a SPACE VM",
+            vm::TRANSPORT_PARAM
+        ));
+    }
+    if !pid1_is_this_binary {
+        return Err("PID 1 is not this agent's binary: not a SPACE VM".into());
+    }
+    Ok(())
+}
+
+/// Whether PID 1 runs the same executable as this process.
+pub fn pid1_is_this_binary() -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    match (
+        std::fs::metadata("/proc/1/exe"),
+        std::fs::metadata("/proc/self/exe"),
+    ) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
+}
+
 /// Whether a connection from `cid` may be served: only the host's.
 pub fn accepts_peer(cid: u32) -> bool {
     cid == vm::HOST_CID
@@ -164,6 +194,23 @@ mod tests {
     use super::*;
     use space_identity::{ExecutionId, Generation, SandboxId};
     use space_proto::guest::Activation;
+
+    #[test]
+    fn the_vsock_agent_serves_only_in_a_space_vm() {
+        let vm_line = format!(
+            "console=ttyS0 {}=vsock {}=1",
+            vm::TRANSPORT_PARAM,
+            vm::LAYERS_PARAM
+        );
+        assert!(may_serve(&vm_line, true).is_ok());
+        // A host's own command line, or a VM whose init is something else.
+        assert!(may_serve("BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet", true).is_err());
+        assert!(may_serve(&vm_line, false).is_err());
+        let serial = format!("{}=serial", vm::TRANSPORT_PARAM);
+        assert!(may_serve(&serial, true).is_err());
+        // This test's host: PID 1 is not the test binary.
+        assert!(!pid1_is_this_binary());
+    }
 
     #[test]
     fn only_the_host_is_served() {

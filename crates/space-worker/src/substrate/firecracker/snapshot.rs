@@ -86,7 +86,17 @@ pub(super) fn take(
 /// dropped — never a link Firecracker could have left to make the worker change or
 /// ship another file.
 fn take_file(from: &Path, to: &Path) -> Result<(), SubstrateError> {
-    let _ = std::fs::remove_file(to);
+    let _ = crate::substrate::tree::remove_tree(to);
+    // Not even moved unless it looks like a plain file now (a directory of the VM
+    // uid's would otherwise land in the snapshot); checked again by descriptor below,
+    // and whatever it turns out to be is removed as a tree, never through a link.
+    if !std::fs::symlink_metadata(from).is_ok_and(|m| m.is_file()) {
+        let _ = crate::substrate::tree::remove_tree(from);
+        return Err(SubstrateError::InvalidSpec(format!(
+            "{} is not a plain file",
+            from.display()
+        )));
+    }
     std::fs::rename(from, to).map_err(io_err("take a snapshot file"))?;
     let own = || -> Result<(), SubstrateError> {
         let file = open_plain(to)?;
@@ -98,7 +108,7 @@ fn take_file(from: &Path, to: &Path) -> Result<(), SubstrateError> {
             .map_err(io_err("a snapshot file's mode"))
     };
     own().inspect_err(|_| {
-        let _ = std::fs::remove_file(to);
+        let _ = crate::substrate::tree::remove_tree(to);
     })
 }
 
@@ -361,6 +371,15 @@ mod tests {
             std::fs::metadata(&secret).unwrap().permissions().mode() & 0o777,
             0o640
         );
+        // A directory (with a link to the worker's file in it): neither moved nor
+        // followed.
+        let _ = std::fs::remove_file(&from);
+        std::fs::create_dir(&from).unwrap();
+        std::os::unix::fs::symlink(&secret, from.join("x")).unwrap();
+        assert!(take_file(&from, &to).is_err());
+        assert!(std::fs::symlink_metadata(&to).is_err());
+        assert_eq!(std::fs::read(&secret).unwrap(), b"the worker's");
+        let _ = std::fs::remove_dir_all(&from);
         std::fs::write(&from, b"ram").unwrap();
         take_file(&from, &to).unwrap();
         assert_eq!(std::fs::read(&to).unwrap(), b"ram");
