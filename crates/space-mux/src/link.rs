@@ -6,7 +6,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -69,6 +69,9 @@ struct Shared {
     streams: Mutex<HashMap<u32, Arc<Stream>>>,
     next: Mutex<u32>,
     dead: Mutex<Option<String>>,
+    /// Whether what ended the link was its transport's end (see
+    /// [`Link::ended_by_transport`]); set with `dead`, once.
+    transport_ended: AtomicBool,
     opener: bool,
     max_streams: usize,
     accept: Mutex<Option<Accept>>,
@@ -137,12 +140,23 @@ impl Shared {
 
     /// Ends the link: every stream is reset and the transport shut.
     fn kill(&self, why: String) {
+        self.kill_as(why, false);
+    }
+
+    /// [`Shared::kill`] for an I/O error of the transport: its end if the error says
+    /// so.
+    fn kill_io(&self, what: &str, e: &io::Error) {
+        self.kill_as(format!("{what}: {e}"), transport_end(e));
+    }
+
+    fn kill_as(&self, why: String, transport: bool) {
         {
             let mut dead = self.lock_dead();
             if dead.is_some() {
                 return;
             }
             *dead = Some(why);
+            self.transport_ended.store(transport, Ordering::SeqCst);
         }
         let streams: Vec<Arc<Stream>> = lock(&self.streams).drain().map(|(_, s)| s).collect();
         for s in streams {
@@ -190,6 +204,7 @@ impl Link {
             streams: Mutex::new(HashMap::new()),
             next: Mutex::new(1),
             dead: Mutex::new(None),
+            transport_ended: AtomicBool::new(false),
             opener,
             max_streams,
             accept: Mutex::new(accept),
@@ -202,11 +217,12 @@ impl Link {
             .stack_size(THREAD_STACK)
             .spawn(move || {
                 // Whatever ends the reader — a panic too — ends the link.
-                let why = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    read_loop(&reading, reader)
-                }))
-                .unwrap_or_else(|_| "the link's reader panicked".into());
-                reading.kill(why);
+                let (why, transport) =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        read_loop(&reading, reader)
+                    }))
+                    .unwrap_or_else(|_| ("the link's reader panicked".into(), false));
+                reading.kill_as(why, transport);
             })?;
         Ok(Self { shared })
     }
@@ -258,7 +274,7 @@ impl Link {
             (app, id, stream)
         };
         if let Err(e) = s.send(&Frame::bare(id, Kind::Open)) {
-            s.kill(format!("write: {e}"));
+            s.kill_io("write", &e);
             return Err(LinkError::Dead(e.to_string()));
         }
         spawn_stream(s, stream).map_err(|e| LinkError::Dead(e.to_string()))?;
@@ -324,6 +340,13 @@ impl Link {
     /// Why the link is down, or `None` while it is up.
     pub fn dead(&self) -> Option<String> {
         self.shared.lock_dead().clone()
+    }
+
+    /// Whether the link is down because its transport ended (end of file, a reset, a
+    /// broken pipe: what a VMM resetting the connection looks like), rather than
+    /// because the peer broke the protocol, a write timed out, or this side shut it.
+    pub fn ended_by_transport(&self) -> bool {
+        self.shared.lock_dead().is_some() && self.shared.transport_ended.load(Ordering::SeqCst)
     }
 
     /// Streams open now.
@@ -427,7 +450,7 @@ fn pump_out(shared: &Shared, st: &Stream) {
         };
         if n == 0 {
             if let Err(e) = shared.send_on(st, &Frame::bare(st.id, Kind::Fin)) {
-                shared.kill(format!("write: {e}"));
+                shared.kill_io("write", &e);
             }
             return;
         }
@@ -438,7 +461,7 @@ fn pump_out(shared: &Shared, st: &Stream) {
             Ok(true) => {}
             Ok(false) => return,
             Err(e) => {
-                shared.kill(format!("write: {e}"));
+                shared.kill_io("write", &e);
                 return;
             }
         }
@@ -482,25 +505,39 @@ fn pump_in(shared: &Shared, st: &Stream) {
             Ok(true) => {}
             Ok(false) => return,
             Err(e) => {
-                shared.kill(format!("write: {e}"));
+                shared.kill_io("write", &e);
                 return;
             }
         }
     }
 }
 
-/// Reads frames until the transport ends or the peer breaks the protocol; the reason.
-fn read_loop(shared: &Arc<Shared>, mut reader: Box<dyn Read + Send>) -> String {
+/// Reads frames until the transport ends or the peer breaks the protocol; the reason,
+/// and whether it was the transport's end.
+fn read_loop(shared: &Arc<Shared>, mut reader: Box<dyn Read + Send>) -> (String, bool) {
     loop {
         let f = match frame::read_frame(&mut reader) {
             Ok(Some(f)) => f,
-            Ok(None) => return "the transport ended".into(),
-            Err(e) => return format!("read: {e}"),
+            Ok(None) => return ("the transport ended".into(), true),
+            Err(e) => return (format!("read: {e}"), transport_end(&e)),
         };
         if let Err(why) = handle(shared, f) {
-            return why;
+            return (why, false);
         }
     }
+}
+
+/// Whether `e` is the transport's end (end of file, also inside a frame; a reset; a
+/// broken pipe), not a malformed frame, a timeout or a local failure.
+fn transport_end(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::NotConnected
+    )
 }
 
 /// One received frame; `Err` ends the link.

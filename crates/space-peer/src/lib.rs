@@ -13,10 +13,12 @@ mod peer;
 mod process;
 mod socktable;
 
-pub use path::{bind_listener, check_socket_path, prepare_socket_dir};
+pub use path::{bind_listener, check_socket_path, check_vmm_socket_path, prepare_socket_dir};
 pub use peer::{PeerCred, peer_process, peer_process_listened_as};
 pub use process::{FileId, LiveProcess, ProcessIdentity};
-pub use socktable::{listening_unix_inode, listening_unix_inode_of, process_holds_socket};
+pub use socktable::{
+    listening_unix_inode, listening_unix_inode_of, process_holds_socket, process_listens_at,
+};
 
 /// Why a peer or a socket path was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

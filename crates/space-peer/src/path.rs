@@ -56,6 +56,40 @@ pub fn check_socket_path(path: &Path) -> Result<(), PeerError> {
     Ok(())
 }
 
+/// Checks the path of a socket a VMM bound itself after dropping to its own uid
+/// (Firecracker's hybrid vsock socket): the socket's directory is owned by this
+/// process's effective uid or by `vmm_uid`, with no access for group or others, and
+/// sits in a directory that passes [`prepare_socket_dir`]'s checks (so nobody but this
+/// uid and the VMM's can reach or replace it); the path itself is a socket, not a
+/// symlink.
+pub fn check_vmm_socket_path(path: &Path, vmm_uid: u32) -> Result<(), PeerError> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| unsafe_path(path, "no parent directory"))?;
+    let outer = dir
+        .parent()
+        .ok_or_else(|| unsafe_path(dir, "no parent directory"))?;
+    check_socket_dir(outer)?;
+    let m = fs::symlink_metadata(dir).map_err(|e| unsafe_path(dir, &e.to_string()))?;
+    if !m.file_type().is_dir() {
+        return Err(unsafe_path(dir, "not a directory (or a symlink)"));
+    }
+    if m.uid() != rustix::process::geteuid().as_raw() && m.uid() != vmm_uid {
+        return Err(unsafe_path(dir, "owned by neither this uid nor the VMM's"));
+    }
+    if m.permissions().mode() & 0o077 != 0 {
+        return Err(unsafe_path(dir, "accessible to group or others"));
+    }
+    let m = fs::symlink_metadata(path).map_err(|e| unsafe_path(path, &e.to_string()))?;
+    if m.file_type().is_symlink() {
+        return Err(unsafe_path(path, "a symlink"));
+    }
+    if !m.file_type().is_socket() {
+        return Err(unsafe_path(path, "not a socket"));
+    }
+    Ok(())
+}
+
 /// Binds a listener at `path` inside a checked socket directory, replacing a stale
 /// socket file but never following or replacing anything else.
 pub fn bind_listener(path: &Path) -> Result<UnixListener, PeerError> {
@@ -129,5 +163,32 @@ mod tests {
         fs::write(dir.join("s"), b"keep").unwrap();
         assert!(bind_listener(&dir.join("s")).is_err());
         assert_eq!(fs::read(dir.join("s")).unwrap(), b"keep");
+    }
+
+    #[test]
+    fn a_vmm_socket_directory_of_another_uid_or_open_to_others_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let run = t.path().join("run");
+        prepare_socket_dir(&run).unwrap();
+        let vmm = run.join("fc-1");
+        prepare_socket_dir(&vmm).unwrap();
+        let sock = vmm.join("v.sock");
+        let _l = UnixListener::bind(&sock).unwrap();
+        let me = rustix::process::geteuid().as_raw();
+        assert!(check_vmm_socket_path(&sock, me).is_ok());
+        // Owned by this uid: fine whatever uid the VMM has.
+        assert!(check_vmm_socket_path(&sock, me.wrapping_add(1)).is_ok());
+        fs::set_permissions(&vmm, fs::Permissions::from_mode(0o750)).unwrap();
+        assert!(check_vmm_socket_path(&sock, me).is_err());
+        fs::set_permissions(&vmm, fs::Permissions::from_mode(0o700)).unwrap();
+        // The outer directory open to others: refused.
+        fs::set_permissions(&run, fs::Permissions::from_mode(0o711)).unwrap();
+        assert!(check_vmm_socket_path(&sock, me).is_err());
+        fs::set_permissions(&run, fs::Permissions::from_mode(0o700)).unwrap();
+        // A symlink at the socket's place, or not a socket.
+        std::os::unix::fs::symlink(&sock, vmm.join("link")).unwrap();
+        assert!(check_vmm_socket_path(&vmm.join("link"), me).is_err());
+        fs::write(vmm.join("file"), b"x").unwrap();
+        assert!(check_vmm_socket_path(&vmm.join("file"), me).is_err());
     }
 }

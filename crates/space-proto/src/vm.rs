@@ -32,6 +32,92 @@ pub fn layers_of_command_line(line: &str) -> Option<usize> {
         .ok()?;
     (1..=MAX_LAYERS).contains(&n).then_some(n)
 }
+/// The guest's vsock port its agent listens on when the VM has a vsock device
+/// (Firecracker's): the host reaches it through the VMM's hybrid vsock socket.
+///
+/// Below 1024: the guest kernel lets only a process with `CAP_NET_BIND_SERVICE` (in
+/// the initial user namespace) bind a vsock port at or below 1023
+/// (`net/vmw_vsock/af_vsock.c`, `__vsock_bind_connectible`: `EACCES` otherwise), so an
+/// unprivileged guest process cannot take the agent's port should the agent die, and
+/// receive the activation a relink sends. A guest process that is root in the guest
+/// still could; the activation then proves nothing to it beyond what it already had
+/// (its own sandbox, execution and secret).
+pub const VSOCK_PORT: u32 = 1023;
+const _: () = assert!(
+    VSOCK_PORT <= 1023,
+    "the agent's port must be a privileged one"
+);
+/// The host's vsock context ID: the only peer the guest's agent accepts.
+pub const HOST_CID: u32 = 2;
+/// The guest's vsock context ID (the VMM's `guest_cid`).
+pub const GUEST_CID: u32 = 3;
+/// The kernel command-line parameter naming the agent's transport
+/// (`space.transport=serial|vsock`; absent: serial). Written by the worker's driver:
+/// the guest never chooses by probing its devices.
+pub const TRANSPORT_PARAM: &str = "space.transport";
+/// The kernel command-line parameter saying how the guest finds its disks:
+/// `space.disks=order` where the VMM gives block devices no serial of the worker's
+/// choosing (Firecracker): the virtio block devices in the order the driver attached
+/// them — layer 0 (the top one) to layer N-1, then the writable disk — which is the
+/// order of their names (`vda`, `vdb`, …, `vdz`, `vdaa`, …). Absent: by serial.
+pub const DISKS_PARAM: &str = "space.disks";
+/// The kernel modules of the guest's vsock (Firecracker's virtio vsock), loaded after
+/// [`GUEST_MODULES`]; a kernel directory prepared before they were added lacks them.
+pub const VSOCK_MODULES: &[&str] = &[
+    "vsock",
+    "vmw_vsock_virtio_transport_common",
+    "vmw_vsock_virtio_transport",
+];
+
+/// How the guest's agent is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuestTransport {
+    /// The virtio-serial port [`PORT_NAME`] (QEMU).
+    Serial,
+    /// Vsock port [`VSOCK_PORT`], connections from [`HOST_CID`] only (Firecracker).
+    Vsock,
+}
+
+impl GuestTransport {
+    /// Its value of [`TRANSPORT_PARAM`].
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Serial => "serial",
+            Self::Vsock => "vsock",
+        }
+    }
+}
+
+/// The value of `name=` on a kernel command line: its last occurrence (as the kernel
+/// itself takes a repeated parameter).
+fn param<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    line.split_ascii_whitespace()
+        .filter_map(|w| w.strip_prefix(name)?.strip_prefix('='))
+        .next_back()
+}
+
+/// The transport a kernel command line names: serial without the parameter, `None`
+/// for a value this guest does not know (the guest then serves nothing).
+pub fn transport_of_command_line(line: &str) -> Option<GuestTransport> {
+    match param(line, TRANSPORT_PARAM) {
+        None | Some("serial") => Some(GuestTransport::Serial),
+        Some("vsock") => Some(GuestTransport::Vsock),
+        Some(_) => None,
+    }
+}
+
+/// Whether a kernel command line says the disks are found by order
+/// ([`DISKS_PARAM`]`=order`).
+pub fn disks_by_order(line: &str) -> bool {
+    param(line, DISKS_PARAM) == Some("order")
+}
+
+/// The order of virtio block device names (`vda` < `vdz` < `vdaa`): shorter first,
+/// then alphabetical.
+pub fn block_device_order(a: &str, b: &str) -> std::cmp::Ordering {
+    (a.len(), a).cmp(&(b.len(), b))
+}
+
 /// The serial of the sandbox's writable disk (ext4, its size the disk limit).
 pub const UPPER_SERIAL: &str = "space-upper";
 /// The guest's answer once it serves the activation it was sent.
@@ -94,5 +180,51 @@ mod tests {
         assert_eq!(layer_serial(15), "space-layer-15");
         // virtio-blk serials are at most 20 bytes.
         assert!(layer_serial(MAX_LAYERS - 1).len() <= 20);
+    }
+
+    #[test]
+    fn the_transport_and_the_disk_order_come_from_the_command_line() {
+        use GuestTransport::*;
+        assert_eq!(transport_of_command_line("quiet panic=-1"), Some(Serial));
+        assert_eq!(
+            transport_of_command_line("space.transport=vsock space.layers=1"),
+            Some(Vsock)
+        );
+        assert_eq!(
+            transport_of_command_line("space.transport=serial"),
+            Some(Serial)
+        );
+        // The kernel's rule: the last one counts.
+        assert_eq!(
+            transport_of_command_line("space.transport=serial space.transport=vsock"),
+            Some(Vsock)
+        );
+        for bad in [
+            "space.transport=",
+            "space.transport=tcp",
+            "space.transport=Vsock",
+        ] {
+            assert_eq!(transport_of_command_line(bad), None, "{bad:?}");
+        }
+        // A look-alike parameter is not it.
+        assert_eq!(
+            transport_of_command_line("xspace.transport=vsock"),
+            Some(Serial)
+        );
+        assert!(disks_by_order("a space.disks=order b"));
+        assert!(!disks_by_order("space.disks=serial"));
+        assert!(!disks_by_order("space.disksx=order"));
+        assert_eq!(Vsock.as_str(), "vsock");
+        assert_eq!(
+            transport_of_command_line(&format!("{TRANSPORT_PARAM}={}", Serial.as_str())),
+            Some(Serial)
+        );
+    }
+
+    #[test]
+    fn block_devices_sort_in_attach_order() {
+        let mut names = vec!["vdaa", "vdb", "vdz", "vda", "vdab"];
+        names.sort_by(|a, b| block_device_order(a, b));
+        assert_eq!(names, ["vda", "vdb", "vdz", "vdaa", "vdab"]);
     }
 }

@@ -300,6 +300,17 @@ pub struct WorkerArgs {
         default_value = "/usr/bin/qemu-system-x86_64"
     )]
     pub qemu: PathBuf,
+    /// VM workers: the VMM, `qemu` (software emulation where KVM does not boot a
+    /// stock kernel) or `firecracker` (KVM only; `--firecracker`).
+    #[arg(long, env = "SPACE_VMM", default_value = "qemu", value_parser = ["qemu", "firecracker"])]
+    pub vmm: String,
+    /// VM workers with `--vmm firecracker`: the `firecracker` binary.
+    #[arg(
+        long,
+        env = "SPACE_FIRECRACKER",
+        default_value = "/usr/local/bin/firecracker"
+    )]
+    pub firecracker: PathBuf,
     /// VM workers: the guest kernel `space vm setup` prepared [default:
     /// `<data-dir>/vm/kernel`].
     #[arg(long, env = "SPACE_VM_KERNEL_DIR")]

@@ -179,6 +179,7 @@ pub async fn worker(a: WorkerArgs) -> Result<(), String> {
         vm: (a.substrate == space_identity::Substrate::Vm).then(|| {
             space_worker::daemon::VmSettings {
                 qemu: a.qemu.clone(),
+                firecracker: (a.vmm == "firecracker").then(|| a.firecracker.clone()),
                 kernel_dir: a
                     .vm_kernel_dir
                     .clone()

@@ -20,6 +20,7 @@ mod session;
 mod sys;
 mod tree;
 pub mod vm;
+pub mod vsock;
 mod watch;
 
 pub use agent::Agent;

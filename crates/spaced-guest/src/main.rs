@@ -18,6 +18,28 @@ fn main() -> ExitCode {
         spaced_guest::vm::init();
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // The agent over vsock (a VM whose command line names that transport).
+    if let [cmd, flag, port] = args.as_slice() {
+        if cmd == "vm-agent" && flag == "--vsock" {
+            let Ok(port) = port.parse::<u32>() else {
+                eprintln!("spaced-guest: vm-agent --vsock: not a port: {port}");
+                return ExitCode::from(2);
+            };
+            let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+            let here = spaced_guest::vsock::pid1_is_this_binary();
+            if let Err(e) = spaced_guest::vsock::may_serve(&cmdline, here) {
+                eprintln!("spaced-guest: vm-agent --vsock: {e}");
+                return ExitCode::from(2);
+            }
+            return match spaced_guest::vsock::serve_vsock(port, 256) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("spaced-guest: {e}");
+                    ExitCode::from(1)
+                }
+            };
+        }
+    }
     if let [cmd, port] = args.as_slice() {
         if cmd == "vm-agent" {
             return match spaced_guest::vm::serve_port(std::path::Path::new(port), 256) {

@@ -1,7 +1,9 @@
 //! The agent as a VM's init (`/init` of the initramfs the worker builds) and its
 //! service over the VM's virtio-serial port.
 //!
-//! As PID 1 ([`init`]): mount `/dev`, `/proc`, `/sys`; load the modules the initramfs
+//! As PID 1 ([`init`]): read the transport and the disks' naming from the kernel
+//! command line the worker's driver wrote (`space.transport=`, `space.disks=`, see
+//! `space_proto::vm`); mount `/dev`, `/proc`, `/sys`; load the modules the initramfs
 //! carries; bring up `lo` and the NIC (when the VM has one: the address, mask and
 //! gateway of every VM, `/etc/resolv.conf` naming the platform's resolver); mount the template disk read-only under the sandbox's writable disk as an
 //! overlay and switch to it; start the agent (`spaced-guest vm-agent PORT`, this same
@@ -38,7 +40,15 @@ pub fn init() -> ! {
         eprintln!("spaced-guest init: {e}");
     }
     nix::unistd::sync();
-    let _ = nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_POWER_OFF);
+    // Firecracker ends its VM on the guest's reset (`reboot=k`), not on a power-off,
+    // which would leave a halted VM behind: its guests (the vsock transport) reset.
+    let firecracker = std::fs::read_to_string("/proc/cmdline")
+        .is_ok_and(|l| vm::transport_of_command_line(&l) == Some(vm::GuestTransport::Vsock));
+    let _ = nix::sys::reboot::reboot(if firecracker {
+        nix::sys::reboot::RebootMode::RB_AUTOBOOT
+    } else {
+        nix::sys::reboot::RebootMode::RB_POWER_OFF
+    });
     // Not reached: a failed power-off leaves PID 1 to exit, which panics the kernel
     // (`panic=-1` on the command line reboots it, and QEMU `-no-reboot` ends).
     std::process::exit(1)
@@ -75,21 +85,38 @@ fn boot() -> Result<(), String> {
         )
         .map_err(|e| format!("{}: {e}", vm::GUEST_NIC))?;
     }
-    let port = find_port(vm::PORT_NAME)?;
     let cmdline =
         std::fs::read_to_string("/proc/cmdline").map_err(|e| format!("/proc/cmdline: {e}"))?;
+    // The transport the worker's driver wrote on the command line, never one guessed
+    // from the devices present.
+    let transport = vm::transport_of_command_line(&cmdline)
+        .ok_or_else(|| format!("an unknown {}= on the command line", vm::TRANSPORT_PARAM))?;
+    let agent_args: Vec<String> = match transport {
+        vm::GuestTransport::Serial => {
+            vec![find_port(vm::PORT_NAME)?.to_string_lossy().into_owned()]
+        }
+        vm::GuestTransport::Vsock => vec!["--vsock".into(), vm::VSOCK_PORT.to_string()],
+    };
     let layers = vm::layers_of_command_line(&cmdline)
         .ok_or_else(|| format!("no valid {}= on the command line", vm::LAYERS_PARAM))?;
-    let upper = find_disk(vm::UPPER_SERIAL)?;
-    let upper = upper.to_string_lossy();
+    let disks = if vm::disks_by_order(&cmdline) {
+        disks_in_order(layers + 1)?
+    } else {
+        let mut d = Vec::with_capacity(layers + 1);
+        for i in 0..layers {
+            d.push(find_disk(&vm::layer_serial(i))?);
+        }
+        d.push(find_disk(vm::UPPER_SERIAL)?);
+        d
+    };
+    let upper = disks[layers].to_string_lossy().into_owned();
     for d in ["/disk", "/newroot"] {
         std::fs::create_dir_all(d).map_err(|e| format!("{d}: {e}"))?;
     }
     // Each layer's disk read-only at /lower/N (0 the top one), stacked by overlay as
     // the jail stacks the same layers' directories.
     let mut lowers = Vec::with_capacity(layers);
-    for i in 0..layers {
-        let disk = find_disk(&vm::layer_serial(i))?;
+    for (i, disk) in disks.iter().take(layers).enumerate() {
         let at = format!("/lower/{i}");
         std::fs::create_dir_all(&at).map_err(|e| format!("{at}: {e}"))?;
         mount_fs(
@@ -159,7 +186,7 @@ fn boot() -> Result<(), String> {
     // This program, from the initramfs beneath (the magic link still reaches it).
     let mut agent = std::process::Command::new("/proc/self/exe")
         .arg("vm-agent")
-        .arg(&port)
+        .args(&agent_args)
         .env_clear()
         .env("PATH", crate::DEFAULT_PATH)
         .env("HOME", "/root")
@@ -243,6 +270,44 @@ fn find_disk(serial: &str) -> Result<PathBuf, String> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// The first `n` virtio block devices in attach order ([`vm::block_device_order`]),
+/// once `n` of them are there (where the VMM gives disks no serial, see
+/// [`vm::DISKS_PARAM`]).
+fn disks_in_order(n: usize) -> Result<Vec<PathBuf>, String> {
+    let deadline = Instant::now() + DEVICE_WAIT;
+    loop {
+        let mut names: Vec<String> = std::fs::read_dir("/sys/block")
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| is_virtio_disk_name(n))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if names.len() >= n {
+            names.sort_by(|a, b| vm::block_device_order(a, b));
+            let mut out = Vec::with_capacity(n);
+            for name in names.into_iter().take(n) {
+                let dev = Path::new("/dev").join(name);
+                wait_for(&dev)?;
+                out.push(dev);
+            }
+            return Ok(out);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{n} disks expected, {} found", names.len()));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `vd` and lowercase letters: a whole virtio block device, not a partition.
+fn is_virtio_disk_name(name: &str) -> bool {
+    name.strip_prefix("vd")
+        .is_some_and(|rest| !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_lowercase()))
 }
 
 /// The device of the virtio-serial port named `name` (no udev here to make
@@ -425,7 +490,7 @@ fn serve_link(
     };
     let (reader, writer) = (end(&closed)?, end(&closed)?);
     let shut = Arc::clone(port_lock);
-    let link = space_mux::Link::start(
+    run_link(
         Box::new(reader),
         Box::new(writer),
         // Once the link is dead nothing more is read or written through it (the
@@ -437,20 +502,38 @@ fn serve_link(
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             closed.store(true, std::sync::atomic::Ordering::SeqCst);
         }),
-        false,
-        vm::MAX_STREAMS,
-        None,
+        max_connections,
+        true,
     )
-    .map_err(|e| e.to_string())?;
+}
+
+/// The guest's end of one link over any transport (the serial port, a vsock
+/// connection): activations (see [`serve_link`]) until it ends; `shutdown` ends the
+/// transport both ways, after which nothing more is read or written through it. With
+/// `set_hostname` (in a VM: the guest's own kernel) each activation names the host
+/// after its sandbox; a test on a host passes `false`, never renaming the machine.
+pub fn run_link(
+    reader: Box<dyn io::Read + Send>,
+    writer: Box<dyn io::Write + Send>,
+    shutdown: Box<dyn Fn() + Send + Sync>,
+    max_connections: usize,
+    set_hostname: bool,
+) -> Result<(), String> {
+    let link = space_mux::Link::start(reader, writer, shutdown, false, vm::MAX_STREAMS, None)
+        .map_err(|e| e.to_string())?;
     // Whatever ends this link ends it for good: its reader never takes what the next
     // host sends.
-    let ended = serve_on(&link, max_connections);
+    let ended = serve_on(&link, max_connections, set_hostname);
     link.shut("the link ended");
     ended
 }
 
 /// Activations on `link` until it fails (see [`serve_link`]).
-fn serve_on(link: &space_mux::Link, max_connections: usize) -> Result<(), String> {
+fn serve_on(
+    link: &space_mux::Link,
+    max_connections: usize,
+    set_hostname: bool,
+) -> Result<(), String> {
     let mut wait = Duration::from_secs(3600 * 24 * 365);
     loop {
         let record = match link.recv_control(wait) {
@@ -466,7 +549,7 @@ fn serve_on(link: &space_mux::Link, max_connections: usize) -> Result<(), String
                 return Err(e.to_string());
             }
         };
-        activate(link, &activation, max_connections)?;
+        activate(link, &activation, max_connections, set_hostname)?;
         wait = Duration::from_millis(500);
     }
 }
@@ -476,21 +559,36 @@ fn activate(
     link: &space_mux::Link,
     activation: &Activation,
     max_connections: usize,
+    set_hostname: bool,
 ) -> Result<(), String> {
-    let hostname = activation.sandbox.to_string().replace('_', "-");
-    let _ = nix::unistd::sethostname(&hostname);
+    if set_hostname {
+        let hostname = activation.sandbox.to_string().replace('_', "-");
+        let _ = nix::unistd::sethostname(&hostname);
+    }
     let agent = Arc::new(Agent::new(
         activation,
         PathBuf::from("/root"),
         max_connections,
     ));
     eprintln!(
-        "spaced-guest: serving sandbox {} execution {} (generation {}) over {}",
-        agent.identity.sandbox,
-        agent.identity.execution.id,
-        agent.identity.execution.generation,
-        vm::PORT_NAME
+        "spaced-guest: serving sandbox {} execution {} (generation {})",
+        agent.identity.sandbox, agent.identity.execution.id, agent.identity.execution.generation,
     );
     link.set_accept(Box::new(move |stream| server::take(&agent, stream)));
     link.send_control(vm::READY).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_whole_virtio_disks_are_taken_in_order() {
+        for ok in ["vda", "vdz", "vdaa"] {
+            assert!(is_virtio_disk_name(ok), "{ok}");
+        }
+        for no in ["vd", "vda1", "sda", "loop0", "vdA", "xvda"] {
+            assert!(!is_virtio_disk_name(no), "{no}");
+        }
+    }
 }

@@ -17,11 +17,12 @@
 
 pub mod client;
 pub mod error;
+pub mod relink;
 pub mod serial;
 pub mod server;
 pub mod spec;
 pub mod vsock;
 
 pub use client::{BridgeClientError, BridgePool, BridgeTarget, connect};
-pub use server::{BridgeError, run, run_with};
+pub use server::{BridgeError, run, run_shared, run_with};
 pub use spec::{BridgeSpec, Transport};

@@ -45,8 +45,17 @@ fn real_main() -> Result<(), String> {
         spaced_host::Transport::Serial => {
             let link = spaced_host::serial::connect(&spec, spaced_host::serial::READY_WAIT)
                 .map_err(|e| format!("serial transport: {e}"))?;
-            spaced_host::serial::exit_with(&link);
-            Some(link)
+            let shared = spaced_host::relink::SharedLink::new(link);
+            spaced_host::relink::watch(shared.clone(), spec.clone(), false);
+            Some(shared)
+        }
+        spaced_host::Transport::Vsock => {
+            let link = spaced_host::vsock::connect_agent(&spec, spaced_host::serial::READY_WAIT)
+                .map_err(|e| format!("vsock transport: {e}"))?;
+            // Firecracker resets vsock at every snapshot: linked again, see `relink`.
+            let shared = spaced_host::relink::SharedLink::new(link);
+            spaced_host::relink::watch(shared.clone(), spec.clone(), true);
+            Some(shared)
         }
     };
     let listener = space_peer::bind_listener(&spec.listen).map_err(|e| e.to_string())?;
@@ -54,7 +63,7 @@ fn real_main() -> Result<(), String> {
     writeln!(out, "ready")
         .and_then(|()| out.flush())
         .map_err(|e| e.to_string())?;
-    spaced_host::run_with(spec, listener, link).map_err(|e| format!("listener failed: {e}"))
+    spaced_host::run_shared(spec, listener, link).map_err(|e| format!("listener failed: {e}"))
 }
 
 #[allow(unsafe_code)]

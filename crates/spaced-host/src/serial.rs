@@ -1,4 +1,5 @@
-//! The serial transport (VM sandboxes): one connection to the VMM's virtio-serial
+//! The serial transport (VM sandboxes under QEMU; the vsock transport, [`crate::vsock`],
+//! shares its verification and activation): one connection to the VMM's virtio-serial
 //! socket for the bridge's whole life, verified once, carrying a `space-mux` link.
 //!
 //! At start the bridge connects to `agent_socket`, checks that its peer is the recorded
@@ -32,11 +33,7 @@ const WRITE_WAIT: Duration = Duration::from_secs(30);
 pub fn connect(spec: &BridgeSpec, ready_wait: Duration) -> Result<Link, BridgeError> {
     check_socket_path(&spec.agent_socket)?;
     let transport = UnixStream::connect(&spec.agent_socket)?;
-    // QEMU listened on it as the worker's uid (this bridge's), then dropped to the
-    // VM's own (`-runas`): what it runs as now is in the recorded identity.
-    let (_, peer) =
-        peer_process_listened_as(transport.as_fd(), rustix::process::geteuid().as_raw())?;
-    spec.agent.verify(&peer.identity)?;
+    verify_peer(&transport, spec)?;
     // The table of the VMM's own network namespace (QEMU runs in one of its own).
     let inode = listening_unix_inode_of(spec.agent.pid, &spec.agent_socket)?;
     if !process_holds_socket(spec.agent.pid, inode)? {
@@ -45,7 +42,28 @@ pub fn connect(spec: &BridgeSpec, ready_wait: Duration) -> Result<Link, BridgeEr
         )
         .into());
     }
-    // A guest that stops reading stalls QEMU's reads of this socket: a write that
+    activate(transport, spec, ready_wait)
+}
+
+/// The transport's peer is the recorded VMM process (PID, start time, executable, uid,
+/// pidfd). A VMM may have listened as the worker's uid (this bridge's) and dropped to
+/// the VM's own afterwards (QEMU's `-runas`): what it runs as now is in the recorded
+/// identity.
+pub(crate) fn verify_peer(transport: &UnixStream, spec: &BridgeSpec) -> Result<(), BridgeError> {
+    let (_, peer) =
+        peer_process_listened_as(transport.as_fd(), rustix::process::geteuid().as_raw())?;
+    spec.agent.verify(&peer.identity)?;
+    Ok(())
+}
+
+/// A `space-mux` link over a verified `transport` to the guest: the activation record
+/// as its first control message, then the guest's [`vm::READY`] within `ready_wait`.
+pub(crate) fn activate(
+    transport: UnixStream,
+    spec: &BridgeSpec,
+    ready_wait: Duration,
+) -> Result<Link, BridgeError> {
+    // A guest that stops reading stalls the VMM's reads of this socket: a write that
     // waits this long ends the link (and the bridge) instead of every sender.
     transport.set_write_timeout(Some(WRITE_WAIT))?;
     let link = Link::over_unix(transport, true, vm::MAX_STREAMS, None)?;

@@ -37,8 +37,17 @@ pub fn run(spec: BridgeSpec, listener: UnixListener) -> io::Result<()> {
 /// [`run`], with the agent reached over `link` (the serial transport, already
 /// verified and activated by [`crate::serial::connect`]) when one is given.
 pub fn run_with(spec: BridgeSpec, listener: UnixListener, link: Option<Link>) -> io::Result<()> {
+    run_shared(spec, listener, link.map(crate::relink::SharedLink::new))
+}
+
+/// [`run_with`] on a link the bridge may replace ([`crate::relink`]): each connection
+/// takes the link current when it arrives.
+pub fn run_shared(
+    spec: BridgeSpec,
+    listener: UnixListener,
+    link: Option<Arc<crate::relink::SharedLink>>,
+) -> io::Result<()> {
     let spec = Arc::new(spec);
-    let link = link.map(Arc::new);
     let active = Arc::new(AtomicUsize::new(0));
     for conn in listener.incoming() {
         let conn = match conn {
@@ -57,7 +66,8 @@ pub fn run_with(spec: BridgeSpec, listener: UnixListener, link: Option<Link>) ->
         let spawned = thread::Builder::new()
             .stack_size(THREAD_STACK)
             .spawn(move || {
-                if let Err(e) = serve(&conn, &spec, link.as_deref()) {
+                let link = link.map(|l| l.get());
+                if let Err(e) = serve(&conn, &spec, link.as_ref()) {
                     log_refusal(&spec, &e);
                     refuse(&conn, &spec, &e);
                     drain(&conn);

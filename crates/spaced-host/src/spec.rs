@@ -44,6 +44,11 @@ pub enum Transport {
     /// `agent` process is QEMU): one connection for the bridge's life, carrying a
     /// `space-mux` link whose first control message is the activation record.
     Serial,
+    /// `agent_socket` is a VM's hybrid vsock socket, served by its VMM (Firecracker,
+    /// the recorded `agent` process): one connection for the bridge's life, opened
+    /// to the guest's vsock port with `CONNECT`, carrying a `space-mux` link as
+    /// [`Transport::Serial`] does.
+    Vsock,
 }
 
 fn default_max_connections() -> usize {

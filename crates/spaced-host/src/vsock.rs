@@ -2,11 +2,24 @@
 //! VMM's Unix socket by asking for it (`CONNECT <port>\n`, in one write) and reading
 //! `OK <host port>\n`; from then on the stream is the guest's. A guest port nobody
 //! listens on ends the stream without an `OK`. Every read is bounded and timed.
+//!
+//! The bridge's vsock transport ([`connect_agent`], a Firecracker VM's) is the serial
+//! transport's flow over such a stream: the VMM verified as the socket's peer, then
+//! the guest activated over one `space-mux` link for the bridge's life.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
+
+use space_mux::Link;
+use space_proto::vm;
+
+use crate::error::BridgeError;
+use crate::spec::BridgeSpec;
+
+/// How long the VMM may take to acknowledge a `CONNECT`.
+const HANDSHAKE_WAIT: Duration = Duration::from_secs(10);
 
 /// Longest acknowledgement line read (`OK ` and a `u32`, with room to spare).
 const MAX_ACK: usize = 32;
@@ -70,6 +83,75 @@ pub fn handshake(
     stream.set_read_timeout(None)?;
     stream.set_write_timeout(None)?;
     Ok((stream, host_port))
+}
+
+/// The bridge's vsock transport: connects to the VMM's hybrid vsock socket
+/// (`agent_socket`), verifies it as [`crate::serial`] verifies QEMU — its directory
+/// reachable only by this uid and the VMM's, its peer the recorded VMM process (PID,
+/// start time, executable, uid, pidfd), that process holding the listener there in its
+/// network namespace's socket table — asks for the guest's [`vm::VSOCK_PORT`], and
+/// activates the guest: the link, once `ready`. A guest still booting has no listener
+/// yet (the VMM closes the stream without an `OK`): asked again, each time on a new
+/// connection verified anew, until `ready_wait` has passed.
+pub fn connect_agent(spec: &BridgeSpec, ready_wait: Duration) -> Result<Link, BridgeError> {
+    let deadline = std::time::Instant::now() + ready_wait;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match connect_once(spec, left.min(HANDSHAKE_WAIT)) {
+            Ok(stream) => {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                return crate::serial::activate(stream, spec, left.max(Duration::from_secs(1)));
+            }
+            Err(Attempt::Again(e)) if std::time::Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(Attempt::Again(e) | Attempt::Refused(e)) => return Err(e),
+        }
+    }
+}
+
+/// Why one attempt failed: worth another (nothing listens yet, a VMM slow to answer),
+/// or not (the socket or its peer is not the recorded VMM's).
+enum Attempt {
+    Again(BridgeError),
+    Refused(BridgeError),
+}
+
+fn connect_once(spec: &BridgeSpec, wait: Duration) -> Result<UnixStream, Attempt> {
+    let refused = |e: BridgeError| Attempt::Refused(e);
+    space_peer::check_vmm_socket_path(&spec.agent_socket, spec.agent.uid)
+        .map_err(|e| refused(e.into()))?;
+    let stream = UnixStream::connect(&spec.agent_socket).map_err(|e| refused(e.into()))?;
+    crate::serial::verify_peer(&stream, spec).map_err(refused)?;
+    let listens = space_peer::process_listens_at(spec.agent.pid, &spec.agent_socket)
+        .map_err(|e| refused(e.into()))?;
+    if !listens {
+        return Err(refused(
+            space_peer::PeerError::SocketTable("the recorded VMM does not hold the vsock socket")
+                .into(),
+        ));
+    }
+    match handshake(stream, vm::VSOCK_PORT, wait.max(Duration::from_millis(100))) {
+        Ok((stream, _)) => Ok(stream),
+        Err(e @ VsockError::NoListener(_)) => Err(Attempt::Again(BridgeError::Io(
+            std::io::Error::other(e.to_string()),
+        ))),
+        Err(VsockError::Io(e))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock
+                    | std::io::ErrorKind::TimedOut
+                    | std::io::ErrorKind::ConnectionReset
+            ) =>
+        {
+            Err(Attempt::Again(BridgeError::Io(e)))
+        }
+        Err(VsockError::Io(e)) => Err(refused(BridgeError::Io(e))),
+        Err(other) => Err(refused(BridgeError::Io(std::io::Error::other(
+            other.to_string(),
+        )))),
+    }
 }
 
 #[cfg(test)]

@@ -167,3 +167,30 @@ fn the_end_of_the_transport_closes_every_stream_and_nothing_reconnects() {
     assert_eq!(app.read(&mut sink).unwrap_or(0), 0);
     assert!(matches!(host.open(), Err(LinkError::Dead(_))));
 }
+
+#[test]
+fn a_transports_end_is_told_apart_from_a_protocol_violation_and_a_local_shut() {
+    // The peer's end (what a VMM resetting the connection looks like).
+    let (host, raw) = host_and_raw();
+    assert!(!host.ended_by_transport());
+    drop(raw);
+    wait_dead(&host);
+    assert!(host.ended_by_transport());
+    // The peer breaks the protocol: not the transport's end.
+    let (host, mut raw) = host_and_raw();
+    let _app = host.open().unwrap();
+    let open = frame::read_frame(&mut raw).unwrap().unwrap();
+    Frame::credit(open.stream, 1).write_to(&mut raw).unwrap();
+    wait_dead(&host);
+    assert!(!host.ended_by_transport());
+    // An unknown frame kind, then the end: the violation is what counts.
+    let (host, mut raw) = host_and_raw();
+    raw.write_all(&[0, 0, 0, 0, 0xee, 0, 0, 0, 0]).unwrap();
+    drop(raw);
+    wait_dead(&host);
+    assert!(!host.ended_by_transport());
+    // This side shut it.
+    let (host, _raw) = host_and_raw();
+    host.shut("done");
+    assert!(!host.ended_by_transport());
+}

@@ -51,6 +51,9 @@ pub struct WorkerConfig {
 pub struct VmSettings {
     /// `qemu-system-x86_64`.
     pub qemu: PathBuf,
+    /// `Some`: VMs run under this `firecracker` instead of QEMU (`--vmm
+    /// firecracker`; KVM only).
+    pub firecracker: Option<PathBuf>,
     /// The guest kernel prepared by `space vm setup`.
     pub kernel_dir: PathBuf,
 }
@@ -93,7 +96,15 @@ impl WorkerConfig {
                 return Err(format!("{what} binary not found at {}", p.display()));
             }
         }
-        if let Some(vm) = &self.vm {
+        if let Some(fc) = self.vm.as_ref().and_then(|vm| vm.firecracker.as_ref()) {
+            if !fc.is_file() {
+                return Err(format!(
+                    "--vmm firecracker needs Firecracker: none at {} (--firecracker PATH)",
+                    fc.display()
+                ));
+            }
+        }
+        if let Some(vm) = self.vm.as_ref().filter(|vm| vm.firecracker.is_none()) {
             if !vm.qemu.is_file() {
                 return Err(format!(
                     "--substrate vm needs QEMU: none at {} (Debian: qemu-system-x86)",

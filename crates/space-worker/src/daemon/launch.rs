@@ -245,6 +245,7 @@ fn bridge_spec(
     // the guest and proves itself in the handshake.
     let transport = match handle.substrate {
         crate::substrate::SubstrateKind::Vm => spaced_host::Transport::Serial,
+        crate::substrate::SubstrateKind::Firecracker => spaced_host::Transport::Vsock,
         _ => spaced_host::Transport::Socket,
     };
     // A jail's agent must run the binary the worker meant to start.
@@ -254,10 +255,14 @@ fn bridge_spec(
             "the running agent is not the configured binary".into(),
         ));
     }
-    let run_dir = handle
-        .socket_path
-        .parent()
-        .ok_or_else(|| LaunchError::Bridge("socket path has no directory".into()))?;
+    // A Firecracker VM's vsock socket is in its own directory (the VM uid's) inside
+    // the run directory; the bridge listens in the run directory itself.
+    let socket_dir = match transport {
+        spaced_host::Transport::Vsock => handle.socket_path.parent().and_then(Path::parent),
+        _ => handle.socket_path.parent(),
+    };
+    let run_dir =
+        socket_dir.ok_or_else(|| LaunchError::Bridge("socket path has no directory".into()))?;
     let socket = run_dir.join(format!("bridge-{}.sock", activation.generation));
     Ok(BridgeSpec {
         listen: socket,

@@ -82,8 +82,9 @@ pub struct Worker {
     /// The jail driver: every worker has one (it also keeps the cgroup parents, the
     /// startup sweep and warm jails); the driver of its sandboxes unless `vm` is set.
     pub jail: Arc<JailDriver>,
-    /// The VM driver of a worker that runs VM sandboxes (`--substrate vm`).
-    pub vm: Option<Arc<crate::substrate::vm::QemuDriver>>,
+    /// The VM driver of a worker that runs VM sandboxes (`--substrate vm`, QEMU's or
+    /// with `--vmm firecracker` Firecracker's).
+    pub vm: Option<crate::substrate::vmm::VmDriver>,
     /// Binaries.
     pub binaries: Binaries,
     /// Data directory.
@@ -223,13 +224,30 @@ fn keep_substrate(config: &WorkerConfig) -> Result<(), String> {
     }
 }
 
-/// The VM driver of `vm`, its accelerator probed once per data directory and logged.
+/// The VM driver of `vm`: Firecracker's where configured, else QEMU's (its
+/// accelerator probed once per data directory and logged).
 fn open_vm(
     config: &WorkerConfig,
     vm: &super::config::VmSettings,
     jail: &JailDriver,
-) -> Result<Arc<crate::substrate::vm::QemuDriver>, String> {
+) -> Result<crate::substrate::vmm::VmDriver, String> {
     use crate::substrate::vm::{QemuDriver, VmConfig, detect_accel};
+    use crate::substrate::vmm::VmDriver;
+    if let Some(firecracker) = &vm.firecracker {
+        let driver = crate::substrate::firecracker::FirecrackerDriver::new(
+            crate::substrate::firecracker::FirecrackerConfig {
+                firecracker: firecracker.clone(),
+                kernel_dir: vm.kernel_dir.clone(),
+                agent: config.binaries.agent.clone(),
+                cgroup_parent: config.cgroup_parent.clone(),
+                uid_ranges: jail.uid_ranges(),
+            },
+            &config.data_dir,
+        )
+        .map_err(|e| format!("VM substrate (Firecracker): {e}"))?;
+        tracing::info!(firecracker = %firecracker.display(), "VMs under Firecracker");
+        return Ok(VmDriver::Firecracker(Arc::new(driver)));
+    }
     let (accel, why) = detect_accel(&vm.qemu, &vm.kernel_dir, &config.data_dir);
     tracing::info!(accel = accel.as_str(), reason = %why, "VM accelerator");
     let driver = QemuDriver::new(
@@ -245,7 +263,7 @@ fn open_vm(
         &config.data_dir,
     )
     .map_err(|e| format!("VM substrate: {e}"))?;
-    Ok(Arc::new(driver))
+    Ok(VmDriver::Qemu(Arc::new(driver)))
 }
 
 /// The activation of a record.
@@ -286,7 +304,7 @@ impl Worker {
     /// The driver of this worker's sandboxes.
     pub fn driver(&self) -> Arc<dyn crate::substrate::Substrate> {
         match &self.vm {
-            Some(vm) => Arc::clone(vm) as Arc<dyn crate::substrate::Substrate>,
+            Some(vm) => vm.substrate(),
             None => Arc::clone(&self.jail) as Arc<dyn crate::substrate::Substrate>,
         }
     }
@@ -697,6 +715,7 @@ mod tests {
             egress: None,
             vm: vm.then(|| super::super::config::VmSettings {
                 qemu: "/nonexistent".into(),
+                firecracker: None,
                 kernel_dir: "/nonexistent".into(),
             }),
         }

@@ -9,6 +9,7 @@ pub mod jail;
 pub mod process;
 pub mod tree;
 pub mod vm;
+pub mod vmm;
 
 use std::path::PathBuf;
 

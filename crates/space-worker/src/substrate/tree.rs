@@ -4,9 +4,12 @@
 //! standard library's `remove_dir_all` recurses once per level and overflows a
 //! thread's stack (2 MiB on a runtime's blocking threads) at some ten thousand levels,
 //! which aborts the whole worker. [`remove_tree`] walks iteratively with one open
-//! directory at a time, goes back up through `..` (nothing of the sandbox runs while
-//! its tree is removed, so `..` is the directory it came from), and never follows a
-//! link: entries are removed with `unlinkat`, directories opened `O_NOFOLLOW`.
+//! directory at a time, goes back up through `..`, and never follows a link: entries
+//! are removed with `unlinkat`, directories opened `O_NOFOLLOW`. Nothing of the
+//! sandbox should run while its tree is removed; should something still move a
+//! directory of it elsewhere during the walk (`fc/a/b` renamed into `/var/tmp`), every
+//! `..` is checked to be the directory the walk came down from (device and inode), and
+//! the walk stops instead of climbing into another tree.
 
 use std::ffi::CString;
 use std::fs;
@@ -25,6 +28,11 @@ fn open_dir<Fd: std::os::fd::AsFd>(at: Fd, name: &CString) -> io::Result<OwnedFd
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
     )?)
+}
+
+fn dev_ino(dir: &OwnedFd) -> io::Result<(u64, u64)> {
+    let st = rustix::fs::fstat(dir)?;
+    Ok((st.st_dev, st.st_ino))
 }
 
 /// Removes what `dir` holds except directories; returns the name of one directory
@@ -58,6 +66,12 @@ fn clear_files(dir: &OwnedFd) -> io::Result<Option<CString>> {
 /// Removes `path` and everything below it (nothing if it does not exist; a link or
 /// file at `path` itself is unlinked, never followed).
 pub fn remove_tree(path: &Path) -> io::Result<()> {
+    remove_tree_with(path, |_| {})
+}
+
+/// [`remove_tree`], calling `descended` with the depth after each step down (the
+/// tests move directories there, as a live process could).
+fn remove_tree_with(path: &Path, mut descended: impl FnMut(usize)) -> io::Result<()> {
     match fs::symlink_metadata(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e),
@@ -67,18 +81,25 @@ pub fn remove_tree(path: &Path) -> io::Result<()> {
     let top = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))?;
     let mut current = open_dir(rustix::fs::CWD, &top)?;
-    // The names from `path` down to `current`.
-    let mut below: Vec<CString> = Vec::new();
+    // The names from `path` down to `current`, each with the directory it is in.
+    let mut below: Vec<(CString, (u64, u64))> = Vec::new();
     loop {
         if let Some(sub) = clear_files(&current)? {
+            let here = dev_ino(&current)?;
             current = open_dir(&current, &sub)?;
-            below.push(sub);
+            below.push((sub, here));
+            descended(below.len());
             continue;
         }
-        let Some(name) = below.pop() else {
+        let Some((name, came_from)) = below.pop() else {
             break;
         };
         let parent = open_dir(&current, &CString::from(c".."))?;
+        if dev_ino(&parent)? != came_from {
+            return Err(io::Error::other(
+                "a directory of the tree was moved during its removal: stopped",
+            ));
+        }
         drop(current);
         rustix::fs::unlinkat(&parent, name.as_c_str(), AtFlags::REMOVEDIR)?;
         current = parent;
@@ -161,6 +182,31 @@ mod tests {
             .unwrap();
         removed.unwrap();
         assert!(!root.exists());
+    }
+
+    #[test]
+    fn a_directory_moved_out_of_the_tree_during_the_walk_stops_it_outside_untouched() {
+        // What a live VMM could do to its tree while it is removed: `fc/a/b` renamed
+        // into another directory (`/var/tmp`, same filesystem) once the walk is below
+        // it. Climbing `..` from there would reach that directory and clear it.
+        let t = tempfile::tempdir().unwrap();
+        let outside = t.path().join("var-tmp");
+        fs::create_dir_all(outside.join("keep")).unwrap();
+        fs::write(outside.join("keep/file"), "host").unwrap();
+        let root = t.path().join("fc");
+        fs::create_dir_all(root.join("a/b/c")).unwrap();
+        let err = remove_tree_with(&root, |depth| {
+            if depth == 3 {
+                fs::rename(root.join("a/b"), outside.join("b")).unwrap();
+            }
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("moved"), "{err}");
+        assert_eq!(
+            fs::read_to_string(outside.join("keep/file")).unwrap(),
+            "host"
+        );
+        assert!(root.join("a").exists());
     }
 
     #[test]

@@ -90,7 +90,8 @@ pub async fn take(
     let vm_dir = vm_spool(&w.data_dir).join(handle.key.dir_name());
     let packed = tokio::task::spawn_blocking(move || match vm {
         // A VM's snapshot is its memory, its disk and its machine (see
-        // `substrate::vm::snapshot`), packed as a directory of three files.
+        // `substrate::vm::snapshot`; Firecracker adds its `vmstate`), packed as a
+        // directory of those files.
         Some(vm) => {
             let dir = vm_dir;
             let _ = crate::substrate::tree::remove_tree(&dir);

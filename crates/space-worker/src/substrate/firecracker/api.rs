@@ -1,10 +1,22 @@
 //! Firecracker's API: HTTP/1.1 with JSON bodies over the process's Unix socket, one
-//! request per connection, every read bounded and timed.
+//! request per connection, every read bounded and the whole call (connect, request,
+//! answer) within one deadline.
+//!
+//! The socket is in the execution's Firecracker directory, which the VM's uid owns: a
+//! VMM could put a link there to another VM's API socket (or any socket root can
+//! reach). So the socket is opened without following a link (the directory
+//! `O_DIRECTORY|O_NOFOLLOW`, the socket `O_PATH|O_NOFOLLOW` and checked to be one),
+//! connected through its descriptor (`/proc/self/fd/N`), and its peer must be the
+//! recorded Firecracker process (`SO_PEERCRED`/`SO_PEERPIDFD`, its start time) before
+//! any request is written.
 
 use std::io::{Read, Write};
+use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use rustix::fs::{FileType, Mode, OFlags};
 
 /// Longest an answer's head may be.
 const MAX_HEAD: usize = 16 * 1024;
@@ -41,25 +53,126 @@ pub struct Answer {
     pub body: Vec<u8>,
 }
 
+/// The Firecracker process an API socket must be served by: its PID and start time
+/// (`/proc/PID/stat` field 22), as recorded when the worker started it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Served {
+    /// Its PID.
+    pub pid: u32,
+    /// Its start time.
+    pub start_time: u64,
+}
+
 /// A client of one Firecracker process's API socket.
 #[derive(Debug, Clone)]
 pub struct Api {
     socket: std::path::PathBuf,
     timeout: Duration,
+    by: Served,
 }
 
 impl Api {
-    /// The API at `socket`, each call bounded by `timeout`.
-    pub fn new(socket: &Path, timeout: Duration) -> Self {
+    /// The API at `socket`, served by process `by`, each call (connect, request and
+    /// answer together) bounded by `timeout`.
+    pub fn new(socket: &Path, timeout: Duration, by: Served) -> Self {
         Self {
             socket: socket.to_path_buf(),
             timeout,
+            by,
+        }
+    }
+
+    /// The same API with another bound per call.
+    pub fn with_timeout(&self, timeout: Duration) -> Self {
+        Self {
+            timeout,
+            ..self.clone()
         }
     }
 
     /// The socket's path.
     pub fn socket(&self) -> &Path {
         &self.socket
+    }
+
+    /// A connection to the socket, never through a link, whose peer is the recorded
+    /// Firecracker process; within `deadline` (a full backlog is waited out, not
+    /// blocked on).
+    fn connect(&self, deadline: Instant) -> Result<UnixStream, ApiError> {
+        let unsafe_path = |why: &str| {
+            ApiError::Io(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!("{}: {why}", self.socket.display()),
+            ))
+        };
+        let (Some(dir), Some(name)) = (self.socket.parent(), self.socket.file_name()) else {
+            return Err(unsafe_path("no directory and name"));
+        };
+        let dir = rustix::fs::open(
+            dir,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| ApiError::Io(e.into()))?;
+        let sock: OwnedFd = rustix::fs::openat(
+            &dir,
+            name,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| ApiError::Io(e.into()))?;
+        let st = rustix::fs::fstat(&sock).map_err(|e| ApiError::Io(e.into()))?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::Socket {
+            return Err(unsafe_path("not a socket (a link, or another file)"));
+        }
+        let by_fd = format!("/proc/self/fd/{}", sock.as_raw_fd());
+        let addr =
+            rustix::net::SocketAddrUnix::new(by_fd.as_str()).map_err(|e| ApiError::Io(e.into()))?;
+        let fd = rustix::net::socket_with(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::STREAM,
+            rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK,
+            None,
+        )
+        .map_err(|e| ApiError::Io(e.into()))?;
+        loop {
+            match rustix::net::connect(&fd, &addr) {
+                Ok(()) => break,
+                // A Unix socket's full backlog: EAGAIN, tried again until the deadline.
+                Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {
+                    left(deadline)?;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => return Err(ApiError::Io(e.into())),
+            }
+        }
+        let stream = UnixStream::from(fd);
+        stream.set_nonblocking(false)?;
+        self.check_peer(&stream)?;
+        Ok(stream)
+    }
+
+    /// The connection's peer is the recorded process.
+    fn check_peer(&self, stream: &UnixStream) -> Result<(), ApiError> {
+        let refused = |why: String| {
+            ApiError::Io(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!(
+                    "{} is not served by Firecracker (PID {}): {why}",
+                    self.socket.display(),
+                    self.by.pid
+                ),
+            ))
+        };
+        let (cred, live) =
+            space_peer::peer_process(stream.as_fd()).map_err(|e| refused(e.to_string()))?;
+        if cred.pid != self.by.pid
+            || live.identity.pid != self.by.pid
+            || live.identity.start_time != self.by.start_time
+        {
+            return Err(refused(format!("its peer is PID {}", cred.pid)));
+        }
+        Ok(())
     }
 
     /// `method path` with `body` (JSON) on a new connection: the answer, whatever its
@@ -76,9 +189,12 @@ impl Api {
         if !matches!(method, "GET" | "PUT" | "PATCH") || !path.starts_with('/') || !plain(path) {
             return Err(ApiError::Malformed(format!("request {method} {path:?}")));
         }
-        let mut s = UnixStream::connect(&self.socket)?;
-        s.set_read_timeout(Some(self.timeout))?;
-        s.set_write_timeout(Some(self.timeout))?;
+        let deadline = Instant::now() + self.timeout;
+        let stream = self.connect(deadline)?;
+        let mut s = Bounded {
+            stream: &stream,
+            deadline,
+        };
         let body = body.map(|b| b.to_string()).unwrap_or_default();
         let mut request = format!(
             "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAccept: application/json\r\nConnection: close\r\n"
@@ -132,6 +248,44 @@ impl Api {
             .as_str()
             .map(str::to_owned)
             .ok_or_else(|| ApiError::Malformed("instance info without a state".into()))
+    }
+}
+
+/// The time left until `deadline`, or a timeout.
+fn left(deadline: Instant) -> std::io::Result<Duration> {
+    deadline
+        .checked_duration_since(Instant::now())
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the firecracker API call took too long",
+            )
+        })
+}
+
+/// A connection whose every read and write gets only the time left to the call: a
+/// VMM answering a byte at a time cannot stretch a call past its deadline.
+struct Bounded<'a> {
+    stream: &'a UnixStream,
+    deadline: Instant,
+}
+
+impl Read for Bounded<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.stream.set_read_timeout(Some(left(self.deadline)?))?;
+        (&mut &*self.stream).read(buf)
+    }
+}
+
+impl Write for Bounded<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.stream.set_write_timeout(Some(left(self.deadline)?))?;
+        (&mut &*self.stream).write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -234,6 +388,154 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 mod tests {
     use super::*;
 
+    /// This test process, which serves the tests' listeners.
+    fn this_process() -> Served {
+        let me = space_peer::LiveProcess::open(std::process::id()).unwrap();
+        Served {
+            pid: me.identity.pid,
+            start_time: me.identity.start_time,
+        }
+    }
+
+    /// A listener that reads a request and answers 204 to every connection; how many it got.
+    fn server(
+        listener: std::os::unix::net::UnixListener,
+    ) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+        let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let c = count.clone();
+        std::thread::spawn(move || {
+            for s in listener.incoming() {
+                let Ok(mut s) = s else { return };
+                c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut buf = [0u8; 1024];
+                let _ = s.read(&mut buf);
+                let _ = s.write_all(b"HTTP/1.1 204 \r\n\r\n");
+            }
+        });
+        count
+    }
+
+    #[test]
+    fn an_api_socket_replaced_by_a_link_to_another_listener_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        // Another VM's API socket (or any socket root can reach), served by a process
+        // that passes the peer check: only the link itself stands in the way.
+        let other = dir.path().join("other.sock");
+        let reached = server(std::os::unix::net::UnixListener::bind(&other).unwrap());
+        let fc = dir.path().join("fc-1");
+        std::fs::create_dir(&fc).unwrap();
+        std::os::unix::fs::symlink(&other, fc.join("api.sock")).unwrap();
+        let api = Api::new(&fc.join("api.sock"), Duration::from_secs(5), this_process());
+        let err = api
+            .patch("/vm", &serde_json::json!({"state": "Paused"}))
+            .unwrap_err();
+        assert!(err.to_string().contains("not a socket"), "{err}");
+        // The directory itself a link: refused too.
+        std::os::unix::fs::symlink(&fc, dir.path().join("fc-2")).unwrap();
+        std::fs::remove_file(fc.join("api.sock")).unwrap();
+        let _own = server(std::os::unix::net::UnixListener::bind(fc.join("api.sock")).unwrap());
+        let via = Api::new(
+            &dir.path().join("fc-2/api.sock"),
+            Duration::from_secs(5),
+            this_process(),
+        );
+        assert!(via.state().is_err());
+        assert_eq!(reached.load(std::sync::atomic::Ordering::SeqCst), 0);
+        // The real socket, by its real path: reached.
+        Api::new(&fc.join("api.sock"), Duration::from_secs(5), this_process())
+            .ok("GET", "/", None)
+            .unwrap();
+    }
+
+    #[test]
+    fn an_api_socket_served_by_another_process_than_the_recorded_one_gets_no_request() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("api.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let g = got.clone();
+        std::thread::spawn(move || {
+            for s in listener.incoming() {
+                let Ok(mut s) = s else { return };
+                let mut buf = [0u8; 256];
+                s.set_read_timeout(Some(Duration::from_millis(500)))
+                    .unwrap();
+                let n = s.read(&mut buf).unwrap_or(0);
+                g.lock().unwrap().extend_from_slice(&buf[..n]);
+                let _ = s.write_all(b"HTTP/1.1 204 \r\n\r\n");
+            }
+        });
+        // The recorded Firecracker is another process (a child of this test).
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let recorded = space_peer::LiveProcess::open(child.id()).unwrap().identity;
+        let api = Api::new(
+            &path,
+            Duration::from_secs(5),
+            Served {
+                pid: recorded.pid,
+                start_time: recorded.start_time,
+            },
+        );
+        let err = api
+            .patch("/vm", &serde_json::json!({"state": "Resumed"}))
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("not served by Firecracker"),
+            "{err}"
+        );
+        // This process with another start time (a reused PID): refused too.
+        let reused = Served {
+            start_time: this_process().start_time + 1,
+            ..this_process()
+        };
+        assert!(
+            Api::new(&path, Duration::from_secs(5), reused)
+                .state()
+                .is_err()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(got.lock().unwrap().is_empty(), "a request was sent");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    #[test]
+    fn an_answer_trickled_a_byte_at_a_time_ends_at_the_calls_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("api.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        std::thread::spawn(move || {
+            let Ok((mut s, _)) = listener.accept() else {
+                return;
+            };
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf);
+            // Every read gets a byte well within a per-read timeout, without end.
+            for b in b"HTTP/1.1 200 OK\r\nX: "
+                .iter()
+                .chain(std::iter::repeat(&b'a'))
+            {
+                if s.write_all(&[*b]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let started = Instant::now();
+        let err = Api::new(&path, Duration::from_millis(500), this_process())
+            .state()
+            .unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(matches!(err, ApiError::Io(_)), "{err}");
+    }
+
     fn answer(bytes: &[u8]) -> Result<Answer, ApiError> {
         read_answer(&mut std::io::Cursor::new(bytes.to_vec()))
     }
@@ -287,7 +589,7 @@ mod tests {
             s.write_all(b"HTTP/1.1 204 \r\n\r\n").unwrap();
             String::from_utf8(got).unwrap()
         });
-        let api = Api::new(&path, Duration::from_secs(5));
+        let api = Api::new(&path, Duration::from_secs(5), this_process());
         api.put(
             "/actions",
             &serde_json::json!({"action_type": "InstanceStart"}),

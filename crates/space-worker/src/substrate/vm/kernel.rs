@@ -3,7 +3,8 @@
 //! directory), kept in the worker's data directory with the modules a guest loads.
 //!
 //! Layout of `<dir>`: `vmlinuz`, `release` (the kernel's release string),
-//! `modules/<name>.ko` for every name of [`vm::GUEST_MODULES`] and every module they
+//! `modules/<name>.ko` for every name of [`vm::GUEST_MODULES`] and
+//! [`vm::VSOCK_MODULES`] and every module they
 //! depend on (read from each module's `depends=`, as the package ships no
 //! `modules.dep`), and `modules/order`: their names, dependencies first.
 
@@ -64,6 +65,20 @@ pub fn load(dir: &Path) -> Result<GuestKernel, String> {
     })
 }
 
+/// Whether `kernel` carries the vsock modules ([`vm::VSOCK_MODULES`]) a Firecracker
+/// guest needs, or what to do about it.
+pub fn has_vsock_modules(kernel: &GuestKernel) -> Result<(), String> {
+    for name in vm::VSOCK_MODULES {
+        if !kernel.modules.iter().any(|(n, _)| n == name) {
+            return Err(format!(
+                "the guest kernel has no module {name} (prepared before vsock was \
+                 added): run `space vm setup` again"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Prepares the kernel in `dir` from the Debian package file `deb`, or (without one)
 /// from [`KERNEL_PACKAGE`]'s kernel fetched with `apt-get download`. `progress` hears
 /// each step. Done once: a prepared `dir` is returned as it is.
@@ -72,7 +87,9 @@ pub fn setup(
     deb: Option<&Path>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<GuestKernel, String> {
-    if let Ok(k) = load(dir) {
+    // Ready only with the vsock modules as well (a directory prepared before they
+    // were added is made again).
+    if let Ok(k) = load(dir).and_then(|k| has_vsock_modules(&k).map(|()| k)) {
         progress(&format!(
             "guest kernel {} ready in {}",
             k.release,
@@ -121,7 +138,12 @@ pub fn setup(
     std::fs::copy(boot.join(&image), out.join("vmlinuz")).map_err(|e| e.to_string())?;
     let modules_root = tree.join("lib/modules").join(&release).join("kernel");
     let mut depends = std::collections::BTreeMap::new();
-    let mut wanted: Vec<String> = vm::GUEST_MODULES.iter().map(|m| (*m).to_owned()).collect();
+    // The vsock modules too (Firecracker's transport; QEMU's guests load them unused).
+    let mut wanted: Vec<String> = vm::GUEST_MODULES
+        .iter()
+        .chain(vm::VSOCK_MODULES)
+        .map(|m| (*m).to_owned())
+        .collect();
     while let Some(name) = wanted.pop() {
         if depends.contains_key(&name) {
             continue;

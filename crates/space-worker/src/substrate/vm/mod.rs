@@ -84,28 +84,7 @@ impl QemuDriver {
             )));
         }
         let kernel = kernel::load(&config.kernel_dir).map_err(SubstrateError::Unsupported)?;
-        let agent = std::fs::read(&config.agent).map_err(io_err("read the guest agent"))?;
-        let mut modules = Vec::new();
-        for (name, path) in &kernel.modules {
-            modules.push((
-                name.clone(),
-                std::fs::read(path).map_err(io_err("read a guest module"))?,
-            ));
-        }
-        let mut h = blake3::Hasher::new();
-        h.update(&agent);
-        h.update(kernel.release.as_bytes());
-        for (name, bytes) in &modules {
-            h.update(name.as_bytes());
-            h.update(bytes);
-        }
-        let dir = data_dir.join("vm");
-        std::fs::create_dir_all(&dir).map_err(io_err("the VM directory"))?;
-        let initramfs = dir.join(format!("initramfs-{}.cpio", &h.finalize().to_hex()[..16]));
-        if !initramfs.is_file() {
-            initramfs::write_file(&initramfs, &agent, &modules)
-                .map_err(io_err("write the guest initramfs"))?;
-        }
+        let initramfs = guest_initramfs(&config.agent, &kernel, data_dir)?;
         let cgroups = CgroupHierarchy::detect().ok();
         Ok(Self {
             config,
@@ -146,7 +125,7 @@ impl QemuDriver {
             .filter(|k| std::fs::symlink_metadata(k).is_ok_and(|m| m.is_file()));
         match (restore, kept) {
             (Some(snap), _) => snap
-                .check_fits(spec, &layers, &self.kernel.release)?
+                .check_fits(spec, &layers, &self.kernel.release, snapshot::Vmm::Qemu)?
                 .copy_disk_to(&upper)?,
             (None, Some(k)) => {
                 // Moved out; the rest of the kept layer goes once the VM runs, so
@@ -185,6 +164,7 @@ impl QemuDriver {
             root_image: snapshot::image_names(&layers),
             kernel: self.kernel.release.clone(),
             nic,
+            vmm: snapshot::Vmm::Qemu,
         }
         .write(&sandbox_dir.join(snapshot::MACHINE))?;
         let accel = match self.config.accel {
@@ -486,35 +466,165 @@ impl QemuDriver {
 
     /// Ends QEMU and its cgroup; whether nothing of it runs now.
     fn kill_qemu(&self, handle: &SandboxHandle) -> bool {
-        // Through a pidfd of the recorded process: a reused PID is never signalled.
-        if let Ok(live) = space_peer::LiveProcess::open(handle.init.pid as u32) {
-            if live.identity.start_time == handle.init.start_time {
-                let _ =
-                    rustix::process::pidfd_send_signal(&live.pidfd, rustix::process::Signal::KILL);
-            }
-        }
-        reap(handle.init.pid);
-        let mut empty = true;
-        if !matches!(handle.cgroups, CgroupSet::None) {
-            let _ = handle.cgroups.kill_all();
-            empty = handle.cgroups.wait_empty().is_ok();
-            let _ = handle.cgroups.remove();
-        }
+        let gone = end_vmm(handle);
         for p in [handle.socket_path.clone(), qmp_socket(&handle.socket_path)] {
             let _ = std::fs::remove_file(p);
         }
-        empty && !handle.init.is_alive()
+        gone
     }
 }
 
+/// Ends a VM's VMM process (the recorded one: through a pidfd, never a reused PID)
+/// and everything in its cgroup; whether nothing of it runs now. Shared by the QEMU
+/// and Firecracker drivers.
+pub(crate) fn end_vmm(handle: &SandboxHandle) -> bool {
+    if let Ok(live) = space_peer::LiveProcess::open(handle.init.pid as u32) {
+        if live.identity.start_time == handle.init.start_time {
+            let _ = rustix::process::pidfd_send_signal(&live.pidfd, rustix::process::Signal::KILL);
+        }
+    }
+    reap(handle.init.pid);
+    let mut empty = true;
+    if !matches!(handle.cgroups, CgroupSet::None) {
+        let _ = handle.cgroups.kill_all();
+        empty = handle.cgroups.wait_empty().is_ok();
+        let _ = handle.cgroups.remove();
+    }
+    empty && !handle.init.is_alive()
+}
+
+/// Moves a stopped VM's writable disk to `keep_at/upper.ext4`, the worker's again;
+/// shared by both VMM drivers' `destroy_keeping_layer`.
+pub(crate) fn keep_disk(handle: &SandboxHandle, keep_at: &Path) -> Result<(), SubstrateError> {
+    // A kept layer only where there is a disk to keep (the worker made the path:
+    // never through a link).
+    // One link only: a VMM that hard-linked another file there gets nothing kept.
+    // Checked and given back by descriptor (opened without following a link), and the
+    // name moved is checked to be that file.
+    let Ok(disk) = open_single(&handle.upper_dir) else {
+        return Ok(());
+    };
+    // The worker's again: whoever takes the VM's uid next has no claim on it.
+    if handle.host_uid.is_some() {
+        own(&disk).map_err(io_err("take the kept VM disk back"))?;
+    }
+    std::fs::create_dir_all(keep_at).map_err(io_err("the kept layer directory"))?;
+    let kept = keep_at.join("upper.ext4");
+    std::fs::rename(&handle.upper_dir, &kept).map_err(io_err("keep the VM disk"))?;
+    if !same_file(&disk, &kept) {
+        let _ = super::tree::remove_tree(&kept);
+        return Err(SubstrateError::InvalidSpec(
+            "the VM disk changed while it was kept".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// `path` opened read-only without following a link (nor blocking on a FIFO), only if
+/// it is a regular file of one link.
+pub(crate) fn open_single(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)?;
+    let m = file.metadata()?;
+    if !m.is_file() || m.nlink() != 1 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{} is not a plain file of one link", path.display()),
+        ));
+    }
+    Ok(file)
+}
+
+/// Makes `file` the worker's (its effective uid and gid), by descriptor.
+pub(crate) fn own(file: &std::fs::File) -> std::io::Result<()> {
+    std::os::unix::fs::fchown(
+        file,
+        Some(rustix::process::geteuid().as_raw()),
+        Some(rustix::process::getegid().as_raw()),
+    )
+}
+
+/// Whether the name `path` (not followed) is `file`.
+pub(crate) fn same_file(file: &std::fs::File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    match (file.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
+}
+
+/// A VM's exit status once its VMM (this process's child) has exited; shared by both
+/// VMM drivers' `try_wait`.
+pub(crate) fn vmm_exit(handle: &SandboxHandle) -> Result<Option<i32>, SubstrateError> {
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    match waitpid(
+        nix::unistd::Pid::from_raw(handle.init.pid),
+        Some(WaitPidFlag::WNOHANG),
+    ) {
+        Ok(WaitStatus::Exited(_, code)) => Ok(Some(code)),
+        Ok(WaitStatus::Signaled(_, sig, _)) => Ok(Some(128 + sig as i32)),
+        Ok(_) => Ok(None),
+        Err(nix::errno::Errno::ECHILD) => Ok((!handle.init.is_alive()).then_some(-1)),
+        Err(e) => Err(SubstrateError::io("wait for the VMM", e.into())),
+    }
+}
+
+/// A VM's usage (its VMM's cgroup) and liveness; shared by both VMM drivers.
+pub(crate) fn vmm_stats(handle: &SandboxHandle) -> Result<SandboxStats, SubstrateError> {
+    let cgroup = match handle.cgroups {
+        CgroupSet::None => Default::default(),
+        ref c => c.stats()?,
+    };
+    Ok(SandboxStats {
+        cgroup,
+        running: handle.init.is_alive(),
+    })
+}
+
+/// The guest's initramfs for `agent` and `kernel` under `data_dir/vm` (the agent as
+/// `/init` and the kernel's modules), written once per agent binary and kernel; shared
+/// by both VMM drivers.
+pub(crate) fn guest_initramfs(
+    agent: &Path,
+    kernel: &kernel::GuestKernel,
+    data_dir: &Path,
+) -> Result<PathBuf, SubstrateError> {
+    let agent = std::fs::read(agent).map_err(io_err("read the guest agent"))?;
+    let mut modules = Vec::new();
+    for (name, path) in &kernel.modules {
+        modules.push((
+            name.clone(),
+            std::fs::read(path).map_err(io_err("read a guest module"))?,
+        ));
+    }
+    let mut h = blake3::Hasher::new();
+    h.update(&agent);
+    h.update(kernel.release.as_bytes());
+    for (name, bytes) in &modules {
+        h.update(name.as_bytes());
+        h.update(bytes);
+    }
+    let dir = data_dir.join("vm");
+    std::fs::create_dir_all(&dir).map_err(io_err("the VM directory"))?;
+    let initramfs = dir.join(format!("initramfs-{}.cpio", &h.finalize().to_hex()[..16]));
+    if !initramfs.is_file() {
+        initramfs::write_file(&initramfs, &agent, &modules)
+            .map_err(io_err("write the guest initramfs"))?;
+    }
+    Ok(initramfs)
+}
+
 /// A VM's QEMU uid while its start is under way: given back when dropped unless kept.
-struct VmUid {
+pub(crate) struct VmUid {
     ranges: Option<std::sync::Arc<super::jail::uid_ranges::UidRanges>>,
     base: Option<u32>,
 }
 
 impl VmUid {
-    fn take(
+    pub(crate) fn take(
         ranges: Option<&std::sync::Arc<super::jail::uid_ranges::UidRanges>>,
     ) -> Result<Self, SubstrateError> {
         let base = ranges.map(|r| r.allocate()).transpose()?;
@@ -524,12 +634,12 @@ impl VmUid {
         })
     }
 
-    fn base(&self) -> Option<u32> {
+    pub(crate) fn base(&self) -> Option<u32> {
         self.base
     }
 
     /// The uid, now the started VM's (released by its destroy).
-    fn keep(mut self) -> Option<u32> {
+    pub(crate) fn keep(mut self) -> Option<u32> {
         self.base.take()
     }
 }
@@ -544,21 +654,33 @@ impl Drop for VmUid {
 
 /// A kept writable disk moved into a starting VM's directory: moved back when dropped
 /// before [`KeptDisk::started`].
-struct KeptDisk {
-    from: PathBuf,
-    to: PathBuf,
+pub(crate) struct KeptDisk {
+    pub(crate) from: PathBuf,
+    pub(crate) to: PathBuf,
 }
 
 impl KeptDisk {
-    fn started(&mut self) {
+    pub(crate) fn started(&mut self) {
         self.from = PathBuf::new();
     }
 }
 
 impl Drop for KeptDisk {
+    /// Back only as the plain single-link file it was, the worker's again (the VM's
+    /// uid may have owned it, and goes to another VM next); anything else stays to be
+    /// removed with the VM's directory.
     fn drop(&mut self) {
-        if !self.from.as_os_str().is_empty() {
-            let _ = std::fs::rename(&self.from, &self.to);
+        if self.from.as_os_str().is_empty() {
+            return;
+        }
+        let Ok(disk) = open_single(&self.from) else {
+            return;
+        };
+        if own(&disk).is_ok()
+            && std::fs::rename(&self.from, &self.to).is_ok()
+            && !same_file(&disk, &self.to)
+        {
+            let _ = super::tree::remove_tree(&self.to);
         }
     }
 }
@@ -569,7 +691,7 @@ fn qmp_socket(serial: &Path) -> PathBuf {
 }
 
 /// Reaps `pid` if it is this process's exited child (QEMU, once killed).
-fn reap(pid: i32) {
+pub(crate) fn reap(pid: i32) {
     use nix::sys::wait::{WaitPidFlag, waitpid};
     let pid = nix::unistd::Pid::from_raw(pid);
     for _ in 0..200 {
@@ -584,7 +706,10 @@ fn reap(pid: i32) {
 
 /// An image for QEMU: read-only, or read-write (the sandbox's disk); never through a
 /// symlink (the worker made every one of them, nothing else should be there).
-fn open_disk(path: &Path, writable: bool) -> Result<std::os::fd::OwnedFd, SubstrateError> {
+pub(crate) fn open_disk(
+    path: &Path,
+    writable: bool,
+) -> Result<std::os::fd::OwnedFd, SubstrateError> {
     use std::os::unix::fs::OpenOptionsExt as _;
     std::fs::OpenOptions::new()
         .read(true)
@@ -671,31 +796,12 @@ impl Substrate for QemuDriver {
         // QEMU ends here; its uid goes back in `destroy` below, once, after the disk
         // is the worker's again.
         self.kill_qemu(handle);
-        // A kept layer only where there is a disk to keep (the worker made the path:
-        // never through a link).
-        let disk = std::fs::symlink_metadata(&handle.upper_dir).is_ok_and(|m| m.is_file());
-        if disk {
-            // The worker's again: whoever takes the VM's uid next has no claim on it.
-            if handle.host_uid.is_some() {
-                std::os::unix::fs::lchown(&handle.upper_dir, Some(0), Some(0))
-                    .map_err(io_err("take the kept VM disk back"))?;
-            }
-            std::fs::create_dir_all(keep_at).map_err(io_err("the kept layer directory"))?;
-            std::fs::rename(&handle.upper_dir, keep_at.join("upper.ext4"))
-                .map_err(io_err("keep the VM disk"))?;
-        }
+        keep_disk(handle, keep_at)?;
         self.destroy(handle)
     }
 
     fn stats(&self, handle: &SandboxHandle) -> Result<SandboxStats, SubstrateError> {
-        let cgroup = match handle.cgroups {
-            CgroupSet::None => Default::default(),
-            ref c => c.stats()?,
-        };
-        Ok(SandboxStats {
-            cgroup,
-            running: handle.init.is_alive(),
-        })
+        vmm_stats(handle)
     }
 
     fn service_socket(
@@ -710,16 +816,6 @@ impl Substrate for QemuDriver {
     }
 
     fn try_wait(&self, handle: &SandboxHandle) -> Result<Option<i32>, SubstrateError> {
-        use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
-        match waitpid(
-            nix::unistd::Pid::from_raw(handle.init.pid),
-            Some(WaitPidFlag::WNOHANG),
-        ) {
-            Ok(WaitStatus::Exited(_, code)) => Ok(Some(code)),
-            Ok(WaitStatus::Signaled(_, sig, _)) => Ok(Some(128 + sig as i32)),
-            Ok(_) => Ok(None),
-            Err(nix::errno::Errno::ECHILD) => Ok((!handle.init.is_alive()).then_some(-1)),
-            Err(e) => Err(SubstrateError::io("wait for QEMU", e.into())),
-        }
+        vmm_exit(handle)
     }
 }

@@ -37,6 +37,9 @@ pub const MEMORY: &str = "memory";
 pub const DISK: &str = "upper.ext4";
 /// The machine ([`Machine`], JSON).
 pub const MACHINE: &str = "vm.json";
+/// Firecracker's device and vCPU state (its `snapshot_path`), beside [`MEMORY`] (its
+/// `mem_file_path`: the guest's RAM alone) in a Firecracker VM's snapshot.
+pub const VMSTATE: &str = "vmstate";
 /// Beside a kept layer's `upper/`: it is a VM snapshot this worker received (written
 /// by the receiving VM worker, never by a sandbox).
 pub const RECEIVED_MARK: &str = "vm-snapshot";
@@ -62,6 +65,27 @@ pub struct Machine {
     /// namespace); machines of snapshots taken before VMs had one do not.
     #[serde(default)]
     pub nic: bool,
+    /// The VMM whose state the snapshot holds: one VMM never loads another's. Absent
+    /// (and not written) for QEMU, as machines were before Firecracker's.
+    #[serde(default, skip_serializing_if = "Vmm::is_qemu")]
+    pub vmm: Vmm,
+}
+
+/// Which VMM ran a machine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Vmm {
+    /// QEMU (`microvm`): its migration stream in [`MEMORY`].
+    #[default]
+    Qemu,
+    /// Firecracker: its state in [`VMSTATE`], the guest's RAM in [`MEMORY`].
+    Firecracker,
+}
+
+impl Vmm {
+    fn is_qemu(&self) -> bool {
+        *self == Self::Qemu
+    }
 }
 
 impl Machine {
@@ -110,7 +134,11 @@ impl VmSnapshot {
     /// The snapshot in `dir` (its three files present).
     pub fn open(dir: &Path) -> Result<Self, SubstrateError> {
         let machine = Machine::read(&dir.join(MACHINE))?;
-        for f in [MEMORY, DISK] {
+        let files: &[&str] = match machine.vmm {
+            Vmm::Qemu => &[MEMORY, DISK],
+            Vmm::Firecracker => &[MEMORY, DISK, VMSTATE],
+        };
+        for &f in files {
             let plain = std::fs::symlink_metadata(dir.join(f)).is_ok_and(|m| m.is_file());
             if !plain {
                 return Err(SubstrateError::InvalidSpec(format!(
@@ -125,14 +153,26 @@ impl VmSnapshot {
         })
     }
 
+    /// The snapshot's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Checks that `spec` (its limits) and the template's `root` image make the
-    /// machine the snapshot was taken on.
-    pub(super) fn check_fits(
+    /// machine the snapshot was taken on, under `vmm`.
+    pub(crate) fn check_fits(
         &self,
         spec: &LaunchSpec,
         layers: &[PathBuf],
         kernel: &str,
+        vmm: Vmm,
     ) -> Result<&Self, SubstrateError> {
+        if self.machine.vmm != vmm {
+            return Err(SubstrateError::InvalidSpec(format!(
+                "the snapshot is {:?}'s state; this worker's VMM is {vmm:?}",
+                self.machine.vmm
+            )));
+        }
         let (ram, cpus) = machine_size(&spec.limits);
         let image = image_names(layers);
         if self.machine.kernel != kernel {
@@ -171,7 +211,7 @@ impl VmSnapshot {
     }
 
     /// Copies the snapshot's disk to `to` (sparse: unwritten blocks stay holes).
-    pub(super) fn copy_disk_to(&self, to: &Path) -> Result<(), SubstrateError> {
+    pub(crate) fn copy_disk_to(&self, to: &Path) -> Result<(), SubstrateError> {
         copy_sparse(&self.dir.join(DISK), to)
     }
 
@@ -193,7 +233,8 @@ fn file_name(p: &Path) -> String {
         .unwrap_or_default()
 }
 
-fn copy_sparse(from: &Path, to: &Path) -> Result<(), SubstrateError> {
+/// Copies `from` to `to` keeping holes (and sharing blocks where the filesystem can).
+pub(crate) fn copy_sparse(from: &Path, to: &Path) -> Result<(), SubstrateError> {
     let out = Command::new("cp")
         .args(["--sparse=always", "--reflink=auto"])
         .arg(from)
