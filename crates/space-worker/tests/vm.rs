@@ -510,8 +510,17 @@ fn a_background_process_keeps_its_memory_across_a_snapshot_restored_as_a_new_exe
          >/dev/null 2>&1 & echo $!",
     );
     let pid = pid.trim().to_owned();
-    let count =
-        |vm: &Running<'_>| -> u64 { vm.sh("cat /root/count").1.trim().parse().unwrap_or(0) };
+    // The shell truncates the file before each write: a read between the two finds
+    // it empty, so an empty read is read again.
+    let count = |vm: &Running<'_>| -> u64 {
+        for _ in 0..20 {
+            if let Ok(n) = vm.sh("cat /root/count").1.trim().parse() {
+                return n;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        0
+    };
     std::thread::sleep(std::time::Duration::from_millis(500));
     let dir = env.files.path().join("snapshot");
     let snap = env.driver.snapshot(&vm.handle, &dir).unwrap();

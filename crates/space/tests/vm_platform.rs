@@ -119,9 +119,16 @@ fn start_counter(c: &Cluster, id: &str) {
     });
 }
 
-/// The counter's value now (0 before it wrote one).
+/// The counter's value now (0 before it wrote one). The shell truncates the file
+/// before each write: a read between the two finds it empty, and is made again.
 fn counted(c: &Cluster, id: &str) -> u64 {
-    sh(c, id, "cat /home/app/count").trim().parse().unwrap_or(0)
+    for _ in 0..20 {
+        if let Ok(n) = sh(c, id, "cat /home/app/count").trim().parse() {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    0
 }
 
 fn wait_until<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
