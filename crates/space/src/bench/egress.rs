@@ -472,7 +472,7 @@ async fn measure(p: &Platform) -> Result<Vec<Row>, String> {
     // Rounds of the three in turn, each figure the median of its rounds: a machine
     // whose speed drifts during the run moves all three alike.
     let (mut host, mut nat, mut proxy) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..TRANSFER_ROUNDS {
+    for round in 1..=TRANSFER_ROUNDS {
         host.push(
             push(None, SocketAddr::from((OUTSIDE, SINK_PORT)), None)
                 .await?
@@ -493,6 +493,12 @@ async fn measure(p: &Platform) -> Result<Vec<Row>, String> {
             .await?
             .mib_per_s,
         );
+        eprintln!(
+            "egress: round {round}: host {:.0}, NAT {:.0}, proxy {:.0} MiB/s",
+            host[round - 1],
+            nat[round - 1],
+            proxy[round - 1]
+        );
     }
     let _ = client.delete_sandbox(&id).await;
     rows.extend(throughput_rows(median(host), median(nat), median(proxy)));
@@ -500,7 +506,7 @@ async fn measure(p: &Platform) -> Result<Vec<Row>, String> {
 }
 
 /// Rounds of the three transfers.
-const TRANSFER_ROUNDS: usize = 5;
+const TRANSFER_ROUNDS: usize = 9;
 
 /// The median of `v` (not empty).
 fn median(mut v: Vec<f64>) -> f64 {

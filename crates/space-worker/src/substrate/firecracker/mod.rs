@@ -632,10 +632,7 @@ impl Substrate for FirecrackerDriver {
     /// restored (a Firecracker one: QEMU's state is refused), one holding a disk
     /// boots from it, otherwise a fresh disk.
     fn launch(&self, spec: &LaunchSpec) -> Result<SandboxHandle, SubstrateError> {
-        let kept_snapshot = spec.initial_upper.as_ref().filter(|k| {
-            std::fs::symlink_metadata(k.join(vmsnap::RECEIVED_MARK)).is_ok_and(|m| m.is_file())
-        });
-        let Some(kept) = kept_snapshot else {
+        let Some(kept) = super::vm::received_snapshot(spec) else {
             return self.start(spec, None);
         };
         let snap = VmSnapshot::open(&kept.join("upper"))?;

@@ -5,10 +5,9 @@
 //! exactly what the driver needs. A nested KVM that cannot boot a stock kernel (this
 //! host class's) never gets there.
 
-use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long the probe's guest may take.
 const PROBE_WAIT: Duration = Duration::from_secs(15);
@@ -72,47 +71,14 @@ fn run_probe(firecracker: &Path, config: &Path, work_dir: &Path) -> (bool, Strin
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn();
-    let mut child = match child {
+    let child = match child {
         Ok(c) => c,
         Err(e) => return (false, format!("the probe did not start: {e}")),
     };
-    let mut stdout = child.stdout.take();
-    let reader = std::thread::spawn(move || {
-        let mut kept = Vec::new();
-        let mut buf = [0u8; 4096];
-        while let Some(out) = stdout.as_mut() {
-            match out.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    let room = PROBE_OUTPUT.saturating_sub(kept.len());
-                    kept.extend_from_slice(&buf[..n.min(room)]);
-                }
-            }
-        }
-        kept
-    });
-    let deadline = Instant::now() + PROBE_WAIT;
-    while Instant::now() < deadline {
-        if matches!(child.try_wait(), Ok(Some(_))) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    let output = reader.join().unwrap_or_default();
-    let text = String::from_utf8_lossy(&output);
+    let (text, last) = super::super::vm::probe_output(child, PROBE_OUTPUT, PROBE_WAIT);
     if booted(&text) {
         return (true, "a stock guest kernel boots under Firecracker".into());
     }
-    let last: String = text
-        .lines()
-        .map(str::trim)
-        .rfind(|l| !l.is_empty())
-        .unwrap_or("nothing")
-        .chars()
-        .take(120)
-        .collect();
     (
         false,
         format!(

@@ -53,7 +53,6 @@ pub fn detect_accel(qemu: &Path, kernel_dir: &Path, data_dir: &Path) -> (Accel, 
 }
 
 fn probe_kvm(qemu: &Path, kernel_dir: &Path) -> (Accel, String) {
-    use std::io::Read;
     if std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -88,7 +87,7 @@ fn probe_kvm(qemu: &Path, kernel_dir: &Path) -> (Accel, String) {
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn();
-    let mut child = match child {
+    let child = match child {
         Ok(c) => c,
         Err(e) => {
             return (
@@ -97,43 +96,10 @@ fn probe_kvm(qemu: &Path, kernel_dir: &Path) -> (Accel, String) {
             );
         }
     };
-    let mut stdout = child.stdout.take();
-    let reader = std::thread::spawn(move || {
-        let mut kept = Vec::new();
-        let mut buf = [0u8; 4096];
-        while let Some(out) = stdout.as_mut() {
-            match out.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    let room = KVM_PROBE_OUTPUT.saturating_sub(kept.len());
-                    kept.extend_from_slice(&buf[..n.min(room)]);
-                }
-            }
-        }
-        kept
-    });
-    let deadline = std::time::Instant::now() + KVM_PROBE_WAIT;
-    while std::time::Instant::now() < deadline {
-        if matches!(child.try_wait(), Ok(Some(_))) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    let output = reader.join().unwrap_or_default();
-    let text = String::from_utf8_lossy(&output);
+    let (text, last) = super::probe_output(child, KVM_PROBE_OUTPUT, KVM_PROBE_WAIT);
     if text.contains("VFS:") || text.contains("Kernel panic") {
         return (Accel::Kvm, "a stock guest kernel boots under KVM".into());
     }
-    let last = text
-        .lines()
-        .map(str::trim)
-        .rfind(|l| !l.is_empty())
-        .unwrap_or("nothing")
-        .chars()
-        .take(120)
-        .collect::<String>();
     (
         Accel::Tcg,
         format!(

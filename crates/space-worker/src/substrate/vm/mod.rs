@@ -508,13 +508,7 @@ impl Substrate for QemuDriver {
     /// as `<kept>/upper/`) is restored; one holding a disk (a relaunch after a crash)
     /// boots from it; otherwise a fresh disk is made.
     fn launch(&self, spec: &LaunchSpec) -> Result<SandboxHandle, SubstrateError> {
-        // Only a layer a VM worker received as a VM snapshot is one (its mark is
-        // beside `upper/`, where the sandbox's own files never are): a jail's files
-        // holding a `vm.json` are never loaded into QEMU.
-        let kept_snapshot = spec.initial_upper.as_ref().filter(|k| {
-            std::fs::symlink_metadata(k.join(snapshot::RECEIVED_MARK)).is_ok_and(|m| m.is_file())
-        });
-        let Some(kept) = kept_snapshot else {
+        let Some(kept) = received_snapshot(spec) else {
             return self.start(spec, None);
         };
         let snap = snapshot::VmSnapshot::open(&kept.join("upper"))?;

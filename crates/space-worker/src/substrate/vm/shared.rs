@@ -8,6 +8,15 @@ use std::time::Duration;
 use super::super::{CgroupSet, SandboxHandle, SandboxStats, SubstrateError, io_err, tree};
 use super::{initramfs, kernel};
 
+/// The kept layer of `spec` if it is a VM snapshot this worker received: only a
+/// layer so marked is one (the mark is beside `upper/`, where the sandbox's own files
+/// never are), so a jail's files holding a `vm.json` are never loaded into a VMM.
+pub(crate) fn received_snapshot(spec: &super::super::LaunchSpec) -> Option<&PathBuf> {
+    spec.initial_upper.as_ref().filter(|k| {
+        std::fs::symlink_metadata(k.join(super::snapshot::RECEIVED_MARK)).is_ok_and(|m| m.is_file())
+    })
+}
+
 /// Ends a VM's VMM process (the recorded one: through a pidfd, never a reused PID)
 /// and everything in its cgroup; whether nothing of it runs now. Shared by the QEMU
 /// and Firecracker drivers.
@@ -247,4 +256,50 @@ pub(crate) fn open_disk(
         .open(path)
         .map(std::os::fd::OwnedFd::from)
         .map_err(io_err(format!("open the VM disk {}", path.display())))
+}
+
+/// What a probe VM (`child`, its console on stdout) printed within `wait` — at most
+/// `max_output` bytes — once it has ended or been killed; and the last line it printed
+/// (`nothing` if none), cut to 120 characters, to say where a boot stopped.
+pub(crate) fn probe_output(
+    mut child: std::process::Child,
+    max_output: usize,
+    wait: Duration,
+) -> (String, String) {
+    use std::io::Read as _;
+    let mut stdout = child.stdout.take();
+    let reader = std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Some(out) = stdout.as_mut() {
+            match out.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let room = max_output.saturating_sub(kept.len());
+                    kept.extend_from_slice(&buf[..n.min(room)]);
+                }
+            }
+        }
+        kept
+    });
+    let deadline = std::time::Instant::now() + wait;
+    while std::time::Instant::now() < deadline {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let output = reader.join().unwrap_or_default();
+    let text = String::from_utf8_lossy(&output).into_owned();
+    let last = text
+        .lines()
+        .map(str::trim)
+        .rfind(|l| !l.is_empty())
+        .unwrap_or("nothing")
+        .chars()
+        .take(120)
+        .collect::<String>();
+    (text, last)
 }
