@@ -8,7 +8,7 @@
 //! worker, so they never queue ahead of a burst's own launches — rather than waiting
 //! for a quiet moment, which back-to-back creates never leave. While claims are
 //! arriving the keeper holds new starts back for a short, bounded time
-//! ([`hold_refills`]): on a worker's few cores a refill (a whole create: store writes,
+//! ([`BurstClock::hold_refills`]): on a worker's few cores a refill (a whole create: store writes,
 //! a launch, a link) competes with the burst's claims for the CPU, and a pool is
 //! made to absorb a burst. A worker whose share has fallen below
 //! [`LOW_WATER_DIVISOR`]th is refilled even then.
@@ -97,7 +97,7 @@ impl TemplatePool {
 pub struct Bounds {
     /// Most standby starts in flight on one worker at once.
     pub per_worker: usize,
-    /// Refills are held back ([`hold_refills`]): only a worker below
+    /// Refills are held back ([`BurstClock::hold_refills`]): only a worker below
     /// [`LOW_WATER_DIVISOR`]th of its share of a pool gets starts of it.
     pub holding: bool,
 }

@@ -69,7 +69,7 @@ pub struct ControlPlane {
     pub(super) standby_backoff:
         std::sync::Mutex<std::collections::BTreeMap<WorkerId, std::time::Instant>>,
     /// When a create last claimed a standby sandbox, and since when the keeper has
-    /// held refills back for it ([`crate::standby_plan::hold_refills`]).
+    /// held refills back for it ([`crate::standby_plan::BurstClock::hold_refills`]).
     pub(super) standby_burst: std::sync::Mutex<crate::standby_plan::BurstClock>,
     /// Update sequence numbers reserved ahead, per worker (`channel::SeqBlock`).
     pub(super) seq_blocks: super::seq_blocks::SeqBlocks,

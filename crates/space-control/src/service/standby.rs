@@ -170,10 +170,10 @@ impl ControlPlane {
     /// starts begun, to wait for if the caller wants to.
     ///
     /// While claims are arriving, refills are held back a short, bounded time
-    /// ([`standby_plan::BurstClock::hold_refills`]) unless `now` is set.
+    /// ([`standby_plan::BurstClock::hold_refills`]) unless `hold_nothing` is set.
     pub async fn keep_standby(
         self: &Arc<Self>,
-        now: bool,
+        hold_nothing: bool,
     ) -> Result<Vec<tokio::task::JoinHandle<()>>, ControlError> {
         let pools = self.pools().await;
         let standby = self.store.count_standby_by_worker(STANDBY_TENANT).await?;
@@ -245,7 +245,7 @@ impl ControlPlane {
             &workers,
             Bounds {
                 per_worker: STARTS_PER_WORKER,
-                holding: !now
+                holding: !hold_nothing
                     && self
                         .standby_burst
                         .lock()

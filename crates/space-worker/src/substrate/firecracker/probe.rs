@@ -75,7 +75,7 @@ fn run_probe(firecracker: &Path, config: &Path, work_dir: &Path) -> (bool, Strin
         Ok(c) => c,
         Err(e) => return (false, format!("the probe did not start: {e}")),
     };
-    let (text, last) = super::super::vm::probe_output(child, PROBE_OUTPUT, PROBE_WAIT);
+    let (text, last) = super::super::vm::shared::probe_output(child, PROBE_OUTPUT, PROBE_WAIT);
     if booted(&text) {
         return (true, "a stock guest kernel boots under Firecracker".into());
     }

@@ -96,7 +96,7 @@ fn probe_kvm(qemu: &Path, kernel_dir: &Path) -> (Accel, String) {
             );
         }
     };
-    let (text, last) = super::probe_output(child, KVM_PROBE_OUTPUT, KVM_PROBE_WAIT);
+    let (text, last) = super::shared::probe_output(child, KVM_PROBE_OUTPUT, KVM_PROBE_WAIT);
     if text.contains("VFS:") || text.contains("Kernel panic") {
         return (Accel::Kvm, "a stock guest kernel boots under KVM".into());
     }

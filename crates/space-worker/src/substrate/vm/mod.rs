@@ -16,7 +16,7 @@ pub mod disk;
 pub mod initramfs;
 pub mod kernel;
 pub mod qmp;
-mod shared;
+pub(crate) mod shared;
 pub mod snapshot;
 pub mod vmlinux;
 
