@@ -24,5 +24,5 @@ pub mod spec;
 pub mod vsock;
 
 pub use client::{BridgeClientError, BridgePool, BridgeTarget, connect};
-pub use server::{BridgeError, run, run_shared, run_with};
+pub use server::{BridgeError, run, run_shared};
 pub use spec::{BridgeSpec, Transport};

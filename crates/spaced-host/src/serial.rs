@@ -99,21 +99,3 @@ pub fn check_vmm(spec: &BridgeSpec) -> Result<(), BridgeError> {
     spec.agent.verify(&live.identity)?;
     Ok(())
 }
-
-/// Ends this process when `link` ends: a bridge whose guest is gone serves nothing, and
-/// the worker sees it exit.
-pub fn exit_with(link: &Link) {
-    let link = link.clone();
-    let _ = std::thread::Builder::new()
-        .name("link-watch".into())
-        .stack_size(64 * 1024)
-        .spawn(move || {
-            loop {
-                if let Some(why) = link.dead() {
-                    eprintln!("spaced-host: the guest link ended ({why}); exiting");
-                    std::process::exit(3);
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        });
-}

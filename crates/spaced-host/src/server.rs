@@ -31,17 +31,12 @@ const THREAD_STACK: usize = 64 * 1024;
 
 /// Serves the worker until the listener fails. Each connection gets its own thread.
 pub fn run(spec: BridgeSpec, listener: UnixListener) -> io::Result<()> {
-    run_with(spec, listener, None)
+    run_shared(spec, listener, None)
 }
 
-/// [`run`], with the agent reached over `link` (the serial transport, already
-/// verified and activated by [`crate::serial::connect`]) when one is given.
-pub fn run_with(spec: BridgeSpec, listener: UnixListener, link: Option<Link>) -> io::Result<()> {
-    run_shared(spec, listener, link.map(crate::relink::SharedLink::new))
-}
-
-/// [`run_with`] on a link the bridge may replace ([`crate::relink`]): each connection
-/// takes the link current when it arrives.
+/// [`run`], with the agent reached over `link` (a VM's transport, already verified
+/// and activated) when one is given; the bridge may replace the link
+/// ([`crate::relink`]): each connection takes the link current when it arrives.
 pub fn run_shared(
     spec: BridgeSpec,
     listener: UnixListener,
