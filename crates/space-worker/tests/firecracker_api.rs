@@ -447,3 +447,40 @@ fn a_firecracker_older_than_1_10_is_refused_at_launch() {
     let run = env.data.path().join("run").join("sbx_fc");
     assert!(!run.join("fc-09").exists());
 }
+
+#[test]
+fn a_firecracker_that_keeps_writing_to_its_memory_file_cannot_change_the_snapshot_taken() {
+    if let Some(why) = missing() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let bins = tempfile::tempdir().unwrap();
+    let fake = firecracker_bin(bins.path(), include_str!("firecracker/fake_firecracker.py"));
+    let real = bins.path().join("fake_firecracker.py");
+    std::fs::rename(&fake, &real).unwrap();
+    // After writing the memory file it keeps the descriptor and writes through it for
+    // two seconds: rewriting and growing what the worker took.
+    let hostile = format!(
+        "#!/bin/sh\nexec {} --keep-writing-memory \"$@\"\n",
+        real.display()
+    );
+    let fake = firecracker_bin(bins.path(), &hostile);
+    let env = Env::new(&fake);
+    let handle = env.driver.launch(&env.spec("09", None)).unwrap();
+    let snap_dir = env.files.path().join("snap");
+    env.driver.snapshot(&handle, &snap_dir).unwrap();
+    let memory = snap_dir.join("memory");
+    let taken = std::fs::read(&memory).unwrap();
+    assert_eq!(taken, b"ram");
+    // Long enough for the stand-in's writes to land on whatever inode it holds.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert_eq!(
+        std::fs::read(&memory).unwrap(),
+        taken,
+        "the VMM changed the snapshot's memory after the worker took it"
+    );
+    use std::os::unix::fs::MetadataExt as _;
+    let m = std::fs::symlink_metadata(&memory).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o777, m.nlink()), (0, 0o600, 1));
+    env.driver.destroy(&handle).unwrap();
+}

@@ -3,11 +3,14 @@
 # API on `--api-sock` as Firecracker does (one request per connection here), checks
 # what it is given the way Firecracker would use it (the kernel, initramfs and drives
 # opened as asked, a snapshot's files read at load), binds the vsock socket, writes a
-# snapshot's files, and logs every request to `requests.log` in its working directory.
+# snapshot's files (with --keep-writing-memory it goes on writing to the memory file
+# through the descriptor it wrote it with, as an escaped VMM could), and logs every request to `requests.log` in its working directory.
 # It boots nothing.
 import json
 import socket
 import sys
+import threading
+import time
 
 args = sys.argv[1:]
 api_path = args[args.index("--api-sock") + 1]
@@ -17,6 +20,15 @@ server.bind(api_path)
 server.listen(8)
 state = "Not started"
 held = []
+
+
+def keep_writing(f):
+    # Rewrites and grows the memory file it wrote, long after the snapshot was taken.
+    for _ in range(200):
+        time.sleep(0.01)
+        f.seek(0)
+        f.write(b"RAM REWRITTEN BY THE VMM" * 64)
+        f.flush()
 
 
 def answer(conn, status, body=b""):
@@ -83,7 +95,15 @@ while True:
             if state != "Paused":
                 raise Exception("the VM is not paused")
             open(req["snapshot_path"], "wb").write(b"state")
-            open(req["mem_file_path"], "wb").write(b"ram")
+            mem = open(req["mem_file_path"], "wb")
+            mem.write(b"ram")
+            mem.flush()
+            if "--keep-writing-memory" in args:
+                # An escaped VMM's move: keep the descriptor, write through it later.
+                held.append(mem)
+                threading.Thread(target=keep_writing, args=(mem,), daemon=True).start()
+            else:
+                mem.close()
             answer(conn, 204)
         elif path == "/snapshot/load":
             open(req["snapshot_path"], "rb").read()

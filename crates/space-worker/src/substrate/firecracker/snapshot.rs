@@ -5,8 +5,10 @@
 //!
 //! Taking one: the VM is paused, Firecracker writes a full snapshot into its own
 //! directory (as the VM's uid: names it cannot have been given before, see
-//! [`requests::NEW_VMSTATE`]), the worker moves both files into the snapshot's
-//! directory and makes them its own, and copies the (stopped, flushed) disk sparsely.
+//! [`requests::NEW_VMSTATE`]), the worker copies both into files of its own in the
+//! snapshot's directory (a reflink where it can; never Firecracker's inode, which it
+//! may still hold open for writing) and removes Firecracker's, and copies the
+//! (stopped, flushed) disk sparsely.
 //!
 //! Loading one: the new execution's directory gets links of the snapshot's state and
 //! memory under the names the load reads, readable by the new VM's uid; once
@@ -25,6 +27,10 @@ use crate::substrate::{SandboxHandle, SubstrateError, io_err};
 /// The longest a snapshot's disk copy may take (a disk of the largest limit, sparse,
 /// on a slow disk).
 const DISK_COPY_WAIT: Duration = Duration::from_secs(600);
+
+/// The largest device and vCPU state taken from Firecracker (a few tens of KiB for
+/// one vCPU and our devices; the rest is room).
+const MAX_VMSTATE: u64 = 16 << 20;
 
 /// Writes a snapshot of the VM behind `api` (its Firecracker directory `fc`) into
 /// `dir`; the VM stays paused.
@@ -64,50 +70,33 @@ pub(super) fn take(
         }
         return Err(refused("the memory snapshot", e));
     }
-    for (from, to) in [
-        (requests::NEW_VMSTATE, vmsnap::VMSTATE),
-        (requests::NEW_MEMORY, vmsnap::MEMORY),
+    let deadline = Instant::now() + DISK_COPY_WAIT;
+    for (from, to, most) in [
+        (requests::NEW_VMSTATE, vmsnap::VMSTATE, MAX_VMSTATE),
+        (requests::NEW_MEMORY, vmsnap::MEMORY, machine.ram),
     ] {
-        take_file(&fc.join(from), &dir.join(to))?;
+        take_file(&fc.join(from), &dir.join(to), most, deadline)?;
     }
     // Paused, its disk flushed by the snapshot: the disk is consistent.
-    copy_disk(
-        &handle.upper_dir,
-        &dir.join(vmsnap::DISK),
-        Instant::now() + DISK_COPY_WAIT,
-    )?;
+    copy_plain(&handle.upper_dir, &dir.join(vmsnap::DISK), None, deadline)?;
     machine.write(&dir.join(vmsnap::MACHINE))?;
     VmSnapshot::open(dir)
 }
 
-/// Moves a file Firecracker wrote (as the VM's uid) to `to`, the worker's own and
-/// private to it. Whatever is at `from` is moved first (into the worker's directory,
-/// out of the VM uid's reach), then checked: a plain file with one link, else it is
-/// dropped — never a link Firecracker could have left to make the worker change or
-/// ship another file.
-fn take_file(from: &Path, to: &Path) -> Result<(), SubstrateError> {
-    let _ = crate::substrate::tree::remove_tree(to);
-    // Not even moved unless it looks like a plain file now (a directory of the VM
-    // uid's would otherwise land in the snapshot); checked again by descriptor below,
-    // and whatever it turns out to be is removed as a tree, never through a link.
-    if !std::fs::symlink_metadata(from).is_ok_and(|m| m.is_file()) {
-        let _ = crate::substrate::tree::remove_tree(from);
-        return Err(SubstrateError::InvalidSpec(format!(
-            "{} is not a plain file",
-            from.display()
-        )));
-    }
-    std::fs::rename(from, to).map_err(io_err("take a snapshot file"))?;
-    let own = || -> Result<(), SubstrateError> {
-        let file = open_plain(to)?;
-        let me = rustix::process::geteuid().as_raw();
-        let my_gid = rustix::process::getegid().as_raw();
-        std::os::unix::fs::fchown(&file, Some(me), Some(my_gid))
-            .map_err(io_err("own a snapshot file"))?;
-        file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
-            .map_err(io_err("a snapshot file's mode"))
-    };
-    own().inspect_err(|_| {
+/// Takes a file Firecracker wrote (as the VM's uid) into `to`, the worker's own and
+/// private to it: a copy the worker makes, never the VMM's inode. Firecracker may still
+/// hold a descriptor open for writing on what it wrote (an escaped VMM would keep one);
+/// through it, it could change or grow the file after the worker took it — after the
+/// snapshot's digest, outside any quota of its uid. So the file is copied (a reflink
+/// where the filesystem has them: a copy as of now, sharing nothing later writes
+/// reach), from a descriptor opened without following a link, only if it is a plain
+/// file of one link and at most `most` bytes long, within `deadline`; then the VMM's
+/// name for it goes.
+fn take_file(from: &Path, to: &Path, most: u64, deadline: Instant) -> Result<(), SubstrateError> {
+    let taken = copy_plain(from, to, Some(most), deadline);
+    // Whatever is there goes, as a tree, never through a link.
+    let _ = crate::substrate::tree::remove_tree(from);
+    taken.inspect_err(|_| {
         let _ = crate::substrate::tree::remove_tree(to);
     })
 }
@@ -131,15 +120,28 @@ fn open_plain(path: &Path) -> Result<std::fs::File, SubstrateError> {
     Ok(file)
 }
 
-/// Copies the VM's disk (in the VM uid's directory, which it could change under the
-/// copy) sparsely to `to`: from a descriptor of the plain file opened without
-/// following a link, only its data extents (holes stay holes), at most the length it
-/// had when opened (a file the VMM grows during the copy gets no further), and within
+/// Copies a file of the VM uid's (in its directory, which it could change under the
+/// copy; the VM's disk, or what Firecracker wrote) to `to`, a new file of the worker's
+/// with mode 0600: from a descriptor of the plain file opened without following a
+/// link, refused if longer than `most`, as a reflink where the filesystem makes one,
+/// else sparsely (only its data extents: holes stay holes), at most the length it had
+/// when opened (a file the VMM grows during the copy gets no further), and within
 /// `deadline`.
-fn copy_disk(disk: &Path, to: &Path, deadline: Instant) -> Result<(), SubstrateError> {
+fn copy_plain(
+    disk: &Path,
+    to: &Path,
+    most: Option<u64>,
+    deadline: Instant,
+) -> Result<(), SubstrateError> {
     use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
     let from = open_plain(disk)?;
-    let len = from.metadata().map_err(io_err("a VM disk"))?.len();
+    let len = from.metadata().map_err(io_err("a VM file"))?.len();
+    if let Some(most) = most.filter(|&m| len > m) {
+        return Err(SubstrateError::InvalidSpec(format!(
+            "{} is {len} bytes, over the {most} it can be",
+            disk.display()
+        )));
+    }
     let _ = std::fs::remove_file(to);
     let out = std::fs::OpenOptions::new()
         .write(true)
@@ -147,10 +149,20 @@ fn copy_disk(disk: &Path, to: &Path, deadline: Instant) -> Result<(), SubstrateE
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(to)
-        .map_err(io_err("the snapshot's disk"))?;
-    out.set_len(len).map_err(io_err("the snapshot's disk"))?;
-    let late =
-        || SubstrateError::Timeout(format!("copying the VM disk ({len} bytes) took too long"));
+        .map_err(io_err("a snapshot file"))?;
+    // A reflink takes the whole file as it is at the call, which may be longer now:
+    // cut back to the length checked.
+    if rustix::fs::ioctl_ficlone(&out, &from).is_ok() {
+        out.set_len(len).map_err(io_err("a snapshot file"))?;
+        return out.sync_all().map_err(io_err("a snapshot file"));
+    }
+    out.set_len(len).map_err(io_err("a snapshot file"))?;
+    let late = || {
+        SubstrateError::Timeout(format!(
+            "copying {} ({len} bytes) took too long",
+            disk.display()
+        ))
+    };
     let mut pos = 0;
     let mut buf = vec![0u8; 1 << 20];
     while pos < len {
@@ -158,7 +170,7 @@ fn copy_disk(disk: &Path, to: &Path, deadline: Instant) -> Result<(), SubstrateE
             Ok(d) => d,
             // No data after `pos`: the rest is a hole.
             Err(rustix::io::Errno::NXIO) => break,
-            Err(e) => return Err(SubstrateError::io("read a VM disk", e.into())),
+            Err(e) => return Err(SubstrateError::io("read a VM file", e.into())),
         };
         if data >= len {
             break;
@@ -174,19 +186,18 @@ fn copy_disk(disk: &Path, to: &Path, deadline: Instant) -> Result<(), SubstrateE
             let want = ((hole - at) as usize).min(buf.len());
             let n = from
                 .read_at(&mut buf[..want], at)
-                .map_err(io_err("read a VM disk"))?;
+                .map_err(io_err("read a VM file"))?;
             if n == 0 {
                 // Shortened under the copy: the rest stays zero.
                 break;
             }
             out.write_all_at(&buf[..n], at)
-                .map_err(io_err("write the snapshot's disk"))?;
+                .map_err(io_err("write a snapshot file"))?;
             at += n as u64;
         }
         pos = hole.max(at);
     }
-    out.sync_all().map_err(io_err("the snapshot's disk"))?;
-    Ok(())
+    out.sync_all().map_err(io_err("a snapshot file"))
 }
 
 /// Puts `snap`'s state and memory into the new execution's directory `fc` under the
@@ -253,7 +264,7 @@ mod tests {
         std::os::unix::fs::FileExt::write_at(&f, b"data", 1 << 20).unwrap();
         drop(f);
         let to = t.path().join("copy.ext4");
-        copy_disk(&disk, &to, Instant::now() + Duration::from_secs(60)).unwrap();
+        copy_plain(&disk, &to, None, Instant::now() + Duration::from_secs(60)).unwrap();
         let m = std::fs::metadata(&to).unwrap();
         assert_eq!(m.len(), 64 << 20);
         use std::os::unix::fs::MetadataExt as _;
@@ -270,10 +281,10 @@ mod tests {
         let link = t.path().join("link.ext4");
         std::os::unix::fs::symlink(&disk, &link).unwrap();
         let later = Instant::now() + Duration::from_secs(60);
-        assert!(copy_disk(&link, &t.path().join("no.ext4"), later).is_err());
+        assert!(copy_plain(&link, &t.path().join("no.ext4"), None, later).is_err());
         // A deadline already past: refused, not copied without end.
         let past = Instant::now() - Duration::from_secs(1);
-        let err = copy_disk(&disk, &t.path().join("late.ext4"), past).unwrap_err();
+        let err = copy_plain(&disk, &t.path().join("late.ext4"), None, past).unwrap_err();
         assert!(matches!(err, SubstrateError::Timeout(_)), "{err}");
     }
 
@@ -357,15 +368,16 @@ mod tests {
     fn a_written_file_is_taken_only_if_plain_and_becomes_the_workers() {
         let t = tempfile::tempdir().unwrap();
         let (from, to) = (t.path().join("new.memory"), t.path().join("memory"));
+        let later = || Instant::now() + Duration::from_secs(60);
         // A link to a file of the worker's: neither changed nor taken.
         let secret = t.path().join("secret");
         std::fs::write(&secret, b"the worker's").unwrap();
         std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o640)).unwrap();
         std::os::unix::fs::symlink(&secret, &from).unwrap();
-        assert!(take_file(&from, &to).is_err());
+        assert!(take_file(&from, &to, 1 << 20, later()).is_err());
         assert!(std::fs::symlink_metadata(&to).is_err());
         std::fs::hard_link(&secret, &from).unwrap();
-        assert!(take_file(&from, &to).is_err());
+        assert!(take_file(&from, &to, 1 << 20, later()).is_err());
         assert!(std::fs::symlink_metadata(&to).is_err());
         assert_eq!(
             std::fs::metadata(&secret).unwrap().permissions().mode() & 0o777,
@@ -376,17 +388,48 @@ mod tests {
         let _ = std::fs::remove_file(&from);
         std::fs::create_dir(&from).unwrap();
         std::os::unix::fs::symlink(&secret, from.join("x")).unwrap();
-        assert!(take_file(&from, &to).is_err());
+        assert!(take_file(&from, &to, 1 << 20, later()).is_err());
         assert!(std::fs::symlink_metadata(&to).is_err());
         assert_eq!(std::fs::read(&secret).unwrap(), b"the worker's");
         let _ = std::fs::remove_dir_all(&from);
         std::fs::write(&from, b"ram").unwrap();
-        take_file(&from, &to).unwrap();
+        take_file(&from, &to, 1 << 20, later()).unwrap();
         assert_eq!(std::fs::read(&to).unwrap(), b"ram");
         assert!(!from.exists());
         assert_eq!(
             std::fs::metadata(&to).unwrap().permissions().mode() & 0o777,
             0o600
+        );
+        // Longer than it can be (the guest's RAM for the memory): refused, and gone.
+        std::fs::write(&from, vec![1u8; 4096]).unwrap();
+        assert!(take_file(&from, &to, 4095, later()).is_err());
+        assert!(std::fs::symlink_metadata(&to).is_err() && !from.exists());
+    }
+
+    #[test]
+    fn a_vmm_writing_on_through_its_descriptor_cannot_change_the_file_taken() {
+        use std::io::{Seek as _, Write as _};
+        let t = tempfile::tempdir().unwrap();
+        let (from, to) = (t.path().join("new.memory"), t.path().join("memory"));
+        // The VMM wrote its memory file and kept the descriptor (an escaped one would).
+        let mut held = std::fs::File::create(&from).unwrap();
+        held.write_all(b"ram").unwrap();
+        take_file(
+            &from,
+            &to,
+            1 << 20,
+            Instant::now() + Duration::from_secs(60),
+        )
+        .unwrap();
+        held.rewind().unwrap();
+        held.write_all(b"rewritten and grown by the VMM").unwrap();
+        held.sync_all().unwrap();
+        assert_eq!(std::fs::read(&to).unwrap(), b"ram");
+        use std::os::unix::fs::MetadataExt as _;
+        assert_ne!(
+            std::fs::metadata(&to).unwrap().ino(),
+            held.metadata().unwrap().ino(),
+            "the worker took the VMM's own inode"
         );
     }
 }
