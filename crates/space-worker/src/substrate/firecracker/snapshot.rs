@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use super::api::Api;
 use super::requests;
+use crate::substrate::vm::shared::copy_plain;
 use crate::substrate::vm::snapshot::{self as vmsnap, Machine, VmSnapshot, Vmm};
 use crate::substrate::{SandboxHandle, SubstrateError, io_err};
 
@@ -99,105 +100,6 @@ fn take_file(from: &Path, to: &Path, most: u64, deadline: Instant) -> Result<(),
     taken.inspect_err(|_| {
         let _ = crate::substrate::tree::remove_tree(to);
     })
-}
-
-/// `path` opened read-only without following a link, and only if it is a plain file
-/// with one link.
-fn open_plain(path: &Path) -> Result<std::fs::File, SubstrateError> {
-    use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(io_err(format!("open {}", path.display())))?;
-    let m = file.metadata().map_err(io_err("a snapshot file"))?;
-    if !m.is_file() || m.nlink() != 1 {
-        return Err(SubstrateError::InvalidSpec(format!(
-            "{} is not a plain file of one link",
-            path.display()
-        )));
-    }
-    Ok(file)
-}
-
-/// Copies a file of the VM uid's (in its directory, which it could change under the
-/// copy; the VM's disk, or what Firecracker wrote) to `to`, a new file of the worker's
-/// with mode 0600: from a descriptor of the plain file opened without following a
-/// link, refused if longer than `most`, as a reflink where the filesystem makes one,
-/// else sparsely (only its data extents: holes stay holes), at most the length it had
-/// when opened (a file the VMM grows during the copy gets no further), and within
-/// `deadline`.
-fn copy_plain(
-    disk: &Path,
-    to: &Path,
-    most: Option<u64>,
-    deadline: Instant,
-) -> Result<(), SubstrateError> {
-    use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
-    let from = open_plain(disk)?;
-    let len = from.metadata().map_err(io_err("a VM file"))?.len();
-    if let Some(most) = most.filter(|&m| len > m) {
-        return Err(SubstrateError::InvalidSpec(format!(
-            "{} is {len} bytes, over the {most} it can be",
-            disk.display()
-        )));
-    }
-    let _ = std::fs::remove_file(to);
-    let out = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(to)
-        .map_err(io_err("a snapshot file"))?;
-    // A reflink takes the whole file as it is at the call, which may be longer now:
-    // cut back to the length checked.
-    if rustix::fs::ioctl_ficlone(&out, &from).is_ok() {
-        out.set_len(len).map_err(io_err("a snapshot file"))?;
-        return out.sync_all().map_err(io_err("a snapshot file"));
-    }
-    out.set_len(len).map_err(io_err("a snapshot file"))?;
-    let late = || {
-        SubstrateError::Timeout(format!(
-            "copying {} ({len} bytes) took too long",
-            disk.display()
-        ))
-    };
-    let mut pos = 0;
-    let mut buf = vec![0u8; 1 << 20];
-    while pos < len {
-        let data = match rustix::fs::seek(&from, rustix::fs::SeekFrom::Data(pos)) {
-            Ok(d) => d,
-            // No data after `pos`: the rest is a hole.
-            Err(rustix::io::Errno::NXIO) => break,
-            Err(e) => return Err(SubstrateError::io("read a VM file", e.into())),
-        };
-        if data >= len {
-            break;
-        }
-        let hole = rustix::fs::seek(&from, rustix::fs::SeekFrom::Hole(data))
-            .unwrap_or(len)
-            .min(len);
-        let mut at = data;
-        while at < hole {
-            if Instant::now() > deadline {
-                return Err(late());
-            }
-            let want = ((hole - at) as usize).min(buf.len());
-            let n = from
-                .read_at(&mut buf[..want], at)
-                .map_err(io_err("read a VM file"))?;
-            if n == 0 {
-                // Shortened under the copy: the rest stays zero.
-                break;
-            }
-            out.write_all_at(&buf[..n], at)
-                .map_err(io_err("write a snapshot file"))?;
-            at += n as u64;
-        }
-        pos = hole.max(at);
-    }
-    out.sync_all().map_err(io_err("a snapshot file"))
 }
 
 /// Puts `snap`'s state and memory into the new execution's directory `fc` under the

@@ -13,6 +13,7 @@
 
 mod accel;
 pub mod disk;
+mod drain;
 pub mod initramfs;
 pub mod kernel;
 pub mod qmp;

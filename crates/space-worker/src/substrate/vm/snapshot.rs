@@ -1,6 +1,7 @@
-//! Memory snapshots: a VM's RAM and device state written by QEMU's migration to a file
-//! the worker opened and passed over QMP (`getfd`, then `fd:` migration: QEMU spawns
-//! nothing, and its seccomp filter denies spawning), with a copy of its writable disk and the
+//! Memory snapshots: a VM's RAM and device state written by QEMU's migration into a
+//! pipe the worker passed over QMP (`getfd`, then `fd:` migration: QEMU spawns nothing,
+//! and its seccomp filter denies spawning) and drains into a file of its own
+//! ([`super::drain`]), with a copy of its writable disk and the
 //! machine it ran on. Restoring starts a new QEMU with the same machine, loads the
 //! state (`-incoming`) and continues it: every process of the guest goes on with its
 //! memory. It is a new execution: the new bridge gives the guest the new activation
@@ -18,6 +19,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use super::drain::Drain;
 use super::qmp::Qmp;
 use crate::substrate::{LaunchSpec, Limits, SandboxHandle, SubstrateError, io_err};
 
@@ -47,6 +49,16 @@ pub const RECEIVED_MARK: &str = "vm-snapshot";
 const MAX_MACHINE: u64 = 16 * 1024;
 /// How long a migration to or from a file may take.
 const MIGRATION_WAIT: Duration = Duration::from_secs(300);
+
+/// What a memory snapshot's stream may hold beyond the guest's RAM: QEMU's page
+/// headers (a few bytes a page, see [`stream_bound`]) and the devices' state.
+const MAX_DEVICE_STATE: u64 = 64 << 20;
+
+/// The most bytes QEMU's migration stream of a guest with `ram` can hold: every page
+/// whole with its header, and the devices' state.
+fn stream_bound(ram: u64) -> u64 {
+    ram + ram / 256 + MAX_DEVICE_STATE
+}
 
 /// What a restore must reproduce exactly (QEMU refuses state of another machine).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -221,9 +233,11 @@ impl VmSnapshot {
         vec!["-S".into(), "-incoming".into(), "defer".into()]
     }
 
-    /// The state file, opened read-only.
+    /// The state file, opened read-only, without following a link, only as a plain
+    /// file of one link.
     pub(super) fn memory(&self) -> Result<std::fs::File, SubstrateError> {
-        std::fs::File::open(self.dir.join(MEMORY)).map_err(io_err("open the VM memory snapshot"))
+        super::shared::open_single(&self.dir.join(MEMORY))
+            .map_err(io_err("open the VM memory snapshot"))
     }
 }
 
@@ -297,30 +311,55 @@ pub(super) fn take(
     std::fs::create_dir_all(dir).map_err(io_err("the snapshot directory"))?;
     let machine = Machine::read(&handle.sandbox_dir.join(MACHINE))?;
     q.execute("stop", None).map_err(io_err("QMP stop"))?;
+    // QEMU writes the state into a pipe the worker drains into its own file: it never
+    // holds a descriptor on the snapshot (an escaped QEMU could otherwise keep one and
+    // change or grow the file after the worker took it), and what it sends is bounded.
+    use std::os::unix::fs::OpenOptionsExt as _;
     let memory = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(dir.join(MEMORY))
         .map_err(io_err("create the VM memory snapshot"))?;
+    let (from_qemu, to_worker) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| SubstrateError::io("a pipe for the memory snapshot", io::Error::from(e)))?;
+    let deadline = Instant::now() + MIGRATION_WAIT;
+    let drain = Drain::start(from_qemu, memory, stream_bound(machine.ram), deadline);
     {
         use std::os::fd::AsFd;
         q.execute_with_fd(
             "getfd",
             Some(json!({ "fdname": "snapshot" })),
-            Some(memory.as_fd()),
+            Some(to_worker.as_fd()),
         )
         .map_err(io_err("QMP getfd"))?;
     }
-    drop(memory);
+    drop(to_worker);
+    let migrated = migrate(q, deadline);
+    // Whatever came, the drain ends: at the end of the stream, or once the pipe is
+    // quiet after the migration ended (a QEMU keeping its end open sends no more).
+    let drained = drain.finish();
+    migrated?;
+    drained?;
+    // Stopped, its disks flushed by the migration's end: the disk is consistent. The
+    // disk is QEMU's, open for writing in it: copied from a descriptor, at most the
+    // length it had, within the deadline.
+    super::shared::copy_plain(&handle.upper_dir, &dir.join(DISK), None, deadline)?;
+    machine.write(&dir.join(MACHINE))?;
+    VmSnapshot::open(dir)
+}
+
+/// Starts QEMU's migration to the descriptor named `snapshot` and waits for its end.
+fn migrate(q: &mut Qmp, deadline: Instant) -> Result<(), SubstrateError> {
     q.execute("migrate", Some(json!({ "uri": "fd:snapshot" })))
         .map_err(io_err("QMP migrate"))?;
-    let deadline = Instant::now() + MIGRATION_WAIT;
     loop {
         let m = q
             .execute("query-migrate", None)
             .map_err(io_err("QMP query-migrate"))?;
         match m["status"].as_str().unwrap_or_default() {
-            "completed" => break,
+            "completed" => return Ok(()),
             "failed" | "cancelled" => {
                 return Err(SubstrateError::io(
                     "the memory snapshot",
@@ -335,8 +374,4 @@ pub(super) fn take(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    // Stopped, its disks flushed by the migration's end: the disk is consistent.
-    copy_sparse(&handle.upper_dir, &dir.join(DISK))?;
-    machine.write(&dir.join(MACHINE))?;
-    VmSnapshot::open(dir)
 }
