@@ -1,10 +1,13 @@
-//! Issue #18 benchmark: the `vm` substrate under QEMU with the real agent and bridge,
-//! 256 MiB of guest RAM and a 1 GiB disk: cold boot to first exec, memory snapshot,
-//! what a migration moves (the snapshot packed keeping the disk's holes and unpacked
-//! as a kept layer), restore from it to first exec (a new execution), their ratio,
-//! and the host memory an idle VM sandbox
-//! costs beyond its guest RAM (PSS of QEMU outside the guest RAM mapping, plus the
-//! bridge's PSS). Reports the accelerator.
+//! Issue #18 benchmark: the `vm` substrate with the real agent and bridge, 256 MiB of
+//! guest RAM and a 1 GiB disk, under QEMU (KVM where a stock kernel boots under it,
+//! else software emulation, reported) and then under Firecracker where a `firecracker`
+//! binary and a KVM that boots the guest kernel are there (skipped saying so
+//! otherwise): cold boot to first exec, memory snapshot, what a migration moves (the
+//! snapshot packed keeping the disk's holes and unpacked as a kept layer), restore
+//! from it to first exec (a new execution), their ratio, and the host memory an idle
+//! VM sandbox costs beyond its guest RAM (the VMM's PSS outside the guest RAM mapping,
+//! plus the bridge's) — for one VM alone, and per VM of four idling together (files
+//! the VMMs map are shared among them, as on a worker).
 //!
 //! `cargo bench -p space-worker --bench vm_lifecycle` (root; needs qemu-system-x86_64,
 //! a static busybox, and the guest kernel in `target/space-vm/kernel`, prepared on the
@@ -20,7 +23,8 @@ use space_identity::{ExecutionId, Generation, SandboxId};
 use space_proto::guest::{Activation, ExecSpec};
 use space_worker::daemon::launch::{self, Binaries, Layer};
 use space_worker::substrate::vm::{QemuDriver, VmConfig, kernel};
-use space_worker::substrate::{AgentCommand, LaunchSpec, Limits, TemplateSpec};
+use space_worker::substrate::vmm::VmDriver;
+use space_worker::substrate::{AgentCommand, LaunchSpec, Limits, Substrate, TemplateSpec};
 
 const RAM: u64 = 256 << 20;
 const RUNS: usize = 5;
@@ -36,41 +40,49 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-/// `Pss:` of `/proc/PID/smaps_rollup`, and the Pss of the mapping `RAM` bytes long
-/// (the guest's RAM), in KiB.
-fn pss_kib(pid: i32, ram_mapping: Option<u64>) -> (u64, u64) {
-    let field = |text: &str, key: &str| -> u64 {
-        text.lines()
-            .find(|l| l.starts_with(key))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
-    let total = field(&rollup, "Pss:");
-    let Some(ram) = ram_mapping else {
-        return (total, 0);
-    };
+/// A process's proportional set size (KiB), split: the guest's RAM (the mapping `RAM`
+/// bytes long, when asked), and beyond it what is anonymous (the process's own) and
+/// what maps files (shared with every process mapping them: the binary, its libraries,
+/// the initramfs).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Pss {
+    beyond: u64,
+    anon: u64,
+    file: u64,
+    guest: u64,
+}
+
+fn pss_kib(pid: i32, ram_mapping: Option<u64>) -> Pss {
     let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
-    let mut guest = 0;
-    let mut in_ram = false;
+    let mut out = Pss::default();
+    let (mut in_ram, mut file_backed) = (false, false);
     for line in smaps.lines() {
-        let first = line.split_whitespace().next().unwrap_or("");
+        let mut words = line.split_whitespace();
+        let first = words.next().unwrap_or("");
         if let Some((a, b)) = first.split_once('-') {
             if let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
-                in_ram = b - a == ram;
+                in_ram = ram_mapping == Some(b - a);
+                file_backed = words.nth(4).is_some_and(|path| path.starts_with('/'));
                 continue;
             }
         }
-        if in_ram && line.starts_with("Pss:") {
-            guest += line
-                .split_whitespace()
-                .nth(1)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
+        if line.starts_with("Pss:") {
+            let kib: u64 = words.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+            if in_ram {
+                out.guest += kib;
+            } else if file_backed {
+                out.file += kib;
+            } else {
+                out.anon += kib;
+            }
         }
     }
-    (total, guest)
+    out.beyond = out.anon + out.file;
+    out
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
 }
 
 fn main() {
@@ -125,16 +137,60 @@ fn main() {
         disk_bytes: Some(1 << 30),
         ..Limits::default()
     };
-    // The first exec answers the guest's uptime (seconds): a restored guest's goes on
-    // from the snapshot's, a guest that booted afresh starts again near zero.
-    let first_exec = |bridge: &space_worker::daemon::records::BridgeRecord, a: &Activation| {
-        let mut c = spaced_host::connect(&launch::bridge_target(bridge, a)).expect("connect");
-        let out = c
-            .exec(ExecSpec::shell("read up idle < /proc/uptime; echo $up"))
-            .expect("exec");
-        let up = String::from_utf8_lossy(&out.stdout);
-        up.trim().parse::<f64>().expect("the guest's uptime")
+    let bench = Bench {
+        bins,
+        data: data.path().to_path_buf(),
+        files: files.path().to_path_buf(),
+        agent,
+        limits,
+        template,
     };
+    let qemu = VmDriver::Qemu(std::sync::Arc::new(driver));
+    measure(
+        &bench,
+        &qemu,
+        &format!("QEMU, accelerator {}", accel.as_str()),
+    );
+    drop(qemu);
+    match firecracker(&kernel_dir, &bench) {
+        Ok(fc) => measure(&bench, &fc, "Firecracker, accelerator kvm"),
+        Err(why) => println!(
+            "vm_lifecycle: Firecracker SKIPPED (needs a `firecracker` binary on PATH or SPACE_FIRECRACKER, and a /dev/kvm that boots a stock kernel: {why})"
+        ),
+    }
+    if let Ok(h) = space_worker::substrate::jail::cgroup::CgroupHierarchy::detect() {
+        for dir in h.parent_dirs(&format!("space-bench-vm-{}", std::process::id())) {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// What every measured VMM shares.
+struct Bench {
+    bins: Binaries,
+    data: std::path::PathBuf,
+    files: std::path::PathBuf,
+    agent: std::path::PathBuf,
+    limits: Limits,
+    template: TemplateSpec,
+}
+
+/// The guest's uptime (seconds) by a first exec: a restored guest's goes on from the
+/// snapshot's, a guest that booted afresh starts again near zero.
+fn first_exec(bridge: &space_worker::daemon::records::BridgeRecord, a: &Activation) -> f64 {
+    let mut c = spaced_host::connect(&launch::bridge_target(bridge, a)).expect("connect");
+    let out = c
+        .exec(ExecSpec::shell("read up idle < /proc/uptime; echo $up"))
+        .expect("exec");
+    let up = String::from_utf8_lossy(&out.stdout);
+    up.trim().parse::<f64>().expect("the guest's uptime")
+}
+
+/// Boot, snapshot, migrate's parts and restore, [`RUNS`] times, and the idle
+/// overhead, under `vmm` (`label` says which and its accelerator).
+fn measure(b: &Bench, vmm: &VmDriver, label: &str) {
+    let sub = vmm.substrate();
+    let (bins, limits, template, agent) = (&b.bins, b.limits, &b.template, &b.agent);
     let (mut cold, mut snap_t, mut restore_t) = (Vec::new(), Vec::new(), Vec::new());
     let (mut transfer_t, mut archive_bytes) = (Vec::new(), Vec::new());
     let mut overhead = Vec::new();
@@ -148,18 +204,18 @@ fn main() {
         };
         let t0 = Instant::now();
         let (handle, bridge) =
-            launch::launch(&driver, &bins, data.path(), &a, limits, &template).expect("launch");
+            launch::launch(&*sub, bins, &b.data, &a, limits, template).expect("launch");
         first_exec(&bridge, &a);
         cold.push(t0.elapsed());
         // Idle host cost, once the guest settled.
         std::thread::sleep(Duration::from_secs(1));
-        let (qemu, guest) = pss_kib(handle.init.pid, Some(RAM));
-        let (bridge_pss, _) = pss_kib(bridge.process.pid as i32, None);
-        overhead.push((qemu - guest + bridge_pss, qemu, guest, bridge_pss));
-        let dir = files.path().join(format!("snap-{run}"));
+        let qemu = pss_kib(handle.init.pid, Some(RAM));
+        let bridge_pss = pss_kib(bridge.process.pid as i32, None).beyond;
+        overhead.push((qemu.beyond + bridge_pss, qemu, bridge_pss));
+        let dir = b.files.join(format!("snap-{run}"));
         let up_at_snapshot = first_exec(&bridge, &a);
         let t1 = Instant::now();
-        let snap = driver.snapshot(&handle, &dir).expect("snapshot");
+        let snap = vmm.snapshot(&handle, &dir).expect("snapshot");
         snap_t.push(t1.elapsed());
         drop(snap);
         // What a migration moves: the snapshot packed keeping the disk's holes, and
@@ -167,11 +223,11 @@ fn main() {
         let t_move = Instant::now();
         let (archive, packed) = space_worker::daemon::snapshot::pack_to_temp_keeping_holes(
             &dir,
-            &files.path().join("spool"),
+            &b.files.join("spool"),
             space_worker::daemon::snapshot::MAX_ARCHIVE,
         )
         .expect("pack");
-        let kept = launch::kept_layer(data.path(), &a.sandbox);
+        let kept = launch::kept_layer(&b.data, &a.sandbox);
         std::fs::create_dir_all(&kept).expect("kept layer");
         space_worker::daemon::snapshot::unpack_keeping_holes(
             std::io::BufReader::new(archive),
@@ -187,55 +243,42 @@ fn main() {
         .expect("mark the kept layer");
         transfer_t.push(t_move.elapsed());
         archive_bytes.push(packed.size);
-        launch::teardown(
-            &driver,
-            data.path(),
-            Some(&handle),
-            Some(&bridge),
-            Layer::Discard,
-        );
-        let b = Activation {
+        launch::teardown(&*sub, &b.data, Some(&handle), Some(&bridge), Layer::Discard);
+        let next = Activation {
             generation: Generation(2),
             execution_id: ExecutionId::from_bytes(random()),
             secret: random(),
             ..a.clone()
         };
         let spec = LaunchSpec {
-            key: launch::execution_key(&b.sandbox, &b.execution_id),
-            data_dir: data.path().to_path_buf(),
+            key: launch::execution_key(&next.sandbox, &next.execution_id),
+            data_dir: b.data.clone(),
             template: template.clone(),
             limits,
-            agent: AgentCommand::spaced_guest(&agent),
-            activation: b.encode(),
+            agent: AgentCommand::spaced_guest(agent),
+            activation: next.encode(),
             hostname: None,
             initial_upper: Some(kept),
         };
         // Restored as a migration's target does: a launch that finds the snapshot in
         // the kept layer.
         let t2 = Instant::now();
-        let handle = space_worker::substrate::Substrate::launch(&driver, &spec).expect("restore");
-        let bridge = launch::start_bridge(&bins, &handle, &b).expect("bridge");
-        let up_restored = first_exec(&bridge, &b);
+        let handle = sub.launch(&spec).expect("restore");
+        let bridge = launch::start_bridge(bins, &handle, &next).expect("bridge");
+        let up_restored = first_exec(&bridge, &next);
         restore_t.push(t2.elapsed());
         // A measure of a fresh boot would pass for a restore's: refuse it.
         assert!(
             up_restored >= up_at_snapshot,
             "the guest booted afresh instead of being restored (uptime {up_restored} s, {up_at_snapshot} s at the snapshot)"
         );
-        launch::teardown(
-            &driver,
-            data.path(),
-            Some(&handle),
-            Some(&bridge),
-            Layer::Discard,
-        );
+        launch::teardown(&*sub, &b.data, Some(&handle), Some(&bridge), Layer::Discard);
         let _ = std::fs::remove_dir_all(&dir);
     }
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let (c, s, r) = (median(cold), median(snap_t), median(restore_t));
     println!(
-        "vm_lifecycle: accelerator {}, guest RAM {} MiB, {RUNS} runs (medians)",
-        accel.as_str(),
+        "vm_lifecycle: {label}, guest RAM {} MiB, {RUNS} runs (medians)",
         RAM >> 20
     );
     println!("cold boot to first exec: {:.0} ms", ms(c));
@@ -255,18 +298,95 @@ fn main() {
         ms(s) + ms(t) + ms(r)
     );
     overhead.sort();
-    let (o, qemu, guest, bridge) = overhead[overhead.len() / 2];
+    let (o, qemu, bridge) = overhead[overhead.len() / 2];
     println!(
-        "idle host overhead beyond guest RAM: {:.1} MiB (QEMU PSS {:.1} MiB of which guest RAM {:.1} MiB; bridge {:.1} MiB; target <= 10 MiB)",
-        o as f64 / 1024.0,
-        qemu as f64 / 1024.0,
-        guest as f64 / 1024.0,
-        bridge as f64 / 1024.0
+        "idle host overhead beyond guest RAM, one VM alone: {:.1} MiB (VMM {:.1} MiB anonymous + {:.1} MiB of files it alone maps; guest RAM {:.1} MiB; bridge {:.1} MiB; target <= 10 MiB)",
+        mib(o),
+        mib(qemu.anon),
+        mib(qemu.file),
+        mib(qemu.guest),
+        mib(bridge)
     );
-    let _ = driver;
-    if let Ok(h) = space_worker::substrate::jail::cgroup::CgroupHierarchy::detect() {
-        for dir in h.parent_dirs(&format!("space-bench-vm-{}", std::process::id())) {
-            let _ = std::fs::remove_dir(dir);
-        }
+    idle_together(&*sub, bins, &b.data, limits, template);
+}
+
+/// VMs idle side by side on one worker.
+const IDLE_VMS: usize = 4;
+
+/// The overhead per VM where [`IDLE_VMS`] VMs idle together, as on a worker: what
+/// each maps of files (the VMM's binary, its libraries, the initramfs) counts a share
+/// each, what is anonymous (QEMU's: the translation cache under TCG, its copy of the
+/// kernel image, its heap) counts whole.
+fn idle_together(
+    driver: &dyn Substrate,
+    bins: &Binaries,
+    data: &Path,
+    limits: Limits,
+    template: &TemplateSpec,
+) {
+    let mut vms = Vec::new();
+    for _ in 0..IDLE_VMS {
+        let a = Activation {
+            sandbox: SandboxId::from_bytes(random()),
+            generation: Generation(1),
+            execution_id: ExecutionId::from_bytes(random()),
+            activation: 1,
+            secret: random(),
+        };
+        let (handle, bridge) =
+            launch::launch(driver, bins, data, &a, limits, template).expect("launch");
+        first_exec(&bridge, &a);
+        vms.push((handle, bridge));
     }
+    std::thread::sleep(Duration::from_secs(2));
+    let (mut anon, mut file, mut bridges) = (0, 0, 0);
+    for (handle, bridge) in &vms {
+        let q = pss_kib(handle.init.pid, Some(RAM));
+        anon += q.anon;
+        file += q.file;
+        bridges += pss_kib(bridge.process.pid as i32, None).beyond;
+    }
+    let n = IDLE_VMS as u64;
+    println!(
+        "idle host overhead beyond guest RAM, per VM of {IDLE_VMS} idle together: {:.1} MiB (VMM {:.1} MiB anonymous + {:.1} MiB its share of mapped files; bridge {:.1} MiB; target <= 10 MiB)",
+        mib((anon + file + bridges) / n),
+        mib(anon / n),
+        mib(file / n),
+        mib(bridges / n)
+    );
+    for (handle, bridge) in vms {
+        launch::teardown(driver, data, Some(&handle), Some(&bridge), Layer::Discard);
+    }
+}
+
+/// The Firecracker driver, where a `firecracker` binary (SPACE_FIRECRACKER, else on
+/// PATH) and a KVM that boots the guest kernel are there; why not otherwise.
+fn firecracker(kernel_dir: &Path, b: &Bench) -> Result<VmDriver, String> {
+    use space_worker::substrate::firecracker::{FirecrackerConfig, FirecrackerDriver, probe};
+    let fc = match std::env::var_os("SPACE_FIRECRACKER") {
+        Some(p) => Some(std::path::PathBuf::from(p)).filter(|p| p.is_file()),
+        None => std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .map(|d| d.join("firecracker"))
+            .find(|p| p.is_file()),
+    }
+    .ok_or("no `firecracker` on PATH and no SPACE_FIRECRACKER")?;
+    let k = kernel::load(kernel_dir)?;
+    let vmlinux = space_worker::substrate::vm::vmlinux::vmlinux(&k.vmlinuz, kernel_dir)
+        .map_err(|e| format!("no ELF kernel for Firecracker: {e}"))?;
+    let (boots, why) = probe::kvm_boots(&fc, &vmlinux, &std::env::temp_dir());
+    if !boots {
+        return Err(why);
+    }
+    let driver = FirecrackerDriver::new(
+        FirecrackerConfig {
+            firecracker: fc,
+            kernel_dir: kernel_dir.to_path_buf(),
+            agent: b.agent.clone(),
+            cgroup_parent: format!("space-bench-vm-{}", std::process::id()),
+            uid_ranges: None,
+        },
+        &b.data,
+    )
+    .map_err(|e| format!("the Firecracker driver: {e}"))?;
+    Ok(VmDriver::Firecracker(std::sync::Arc::new(driver)))
 }

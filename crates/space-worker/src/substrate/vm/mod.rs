@@ -219,7 +219,10 @@ impl QemuDriver {
             None => "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
         };
         let mut cmd = Command::new(&self.config.qemu);
-        cmd.args(["-machine", "microvm"])
+        // Guest RAM is never merged with other VMs' (KSM, where the host runs it, would
+        // let one tenant time another's memory contents through shared pages) and
+        // never written into a core dump of QEMU's.
+        cmd.args(["-machine", "microvm,mem-merge=off,dump-guest-core=off"])
             .args(["-accel", &accel])
             .args(["-cpu", cpu])
             .args(["-m", &format!("{}M", ram >> 20)])
