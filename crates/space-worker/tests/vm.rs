@@ -800,3 +800,46 @@ fn qemu_inherits_its_disks_and_nothing_the_worker_left_without_close_on_exec() {
     );
     drop(file);
 }
+
+#[test]
+fn a_vms_guest_ram_is_never_merged_with_another_vms_nor_dumped_with_qemu() {
+    if let Some(why) = missing_requirement() {
+        skip(&why);
+        return;
+    }
+    let env = Env::new();
+    let vm = env.launch(&activation());
+    assert_eq!(vm.sh("echo up").1.trim(), "up");
+    // Guest RAM is QEMU's mapping of the guest's size; KSM would merge its pages with
+    // other VMs' (a timing channel between tenants through shared pages) if QEMU
+    // marked it mergeable ("mg"), and a crash of QEMU would write it into a core
+    // file unless it is marked do-not-dump ("dd").
+    let ram = vm_limits().memory_bytes.unwrap();
+    let smaps = std::fs::read_to_string(format!("/proc/{}/smaps", vm.handle.init.pid)).unwrap();
+    let (mut size, mut guest_ram_flags, mut mergeable) = (0u64, Vec::new(), Vec::new());
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((a, b)) = first.split_once('-') {
+            if let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
+                size = b - a;
+                continue;
+            }
+        }
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            let flags: Vec<&str> = flags.split_whitespace().collect();
+            if flags.contains(&"mg") {
+                mergeable.push(size);
+            }
+            if size == ram {
+                guest_ram_flags.push(flags.join(" "));
+            }
+        }
+    }
+    assert!(mergeable.is_empty(), "mergeable mappings of sizes {mergeable:?}");
+    assert_eq!(guest_ram_flags.len(), 1, "{guest_ram_flags:?}");
+    assert!(
+        guest_ram_flags[0].split(' ').any(|f| f == "dd"),
+        "guest RAM would be dumped: {}",
+        guest_ram_flags[0]
+    );
+}
