@@ -802,7 +802,8 @@ fn qemu_inherits_its_disks_and_nothing_the_worker_left_without_close_on_exec() {
 }
 
 #[test]
-fn a_vms_guest_ram_is_never_merged_with_another_vms_nor_dumped_with_qemu() {
+fn a_vms_guest_ram_is_never_merged_with_another_vms_nor_dumped_with_qemu_and_no_core_file_is_made()
+{
     if let Some(why) = missing_requirement() {
         skip(&why);
         return;
@@ -835,7 +836,21 @@ fn a_vms_guest_ram_is_never_merged_with_another_vms_nor_dumped_with_qemu() {
             }
         }
     }
-    assert!(mergeable.is_empty(), "mergeable mappings of sizes {mergeable:?}");
+    assert!(
+        mergeable.is_empty(),
+        "mergeable mappings of sizes {mergeable:?}"
+    );
+    // Nor is any of QEMU's memory written into a core file: none may be made.
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", vm.handle.init.pid)).unwrap();
+    let core = limits
+        .lines()
+        .find(|l| l.starts_with("Max core file size"))
+        .unwrap();
+    assert_eq!(
+        core.split_whitespace().skip(4).take(2).collect::<Vec<_>>(),
+        ["0", "0"],
+        "{core}"
+    );
     assert_eq!(guest_ram_flags.len(), 1, "{guest_ram_flags:?}");
     assert!(
         guest_ram_flags[0].split(' ').any(|f| f == "dd"),

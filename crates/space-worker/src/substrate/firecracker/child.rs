@@ -84,7 +84,8 @@ const CAP_V3: u32 = 0x2008_0522;
 /// to be empty — an inherited `SECBIT_NO_SETUID_FIXUP` or a worker without uid ranges,
 /// where Firecracker keeps the worker's uid, would otherwise keep them) and, with
 /// `uid`, drop to `uid` (every uid and gid) with `group` as its only supplementary
-/// group, in the child before `exec`. Register it after any step that needs the
+/// group, and forbid core files (the guest's RAM is Firecracker's memory), in the
+/// child before `exec`. Register it after any step that needs the
 /// worker's privileges (`unshare` of a network namespace): closures run in their order.
 pub fn drop_to(command: &mut Command, uid: Option<u32>, group: Option<u32>) {
     let groups: Vec<libc::gid_t> = group.into_iter().collect();
@@ -93,7 +94,7 @@ pub fn drop_to(command: &mut Command, uid: Option<u32>, group: Option<u32>) {
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(63);
     // SAFETY: the closure runs in the forked child of a multithreaded process and calls
-    // only setgroups, setresgid, setresuid, prctl, capset and capget (async-signal-safe
+    // only setrlimit, setgroups, setresgid, setresuid, prctl, capset and capget (async-signal-safe
     // system calls) on memory of its own stack; `groups` was allocated before the fork
     // and is only read; building the error from errno does not allocate.
     unsafe {
@@ -106,6 +107,7 @@ pub fn drop_to(command: &mut Command, uid: Option<u32>, group: Option<u32>) {
             }
             let clear_all = libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong;
             libc::prctl(libc::PR_CAP_AMBIENT, clear_all, zero, zero, zero);
+            crate::substrate::jail::spawn::no_core_dumps()?;
             if let Some(id) = uid {
                 if libc::setgroups(groups.len(), groups.as_ptr()) == -1
                     || libc::setresgid(id, id, id) == -1

@@ -114,7 +114,7 @@ pub fn for_qemu(fds: &[OwnedFd]) -> io::Result<Vec<OwnedFd>> {
 pub fn qemu_child(command: &mut Command, fds: &[OwnedFd], new_netns: bool) {
     let keep: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
     // SAFETY: the closure runs in the forked child of a multithreaded process and
-    // calls only close_range, fcntl and unshare (async-signal-safe syscalls; `keep`
+    // calls only close_range, fcntl, unshare and setrlimit (async-signal-safe syscalls; `keep`
     // was built before the fork and is only read; building the error from errno does
     // not allocate).
     unsafe {
@@ -135,7 +135,22 @@ pub fn qemu_child(command: &mut Command, fds: &[OwnedFd], new_netns: bool) {
             if new_netns {
                 nix::sched::unshare(CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
             }
-            Ok(())
+            no_core_dumps()
         });
     }
+}
+
+/// In a child before `exec`: no core file, ever (`RLIMIT_CORE` 0, kept across `exec`
+/// and inherited): a VMM's memory holds its guest's RAM and what passed through its
+/// devices, which a crash must not write onto the host's disk. Async-signal-safe.
+pub(crate) fn no_core_dumps() -> io::Result<()> {
+    let none = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: setrlimit with a valid pointer to a struct on this stack.
+    if unsafe { libc::setrlimit(libc::RLIMIT_CORE, &none) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
