@@ -14,10 +14,10 @@ mod peer;
 mod process;
 mod socktable;
 
+pub use fds::{MAX_FDS, process_holds_file, process_holds_socket};
 pub use path::{bind_listener, check_socket_path, check_vmm_socket_path, prepare_socket_dir};
 pub use peer::{PeerCred, peer_process, peer_process_listened_as};
 pub use process::{FileId, LiveProcess, ProcessIdentity};
-pub use fds::{MAX_FDS, process_holds_file, process_holds_socket};
 pub use socktable::{listening_unix_inode, listening_unix_inode_of, process_listens_at};
 
 /// Why a peer or a socket path was refused.

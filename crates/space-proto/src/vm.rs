@@ -240,7 +240,9 @@ mod tests {
         )));
         assert!(vsock_peer_needs_reserved_port("space.vsock_peer=other"));
         assert!(!vsock_peer_needs_reserved_port("space.transport=vsock"));
-        assert!(!vsock_peer_needs_reserved_port("xspace.vsock_peer=reserved_port"));
+        assert!(!vsock_peer_needs_reserved_port(
+            "xspace.vsock_peer=reserved_port"
+        ));
         assert!(disks_by_order("a space.disks=order b"));
         assert!(!disks_by_order("space.disks=serial"));
         assert!(!disks_by_order("space.disksx=order"));

@@ -63,7 +63,11 @@ pub fn is_guest_cid(cid: u32) -> bool {
 /// the guest's agent connected at `cid` from a reserved port, the QEMU verified again,
 /// the guest activated: the link, once `ready`. A guest still booting does not listen
 /// yet: asked again, verified again each time, until `ready_wait` has passed.
-pub fn connect_agent(spec: &BridgeSpec, cid: u32, ready_wait: Duration) -> Result<Link, BridgeError> {
+pub fn connect_agent(
+    spec: &BridgeSpec,
+    cid: u32,
+    ready_wait: Duration,
+) -> Result<Link, BridgeError> {
     connect_agent_with(
         spec,
         cid,
@@ -183,7 +187,10 @@ pub fn connect_vsock(cid: u32, port: u32, timeout: Duration) -> io::Result<Owned
     match connect(fd.as_raw_fd(), &VsockAddr::new(cid, port)) {
         Ok(()) => {}
         Err(nix::errno::Errno::EINPROGRESS) => {
-            let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::OUT)];
+            let mut fds = [rustix::event::PollFd::new(
+                &fd,
+                rustix::event::PollFlags::OUT,
+            )];
             let wait = rustix::event::Timespec {
                 tv_sec: timeout.as_secs() as i64,
                 tv_nsec: i64::from(timeout.subsec_nanos()),

@@ -37,7 +37,11 @@ fn qemu(device: Option<&Path>) -> Child {
         Some(d) => Stdio::from(std::fs::File::open(d).unwrap()),
         None => Stdio::null(),
     };
-    let child = Command::new("sleep").arg("30").stdin(stdin).spawn().unwrap();
+    let child = Command::new("sleep")
+        .arg("30")
+        .stdin(stdin)
+        .spawn()
+        .unwrap();
     // Until it runs `sleep` (its recorded executable), not the forked test binary.
     let sleep = space_peer::FileId::of_path(&which("sleep")).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -111,13 +115,7 @@ fn connect(
     before: impl FnMut() + 'static,
 ) -> Result<space_mux::Link, BridgeError> {
     let mut connect = connector(Arc::clone(seen), before);
-    spaced_host::vhost::connect_agent_with(
-        spec,
-        CID,
-        Duration::from_secs(10),
-        device,
-        &mut connect,
-    )
+    spaced_host::vhost::connect_agent_with(spec, CID, Duration::from_secs(10), device, &mut connect)
 }
 
 #[test]
@@ -263,9 +261,6 @@ fn the_bridge_refuses_a_vhost_vsock_vm_whose_qemu_holds_no_device_and_says_why()
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(line, "", "the bridge became ready");
-    assert!(
-        stderr.contains("holds no vhost-vsock device"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("holds no vhost-vsock device"), "{stderr}");
     end(impostor);
 }

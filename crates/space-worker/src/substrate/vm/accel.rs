@@ -117,7 +117,11 @@ fn probe_kvm(qemu: &Path, kernel_dir: &Path) -> (Accel, String) {
 /// Over vhost-vsock it names that transport, and that the agent serves only reserved
 /// host ports (any host process may connect to a guest's CID; only the bridge, with
 /// `CAP_NET_BIND_SERVICE`, binds one of those).
-pub(super) fn kernel_command_line(accel: Accel, layers: usize, transport: AgentTransport) -> String {
+pub(super) fn kernel_command_line(
+    accel: Accel,
+    layers: usize,
+    transport: AgentTransport,
+) -> String {
     let mut line = format!(
         "console=ttyS0 quiet panic=-1 rdinit=/init pci=off random.trust_cpu=on {}={layers}",
         space_proto::vm::LAYERS_PARAM

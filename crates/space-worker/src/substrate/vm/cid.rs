@@ -40,8 +40,8 @@ impl CidAllocator {
         let mut cid = self.next;
         // Each held CID can be met once: a free one is found within that many steps.
         for _ in 0..=self.held.len() {
-            if !self.held.contains_key(&cid) {
-                self.held.insert(cid, owner.to_owned());
+            if let std::collections::btree_map::Entry::Vacant(free) = self.held.entry(cid) {
+                free.insert(owner.to_owned());
                 self.next = wrap(cid.wrapping_add(1));
                 return Some(cid);
             }

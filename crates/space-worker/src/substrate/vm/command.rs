@@ -70,7 +70,12 @@ pub(super) fn qemu_args(a: &QemuArgs<'_>) -> Vec<OsString> {
         Accel::Tcg => "max",
     };
     push(&["-machine", "microvm", "-accel", &accel, "-cpu", cpu]);
-    push(&["-m", &format!("{}M", a.ram >> 20), "-smp", &a.cpus.to_string()]);
+    push(&[
+        "-m",
+        &format!("{}M", a.ram >> 20),
+        "-smp",
+        &a.cpus.to_string(),
+    ]);
     push(&["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"]);
     // QEMU's own seccomp filter: no obsolete system calls, no privilege gain, no
     // spawning (snapshots go through descriptors the worker passes), no scheduler or
@@ -228,15 +233,25 @@ mod tests {
         );
         // virtio-mmio's device, not the PCI one, and no virtio-serial at all.
         assert!(!devices.iter().any(|d| d.starts_with("vhost-vsock-pci")));
-        assert!(!devices.iter().any(|d| d.contains("virtserial")), "{devices:?}");
-        assert!(!values(&a, "-chardev").iter().any(|c| c.starts_with("socket")));
+        assert!(
+            !devices.iter().any(|d| d.contains("virtserial")),
+            "{devices:?}"
+        );
+        assert!(
+            !values(&a, "-chardev")
+                .iter()
+                .any(|c| c.starts_with("socket"))
+        );
         let append = values(&a, "-append")[0];
         assert_eq!(
             space_proto::vm::transport_of_command_line(append),
             Some(space_proto::vm::GuestTransport::Vsock),
             "{append}"
         );
-        assert!(space_proto::vm::vsock_peer_needs_reserved_port(append), "{append}");
+        assert!(
+            space_proto::vm::vsock_peer_needs_reserved_port(append),
+            "{append}"
+        );
         assert_eq!(space_proto::vm::layers_of_command_line(append), Some(2));
         // The sandbox and the uid drop stay as they are.
         assert_eq!(values(&a, "-sandbox"), ["on"]);
@@ -263,8 +278,13 @@ mod tests {
         assert!(!space_proto::vm::vsock_peer_needs_reserved_port(append));
         // The disks on their descriptors.
         let drives = values(&a, "-drive");
-        assert!(drives[0].starts_with("file=/proc/self/fd/64,"), "{drives:?}");
-        assert!(drives[2].starts_with("file=/proc/self/fd/66,") && drives[2].contains("readonly=off"));
+        assert!(
+            drives[0].starts_with("file=/proc/self/fd/64,"),
+            "{drives:?}"
+        );
+        assert!(
+            drives[2].starts_with("file=/proc/self/fd/66,") && drives[2].contains("readonly=off")
+        );
     }
 
     #[test]

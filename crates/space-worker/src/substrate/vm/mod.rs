@@ -41,8 +41,8 @@ use super::{
 };
 use accel::kernel_command_line;
 pub use accel::{Accel, detect_accel};
-pub use transport::{AgentTransport, TransportChoice};
 pub(crate) use shared::*;
+pub use transport::{AgentTransport, TransportChoice};
 
 /// What the driver needs.
 #[derive(Debug, Clone)]
@@ -188,8 +188,7 @@ impl QemuDriver {
         spec.key.validate()?;
         // A restored machine is the one its state was saved on: its devices too.
         let transport = restore.map_or(self.transport, |s| s.machine.transport);
-        if transport == AgentTransport::VhostVsock && self.transport != AgentTransport::VhostVsock
-        {
+        if transport == AgentTransport::VhostVsock && self.transport != AgentTransport::VhostVsock {
             return Err(SubstrateError::Unsupported(format!(
                 "the snapshot's VM reaches its agent over vhost-vsock, and QEMU loads its \
                  state only into the same devices; this worker's VMs use the serial port \
@@ -268,9 +267,11 @@ impl QemuDriver {
         let started = loop {
             let cid = match transport {
                 AgentTransport::Serial => None,
-                AgentTransport::VhostVsock => Some(self.lock_cids().allocate(&owner).ok_or_else(
-                    || SubstrateError::Unsupported("every guest CID is held".into()),
-                )?),
+                AgentTransport::VhostVsock => {
+                    Some(self.lock_cids().allocate(&owner).ok_or_else(|| {
+                        SubstrateError::Unsupported("every guest CID is held".into())
+                    })?)
+                }
             };
             match self.spawn(&vm, cid) {
                 Ok(started) => break started,

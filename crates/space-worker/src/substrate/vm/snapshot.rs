@@ -378,7 +378,10 @@ mod tests {
                 transport == AgentTransport::VhostVsock,
                 "{text}"
             );
-            assert_eq!(text.contains("transport"), transport != AgentTransport::Serial);
+            assert_eq!(
+                text.contains("transport"),
+                transport != AgentTransport::Serial
+            );
         }
         // A record written before vhost-vsock is a serial machine's.
         std::fs::write(
@@ -386,7 +389,10 @@ mod tests {
             r#"{"ram":268435456,"cpus":1,"root_image":"layer-a.ext4","kernel":"6.1.0-1-cloud-amd64","nic":false}"#,
         )
         .unwrap();
-        assert_eq!(Machine::read(&path).unwrap(), machine(AgentTransport::Serial));
+        assert_eq!(
+            Machine::read(&path).unwrap(),
+            machine(AgentTransport::Serial)
+        );
         // A transport this worker does not know is refused, not taken for serial.
         std::fs::write(
             &path,

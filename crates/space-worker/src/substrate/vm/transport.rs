@@ -93,7 +93,10 @@ pub fn probe_host() -> HostVsock {
 
 /// The transport for `choice` on a host offering `host`, and why; an error when
 /// `vsock` was asked for and the host cannot give it. Pure.
-pub fn choose(choice: TransportChoice, host: &HostVsock) -> Result<(AgentTransport, String), String> {
+pub fn choose(
+    choice: TransportChoice,
+    host: &HostVsock,
+) -> Result<(AgentTransport, String), String> {
     let usable = match (&host.device, host.root) {
         (Ok(()), true) => Ok(()),
         (Err(e), _) => Err(e.clone()),
@@ -111,10 +114,9 @@ pub fn choose(choice: TransportChoice, host: &HostVsock) -> Result<(AgentTranspo
             AgentTransport::VhostVsock,
             format!("{VHOST_VSOCK} opens read-write: vhost-vsock"),
         )),
-        (TransportChoice::Auto, Err(why)) => Ok((
-            AgentTransport::Serial,
-            format!("{why}: the serial port"),
-        )),
+        (TransportChoice::Auto, Err(why)) => {
+            Ok((AgentTransport::Serial, format!("{why}: the serial port")))
+        }
         (TransportChoice::Vsock, Err(why)) => Err(format!("--vm-transport vsock: {why}")),
     }
 }
@@ -138,17 +140,37 @@ mod tests {
             root: false,
         };
         let pick = |c, h: &HostVsock| choose(c, h).map(|(t, _)| t);
-        assert_eq!(pick(TransportChoice::Auto, &ok), Ok(AgentTransport::VhostVsock));
-        assert_eq!(pick(TransportChoice::Auto, &none), Ok(AgentTransport::Serial));
-        assert_eq!(pick(TransportChoice::Auto, &rootless), Ok(AgentTransport::Serial));
-        assert_eq!(pick(TransportChoice::Serial, &ok), Ok(AgentTransport::Serial));
-        assert_eq!(pick(TransportChoice::Vsock, &ok), Ok(AgentTransport::VhostVsock));
+        assert_eq!(
+            pick(TransportChoice::Auto, &ok),
+            Ok(AgentTransport::VhostVsock)
+        );
+        assert_eq!(
+            pick(TransportChoice::Auto, &none),
+            Ok(AgentTransport::Serial)
+        );
+        assert_eq!(
+            pick(TransportChoice::Auto, &rootless),
+            Ok(AgentTransport::Serial)
+        );
+        assert_eq!(
+            pick(TransportChoice::Serial, &ok),
+            Ok(AgentTransport::Serial)
+        );
+        assert_eq!(
+            pick(TransportChoice::Vsock, &ok),
+            Ok(AgentTransport::VhostVsock)
+        );
         // Asked for and missing: the worker does not start, saying why.
         let err = choose(TransportChoice::Vsock, &none).unwrap_err();
         assert!(err.contains("no such device"), "{err}");
         assert!(choose(TransportChoice::Vsock, &rootless).is_err());
         // The reason names the device when it falls back.
-        assert!(choose(TransportChoice::Auto, &none).unwrap().1.contains("no such device"));
+        assert!(
+            choose(TransportChoice::Auto, &none)
+                .unwrap()
+                .1
+                .contains("no such device")
+        );
     }
 
     #[test]
