@@ -145,9 +145,22 @@ impl QemuDriver {
         let kernel = kernel::load(&config.kernel_dir).map_err(SubstrateError::Unsupported)?;
         let initramfs = guest_initramfs(&config.agent, &kernel, data_dir)?;
         let cgroups = CgroupHierarchy::detect().ok();
-        let (transport, transport_reason) =
+        let (mut transport, mut transport_reason) =
             transport::choose(config.transport, &transport::probe_host())
                 .map_err(SubstrateError::Unsupported)?;
+        // A kernel prepared before the vsock modules were kept boots a guest without
+        // them: forced, that is an error; chosen, the serial port.
+        if transport == AgentTransport::VhostVsock {
+            if let Err(e) = kernel::has_vsock_modules(&kernel) {
+                if config.transport == TransportChoice::Vsock {
+                    return Err(SubstrateError::Unsupported(format!(
+                        "--vm-transport vsock: {e}"
+                    )));
+                }
+                transport = AgentTransport::Serial;
+                transport_reason = format!("{e}: the serial port");
+            }
+        }
         tracing::info!(
             transport = transport.as_str(),
             reason = %transport_reason,
