@@ -8,17 +8,17 @@
 //! socket directories and paths, and the kernel's socket table as evidence that a
 //! listening socket belongs to a given process.
 
+mod fds;
 mod path;
 mod peer;
 mod process;
 mod socktable;
 
+pub use fds::{MAX_FDS, process_holds_file, process_holds_socket};
 pub use path::{bind_listener, check_socket_path, check_vmm_socket_path, prepare_socket_dir};
 pub use peer::{PeerCred, peer_process, peer_process_listened_as};
 pub use process::{FileId, LiveProcess, ProcessIdentity};
-pub use socktable::{
-    listening_unix_inode, listening_unix_inode_of, process_holds_socket, process_listens_at,
-};
+pub use socktable::{listening_unix_inode, listening_unix_inode_of, process_listens_at};
 
 /// Why a peer or a socket path was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -50,6 +50,9 @@ pub enum PeerError {
     /// The kernel's socket table does not show the expected listener.
     #[error("socket table: {0}")]
     SocketTable(&'static str),
+    /// The process does not hold the file it must (a VMM without its vhost device).
+    #[error("open files: {0}")]
+    NotHeld(&'static str),
     /// A system call failed.
     #[error("{what}: {errno}")]
     Sys {

@@ -4,6 +4,7 @@ use std::fs;
 use std::path::Path;
 
 use crate::PeerError;
+use crate::fds::process_holds_socket;
 
 /// `__SO_ACCEPTCON`: the socket is listening.
 const ACCEPTCON: u32 = 1 << 16;
@@ -96,18 +97,6 @@ pub fn process_listens_at(pid: u32, path: &Path) -> Result<bool, PeerError> {
             continue;
         };
         if process_holds_socket(pid, inode)? {
-            return Ok(true);
-        }
-    }
-    Ok(false)
-}
-
-/// Whether process `pid` holds socket `inode` among its open files.
-pub fn process_holds_socket(pid: u32, inode: u64) -> Result<bool, PeerError> {
-    let want = format!("socket:[{inode}]");
-    let dir = fs::read_dir(format!("/proc/{pid}/fd")).map_err(|_| PeerError::NoSuchProcess(pid))?;
-    for entry in dir.flatten() {
-        if fs::read_link(entry.path()).is_ok_and(|target| target.as_os_str() == want.as_str()) {
             return Ok(true);
         }
     }

@@ -33,7 +33,8 @@ pub fn layers_of_command_line(line: &str) -> Option<usize> {
     (1..=MAX_LAYERS).contains(&n).then_some(n)
 }
 /// The guest's vsock port its agent listens on when the VM has a vsock device
-/// (Firecracker's): the host reaches it through the VMM's hybrid vsock socket.
+/// (Firecracker's, reached through the VMM's hybrid vsock socket; or QEMU's
+/// vhost-vsock, reached by the host's `AF_VSOCK` at the guest's CID).
 ///
 /// Below 1024: the guest kernel lets only a process with `CAP_NET_BIND_SERVICE` (in
 /// the initial user namespace) bind a vsock port at or below 1023
@@ -49,8 +50,22 @@ const _: () = assert!(
 );
 /// The host's vsock context ID: the only peer the guest's agent accepts.
 pub const HOST_CID: u32 = 2;
-/// The guest's vsock context ID (the VMM's `guest_cid`).
+/// The guest's vsock context ID under Firecracker (its `guest_cid`: each VM's hybrid
+/// vsock is its own, so every guest has this one). QEMU's vhost-vsock guests have
+/// host-wide unique CIDs the worker allocates instead.
 pub const GUEST_CID: u32 = 3;
+/// The highest reserved vsock port: the kernel lets only a process with
+/// `CAP_NET_BIND_SERVICE` bind a port at or below it, on the host as in a guest.
+pub const LAST_RESERVED_PORT: u32 = 1023;
+/// The kernel command-line parameter saying which host ports the vsock agent accepts
+/// connections from: `space.vsock_peer=reserved_port` (QEMU's vhost-vsock, where any
+/// host process may connect to any guest's CID) — only from a port at or below
+/// [`LAST_RESERVED_PORT`], which the bridge binds and an unprivileged host process
+/// cannot. Absent: any port of the host (Firecracker's hybrid vsock, whose socket only
+/// the worker's bridge reaches, and whose host ports are its own).
+pub const VSOCK_PEER_PARAM: &str = "space.vsock_peer";
+/// The value of [`VSOCK_PEER_PARAM`] the QEMU driver writes.
+pub const VSOCK_PEER_RESERVED: &str = "reserved_port";
 /// The kernel command-line parameter naming the agent's transport
 /// (`space.transport=serial|vsock`; absent: serial). Written by the worker's driver:
 /// the guest never chooses by probing its devices.
@@ -61,7 +76,8 @@ pub const TRANSPORT_PARAM: &str = "space.transport";
 /// them — layer 0 (the top one) to layer N-1, then the writable disk — which is the
 /// order of their names (`vda`, `vdb`, …, `vdz`, `vdaa`, …). Absent: by serial.
 pub const DISKS_PARAM: &str = "space.disks";
-/// The kernel modules of the guest's vsock (Firecracker's virtio vsock), loaded after
+/// The kernel modules of the guest's vsock (virtio vsock: Firecracker's, QEMU's
+/// vhost-vsock), loaded after
 /// [`GUEST_MODULES`]; a kernel directory prepared before they were added lacks them.
 pub const VSOCK_MODULES: &[&str] = &[
     "vsock",
@@ -74,7 +90,8 @@ pub const VSOCK_MODULES: &[&str] = &[
 pub enum GuestTransport {
     /// The virtio-serial port [`PORT_NAME`] (QEMU).
     Serial,
-    /// Vsock port [`VSOCK_PORT`], connections from [`HOST_CID`] only (Firecracker).
+    /// Vsock port [`VSOCK_PORT`], connections from [`HOST_CID`] only (Firecracker's
+    /// hybrid vsock, QEMU's vhost-vsock).
     Vsock,
 }
 
@@ -104,6 +121,13 @@ pub fn transport_of_command_line(line: &str) -> Option<GuestTransport> {
         Some("vsock") => Some(GuestTransport::Vsock),
         Some(_) => None,
     }
+}
+
+/// Whether a kernel command line restricts the vsock agent's peers to reserved host
+/// ports ([`VSOCK_PEER_PARAM`]): any value but none at all does (an unknown one is
+/// taken as the stricter rule).
+pub fn vsock_peer_needs_reserved_port(line: &str) -> bool {
+    param(line, VSOCK_PEER_PARAM).is_some()
 }
 
 /// Whether a kernel command line says the disks are found by order
@@ -211,6 +235,14 @@ mod tests {
             transport_of_command_line("xspace.transport=vsock"),
             Some(Serial)
         );
+        assert!(vsock_peer_needs_reserved_port(&format!(
+            "space.transport=vsock {VSOCK_PEER_PARAM}={VSOCK_PEER_RESERVED}"
+        )));
+        assert!(vsock_peer_needs_reserved_port("space.vsock_peer=other"));
+        assert!(!vsock_peer_needs_reserved_port("space.transport=vsock"));
+        assert!(!vsock_peer_needs_reserved_port(
+            "xspace.vsock_peer=reserved_port"
+        ));
         assert!(disks_by_order("a space.disks=order b"));
         assert!(!disks_by_order("space.disks=serial"));
         assert!(!disks_by_order("space.disksx=order"));

@@ -124,6 +124,7 @@ fn main() {
             accel,
             cgroup_parent: format!("space-bench-vm-{}", std::process::id()),
             uid_ranges: None,
+            transport: space_worker::substrate::vm::TransportChoice::Serial,
         },
         data.path(),
     )

@@ -139,6 +139,7 @@ impl Env {
             cgroup_parent: cgroup_parent.clone(),
             // QEMU as a uid of its own, from the host's shared ranges (as a worker).
             uid_ranges: Some(Arc::new(UidRanges::new(UidRangeConfig::default()).unwrap())),
+            transport: space_worker::substrate::vm::TransportChoice::Serial,
         };
         Self {
             driver: Arc::new(QemuDriver::new(config, data.path()).unwrap()),
@@ -694,6 +695,7 @@ fn a_start_that_fails_gives_the_kept_disk_back() {
             accel: Accel::Tcg,
             cgroup_parent: env.cgroup_parent.clone(),
             uid_ranges: None,
+            transport: space_worker::substrate::vm::TransportChoice::Serial,
         },
         env.data.path(),
     )

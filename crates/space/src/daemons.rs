@@ -184,6 +184,10 @@ pub async fn worker(a: WorkerArgs) -> Result<(), String> {
                     .vm_kernel_dir
                     .clone()
                     .unwrap_or_else(|| data_dir.join("vm").join("kernel")),
+                transport: a
+                    .vm_transport
+                    .parse()
+                    .expect("clap allowed only auto, serial and vsock"),
             }
         }),
         userns: (!a.no_userns).then(

@@ -31,7 +31,10 @@ fn main() -> ExitCode {
                 eprintln!("spaced-guest: vm-agent --vsock: {e}");
                 return ExitCode::from(2);
             }
-            return match spaced_guest::vsock::serve_vsock(port, 256) {
+            // QEMU's vhost-vsock: any host process reaches the guest's CID, so only a
+            // reserved host port (the bridge's) is served.
+            let peers = spaced_guest::vsock::Peers::of_command_line(&cmdline);
+            return match spaced_guest::vsock::serve_vsock(port, peers, 256) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("spaced-guest: {e}");

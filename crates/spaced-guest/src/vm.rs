@@ -42,9 +42,10 @@ pub fn init() -> ! {
     nix::unistd::sync();
     // Firecracker ends its VM on the guest's reset (`reboot=k`), not on a power-off,
     // which would leave a halted VM behind: its guests (the vsock transport) reset.
-    let firecracker = std::fs::read_to_string("/proc/cmdline")
+    // QEMU's vsock guests reset too, which ends QEMU as well (`-no-reboot`).
+    let vsock = std::fs::read_to_string("/proc/cmdline")
         .is_ok_and(|l| vm::transport_of_command_line(&l) == Some(vm::GuestTransport::Vsock));
-    let _ = nix::sys::reboot::reboot(if firecracker {
+    let _ = nix::sys::reboot::reboot(if vsock {
         nix::sys::reboot::RebootMode::RB_AUTOBOOT
     } else {
         nix::sys::reboot::RebootMode::RB_POWER_OFF

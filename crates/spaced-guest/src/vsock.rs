@@ -1,12 +1,16 @@
-//! The agent over vsock: a VM whose VMM gives it a vsock device (Firecracker) and
-//! whose kernel command line says `space.transport=vsock` (see `space_proto::vm`).
+//! The agent over vsock: a VM whose VMM gives it a vsock device (Firecracker's, or
+//! QEMU's vhost-vsock) and whose kernel command line says `space.transport=vsock`
+//! (see `space_proto::vm`).
 //!
 //! The agent listens on [`vm::VSOCK_PORT`] and takes connections from the host
-//! ([`vm::HOST_CID`]) only. One connection is one `space-mux` link, served exactly as
+//! ([`vm::HOST_CID`]) only — under QEMU's vhost-vsock (the command line says
+//! `space.vsock_peer=reserved_port`) only from a reserved host port: there any host
+//! process may connect to any guest's CID, and only one with `CAP_NET_BIND_SERVICE`
+//! (the worker's bridge) can bind a port at or below [`vm::LAST_RESERVED_PORT`]. One connection is one `space-mux` link, served exactly as
 //! the serial port's ([`crate::vm::run_link`]: the activation as its first control
 //! message, `ready`, then streams), one at a time. After a snapshot the VMM resets
 //! every vsock connection, so the old link ends and the bridge, connecting anew,
-//! brings its activation. A VMM that did not tell the guest of the reset (Firecracker
+//! brings its activation (QEMU resets them on the restored side only). A VMM that did not tell the guest of the reset (Firecracker
 //! before 1.10, which the worker refuses anyway) would leave the old link open for
 //! ever: so a new host connection ends the link being served first (its socket shut
 //! both ways, its end awaited at most [`OLD_LINK_WAIT`]) and is then served. Only the
@@ -59,13 +63,39 @@ pub fn pid1_is_this_binary() -> bool {
     }
 }
 
-/// Whether a connection from `cid` may be served: only the host's.
-pub fn accepts_peer(cid: u32) -> bool {
-    cid == vm::HOST_CID
+/// Which host connections the agent serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peers {
+    /// The host's, from any port (Firecracker: only the bridge reaches its socket).
+    AnyHostPort,
+    /// The host's, from a reserved port only (QEMU's vhost-vsock).
+    ReservedHostPort,
 }
 
-/// The agent on vsock `port`: one link per host connection, for ever.
-pub fn serve_vsock(port: u32, max_connections: usize) -> Result<(), String> {
+impl Peers {
+    /// The rule a kernel command line names ([`vm::VSOCK_PEER_PARAM`]).
+    pub fn of_command_line(cmdline: &str) -> Self {
+        if vm::vsock_peer_needs_reserved_port(cmdline) {
+            Self::ReservedHostPort
+        } else {
+            Self::AnyHostPort
+        }
+    }
+}
+
+/// Whether a connection from `cid`, `port` may be served: only the host's, and under
+/// [`Peers::ReservedHostPort`] only from a reserved port.
+pub fn accepts_peer(cid: u32, port: u32, peers: Peers) -> bool {
+    cid == vm::HOST_CID
+        && match peers {
+            Peers::AnyHostPort => true,
+            Peers::ReservedHostPort => port <= vm::LAST_RESERVED_PORT,
+        }
+}
+
+/// The agent on vsock `port`: one link per host connection it accepts (`peers`), for
+/// ever.
+pub fn serve_vsock(port: u32, peers: Peers, max_connections: usize) -> Result<(), String> {
     let listener = socket(
         AddressFamily::Vsock,
         SockType::Stream,
@@ -95,10 +125,12 @@ pub fn serve_vsock(port: u32, max_connections: usize) -> Result<(), String> {
                     continue;
                 }
             };
-            let peer = getpeername::<VsockAddr>(conn.as_raw_fd()).map(|a| a.cid());
+            let peer = getpeername::<VsockAddr>(conn.as_raw_fd()).map(|a| (a.cid(), a.port()));
             match peer {
-                Ok(cid) if accepts_peer(cid) => return Some(conn),
-                Ok(cid) => eprintln!("spaced-guest: a vsock connection from CID {cid} refused"),
+                Ok((cid, port)) if accepts_peer(cid, port, peers) => return Some(conn),
+                Ok((cid, port)) => {
+                    eprintln!("spaced-guest: a vsock connection from CID {cid} port {port} refused")
+                }
                 Err(e) => eprintln!("spaced-guest: vsock peer: {e}"),
             }
         }
@@ -214,10 +246,36 @@ mod tests {
 
     #[test]
     fn only_the_host_is_served() {
-        assert!(accepts_peer(vm::HOST_CID));
-        for cid in [0, 1, vm::GUEST_CID, 4, u32::MAX] {
-            assert!(!accepts_peer(cid), "{cid}");
+        for peers in [Peers::AnyHostPort, Peers::ReservedHostPort] {
+            assert!(accepts_peer(vm::HOST_CID, 1023, peers));
+            for cid in [0, 1, vm::GUEST_CID, 4, u32::MAX] {
+                assert!(!accepts_peer(cid, 1023, peers), "{cid}");
+            }
         }
+        // Firecracker's host ports are its own (from 2^30).
+        assert!(accepts_peer(vm::HOST_CID, 1 << 30, Peers::AnyHostPort));
+    }
+
+    #[test]
+    fn an_unprivileged_host_process_connecting_to_a_vhost_vsock_guest_is_not_served() {
+        // Any host process may connect to a vhost-vsock guest's CID; one that cannot
+        // bind a reserved port gets an ephemeral one (1024 and up).
+        let cmdline = format!(
+            "{}=vsock {}={}",
+            vm::TRANSPORT_PARAM,
+            vm::VSOCK_PEER_PARAM,
+            vm::VSOCK_PEER_RESERVED
+        );
+        let peers = Peers::of_command_line(&cmdline);
+        assert_eq!(peers, Peers::ReservedHostPort);
+        for port in [1024, 49152, u32::MAX] {
+            assert!(!accepts_peer(vm::HOST_CID, port, peers), "{port}");
+        }
+        assert!(accepts_peer(vm::HOST_CID, vm::LAST_RESERVED_PORT, peers));
+        assert_eq!(
+            Peers::of_command_line("space.transport=vsock"),
+            Peers::AnyHostPort
+        );
     }
 
     fn activation(seed: u8) -> Activation {

@@ -21,6 +21,7 @@ pub mod relink;
 pub mod serial;
 pub mod server;
 pub mod spec;
+pub mod vhost;
 pub mod vsock;
 
 pub use client::{BridgeClientError, BridgePool, BridgeTarget, connect};

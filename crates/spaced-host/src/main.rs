@@ -57,6 +57,16 @@ fn real_main() -> Result<(), String> {
             spaced_host::relink::watch(shared.clone(), spec.clone(), true);
             Some(shared)
         }
+        spaced_host::Transport::VhostVsock { cid } => {
+            let link =
+                spaced_host::vhost::connect_agent(&spec, cid, spaced_host::serial::READY_WAIT)
+                    .map_err(|e| format!("vhost-vsock transport: {e}"))?;
+            // QEMU resets no connection of a VM that goes on after its snapshot: the
+            // bridge ends with its link, as over serial (see `vhost`).
+            let shared = spaced_host::relink::SharedLink::new(link);
+            spaced_host::relink::watch(shared.clone(), spec.clone(), false);
+            Some(shared)
+        }
     };
     let listener = space_peer::bind_listener(&spec.listen).map_err(|e| e.to_string())?;
     let mut out = std::io::stdout();

@@ -1,7 +1,8 @@
 //! A VM's link as the bridge holds it: one at a time, watched.
 //!
-//! Over the serial transport the bridge ends with its link (the VMM exited, the guest
-//! broke the protocol): nothing reconnects. Over vsock, Firecracker itself resets every
+//! Over the serial transport, and QEMU's vhost-vsock (which resets connections only
+//! on the restored side of a snapshot, never on the VM that goes on), the bridge ends
+//! with its link (the VMM exited, the guest broke the protocol): nothing reconnects. Over vsock, Firecracker itself resets every
 //! vsock connection whenever it writes a snapshot — the VM goes on, its link does not
 //! — so the bridge links again, to the recorded VMM only: each attempt a new
 //! connection verified as the first was (path, peer process, socket table), the same

@@ -1,5 +1,5 @@
-//! The serial transport (VM sandboxes under QEMU; the vsock transport, [`crate::vsock`],
-//! shares its verification and activation): one connection to the VMM's virtio-serial
+//! The serial transport (VM sandboxes under QEMU; the vsock transports, [`crate::vsock`]
+//! and [`crate::vhost`], share its verification and activation): one connection to the VMM's virtio-serial
 //! socket for the bridge's whole life, verified once, carrying a `space-mux` link.
 //!
 //! At start the bridge connects to `agent_socket`, checks that its peer is the recorded
@@ -67,6 +67,19 @@ pub(crate) fn activate(
     // waits this long ends the link (and the bridge) instead of every sender.
     transport.set_write_timeout(Some(WRITE_WAIT))?;
     let link = Link::over_unix(transport, true, vm::MAX_STREAMS, None)?;
+    activate_link(link, spec, ready_wait)
+}
+
+/// The longest a write to a guest transport may block (see [`activate`]).
+pub(crate) const TRANSPORT_WRITE_WAIT: Duration = WRITE_WAIT;
+
+/// Activates the guest over a started `link` (any transport's): the activation record
+/// as its first control message, then the guest's [`vm::READY`] within `ready_wait`.
+pub(crate) fn activate_link(
+    link: Link,
+    spec: &BridgeSpec,
+    ready_wait: Duration,
+) -> Result<Link, BridgeError> {
     let sent = link
         .send_control(&spec.activation.encode())
         .and_then(|()| link.recv_control(ready_wait));

@@ -49,6 +49,16 @@ pub enum Transport {
     /// to the guest's vsock port with `CONNECT`, carrying a `space-mux` link as
     /// [`Transport::Serial`] does.
     Vsock,
+    /// The guest's vsock port [`space_proto::vm::VSOCK_PORT`] at context ID `cid`,
+    /// reached with the host's `AF_VSOCK` through QEMU's vhost-vsock device (the
+    /// recorded `agent` process is QEMU, holding `/dev/vhost-vsock`; `agent_socket`
+    /// names no socket): one connection for the bridge's life, from a reserved host
+    /// port, carrying a `space-mux` link as [`Transport::Serial`] does. See
+    /// [`crate::vhost`].
+    VhostVsock {
+        /// The guest's context ID, as the worker gave it to QEMU.
+        cid: u32,
+    },
 }
 
 fn default_max_connections() -> usize {

@@ -56,6 +56,8 @@ pub struct VmSettings {
     pub firecracker: Option<PathBuf>,
     /// The guest kernel prepared by `space vm setup`.
     pub kernel_dir: PathBuf,
+    /// How QEMU VMs reach their agents (`--vm-transport`).
+    pub transport: crate::substrate::vm::TransportChoice,
 }
 
 /// The operator's egress settings (`--egress-*`).

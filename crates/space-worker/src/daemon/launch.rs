@@ -241,11 +241,15 @@ fn bridge_spec(
     let agent = LiveProcess::open(agent_pid)
         .map_err(|e| LaunchError::Agent(e.to_string()))?
         .identity;
-    // A VM's transport is its VMM (QEMU, as the driver started it); the agent runs in
-    // the guest and proves itself in the handshake.
-    let transport = match handle.substrate {
-        crate::substrate::SubstrateKind::Vm => spaced_host::Transport::Serial,
-        crate::substrate::SubstrateKind::Firecracker => spaced_host::Transport::Vsock,
+    // A VM's transport is its VMM (QEMU, as the driver started it: its serial port,
+    // or its vhost-vsock device at the guest CID it recorded); the agent runs in the
+    // guest and proves itself in the handshake.
+    let transport = match (handle.substrate, handle.guest_cid) {
+        (crate::substrate::SubstrateKind::Vm, Some(cid)) => {
+            spaced_host::Transport::VhostVsock { cid }
+        }
+        (crate::substrate::SubstrateKind::Vm, None) => spaced_host::Transport::Serial,
+        (crate::substrate::SubstrateKind::Firecracker, _) => spaced_host::Transport::Vsock,
         _ => spaced_host::Transport::Socket,
     };
     // A jail's agent must run the binary the worker meant to start.

@@ -259,6 +259,7 @@ fn open_vm(
             // The jail driver's parent: the startup sweep ends leftover VMs too.
             cgroup_parent: config.cgroup_parent.clone(),
             uid_ranges: jail.uid_ranges(),
+            transport: vm.transport,
         },
         &config.data_dir,
     )
@@ -717,6 +718,7 @@ mod tests {
                 qemu: "/nonexistent".into(),
                 firecracker: None,
                 kernel_dir: "/nonexistent".into(),
+                transport: Default::default(),
             }),
         }
     }

@@ -200,6 +200,12 @@ async fn readopt(
         && r.handle
             .as_ref()
             .is_some_and(|h| worker.jail.hold_userns(h).unwrap_or(false));
+    // A vhost-vsock VM's guest CID is its own again: no new VM is given it.
+    let alive = alive
+        && match (&worker.vm, &r.handle) {
+            (Some(vm), Some(h)) => vm.hold(h),
+            _ => true,
+        };
     let alive = alive
         && {
             // The links of the worker's previous run were removed when it started: the

@@ -219,6 +219,11 @@ pub struct SandboxHandle {
     /// a user namespace. Records written before user namespaces lack it.
     #[serde(default)]
     pub host_uid: Option<u32>,
+    /// A vhost-vsock VM's guest context ID (host-wide unique while its QEMU lives):
+    /// where its bridge connects, and what a restarted worker holds for it. `None`
+    /// for every other transport.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_cid: Option<u32>,
 }
 
 /// Usage and state of a running execution.

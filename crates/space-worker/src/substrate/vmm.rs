@@ -39,4 +39,13 @@ impl VmDriver {
             Self::Firecracker(d) => d.snapshot(handle, dir),
         }
     }
+
+    /// Holds what a VM re-adopted after a restart holds of the driver's (a QEMU VM's
+    /// guest CID); `false` if another VM of this worker holds it.
+    pub fn hold(&self, handle: &SandboxHandle) -> bool {
+        match self {
+            Self::Qemu(d) => d.hold_guest_cid(handle),
+            Self::Firecracker(_) => true,
+        }
+    }
 }

@@ -152,6 +152,7 @@ impl Gateway {
                 dir: data.path().join("no-cgroup"),
             },
             host_uid: None,
+            guest_cid: None,
         };
         // A retirement kills the bridge: a stand-in of its own, never this process.
         let bridge_stand_in = Command::new("sleep").arg("600").spawn().unwrap();

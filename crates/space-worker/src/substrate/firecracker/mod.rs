@@ -246,6 +246,7 @@ impl FirecrackerDriver {
             kernel: self.kernel.release.clone(),
             nic: false,
             vmm: Vmm::Firecracker,
+            transport: Default::default(),
         }
         .write(&sandbox_dir.join(vmsnap::MACHINE))?;
         let log_path = sandbox_dir.join("firecracker.log");
@@ -417,6 +418,7 @@ impl FirecrackerDriver {
             log_path,
             cgroups,
             host_uid: None,
+            guest_cid: None,
         })
     }
 
@@ -732,6 +734,7 @@ mod tests {
             log_path: "/d/sandboxes/sbx_a.01/firecracker.log".into(),
             cgroups: CgroupSet::None,
             host_uid: None,
+            guest_cid: None,
         };
         assert_eq!(
             fc_dir(&handle("/d/run/sbx_a/fc-01/v.sock")).unwrap(),

@@ -200,6 +200,7 @@ mod tests {
             kernel: "6.1.0-cloud-amd64".into(),
             nic: false,
             vmm: Vmm::Firecracker,
+            transport: Default::default(),
         }
         .write(&dir.join(vmsnap::MACHINE))
         .unwrap();

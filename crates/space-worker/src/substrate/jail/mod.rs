@@ -506,6 +506,7 @@ impl JailDriver {
             log_path: layout.log.clone(),
             cgroups,
             host_uid: userns.map(|u| u.host_uid),
+            guest_cid: None,
         };
         Ok((handle, pending_activation))
     }

@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use super::kernel;
+use super::transport::AgentTransport;
 
 /// How QEMU runs guest code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,11 +114,27 @@ fn probe_kvm(qemu: &Path, kernel_dir: &Path) -> (Accel, String) {
 /// host's, and the kernel is told its rate: calibrating it against the emulated PIT
 /// fails whenever QEMU's main loop is busy (seen: a QMP client connected during boot),
 /// and a kernel without a clock source hangs there.
-pub(super) fn kernel_command_line(accel: Accel, layers: usize) -> String {
+/// Over vhost-vsock it names that transport, and that the agent serves only reserved
+/// host ports (any host process may connect to a guest's CID; only the bridge, with
+/// `CAP_NET_BIND_SERVICE`, binds one of those).
+pub(super) fn kernel_command_line(
+    accel: Accel,
+    layers: usize,
+    transport: AgentTransport,
+) -> String {
     let mut line = format!(
         "console=ttyS0 quiet panic=-1 rdinit=/init pci=off random.trust_cpu=on {}={layers}",
         space_proto::vm::LAYERS_PARAM
     );
+    if transport == AgentTransport::VhostVsock {
+        line.push_str(&format!(
+            " {}={} {}={}",
+            space_proto::vm::TRANSPORT_PARAM,
+            space_proto::vm::GuestTransport::Vsock.as_str(),
+            space_proto::vm::VSOCK_PEER_PARAM,
+            space_proto::vm::VSOCK_PEER_RESERVED
+        ));
+    }
     if accel == Accel::Tcg {
         if let Some(khz) = host_tsc_khz() {
             line.push_str(&format!(" tsc_early_khz={khz} tsc=reliable"));

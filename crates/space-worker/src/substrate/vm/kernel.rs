@@ -138,7 +138,7 @@ pub fn setup(
     std::fs::copy(boot.join(&image), out.join("vmlinuz")).map_err(|e| e.to_string())?;
     let modules_root = tree.join("lib/modules").join(&release).join("kernel");
     let mut depends = std::collections::BTreeMap::new();
-    // The vsock modules too (Firecracker's transport; QEMU's guests load them unused).
+    // The vsock modules too (Firecracker's transport, and QEMU's over vhost-vsock).
     let mut wanted: Vec<String> = vm::GUEST_MODULES
         .iter()
         .chain(vm::VSOCK_MODULES)

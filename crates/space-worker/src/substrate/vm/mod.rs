@@ -5,13 +5,20 @@
 //! sandbox's writable disk (its size the disk limit), and starts QEMU in a cgroup of
 //! its own with the Debian guest kernel ([`kernel`]), the initramfs this driver builds
 //! ([`initramfs`]: the statically linked agent as `/init` and the modules it loads),
-//! the two disks, a virtio-serial port on a Unix socket in the worker's run directory
-//! (the agent's transport, served by QEMU: the recorded agent process is QEMU) and a
-//! QMP socket for pause and resume (vCPUs stopped, memory kept). The bridge does the
-//! rest (`spaced_host::serial`): it verifies QEMU as the socket's peer and sends the
-//! activation record over the port before anything is served.
+//! the two disks, the agent's transport (served by QEMU: the recorded agent process is
+//! QEMU) and a QMP socket for pause and resume (vCPUs stopped, memory kept). The
+//! transport ([`transport`], chosen once per driver) is a virtio-serial port on a Unix
+//! socket in the worker's run directory, or — where `/dev/vhost-vsock` opens
+//! read-write — a vhost-vsock device on a descriptor of it the worker opened, with a
+//! guest CID of the VM's own ([`cid`]; a CID another process of the host holds fails
+//! the start, which is made again with another). The bridge does the rest
+//! (`spaced_host::serial`, `spaced_host::vhost`): it verifies QEMU as the socket's peer
+//! (or as the live holder of the vhost device) and sends the activation record over
+//! the link before anything is served.
 
 mod accel;
+mod cid;
+mod command;
 pub mod disk;
 mod drain;
 pub mod initramfs;
@@ -19,6 +26,7 @@ pub mod kernel;
 pub mod qmp;
 pub(crate) mod shared;
 pub mod snapshot;
+pub mod transport;
 pub mod vmlinux;
 
 pub use snapshot::machine_size;
@@ -35,6 +43,7 @@ use super::{
 use accel::kernel_command_line;
 pub use accel::{Accel, detect_accel};
 pub(crate) use shared::*;
+pub use transport::{AgentTransport, TransportChoice};
 
 /// What the driver needs.
 #[derive(Debug, Clone)]
@@ -53,15 +62,17 @@ pub struct VmConfig {
     /// each VM's QEMU drops to the first uid of a range of its own (`-runas`) once
     /// its devices are open. `None`: QEMU stays the worker's uid (`--no-userns`).
     pub uid_ranges: Option<std::sync::Arc<super::jail::uid_ranges::UidRanges>>,
+    /// How VMs reach their agents (`--vm-transport`): vhost-vsock where the host has
+    /// it (`auto`), or as forced.
+    pub transport: TransportChoice,
 }
 
 /// Memory QEMU itself may use beyond the guest's RAM (its code, device state and, under
 /// software emulation, the translation cache `tb-size` bounds).
 const VMM_OVERHEAD: u64 = 192 << 20;
-/// The translation cache under software emulation, in MiB.
-const TB_SIZE_MIB: u64 = 16;
-/// The guest console's ring buffer (a power of two).
-const CONSOLE_BYTES: usize = 64 * 1024;
+/// Most starts of one VM over vhost-vsock, each with another guest CID, while other
+/// processes of the host hold the ones tried.
+const MAX_CID_TRIES: usize = 8;
 
 /// The QEMU driver.
 #[derive(Debug)]
@@ -74,6 +85,52 @@ pub struct QemuDriver {
     /// own (a root worker) — a NIC in the worker's namespace would reach the host's
     /// network past every egress rule.
     nic: bool,
+    /// How new VMs reach their agents, and why (probed once, at construction).
+    transport: AgentTransport,
+    transport_reason: String,
+    /// The guest CIDs of this worker's live vhost-vsock VMs.
+    cids: std::sync::Mutex<cid::CidAllocator>,
+}
+
+/// What one VM's start attempts share.
+struct Vm<'a> {
+    spec: &'a LaunchSpec,
+    restore: Option<&'a snapshot::VmSnapshot>,
+    layers: &'a [PathBuf],
+    upper: &'a Path,
+    serial: &'a Path,
+    log_path: PathBuf,
+    ram: u64,
+    cpus: u32,
+    nic: bool,
+    uid: Option<u32>,
+}
+
+/// A started QEMU.
+struct Started {
+    init: ProcessIdentity,
+    cgroups: CgroupSet,
+    socket_inode: u64,
+    cid: Option<u32>,
+}
+
+/// A start that failed (nothing of it left), and whether it failed because another
+/// process of the host holds its guest CID.
+struct Failed {
+    error: SubstrateError,
+    cid_taken: bool,
+}
+
+/// `/dev/vhost-vsock`, read-write, for QEMU.
+fn open_vhost_vsock() -> Result<std::os::fd::OwnedFd, SubstrateError> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(transport::VHOST_VSOCK)
+        .map(std::os::fd::OwnedFd::from)
+        .map_err(io_err(format!("open {}", transport::VHOST_VSOCK)))
 }
 
 impl QemuDriver {
@@ -89,12 +146,40 @@ impl QemuDriver {
         let kernel = kernel::load(&config.kernel_dir).map_err(SubstrateError::Unsupported)?;
         let initramfs = guest_initramfs(&config.agent, &kernel, data_dir)?;
         let cgroups = CgroupHierarchy::detect().ok();
+        let (mut transport, mut transport_reason) =
+            transport::choose(config.transport, &transport::probe_host())
+                .map_err(SubstrateError::Unsupported)?;
+        // A kernel prepared before the vsock modules were kept boots a guest without
+        // them: forced, that is an error; chosen, the serial port.
+        if transport == AgentTransport::VhostVsock {
+            if let Err(e) = kernel::has_vsock_modules(&kernel) {
+                if config.transport == TransportChoice::Vsock {
+                    return Err(SubstrateError::Unsupported(format!(
+                        "--vm-transport vsock: {e}"
+                    )));
+                }
+                transport = AgentTransport::Serial;
+                transport_reason = format!("{e}: the serial port");
+            }
+        }
+        tracing::info!(
+            transport = transport.as_str(),
+            reason = %transport_reason,
+            "VM agent transport"
+        );
+        // The first CID tried is random: the workers of one host rarely try the same.
+        let mut seed = [0u8; 4];
+        let _ = rustix::rand::getrandom(&mut seed, rustix::rand::GetRandomFlags::empty());
+        let start = cid::FIRST_GUEST_CID + u32::from_ne_bytes(seed) % (1 << 30);
         Ok(Self {
             config,
             kernel,
             initramfs,
             cgroups,
             nic: rustix::process::geteuid().is_root(),
+            transport,
+            transport_reason,
+            cids: std::sync::Mutex::new(cid::CidAllocator::new(start)),
         })
     }
 
@@ -105,13 +190,26 @@ impl QemuDriver {
 
     /// Starts QEMU for `spec`: a fresh boot, or (with `restore`) the VM of a memory
     /// snapshot, loaded and continued (a new execution of the sandbox: the bridge
-    /// gives its guest the new activation before anything is served).
+    /// gives its guest the new activation before anything is served). Over vhost-vsock
+    /// each attempt takes a guest CID of its own; one another process of the host
+    /// holds fails QEMU's start, and the start is made again with another, at most
+    /// [`MAX_CID_TRIES`] times.
     fn start(
         &self,
         spec: &LaunchSpec,
         restore: Option<&snapshot::VmSnapshot>,
     ) -> Result<SandboxHandle, SubstrateError> {
         spec.key.validate()?;
+        // A restored machine is the one its state was saved on: its devices too.
+        let transport = restore.map_or(self.transport, |s| s.machine.transport);
+        if transport == AgentTransport::VhostVsock && self.transport != AgentTransport::VhostVsock {
+            return Err(SubstrateError::Unsupported(format!(
+                "the snapshot's VM reaches its agent over vhost-vsock, and QEMU loads its \
+                 state only into the same devices; this worker's VMs use the serial port \
+                 ({})",
+                self.transport_reason
+            )));
+        }
         // A uid of its own for this VM's QEMU, given back if the start fails.
         let uid = VmUid::take(self.config.uid_ranges.as_ref())?;
         let layers = disk::layer_images(&spec.data_dir.join("vm").join("images"), &spec.template)?;
@@ -144,15 +242,10 @@ impl QemuDriver {
         let run = spec.data_dir.join("run").join(&spec.key.sandbox_id);
         space_peer::prepare_socket_dir(&run)
             .map_err(|e| SubstrateError::io("the run directory", std::io::Error::other(e)))?;
+        // The serial socket's name (over vhost-vsock nothing is bound there: it names
+        // the QMP socket beside it, and the run directory).
         let serial = run.join(format!("vm-{}.sock", spec.key.execution_id));
-        let qmp_path = qmp_socket(&serial);
-        for p in [&serial, &qmp_path] {
-            let _ = std::fs::remove_file(p);
-        }
-        // QEMU's own messages (the guest's console is a ring inside QEMU, see below).
-        let log_path = sandbox_dir.join("qemu.log");
         let (ram, cpus) = machine_size(&spec.limits);
-        // A restored machine is the one its state was saved on, NIC or none.
         let nic = restore.map_or(self.nic, |s| s.machine.nic);
         if nic && !self.nic {
             return Err(SubstrateError::Unsupported(
@@ -168,223 +261,49 @@ impl QemuDriver {
             kernel: self.kernel.release.clone(),
             nic,
             vmm: snapshot::Vmm::Qemu,
+            transport,
         }
         .write(&sandbox_dir.join(snapshot::MACHINE))?;
-        let accel = match self.config.accel {
-            Accel::Kvm => "kvm".to_owned(),
-            Accel::Tcg => format!("tcg,tb-size={TB_SIZE_MIB}"),
+        let vm = Vm {
+            spec,
+            restore,
+            layers: &layers,
+            upper: &upper,
+            serial: &serial,
+            log_path: sandbox_dir.join("qemu.log"),
+            ram,
+            cpus,
+            nic,
+            uid: uid.base(),
         };
-        let cpu = match self.config.accel {
-            Accel::Kvm => "host",
-            Accel::Tcg => "max",
-        };
-        // The disks are opened here and handed to QEMU as descriptors, named by
-        // `/proc/self/fd/N`: QEMU reopens an image to change its access (a
-        // migration's end makes it read-only), and after dropping to the VM's uid it
-        // could not reach them by path through the worker's 0700 data directory. A
-        // reopen through the magic link checks only the file's own mode (the layers
-        // are read-only to everyone, the disk is the VM uid's). QEMU's image locking
-        // is off: it would set each reopened descriptor against its own earlier one,
-        // and no other process opens these images while it runs.
-        let mut disks = Vec::with_capacity(layers.len() + 1);
-        for layer in &layers {
-            disks.push(open_disk(layer, false)?);
-        }
-        let upper_fd = disks.len();
-        disks.push(open_disk(&upper, true)?);
-        let handed = crate::substrate::jail::spawn::for_qemu(&disks)
-            .map_err(io_err("hand QEMU its disks"))?;
-        let fd_number = |i: usize| std::os::fd::AsRawFd::as_raw_fd(&handed[i]);
-        let drive = |fd: usize, id: &str, ro: bool| {
-            format!(
-                // An I/O error (a full host disk) is the guest's to see, not a pause
-                // of the VM the worker would not know of.
-                "file=/proc/self/fd/{},if=none,id={id},format=raw,readonly={},cache=none,aio=threads,werror=report,rerror=report,file.locking=off",
-                fd_number(fd),
-                if ro { "on" } else { "off" }
-            )
-        };
-        let vmm_log = std::fs::File::create(&log_path).map_err(io_err("the QEMU log"))?;
-        if let Some(base) = uid.base() {
-            // Its own disk stays writable after the drop (QEMU may reopen it to
-            // change its flags); the layers' images are read-only to everyone.
-            std::os::unix::fs::fchown(&disks[upper_fd], Some(base), Some(base))
-                .map_err(io_err("give the VM's disk to its uid"))?;
-        }
-        // After its devices are open QEMU drops to the VM's uid, with no capability
-        // and no_new_privs: the drop needs set*id (so the seccomp filter allows them,
-        // which can then raise nothing); without a uid, they are denied.
-        let sandbox_opts = match uid.base() {
-            Some(_) => "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny",
-            None => "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
-        };
-        let mut cmd = Command::new(&self.config.qemu);
-        // Guest RAM is never merged with other VMs' (KSM, where the host runs it, would
-        // let one tenant time another's memory contents through shared pages) and
-        // never written into a core dump of QEMU's.
-        cmd.args(["-machine", "microvm,mem-merge=off,dump-guest-core=off"])
-            .args(["-accel", &accel])
-            .args(["-cpu", cpu])
-            .args(["-m", &format!("{}M", ram >> 20)])
-            .args(["-smp", &cpus.to_string()])
-            .args(["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"])
-            // QEMU's own seccomp filter: no obsolete system calls, no privilege gain,
-            // no spawning (snapshots go through descriptors the worker passes), no
-            // scheduler or resource changes.
-            .args(["-sandbox", sandbox_opts])
-            .args(
-                uid.base()
-                    .map(|b| ["-runas".to_owned(), format!("{b}:{b}")])
-                    .into_iter()
-                    .flatten(),
-            )
-            .arg("-kernel")
-            .arg(&self.kernel.vmlinuz)
-            .arg("-initrd")
-            .arg(&self.initramfs)
-            .args([
-                "-append",
-                &kernel_command_line(self.config.accel, layers.len()),
-            ])
-            // The guest's console: a ring buffer of CONSOLE_BYTES in QEMU (read over
-            // QMP), never a host file the guest could grow without end.
-            .args([
-                "-chardev",
-                &format!("ringbuf,id=console,size={CONSOLE_BYTES}"),
-            ])
-            .args(["-serial", "chardev:console"])
-            .args(["-device", "virtio-serial-device"])
-            .args([
-                "-chardev",
-                &format!(
-                    "socket,id=agent,path={},server=on,wait=off",
-                    serial.display()
-                ),
-            ])
-            .args([
-                "-device",
-                &format!(
-                    "virtserialport,chardev=agent,name={}",
-                    space_proto::vm::PORT_NAME
-                ),
-            ])
-            .args((0..layers.len()).flat_map(|i| {
-                [
-                    "-drive".to_owned(),
-                    drive(i, &format!("layer{i}"), true),
-                    "-device".to_owned(),
-                    format!(
-                        "virtio-blk-device,drive=layer{i},serial={}",
-                        space_proto::vm::layer_serial(i)
-                    ),
-                ]
-            }))
-            .args(["-drive", &drive(upper_fd, "upper", false)])
-            .args([
-                "-device",
-                &format!(
-                    "virtio-blk-device,drive=upper,serial={}",
-                    space_proto::vm::UPPER_SERIAL
-                ),
-            ])
-            .args(nic_args(nic))
-            .args([
-                "-qmp",
-                &format!("unix:{},server=on,wait=off", qmp_path.display()),
-            ])
-            .args(
-                restore
-                    .map(snapshot::VmSnapshot::incoming_args)
-                    .unwrap_or_default(),
-            )
-            .env_clear()
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(vmm_log);
-        // The disks at their descriptors, and QEMU in a network namespace of its own
-        // wherever the worker can give one (root), NIC or not: its NIC's connections
-        // leave from there (through the sandbox's veth once the worker gives it one),
-        // and QEMU itself reaches nothing of the host's network.
-        crate::substrate::jail::spawn::qemu_child(&mut cmd, &handed, self.nic);
-        let cgroups = match &self.cgroups {
-            Some(h) => {
-                let limits = Limits {
-                    memory_bytes: Some(ram + VMM_OVERHEAD),
-                    // Its block I/O thread pool (up to 64), main, RCU, I/O and
-                    // vCPU threads.
-                    pids_max: Some(128 + u64::from(cpus)),
-                    cpu_millis: spec.limits.cpu_millis,
-                    disk_bytes: None,
-                };
-                h.create(&self.config.cgroup_parent, &spec.key.dir_name(), &limits)?
+        let owner = spec.key.dir_name();
+        let mut tries = 0;
+        let started = loop {
+            let cid = match transport {
+                AgentTransport::Serial => None,
+                AgentTransport::VhostVsock => {
+                    Some(self.lock_cids().allocate(&owner).ok_or_else(|| {
+                        SubstrateError::Unsupported("every guest CID is held".into())
+                    })?)
+                }
+            };
+            match self.spawn(&vm, cid) {
+                Ok(started) => break started,
+                Err(failed) => {
+                    if let Some(c) = cid {
+                        self.lock_cids().release(c, &owner);
+                    }
+                    tries += 1;
+                    if !failed.cid_taken || tries >= MAX_CID_TRIES {
+                        return Err(failed.error);
+                    }
+                    tracing::info!(
+                        sandbox = %spec.key.sandbox_id,
+                        cid = ?cid,
+                        "another VM of the host holds the guest CID: starting again with another"
+                    );
+                }
             }
-            None => CgroupSet::None,
-        };
-        let child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = cgroups.remove();
-                return Err(SubstrateError::io("start QEMU", e));
-            }
-        };
-        let pid = child.id() as i32;
-        // The child handle is dropped: destroy reaps it by PID. QEMU holds its own
-        // copies of the disks now.
-        drop(child);
-        drop((handed, disks));
-        let fail = |e: SubstrateError| {
-            let _ = rustix::process::kill_process(
-                rustix::process::Pid::from_raw(pid).expect("a child's PID is positive"),
-                rustix::process::Signal::KILL,
-            );
-            reap(pid);
-            let _ = cgroups.kill_all();
-            let _ = cgroups.remove();
-            e
-        };
-        if let Err(e) = cgroups.add_process(pid) {
-            return Err(fail(e));
-        }
-        // QEMU creates both sockets before it runs the guest: once QMP answers, the
-        // serial socket listens — and QEMU has dropped to the VM's uid, which its
-        // recorded identity carries.
-        let mut q = match qmp::Qmp::connect(&qmp_path, Duration::from_secs(10)) {
-            Ok(q) => q,
-            Err(e) => {
-                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-                return Err(fail(SubstrateError::io(
-                    format!("QEMU did not start: {}", log.trim()),
-                    e,
-                )));
-            }
-        };
-        let init = match ProcessIdentity::of(pid) {
-            Ok(i) => i,
-            Err(e) => return Err(fail(SubstrateError::io("QEMU's identity", e))),
-        };
-        if let Some(base) = uid.base() {
-            let runs_as = space_peer::LiveProcess::open(pid as u32)
-                .map(|l| l.identity.uid)
-                .ok();
-            if runs_as != Some(base) {
-                return Err(fail(SubstrateError::InvalidSpec(format!(
-                    "QEMU runs as uid {runs_as:?}, not the VM's {base}"
-                ))));
-            }
-        }
-        let started = match restore {
-            Some(snap) => snap
-                .memory()
-                .map_err(|e| std::io::Error::other(e.to_string()))
-                .and_then(|m| snapshot::finish_incoming(&mut q, &m)),
-            None => q.status().map(drop),
-        };
-        if let Err(e) = started {
-            return Err(fail(SubstrateError::io("QEMU did not start the guest", e)));
-        }
-        let socket_inode = match std::fs::metadata(&serial) {
-            Ok(m) => std::os::unix::fs::MetadataExt::ino(&m),
-            Err(e) => return Err(fail(SubstrateError::io("the serial socket", e))),
         };
         if let Some(k) = kept_back.as_mut() {
             k.started();
@@ -395,16 +314,229 @@ impl QemuDriver {
         Ok(SandboxHandle {
             key: spec.key.clone(),
             substrate: SubstrateKind::Vm,
-            init,
-            agent: Some(init),
-            socket_path: serial,
-            socket_inode,
+            init: started.init,
+            agent: Some(started.init),
+            socket_path: serial.clone(),
+            socket_inode: started.socket_inode,
             sandbox_dir,
-            upper_dir: upper,
-            log_path,
-            cgroups,
+            upper_dir: upper.clone(),
+            log_path: vm.log_path.clone(),
+            cgroups: started.cgroups,
             host_uid: uid.keep(),
+            guest_cid: started.cid,
         })
+    }
+
+    /// One attempt to start QEMU for `vm`, over vhost-vsock with guest CID `cid`:
+    /// QEMU running its guest (or loading and continuing its snapshot), or nothing of
+    /// it left.
+    fn spawn(&self, vm: &Vm<'_>, cid: Option<u32>) -> Result<Started, Failed> {
+        let failed = |error| Failed {
+            error,
+            cid_taken: false,
+        };
+        let qmp_path = qmp_socket(vm.serial);
+        for p in [vm.serial, qmp_path.as_path()] {
+            let _ = std::fs::remove_file(p);
+        }
+        // The disks are opened here and handed to QEMU as descriptors, named by
+        // `/proc/self/fd/N`: QEMU reopens an image to change its access (a
+        // migration's end makes it read-only), and after dropping to the VM's uid it
+        // could not reach them by path through the worker's 0700 data directory. A
+        // reopen through the magic link checks only the file's own mode (the layers
+        // are read-only to everyone, the disk is the VM uid's). QEMU's image locking
+        // is off: it would set each reopened descriptor against its own earlier one,
+        // and no other process opens these images while it runs. The vhost-vsock
+        // device too is the worker's to open (QEMU may not reach it after its drop, and
+        // opens nothing by path): QEMU makes it its own (`VHOST_SET_OWNER` binds it to
+        // QEMU's memory) and sets the CID.
+        let mut fds = Vec::with_capacity(vm.layers.len() + 2);
+        for layer in vm.layers {
+            fds.push(open_disk(layer, false).map_err(failed)?);
+        }
+        let upper_fd = fds.len();
+        fds.push(open_disk(vm.upper, true).map_err(failed)?);
+        if cid.is_some() {
+            fds.push(open_vhost_vsock().map_err(failed)?);
+        }
+        let handed = crate::substrate::jail::spawn::for_qemu(&fds)
+            .map_err(|e| failed(SubstrateError::io("hand QEMU its disks", e)))?;
+        let fd_number = |i: usize| std::os::fd::AsRawFd::as_raw_fd(&handed[i]);
+        let vmm_log = std::fs::File::create(&vm.log_path)
+            .map_err(|e| failed(SubstrateError::io("the QEMU log", e)))?;
+        if let Some(base) = vm.uid {
+            // Its own disk stays writable after the drop (QEMU may reopen it to
+            // change its flags); the layers' images are read-only to everyone.
+            std::os::unix::fs::fchown(&fds[upper_fd], Some(base), Some(base))
+                .map_err(|e| failed(SubstrateError::io("give the VM's disk to its uid", e)))?;
+        }
+        // After its devices are open QEMU drops to the VM's uid, with no capability
+        // and no_new_privs: the drop needs set*id (so the seccomp filter allows them,
+        // which can then raise nothing); without a uid, they are denied.
+        let sandbox_opts = match vm.uid {
+            Some(_) => "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny",
+            None => "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+        };
+        let transport = match cid {
+            Some(_) => AgentTransport::VhostVsock,
+            None => AgentTransport::Serial,
+        };
+        let append = kernel_command_line(self.config.accel, vm.layers.len(), transport);
+        let layer_fds: Vec<i32> = (0..vm.layers.len()).map(fd_number).collect();
+        let incoming = vm
+            .restore
+            .map(snapshot::VmSnapshot::incoming_args)
+            .unwrap_or_default();
+        let args = command::qemu_args(&command::QemuArgs {
+            accel: self.config.accel,
+            ram: vm.ram,
+            cpus: vm.cpus,
+            sandbox: sandbox_opts,
+            runas: vm.uid,
+            kernel: &self.kernel.vmlinuz,
+            initramfs: &self.initramfs,
+            append: &append,
+            layer_fds: &layer_fds,
+            upper_fd: fd_number(upper_fd),
+            agent: match cid {
+                Some(cid) => command::AgentDevice::VhostVsock {
+                    cid,
+                    fd: fd_number(upper_fd + 1),
+                },
+                None => command::AgentDevice::Serial { socket: vm.serial },
+            },
+            nic: vm.nic,
+            qmp: &qmp_path,
+            incoming: &incoming,
+        });
+        let mut cmd = Command::new(&self.config.qemu);
+        cmd.args(args)
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(vmm_log);
+        // The disks at their descriptors, and QEMU in a network namespace of its own
+        // wherever the worker can give one (root), NIC or not: its NIC's connections
+        // leave from there (through the sandbox's veth once the worker gives it one),
+        // and QEMU itself reaches nothing of the host's network. (Vhost-vsock belongs
+        // to the namespace of the worker, which opened the device: the bridge's.)
+        crate::substrate::jail::spawn::qemu_child(&mut cmd, &handed, self.nic);
+        let cgroups = match &self.cgroups {
+            Some(h) => {
+                let limits = Limits {
+                    memory_bytes: Some(vm.ram + VMM_OVERHEAD),
+                    // Its block I/O thread pool (up to 64), main, RCU, I/O, vhost
+                    // and vCPU threads.
+                    pids_max: Some(128 + u64::from(vm.cpus)),
+                    cpu_millis: vm.spec.limits.cpu_millis,
+                    disk_bytes: None,
+                };
+                h.create(&self.config.cgroup_parent, &vm.spec.key.dir_name(), &limits)
+                    .map_err(failed)?
+            }
+            None => CgroupSet::None,
+        };
+        let child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = cgroups.remove();
+                return Err(failed(SubstrateError::io("start QEMU", e)));
+            }
+        };
+        let pid = child.id() as i32;
+        // The child handle is dropped: destroy reaps it by PID. QEMU holds its own
+        // copies of the disks (and the vhost device) now.
+        drop(child);
+        drop((handed, fds));
+        let fail = |e: SubstrateError| {
+            let _ = rustix::process::kill_process(
+                rustix::process::Pid::from_raw(pid).expect("a child's PID is positive"),
+                rustix::process::Signal::KILL,
+            );
+            reap(pid);
+            let _ = cgroups.kill_all();
+            let _ = cgroups.remove();
+            let log = std::fs::read_to_string(&vm.log_path).unwrap_or_default();
+            Failed {
+                error: e,
+                cid_taken: cid.is_some() && command::cid_taken(&log),
+            }
+        };
+        if let Err(e) = cgroups.add_process(pid) {
+            return Err(fail(e));
+        }
+        // QEMU creates both sockets before it runs the guest: once QMP answers, the
+        // serial socket listens (and the vhost-vsock device holds its CID) — and QEMU
+        // has dropped to the VM's uid, which its recorded identity carries.
+        let mut q = match qmp::Qmp::connect(&qmp_path, Duration::from_secs(10)) {
+            Ok(q) => q,
+            Err(e) => {
+                let log = std::fs::read_to_string(&vm.log_path).unwrap_or_default();
+                return Err(fail(SubstrateError::io(
+                    format!("QEMU did not start: {}", log.trim()),
+                    e,
+                )));
+            }
+        };
+        let init = match ProcessIdentity::of(pid) {
+            Ok(i) => i,
+            Err(e) => return Err(fail(SubstrateError::io("QEMU's identity", e))),
+        };
+        if let Some(base) = vm.uid {
+            let runs_as = space_peer::LiveProcess::open(pid as u32)
+                .map(|l| l.identity.uid)
+                .ok();
+            if runs_as != Some(base) {
+                return Err(fail(SubstrateError::InvalidSpec(format!(
+                    "QEMU runs as uid {runs_as:?}, not the VM's {base}"
+                ))));
+            }
+        }
+        let started = match vm.restore {
+            Some(snap) => snap
+                .memory()
+                .map_err(|e| std::io::Error::other(e.to_string()))
+                .and_then(|m| snapshot::finish_incoming(&mut q, &m)),
+            None => q.status().map(drop),
+        };
+        if let Err(e) = started {
+            return Err(fail(SubstrateError::io("QEMU did not start the guest", e)));
+        }
+        let socket_inode = match cid {
+            Some(_) => 0,
+            None => match std::fs::metadata(vm.serial) {
+                Ok(m) => std::os::unix::fs::MetadataExt::ino(&m),
+                Err(e) => return Err(fail(SubstrateError::io("the serial socket", e))),
+            },
+        };
+        Ok(Started {
+            init,
+            cgroups,
+            socket_inode,
+            cid,
+        })
+    }
+
+    fn lock_cids(&self) -> std::sync::MutexGuard<'_, cid::CidAllocator> {
+        self.cids
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Holds `handle`'s guest CID for it (a VM re-adopted after the worker restarted):
+    /// no other VM of this worker is given it while it runs. `false` if another VM of
+    /// this worker holds it already.
+    pub fn hold_guest_cid(&self, handle: &SandboxHandle) -> bool {
+        match handle.guest_cid {
+            Some(c) => self.lock_cids().hold(c, &handle.key.dir_name()),
+            None => true,
+        }
+    }
+
+    /// How this driver's VMs reach their agents (a restored one: as its snapshot's
+    /// did), and why.
+    pub fn transport(&self) -> (AgentTransport, &str) {
+        (self.transport, &self.transport_reason)
     }
 
     /// Writes a memory snapshot of `handle`'s VM into `dir` (created): its vCPUs stop
@@ -436,7 +568,7 @@ impl QemuDriver {
                 "ringbuf-read",
                 Some(serde_json::json!({
                     "device": "console",
-                    "size": CONSOLE_BYTES,
+                    "size": command::CONSOLE_BYTES,
                     "format": "utf8"
                 })),
             )
@@ -457,6 +589,11 @@ impl QemuDriver {
     /// per handle, by `destroy`.
     fn kill(&self, handle: &SandboxHandle) {
         let gone = self.kill_qemu(handle);
+        // Its CID is free once no descriptor of its vhost device is left (QEMU's are
+        // gone with it); otherwise it stays held.
+        if let (true, Some(c)) = (gone, handle.guest_cid) {
+            self.lock_cids().release(c, &handle.key.dir_name());
+        }
         if let (Some(ranges), Some(base)) = (&self.config.uid_ranges, handle.host_uid) {
             if gone {
                 ranges.release(base);
@@ -483,24 +620,6 @@ impl QemuDriver {
 /// The QMP socket beside an execution's serial socket.
 fn qmp_socket(serial: &Path) -> PathBuf {
     serial.with_extension("qmp")
-}
-
-/// QEMU's arguments for the guest's NIC: its user-mode network (every guest the same
-/// addresses, [`space_proto::vm::GUEST_ADDR`] and its gateway), IPv4 only.
-fn nic_args(nic: bool) -> Vec<String> {
-    if !nic {
-        return Vec::new();
-    }
-    vec![
-        "-netdev".into(),
-        format!(
-            "user,id=net0,ipv6=off,net={},host={}",
-            space_proto::vm::GUEST_NET,
-            space_proto::vm::GUEST_GATEWAY
-        ),
-        "-device".into(),
-        "virtio-net-device,netdev=net0".into(),
-    ]
 }
 
 impl Substrate for QemuDriver {

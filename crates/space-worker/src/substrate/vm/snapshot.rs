@@ -21,6 +21,7 @@ use serde_json::json;
 
 use super::drain::Drain;
 use super::qmp::Qmp;
+use super::transport::AgentTransport;
 use crate::substrate::{LaunchSpec, Limits, SandboxHandle, SubstrateError, io_err};
 
 /// Least guest RAM.
@@ -81,6 +82,12 @@ pub struct Machine {
     /// (and not written) for QEMU, as machines were before Firecracker's.
     #[serde(default, skip_serializing_if = "Vmm::is_qemu")]
     pub vmm: Vmm,
+    /// How a QEMU machine's agent is reached — its device set, which a restore must
+    /// reproduce: a snapshot taken over vhost-vsock restores only over vhost-vsock.
+    /// Absent (and not written) for the serial port, as machines were before
+    /// vhost-vsock; Firecracker's machines always have its hybrid vsock.
+    #[serde(default, skip_serializing_if = "AgentTransport::is_serial")]
+    pub transport: AgentTransport,
 }
 
 /// Which VMM ran a machine.
@@ -373,5 +380,60 @@ fn migrate(q: &mut Qmp, deadline: Instant) -> Result<(), SubstrateError> {
             return Err(SubstrateError::Timeout("the memory snapshot".into()));
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn machine(transport: AgentTransport) -> Machine {
+        Machine {
+            ram: 256 << 20,
+            cpus: 1,
+            root_image: "layer-a.ext4".into(),
+            kernel: "6.1.0-1-cloud-amd64".into(),
+            nic: false,
+            vmm: Vmm::Qemu,
+            transport,
+        }
+    }
+
+    #[test]
+    fn a_machines_transport_survives_its_record_and_serial_is_left_out() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join(MACHINE);
+        for transport in [AgentTransport::Serial, AgentTransport::VhostVsock] {
+            let m = machine(transport);
+            m.write(&path).unwrap();
+            assert_eq!(Machine::read(&path).unwrap(), m);
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert_eq!(
+                text.contains("\"transport\":\"vhost_vsock\""),
+                transport == AgentTransport::VhostVsock,
+                "{text}"
+            );
+            assert_eq!(
+                text.contains("transport"),
+                transport != AgentTransport::Serial
+            );
+        }
+        // A record written before vhost-vsock is a serial machine's.
+        std::fs::write(
+            &path,
+            r#"{"ram":268435456,"cpus":1,"root_image":"layer-a.ext4","kernel":"6.1.0-1-cloud-amd64","nic":false}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            Machine::read(&path).unwrap(),
+            machine(AgentTransport::Serial)
+        );
+        // A transport this worker does not know is refused, not taken for serial.
+        std::fs::write(
+            &path,
+            r#"{"ram":268435456,"cpus":1,"root_image":"x","kernel":"k","transport":"vsock_over_carrier_pigeon"}"#,
+        )
+        .unwrap();
+        assert!(Machine::read(&path).is_err());
     }
 }
