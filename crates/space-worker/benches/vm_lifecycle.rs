@@ -35,6 +35,17 @@ fn random<const N: usize>() -> [u8; N] {
     out
 }
 
+/// A new sandbox's first activation.
+fn new_sandbox() -> Activation {
+    Activation {
+        sandbox: SandboxId::from_bytes(random()),
+        generation: Generation(1),
+        execution_id: ExecutionId::from_bytes(random()),
+        activation: 1,
+        secret: random(),
+    }
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
@@ -196,13 +207,7 @@ fn measure(b: &Bench, vmm: &VmDriver, label: &str) {
     let (mut transfer_t, mut archive_bytes) = (Vec::new(), Vec::new());
     let mut overhead = Vec::new();
     for run in 0..RUNS {
-        let a = Activation {
-            sandbox: SandboxId::from_bytes(random()),
-            generation: Generation(1),
-            execution_id: ExecutionId::from_bytes(random()),
-            activation: 1,
-            secret: random(),
-        };
+        let a = new_sandbox();
         let t0 = Instant::now();
         let (handle, bridge) =
             launch::launch(&*sub, bins, &b.data, &a, limits, template).expect("launch");
@@ -327,13 +332,7 @@ fn idle_together(
 ) {
     let mut vms = Vec::new();
     for _ in 0..IDLE_VMS {
-        let a = Activation {
-            sandbox: SandboxId::from_bytes(random()),
-            generation: Generation(1),
-            execution_id: ExecutionId::from_bytes(random()),
-            activation: 1,
-            secret: random(),
-        };
+        let a = new_sandbox();
         let (handle, bridge) =
             launch::launch(driver, bins, data, &a, limits, template).expect("launch");
         first_exec(&bridge, &a);
