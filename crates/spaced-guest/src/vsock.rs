@@ -6,11 +6,13 @@
 //! ([`vm::HOST_CID`]) only — under QEMU's vhost-vsock (the command line says
 //! `space.vsock_peer=reserved_port`) only from a reserved host port: there any host
 //! process may connect to any guest's CID, and only one with `CAP_NET_BIND_SERVICE`
-//! (the worker's bridge) can bind a port at or below [`vm::LAST_RESERVED_PORT`]. One connection is one `space-mux` link, served exactly as
+//! (the worker's bridge) can bind a port at or below [`vm::LAST_RESERVED_PORT`]. One
+//! connection is one `space-mux` link, served exactly as
 //! the serial port's ([`crate::vm::run_link`]: the activation as its first control
 //! message, `ready`, then streams), one at a time. After a snapshot the VMM resets
 //! every vsock connection, so the old link ends and the bridge, connecting anew,
-//! brings its activation (QEMU resets them on the restored side only). A VMM that did not tell the guest of the reset (Firecracker
+//! brings its activation (QEMU resets them on the restored side only). A VMM that did
+//! not tell the guest of the reset (Firecracker
 //! before 1.10, which the worker refuses anyway) would leave the old link open for
 //! ever: so a new host connection ends the link being served first (its socket shut
 //! both ways, its end awaited at most [`OLD_LINK_WAIT`]) and is then served. Only the
@@ -135,23 +137,56 @@ pub fn serve_vsock(port: u32, peers: Peers, max_connections: usize) -> Result<()
             }
         }
     });
-    serve_connections(host_connections, max_connections, true);
+    // Under vhost-vsock the VMM resets the guest's connections itself when a restore
+    // loads it, and a host process other than the bridge (one allowed a reserved
+    // port) could connect: the link being served is never ended for a new one.
+    let on_new = match peers {
+        Peers::AnyHostPort => OnNewConnection::EndTheOld,
+        Peers::ReservedHostPort => OnNewConnection::KeepTheOld,
+    };
+    serve_connections(host_connections, max_connections, true, on_new);
     Ok(())
 }
 
+/// What a host connection arriving while a link is served does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnNewConnection {
+    /// The link served ends (its socket shut both ways, its end awaited at most
+    /// [`OLD_LINK_WAIT`]) and the new one is served (Firecracker: a VMM that missed its
+    /// reset must not wedge the agent; only the bridge reaches its socket).
+    EndTheOld,
+    /// The new connection waits at most [`OLD_LINK_WAIT`] for the link served to end
+    /// on its own (a reset the guest is still taking in) and is refused if it does
+    /// not (QEMU's vhost-vsock).
+    KeepTheOld,
+}
+
 /// Serves each connection of `connections` (the host's, already checked) as one link,
-/// one at a time: a new connection ends the link being served first (shut both ways,
-/// its end awaited at most [`OLD_LINK_WAIT`]). Returns when `connections` ends, after
-/// ending the last link. `set_hostname` as [`crate::vm::run_link`] takes it.
+/// one at a time: a new connection while a link is served does as `on_new` says.
+/// Returns when `connections` ends, after ending the last link. `set_hostname` as
+/// [`crate::vm::run_link`] takes it.
 pub fn serve_connections(
     connections: impl Iterator<Item = OwnedFd>,
     max_connections: usize,
     set_hostname: bool,
+    on_new: OnNewConnection,
 ) {
     let mut current: Option<(OwnedFd, std::thread::JoinHandle<()>)> = None;
     for conn in connections {
         if let Some((old, served)) = current.take() {
-            end_link(&old, served);
+            match on_new {
+                OnNewConnection::EndTheOld => end_link(&old, served),
+                OnNewConnection::KeepTheOld => {
+                    if !ended_within(&served, OLD_LINK_WAIT) {
+                        eprintln!(
+                            "spaced-guest: a host connection while a link is served: refused"
+                        );
+                        current = Some((old, served));
+                        continue;
+                    }
+                    let _ = served.join();
+                }
+            }
         }
         let Ok(shut) = conn.try_clone() else {
             eprintln!("spaced-guest: a vsock connection could not be held; dropped");
@@ -172,6 +207,18 @@ pub fn serve_connections(
     if let Some((old, served)) = current.take() {
         end_link(&old, served);
     }
+}
+
+/// Whether `served` ends within `wait`.
+fn ended_within(served: &std::thread::JoinHandle<()>, wait: Duration) -> bool {
+    let deadline = std::time::Instant::now() + wait;
+    while !served.is_finished() {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
 }
 
 /// Ends the link over `conn` (served by `served`): its socket shut both ways, then its
@@ -291,7 +338,9 @@ mod tests {
     #[test]
     fn a_new_host_connection_ends_the_old_link_and_is_served() {
         let (tx, rx) = std::sync::mpsc::channel::<OwnedFd>();
-        let served = std::thread::spawn(move || serve_connections(rx.into_iter(), 4, false));
+        let served = std::thread::spawn(move || {
+            serve_connections(rx.into_iter(), 4, false, OnNewConnection::EndTheOld)
+        });
         // The first link, activated and up.
         let (host1, guest1) = std::os::unix::net::UnixStream::pair().unwrap();
         tx.send(OwnedFd::from(guest1)).unwrap();
@@ -324,6 +373,49 @@ mod tests {
         drop(tx);
         served.join().unwrap();
         assert!(link2.dead().is_some() || link2.recv_control(Duration::from_secs(5)).is_err());
+    }
+
+    #[test]
+    fn under_vhost_vsock_a_second_host_connection_cannot_take_the_link_served() {
+        let (tx, rx) = std::sync::mpsc::channel::<OwnedFd>();
+        let served = std::thread::spawn(move || {
+            serve_connections(rx.into_iter(), 4, false, OnNewConnection::KeepTheOld)
+        });
+        // The bridge's link, activated and up.
+        let (host1, guest1) = std::os::unix::net::UnixStream::pair().unwrap();
+        tx.send(OwnedFd::from(guest1)).unwrap();
+        let link1 = space_mux::Link::over_unix(host1, true, vm::MAX_STREAMS, None).unwrap();
+        link1.send_control(&activation(7).encode()).unwrap();
+        assert_eq!(
+            link1.recv_control(Duration::from_secs(10)).unwrap(),
+            vm::READY
+        );
+        // Another host process (one allowed a reserved port) connects and sends its own
+        // activation: refused once the wait is over, the bridge's link untouched.
+        let (host2, guest2) = std::os::unix::net::UnixStream::pair().unwrap();
+        tx.send(OwnedFd::from(guest2)).unwrap();
+        let link2 = space_mux::Link::over_unix(host2, true, vm::MAX_STREAMS, None).unwrap();
+        let _ = link2.send_control(&activation(9).encode());
+        assert!(
+            link2
+                .recv_control(OLD_LINK_WAIT + Duration::from_secs(5))
+                .is_err(),
+            "the second connection was activated"
+        );
+        assert!(link1.dead().is_none(), "the bridge's link was ended");
+        assert!(link1.open().is_ok());
+        // Once the bridge's link ends, the next connection is served.
+        link1.shut("the bridge went away");
+        let (host3, guest3) = std::os::unix::net::UnixStream::pair().unwrap();
+        tx.send(OwnedFd::from(guest3)).unwrap();
+        let link3 = space_mux::Link::over_unix(host3, true, vm::MAX_STREAMS, None).unwrap();
+        link3.send_control(&activation(11).encode()).unwrap();
+        assert_eq!(
+            link3.recv_control(Duration::from_secs(10)).unwrap(),
+            vm::READY
+        );
+        drop(tx);
+        served.join().unwrap();
     }
 
     #[test]
