@@ -304,10 +304,11 @@ pub struct WorkerArgs {
     /// stock kernel) or `firecracker` (KVM only; `--firecracker`).
     #[arg(long, env = "SPACE_VMM", default_value = "qemu", value_parser = ["qemu", "firecracker"])]
     pub vmm: String,
-    /// VM workers under QEMU: how a VM's agent is reached — `auto` (vhost-vsock where
-    /// `/dev/vhost-vsock` opens read-write and the worker is root, the serial port
-    /// otherwise; the choice and its reason are logged at start), `serial` (always the
-    /// virtio-serial port) or `vsock` (vhost-vsock, or the worker does not start).
+    /// VM workers under QEMU: how a VM's agent is reached — `auto` and `serial` (the
+    /// virtio-serial port; vhost-vsock is not taken unasked, see the threat model's
+    /// known limits) or `vsock` (vhost-vsock where `/dev/vhost-vsock` opens read-write
+    /// and a reserved vsock port binds, or the worker does not start). The choice and
+    /// its reason are logged at start.
     #[arg(long, env = "SPACE_VM_TRANSPORT", default_value = "auto", value_parser = ["auto", "serial", "vsock"])]
     pub vm_transport: String,
     /// VM workers with `--vmm firecracker`: the `firecracker` binary.

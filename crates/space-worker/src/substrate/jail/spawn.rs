@@ -140,13 +140,15 @@ pub fn qemu_child(command: &mut Command, fds: &[OwnedFd], new_netns: bool) {
     }
 }
 
-/// In a child before `exec`: no core file, ever (`RLIMIT_CORE` 0, kept across `exec`
+/// In a child before `exec`: no core dump, ever (`RLIMIT_CORE` 1, kept across `exec`
 /// and inherited): a VMM's memory holds its guest's RAM and what passed through its
-/// devices, which a crash must not write onto the host's disk. Async-signal-safe.
+/// devices, which a crash must not hand to the host. 1, not 0: the kernel ignores the
+/// limit for a `core_pattern` that pipes to a handler, except that a limit of 1
+/// aborts the dump; a file dump needs at least a page. Async-signal-safe.
 pub(crate) fn no_core_dumps() -> io::Result<()> {
     let none = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
+        rlim_cur: 1,
+        rlim_max: 1,
     };
     // SAFETY: setrlimit with a valid pointer to a struct on this stack.
     if unsafe { libc::setrlimit(libc::RLIMIT_CORE, &none) } == -1 {

@@ -7,7 +7,7 @@
 use std::io::{self, Write as _};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -18,27 +18,41 @@ use crate::substrate::SubstrateError;
 /// keeps its end open sends nothing more that counts).
 const QUIET: Duration = Duration::from_millis(50);
 
-/// The copy under way.
+/// The copy under way. Dropped without [`Drain::finish`] (the snapshot failed before
+/// its migration), it stops at once: nothing more is written into the file after.
 pub(super) struct Drain {
-    ended: Arc<AtomicBool>,
-    thread: JoinHandle<Result<u64, SubstrateError>>,
+    state: Arc<AtomicU8>,
+    thread: Option<JoinHandle<Result<u64, SubstrateError>>>,
 }
+
+/// The migration goes on: copy what comes.
+const RUNNING: u8 = 0;
+/// The migration ended: copy what is left, until the stream ends or is quiet.
+const ENDED: u8 = 1;
+/// Given up: stop now.
+const ABANDONED: u8 = 2;
 
 impl Drain {
     /// Copies what arrives on `from` into `to` until the stream ends (or is quiet after
     /// [`Drain::finish`]); more than `most` bytes, or a stream still going at
     /// `deadline`, is an error.
     pub(super) fn start(from: OwnedFd, to: std::fs::File, most: u64, deadline: Instant) -> Self {
-        let ended = Arc::new(AtomicBool::new(false));
-        let flag = ended.clone();
+        let state = Arc::new(AtomicU8::new(RUNNING));
+        let flag = state.clone();
         let thread = std::thread::spawn(move || copy(&from, to, most, deadline, &flag));
-        Self { ended, thread }
+        Self {
+            state,
+            thread: Some(thread),
+        }
     }
 
     /// Says the migration ended (either way) and waits for the copy: the bytes copied.
-    pub(super) fn finish(self) -> Result<u64, SubstrateError> {
-        self.ended.store(true, Ordering::Release);
-        self.thread.join().unwrap_or_else(|_| {
+    pub(super) fn finish(mut self) -> Result<u64, SubstrateError> {
+        self.state.store(ENDED, Ordering::Release);
+        let Some(thread) = self.thread.take() else {
+            return Ok(0);
+        };
+        thread.join().unwrap_or_else(|_| {
             Err(SubstrateError::io(
                 "the memory snapshot",
                 io::Error::other("its copy panicked"),
@@ -47,12 +61,21 @@ impl Drain {
     }
 }
 
+impl Drop for Drain {
+    fn drop(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            self.state.store(ABANDONED, Ordering::Release);
+            let _ = thread.join();
+        }
+    }
+}
+
 fn copy(
     from: &OwnedFd,
     mut to: std::fs::File,
     most: u64,
     deadline: Instant,
-    ended: &AtomicBool,
+    state: &AtomicU8,
 ) -> Result<u64, SubstrateError> {
     use rustix::event::{PollFd, PollFlags, Timespec};
     let mut buf = vec![0u8; 1 << 20];
@@ -62,6 +85,12 @@ fn copy(
         tv_nsec: QUIET.as_nanos() as _,
     };
     loop {
+        if state.load(Ordering::Acquire) == ABANDONED {
+            return Err(SubstrateError::io(
+                "the memory snapshot",
+                io::Error::other("given up before its migration"),
+            ));
+        }
         if Instant::now() > deadline {
             return Err(SubstrateError::Timeout(
                 "the memory snapshot's stream".into(),
@@ -70,7 +99,7 @@ fn copy(
         let mut fds = [PollFd::new(from, PollFlags::IN)];
         match rustix::event::poll(&mut fds, Some(&quiet)) {
             Ok(0) => {
-                if ended.load(Ordering::Acquire) {
+                if state.load(Ordering::Acquire) == ENDED {
                     break;
                 }
                 continue;
@@ -103,6 +132,7 @@ fn copy(
 mod tests {
     use super::*;
     use std::os::fd::AsFd as _;
+    use std::sync::atomic::AtomicBool;
 
     fn pipe() -> (OwnedFd, OwnedFd) {
         rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap()
@@ -160,6 +190,42 @@ mod tests {
         assert!(err.to_string().contains("runs past"), "{err}");
         writer.join().unwrap();
         assert!(std::fs::metadata(t.path().join("memory")).unwrap().len() <= 1 << 20);
+    }
+
+    #[test]
+    fn a_drain_given_up_before_the_migration_stops_at_once_and_writes_no_more() {
+        let t = tempfile::tempdir().unwrap();
+        let (r, w) = pipe();
+        let file = std::fs::File::create(t.path().join("memory")).unwrap();
+        let drain = Drain::start(r, file, 1 << 30, later());
+        // The snapshot failed (its descriptor refused); a QEMU that got the pipe all
+        // the same goes on sending.
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let writer = std::thread::spawn(move || {
+            while !s.load(Ordering::Acquire) {
+                if rustix::io::write(w.as_fd(), b"x").is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let dropped = Instant::now();
+        drop(drain);
+        assert!(
+            dropped.elapsed() < Duration::from_secs(2),
+            "the drop waited"
+        );
+        let len = std::fs::metadata(t.path().join("memory")).unwrap().len();
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(
+            std::fs::metadata(t.path().join("memory")).unwrap().len(),
+            len,
+            "written into after it was given up"
+        );
+        stop.store(true, Ordering::Release);
+        writer.join().unwrap();
     }
 
     #[test]

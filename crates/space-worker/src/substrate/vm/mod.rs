@@ -62,8 +62,8 @@ pub struct VmConfig {
     /// each VM's QEMU drops to the first uid of a range of its own (`-runas`) once
     /// its devices are open. `None`: QEMU stays the worker's uid (`--no-userns`).
     pub uid_ranges: Option<std::sync::Arc<super::jail::uid_ranges::UidRanges>>,
-    /// How VMs reach their agents (`--vm-transport`): vhost-vsock where the host has
-    /// it (`auto`), or as forced.
+    /// How VMs reach their agents (`--vm-transport`): the serial port (`auto`,
+    /// `serial`), or vhost-vsock only when asked for (`vsock`).
     pub transport: TransportChoice,
 }
 

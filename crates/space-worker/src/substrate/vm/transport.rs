@@ -41,8 +41,11 @@ impl AgentTransport {
 /// What the operator asked for (`--vm-transport`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum TransportChoice {
-    /// vhost-vsock where the device opens read-write and the bridge can bind a
-    /// reserved vsock port (root), the serial port otherwise.
+    /// The serial port. vhost-vsock is not chosen unasked: on it the guest is told
+    /// from other host processes only by a reserved source port, and another guest
+    /// may reach a bridge's connection through the host's vsock (see the threat
+    /// model's known limits) — until that is checked on a host with the device, it is
+    /// the operator's choice alone.
     #[default]
     Auto,
     /// The serial port, always.
@@ -66,18 +69,19 @@ impl std::str::FromStr for TransportChoice {
     }
 }
 
-/// What the host offers: whether `/dev/vhost-vsock` opened read-write (or why not),
-/// and whether the bridge may bind a reserved vsock port.
+/// What the host offers: whether `/dev/vhost-vsock` opened read-write, and whether a
+/// reserved vsock port could be bound (what each bridge must do: only
+/// `CAP_NET_BIND_SERVICE` in the host's first user namespace may), or why not.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostVsock {
     /// `Ok` when the device opened read-write; the reason it did not otherwise.
     pub device: Result<(), String>,
-    /// Whether the worker (and so its bridges) is root: a reserved vsock port needs
-    /// `CAP_NET_BIND_SERVICE`.
-    pub root: bool,
+    /// `Ok` when a reserved vsock port was bound (and let go); why not otherwise.
+    pub reserved_port: Result<(), String>,
 }
 
-/// Probes this host: the device opened read-write and closed again.
+/// Probes this host: the device opened read-write and closed again, a reserved vsock
+/// port bound and let go again.
 pub fn probe_host() -> HostVsock {
     let device = std::fs::OpenOptions::new()
         .read(true)
@@ -87,8 +91,36 @@ pub fn probe_host() -> HostVsock {
         .map_err(|e| format!("{VHOST_VSOCK} does not open read-write: {e}"));
     HostVsock {
         device,
-        root: rustix::process::geteuid().is_root(),
+        reserved_port: bind_a_reserved_port(),
     }
+}
+
+/// Binds an `AF_VSOCK` socket to a reserved port (any free one of the last hundred)
+/// and closes it.
+fn bind_a_reserved_port() -> Result<(), String> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, VsockAddr, bind, socket};
+    use std::os::fd::AsRawFd as _;
+    let why = |e: nix::Error| format!("a reserved vsock port cannot be bound: {e}");
+    let fd = socket(
+        AddressFamily::Vsock,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(why)?;
+    let last = space_proto::vm::LAST_RESERVED_PORT;
+    let mut failed = nix::Error::EADDRINUSE;
+    for port in (last - 100..=last).rev() {
+        match bind(fd.as_raw_fd(), &VsockAddr::new(libc::VMADDR_CID_ANY, port)) {
+            Ok(()) => return Ok(()),
+            Err(nix::Error::EADDRINUSE) => continue,
+            Err(e) => {
+                failed = e;
+                break;
+            }
+        }
+    }
+    Err(why(failed))
 }
 
 /// The transport for `choice` on a host offering `host`, and why; an error when
@@ -97,27 +129,22 @@ pub fn choose(
     choice: TransportChoice,
     host: &HostVsock,
 ) -> Result<(AgentTransport, String), String> {
-    let usable = match (&host.device, host.root) {
-        (Ok(()), true) => Ok(()),
-        (Err(e), _) => Err(e.clone()),
-        (Ok(()), false) => Err(format!(
-            "{VHOST_VSOCK} opens, but the bridge cannot bind a reserved vsock port (the \
-             guest serves no other) without root"
-        )),
-    };
-    match (choice, usable) {
-        (TransportChoice::Serial, _) => Ok((
+    match choice {
+        TransportChoice::Serial => Ok((
             AgentTransport::Serial,
             "the serial port, as --vm-transport serial says".into(),
         )),
-        (TransportChoice::Vsock | TransportChoice::Auto, Ok(())) => Ok((
-            AgentTransport::VhostVsock,
-            format!("{VHOST_VSOCK} opens read-write: vhost-vsock"),
+        TransportChoice::Auto => Ok((
+            AgentTransport::Serial,
+            "the serial port (vhost-vsock only on --vm-transport vsock)".into(),
         )),
-        (TransportChoice::Auto, Err(why)) => {
-            Ok((AgentTransport::Serial, format!("{why}: the serial port")))
-        }
-        (TransportChoice::Vsock, Err(why)) => Err(format!("--vm-transport vsock: {why}")),
+        TransportChoice::Vsock => match (&host.device, &host.reserved_port) {
+            (Ok(()), Ok(())) => Ok((
+                AgentTransport::VhostVsock,
+                format!("{VHOST_VSOCK} opens read-write: vhost-vsock"),
+            )),
+            (Err(why), _) | (Ok(()), Err(why)) => Err(format!("--vm-transport vsock: {why}")),
+        },
     }
 }
 
@@ -126,51 +153,42 @@ mod tests {
     use super::*;
 
     #[test]
-    fn auto_takes_vhost_vsock_only_where_the_device_opens_and_the_worker_is_root() {
+    fn vhost_vsock_only_when_asked_for_where_the_device_opens_and_a_reserved_port_binds() {
         let ok = HostVsock {
             device: Ok(()),
-            root: true,
+            reserved_port: Ok(()),
         };
         let none = HostVsock {
             device: Err("no such device".into()),
-            root: true,
+            reserved_port: Ok(()),
         };
-        let rootless = HostVsock {
+        let no_port = HostVsock {
             device: Ok(()),
-            root: false,
+            reserved_port: Err("permission denied".into()),
         };
         let pick = |c, h: &HostVsock| choose(c, h).map(|(t, _)| t);
-        assert_eq!(
-            pick(TransportChoice::Auto, &ok),
-            Ok(AgentTransport::VhostVsock)
-        );
-        assert_eq!(
-            pick(TransportChoice::Auto, &none),
-            Ok(AgentTransport::Serial)
-        );
-        assert_eq!(
-            pick(TransportChoice::Auto, &rootless),
-            Ok(AgentTransport::Serial)
-        );
-        assert_eq!(
-            pick(TransportChoice::Serial, &ok),
-            Ok(AgentTransport::Serial)
-        );
+        // Not unasked, even where the host has it (threat model, known limits).
+        for host in [&ok, &none, &no_port] {
+            assert_eq!(
+                pick(TransportChoice::Auto, host),
+                Ok(AgentTransport::Serial)
+            );
+            assert_eq!(
+                pick(TransportChoice::Serial, host),
+                Ok(AgentTransport::Serial)
+            );
+        }
         assert_eq!(
             pick(TransportChoice::Vsock, &ok),
             Ok(AgentTransport::VhostVsock)
         );
-        // Asked for and missing: the worker does not start, saying why.
+        // Asked for and missing (the device, or a reserved port: root in a user
+        // namespace has no CAP_NET_BIND_SERVICE where the guest kernel checks it):
+        // the worker does not start, saying why.
         let err = choose(TransportChoice::Vsock, &none).unwrap_err();
         assert!(err.contains("no such device"), "{err}");
-        assert!(choose(TransportChoice::Vsock, &rootless).is_err());
-        // The reason names the device when it falls back.
-        assert!(
-            choose(TransportChoice::Auto, &none)
-                .unwrap()
-                .1
-                .contains("no such device")
-        );
+        let err = choose(TransportChoice::Vsock, &no_port).unwrap_err();
+        assert!(err.contains("permission denied"), "{err}");
     }
 
     #[test]
