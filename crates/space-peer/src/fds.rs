@@ -13,17 +13,32 @@ pub const MAX_FDS: usize = 65_536;
 /// Whether process `pid` holds a descriptor whose `/proc/PID/fd` link reads `want`,
 /// looking at most at `max` of them (more: an error).
 fn holds_link(pid: u32, want: &std::ffi::OsStr, max: usize) -> Result<bool, PeerError> {
+    Ok(!fds_linked_to(pid, want, max)?.is_empty())
+}
+
+/// The descriptors of process `pid` whose `/proc/PID/fd` links read `want`, looking at
+/// most at `max` of them (more: an error).
+fn fds_linked_to(pid: u32, want: &std::ffi::OsStr, max: usize) -> Result<Vec<u32>, PeerError> {
     let dir = fs::read_dir(format!("/proc/{pid}/fd")).map_err(|_| PeerError::NoSuchProcess(pid))?;
+    let mut found = Vec::new();
     for (seen, entry) in dir.enumerate() {
         if seen >= max {
             return Err(PeerError::Proc("fd: too many descriptors"));
         }
         let Ok(entry) = entry else { continue };
         if fs::read_link(entry.path()).is_ok_and(|target| target.as_os_str() == want) {
-            return Ok(true);
+            if let Some(n) = entry.file_name().to_str().and_then(|n| n.parse().ok()) {
+                found.push(n);
+            }
         }
     }
-    Ok(false)
+    Ok(found)
+}
+
+/// The descriptors of process `pid` whose links read `file` (an absolute path), at
+/// most [`MAX_FDS`] looked at.
+pub fn fds_holding_file(pid: u32, file: &Path) -> Result<Vec<u32>, PeerError> {
+    fds_linked_to(pid, file.as_os_str(), MAX_FDS)
 }
 
 /// Whether process `pid` holds socket `inode` among its open files.

@@ -86,6 +86,28 @@ impl LiveProcess {
     pub fn is_alive(&self) -> bool {
         is_alive(&self.pidfd)
     }
+
+    /// A duplicate of the process's descriptor `fd` — the same open file, not the file
+    /// opened again (`pidfd_getfd`: needs the right to ptrace it) — and only if that
+    /// open file is `file` (its device and inode, by `fstat` of the duplicate against
+    /// `stat` of the path): what `/proc/PID/fd` showed by name is checked by identity.
+    pub fn take_fd_of(&self, fd: u32, file: &std::path::Path) -> Result<OwnedFd, PeerError> {
+        let fd = i32::try_from(fd).map_err(|_| PeerError::Proc("fd: out of range"))?;
+        let got = rustix::process::pidfd_getfd(
+            &self.pidfd,
+            fd,
+            rustix::process::PidfdGetfdFlags::empty(),
+        )
+        .map_err(|_| PeerError::Proc("pidfd_getfd refused"))?;
+        let held = rustix::fs::fstat(&got).map_err(|_| PeerError::Proc("fstat"))?;
+        let named = rustix::fs::stat(file).map_err(|_| PeerError::Proc("stat"))?;
+        if (held.st_dev, held.st_ino) != (named.st_dev, named.st_ino) {
+            return Err(PeerError::NotHeld(
+                "the descriptor is another file than it is named",
+            ));
+        }
+        Ok(got)
+    }
 }
 
 /// A pidfd becomes readable when its process exits.

@@ -58,9 +58,12 @@ fn real_main() -> Result<(), String> {
             Some(shared)
         }
         spaced_host::Transport::VhostVsock { cid } => {
-            let link =
+            let (link, hold) =
                 spaced_host::vhost::connect_agent(&spec, cid, spaced_host::serial::READY_WAIT)
                     .map_err(|e| format!("vhost-vsock transport: {e}"))?;
+            // QEMU's device held (its CID cannot go to another) until the bridge ends,
+            // which it does when QEMU does.
+            spaced_host::vhost::exit_when_the_vmm_ends(hold);
             // QEMU resets no connection of a VM that goes on after its snapshot: the
             // bridge ends with its link, as over serial (see `vhost`).
             let shared = spaced_host::relink::SharedLink::new(link);

@@ -41,8 +41,10 @@ use crate::spec::BridgeSpec;
 
 /// The host's vhost-vsock device.
 pub const VHOST_VSOCK: &str = "/dev/vhost-vsock";
-/// The longest one connection attempt may take.
-const CONNECT_WAIT: Duration = Duration::from_secs(10);
+/// The longest one connection attempt may take: short, so that an attempt whose
+/// answer was lost (a restored guest answering from its old CID until it has taken in
+/// its transport reset) is soon made again rather than waited on.
+const CONNECT_WAIT: Duration = Duration::from_secs(1);
 /// `VMADDR_CID_ANY`: a local address of any CID (the host's, for a connection into a
 /// guest).
 const VMADDR_CID_ANY: u32 = u32::MAX;
@@ -59,15 +61,31 @@ pub fn is_guest_cid(cid: u32) -> bool {
     cid > vm::HOST_CID && cid != VMADDR_CID_ANY
 }
 
+/// What the bridge holds of its VMM for the link's life: the VMM's own open file of
+/// the vhost-vsock device (a duplicate, by `pidfd_getfd`) — a CID goes only when the
+/// last descriptor of its device closes, so while the bridge holds this no other
+/// device can take the guest's CID and be reached through the bridge's connection
+/// (the kernel resets a connection to a CID that went only when no device took it
+/// again meanwhile) — and the VMM's pidfd, to end the bridge when the VMM ends
+/// ([`exit_when_the_vmm_ends`]).
+#[derive(Debug)]
+pub struct VmmHold {
+    /// The VMM's vhost-vsock device, duplicated.
+    pub device: OwnedFd,
+    /// The VMM, by pidfd.
+    pub vmm: LiveProcess,
+}
+
 /// The bridge's vhost-vsock transport: the recorded QEMU verified ([`verify_vmm`]),
-/// the guest's agent connected at `cid` from a reserved port, the QEMU verified again,
-/// the guest activated: the link, once `ready`. A guest still booting does not listen
-/// yet: asked again, verified again each time, until `ready_wait` has passed.
+/// the guest's agent connected at `cid` from a reserved port, the QEMU verified again
+/// and its device held ([`VmmHold`]), the guest activated: the link, once `ready`. A
+/// guest still booting does not listen yet: asked again, verified again each time,
+/// until `ready_wait` has passed.
 pub fn connect_agent(
     spec: &BridgeSpec,
     cid: u32,
     ready_wait: Duration,
-) -> Result<Link, BridgeError> {
+) -> Result<(Link, VmmHold), BridgeError> {
     connect_agent_with(
         spec,
         cid,
@@ -86,7 +104,7 @@ pub fn connect_agent_with(
     ready_wait: Duration,
     device: &Path,
     connect: Connector<'_>,
-) -> Result<Link, BridgeError> {
+) -> Result<(Link, VmmHold), BridgeError> {
     if !is_guest_cid(cid) {
         return Err(BridgeError::Io(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -104,13 +122,17 @@ pub fn connect_agent_with(
         ) {
             Ok(conn) => {
                 // The same live QEMU, still holding the device, now that the
-                // connection is up.
-                if let Err(e) = verify_vmm(spec, device) {
-                    let _ = rustix::net::shutdown(&conn, rustix::net::Shutdown::Both);
-                    return Err(e);
-                }
+                // connection is up: its device held from here on.
+                let hold = match hold_vmm(spec, device) {
+                    Ok(hold) => hold,
+                    Err(e) => {
+                        let _ = rustix::net::shutdown(&conn, rustix::net::Shutdown::Both);
+                        return Err(e);
+                    }
+                };
                 let left = deadline.saturating_duration_since(Instant::now());
-                return activate(conn, spec, left.max(Duration::from_secs(1)));
+                let link = activate(conn, spec, left.max(Duration::from_secs(1)))?;
+                return Ok((link, hold));
             }
             Err(e) if not_listening_yet(&e) && Instant::now() < deadline => {
                 std::thread::sleep(RETRY_PAUSE);
@@ -146,6 +168,53 @@ pub fn verify_vmm(spec: &BridgeSpec, device: &Path) -> Result<(), BridgeError> {
         return Err(PeerError::NotHeld("the recorded VMM holds no vhost-vsock device").into());
     }
     Ok(())
+}
+
+/// [`verify_vmm`], and the VMM's device duplicated from it (`pidfd_getfd`), checked to
+/// be `device` by identity.
+pub fn hold_vmm(spec: &BridgeSpec, device: &Path) -> Result<VmmHold, BridgeError> {
+    let live = LiveProcess::open(spec.agent.pid)?;
+    spec.agent.verify(&live.identity)?;
+    let fds = space_peer::fds_holding_file(spec.agent.pid, device)?;
+    let Some(&fd) = fds.first() else {
+        return Err(PeerError::NotHeld("the recorded VMM holds no vhost-vsock device").into());
+    };
+    let held = live.take_fd_of(fd, device)?;
+    if !live.is_alive() {
+        return Err(PeerError::NoSuchProcess(spec.agent.pid).into());
+    }
+    Ok(VmmHold {
+        device: held,
+        vmm: live,
+    })
+}
+
+/// Blocks until the process behind `pidfd` has ended.
+pub fn wait_for_end(pidfd: &OwnedFd) {
+    use rustix::event::{PollFd, PollFlags, poll};
+    loop {
+        let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
+        match poll(&mut fds, None) {
+            Ok(n) if n > 0 => return,
+            Err(rustix::io::Errno::INTR) | Ok(_) => continue,
+            // A pidfd that cannot be polled: treat it as ended.
+            Err(_) => return,
+        }
+    }
+}
+
+/// Keeps `hold` for this process's life and ends the process (exit 3) when the VMM
+/// ends: a guest link whose VMM is gone is no link, and the held device (its CID)
+/// must go with the bridge.
+pub fn exit_when_the_vmm_ends(hold: VmmHold) {
+    let _ = std::thread::Builder::new()
+        .name("vmm-watch".into())
+        .stack_size(64 * 1024)
+        .spawn(move || {
+            wait_for_end(&hold.vmm.pidfd);
+            eprintln!("spaced-host: the VMM ended; exiting");
+            std::process::exit(3);
+        });
 }
 
 /// A `space-mux` link over the connected `conn`, the guest activated on it.

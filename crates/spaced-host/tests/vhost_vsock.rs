@@ -113,7 +113,7 @@ fn connect(
     device: &Path,
     seen: &Arc<Mutex<Connections>>,
     before: impl FnMut() + 'static,
-) -> Result<space_mux::Link, BridgeError> {
+) -> Result<(space_mux::Link, spaced_host::vhost::VmmHold), BridgeError> {
     let mut connect = connector(Arc::clone(seen), before);
     spaced_host::vhost::connect_agent_with(spec, CID, Duration::from_secs(10), device, &mut connect)
 }
@@ -124,15 +124,52 @@ fn a_live_recorded_qemu_holding_the_device_is_connected_and_its_guest_activated(
     let vm = qemu(Some(&device));
     let spec = spec(identity(&vm), CID);
     let seen = Arc::new(Mutex::new(Connections::default()));
-    let link = connect(&spec, &device, &seen, || {}).unwrap();
+    let (link, hold) = connect(&spec, &device, &seen, || {}).unwrap();
     assert!(link.dead().is_none());
     assert!(link.open().is_ok());
+    // The bridge holds QEMU's own open file of the device.
+    let (held, named) = (
+        rustix::fs::fstat(&hold.device).unwrap(),
+        rustix::fs::stat(&device).unwrap(),
+    );
+    assert_eq!((held.st_dev, held.st_ino), (named.st_dev, named.st_ino));
     assert_eq!(
         seen.lock().unwrap().asked,
         [(CID, space_proto::vm::VSOCK_PORT)]
     );
     link.shut("done");
     end(vm);
+}
+
+#[test]
+fn a_bridge_keeps_its_qemus_device_past_qemus_end_and_learns_of_the_end_at_once() {
+    // When a QEMU ends, the kernel frees its CID and resets the host's connections to
+    // it only if no device took the CID again meanwhile: another device taking it in
+    // that window would inherit the bridge's connection. So the bridge holds QEMU's
+    // own device (the CID cannot go while it does) and ends when QEMU does.
+    let (_t, device) = device();
+    let vm = qemu(Some(&device));
+    let spec = spec(identity(&vm), CID);
+    let seen = Arc::new(Mutex::new(Connections::default()));
+    let (link, hold) = connect(&spec, &device, &seen, || {}).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let pidfd = hold.vmm.pidfd.try_clone().unwrap();
+    std::thread::spawn(move || {
+        spaced_host::vhost::wait_for_end(&pidfd);
+        let _ = tx.send(());
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_millis(300)).is_err(),
+        "ended while QEMU runs"
+    );
+    end(vm);
+    rx.recv_timeout(Duration::from_secs(5))
+        .expect("the bridge did not learn that QEMU ended");
+    // QEMU is gone; its device's open file is still the bridge's.
+    let held = rustix::fs::fstat(&hold.device).unwrap();
+    let named = rustix::fs::stat(&device).unwrap();
+    assert_eq!((held.st_dev, held.st_ino), (named.st_dev, named.st_ino));
+    link.shut("done");
 }
 
 #[test]
