@@ -50,6 +50,12 @@ impl CidAllocator {
         None
     }
 
+    /// Makes the next search start at `start` (made a guest's if it is not): after a
+    /// CID another process of the host holds, somewhere it cannot guess.
+    pub fn search_from(&mut self, start: u32) {
+        self.next = wrap(start);
+    }
+
     /// Holds `cid` for `owner` (a VM re-adopted after a restart); `false` if it is no
     /// guest's CID or another owner holds it.
     pub fn hold(&mut self, cid: u32, owner: &str) -> bool {
@@ -87,6 +93,21 @@ fn wrap(cid: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn after_a_cid_taken_elsewhere_the_search_goes_on_where_it_is_told() {
+        let mut a = CidAllocator::new(100);
+        assert_eq!(a.allocate("x"), Some(100));
+        // 101 was found taken on the host: the next search starts somewhere else,
+        // not at the CID after the one a watcher saw.
+        a.search_from(7_000_000);
+        assert_eq!(a.allocate("y"), Some(7_000_000));
+        // Past the last CID it wraps to the first guest CID; a held one is skipped.
+        a.search_from(u32::MAX);
+        assert_eq!(a.allocate("z"), Some(FIRST_GUEST_CID));
+        a.search_from(100);
+        assert_eq!(a.allocate("w"), Some(101));
+    }
 
     #[test]
     fn reserved_context_ids_are_never_given_out() {

@@ -70,9 +70,11 @@ pub struct VmConfig {
 /// Memory QEMU itself may use beyond the guest's RAM (its code, device state and, under
 /// software emulation, the translation cache `tb-size` bounds).
 const VMM_OVERHEAD: u64 = 192 << 20;
-/// Most starts of one VM over vhost-vsock, each with another guest CID, while other
-/// processes of the host hold the ones tried.
-const MAX_CID_TRIES: usize = 8;
+/// Most guest CIDs tried for one VM over vhost-vsock while other processes of the
+/// host hold the ones tried (each try is one ioctl of the worker's, before QEMU
+/// starts; after a taken one the next is random, so that a process holding the CIDs
+/// after the one it saw cannot make every start fail).
+const MAX_CID_TRIES: usize = 64;
 
 /// The QEMU driver.
 #[derive(Debug)]
@@ -297,6 +299,10 @@ impl QemuDriver {
                     if !failed.cid_taken || tries >= MAX_CID_TRIES {
                         return Err(failed.error);
                     }
+                    let mut seed = [0u8; 4];
+                    let _ =
+                        rustix::rand::getrandom(&mut seed, rustix::rand::GetRandomFlags::empty());
+                    self.lock_cids().search_from(u32::from_ne_bytes(seed));
                     tracing::info!(
                         sandbox = %spec.key.sandbox_id,
                         cid = ?cid,
@@ -356,8 +362,21 @@ impl QemuDriver {
         }
         let upper_fd = fds.len();
         fds.push(open_disk(vm.upper, true).map_err(failed)?);
-        if cid.is_some() {
-            fds.push(open_vhost_vsock().map_err(failed)?);
+        if let Some(cid) = cid {
+            let device = open_vhost_vsock().map_err(failed)?;
+            // The CID claimed on the worker's own descriptor before QEMU starts: a
+            // taken one costs an ioctl, not a QEMU; QEMU's own set of the same CID on
+            // the same device then succeeds.
+            if let Err(e) = transport::claim_guest_cid(&device, cid) {
+                return Err(Failed {
+                    cid_taken: e == nix::errno::Errno::EADDRINUSE,
+                    error: SubstrateError::io(
+                        format!("claim guest CID {cid}"),
+                        std::io::Error::from(e),
+                    ),
+                });
+            }
+            fds.push(device);
         }
         let handed = crate::substrate::jail::spawn::for_qemu(&fds)
             .map_err(|e| failed(SubstrateError::io("hand QEMU its disks", e)))?;

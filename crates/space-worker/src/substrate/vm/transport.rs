@@ -123,6 +123,25 @@ fn bind_a_reserved_port() -> Result<(), String> {
     Err(why(failed))
 }
 
+#[allow(unsafe_code)]
+mod ioctl {
+    // `VHOST_VSOCK_SET_GUEST_CID`, `_IOW(VHOST_VIRTIO, 0x60, __u64)`.
+    nix::ioctl_write_ptr!(set_guest_cid, 0xaf, 0x60, u64);
+}
+
+/// Sets the guest CID of the vhost-vsock device `device` (`VHOST_VSOCK_SET_GUEST_CID`,
+/// which needs no owner yet): `EADDRINUSE` when another device of the host holds it.
+#[allow(unsafe_code)]
+pub(super) fn claim_guest_cid(
+    device: &std::os::fd::OwnedFd,
+    cid: u32,
+) -> Result<(), nix::errno::Errno> {
+    let cid = u64::from(cid);
+    // SAFETY: `device` is an open descriptor of /dev/vhost-vsock and `cid` a live u64
+    // the kernel only reads.
+    unsafe { ioctl::set_guest_cid(std::os::fd::AsRawFd::as_raw_fd(device), &cid) }.map(drop)
+}
+
 /// The transport for `choice` on a host offering `host`, and why; an error when
 /// `vsock` was asked for and the host cannot give it. Pure.
 pub fn choose(
@@ -189,6 +208,16 @@ mod tests {
         assert!(err.contains("no such device"), "{err}");
         let err = choose(TransportChoice::Vsock, &no_port).unwrap_err();
         assert!(err.contains("permission denied"), "{err}");
+    }
+
+    #[test]
+    fn the_cid_ioctl_is_vhost_vsocks_and_refuses_what_is_no_vhost_device() {
+        // `_IOW(0xAF, 0x60, __u64)` as the kernel's <linux/vhost.h> defines it.
+        assert_eq!(nix::request_code_write!(0xaf, 0x60, 8), 0x4008_af60);
+        // On a descriptor of something else the kernel refuses it, changing nothing.
+        let t = tempfile::tempfile().unwrap();
+        let err = claim_guest_cid(&std::os::fd::OwnedFd::from(t), 42).unwrap_err();
+        assert_eq!(err, nix::errno::Errno::ENOTTY);
     }
 
     #[test]
