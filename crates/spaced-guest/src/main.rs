@@ -27,13 +27,16 @@ fn main() -> ExitCode {
             };
             let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
             let here = spaced_guest::vsock::pid1_is_this_binary();
-            if let Err(e) = spaced_guest::vsock::may_serve(&cmdline, here) {
-                eprintln!("spaced-guest: vm-agent --vsock: {e}");
-                return ExitCode::from(2);
-            }
-            // QEMU's vhost-vsock: any host process reaches the guest's CID, so only a
-            // reserved host port (the bridge's) is served.
-            let peers = spaced_guest::vsock::Peers::of_command_line(&cmdline);
+            // Under QEMU's vhost-vsock any host process reaches the guest's CID, so
+            // only a reserved host port (the bridge's) is served: the command line
+            // says which, and comes with the permission.
+            let peers = match spaced_guest::vsock::may_serve(&cmdline, here) {
+                Ok(peers) => peers,
+                Err(e) => {
+                    eprintln!("spaced-guest: vm-agent --vsock: {e}");
+                    return ExitCode::from(2);
+                }
+            };
             return match spaced_guest::vsock::serve_vsock(port, peers, 256) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

@@ -39,8 +39,9 @@ pub const OLD_LINK_WAIT: Duration = Duration::from_secs(5);
 /// (`cmdline`) names the vsock transport and whose PID 1 is this binary (the init of
 /// a SPACE guest, which started it). Elsewhere — a host that is itself a VM with a
 /// guest-to-host vsock transport — its hypervisor could otherwise activate it, rename
-/// the machine and run commands.
-pub fn may_serve(cmdline: &str, pid1_is_this_binary: bool) -> Result<(), String> {
+/// the machine and run commands. Where it may, the host connections it may serve
+/// (the command line's, [`Peers::of_command_line`]): the only way to the permission.
+pub fn may_serve(cmdline: &str, pid1_is_this_binary: bool) -> Result<Peers, String> {
     if vm::transport_of_command_line(cmdline) != Some(vm::GuestTransport::Vsock) {
         return Err(format!(
             "the kernel command line does not say {}=vsock: not a SPACE VM",
@@ -50,7 +51,7 @@ pub fn may_serve(cmdline: &str, pid1_is_this_binary: bool) -> Result<(), String>
     if !pid1_is_this_binary {
         return Err("PID 1 is not this agent's binary: not a SPACE VM".into());
     }
-    Ok(())
+    Ok(Peers::of_command_line(cmdline))
 }
 
 /// Whether PID 1 runs the same executable as this process.
@@ -281,7 +282,14 @@ mod tests {
             vm::TRANSPORT_PARAM,
             vm::LAYERS_PARAM
         );
-        assert!(may_serve(&vm_line, true).is_ok());
+        assert_eq!(may_serve(&vm_line, true), Ok(Peers::AnyHostPort));
+        // QEMU's vhost-vsock line: the permission comes with the reserved-port rule.
+        let vhost_line = format!(
+            "{vm_line} {}={}",
+            vm::VSOCK_PEER_PARAM,
+            vm::VSOCK_PEER_RESERVED
+        );
+        assert_eq!(may_serve(&vhost_line, true), Ok(Peers::ReservedHostPort));
         // A host's own command line, or a VM whose init is something else.
         assert!(may_serve("BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet", true).is_err());
         assert!(may_serve(&vm_line, false).is_err());
