@@ -861,3 +861,51 @@ fn a_vms_guest_ram_is_never_merged_with_another_vms_nor_dumped_with_qemu_and_no_
         guest_ram_flags[0]
     );
 }
+
+#[test]
+fn qemu_is_in_its_cgroup_from_its_first_instruction() {
+    if let Some(why) = missing_requirement() {
+        skip(&why);
+        return;
+    }
+    if space_worker::substrate::jail::cgroup::CgroupHierarchy::detect().is_err() {
+        skip("no cgroups on this host");
+        return;
+    }
+    let env = Env::new();
+    // A "QEMU" that writes down its cgroup as it starts, then fails: a join after
+    // the spawn would find it already written from outside the VM's cgroup.
+    let bin = env.data.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let seen = env.data.path().join("cgroup-at-exec");
+    let fake = bin.join("qemu");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\ncat /proc/self/cgroup > {}\nexit 1\n",
+            seen.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let driver = QemuDriver::new(
+        VmConfig {
+            qemu: fake,
+            kernel_dir: kernel_dir(),
+            agent: space_testkit::bin::static_agent(),
+            accel: Accel::Tcg,
+            cgroup_parent: env.cgroup_parent.clone(),
+            uid_ranges: None,
+            transport: space_worker::substrate::vm::TransportChoice::Serial,
+        },
+        env.data.path(),
+    )
+    .unwrap();
+    let a = activation();
+    assert!(driver.launch(&env.spec(&a, None)).is_err());
+    let cgroup = std::fs::read_to_string(&seen).unwrap();
+    assert!(
+        cgroup.contains(&env.cgroup_parent),
+        "QEMU started outside its cgroup: {cgroup}"
+    );
+}

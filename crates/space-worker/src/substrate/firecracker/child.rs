@@ -40,26 +40,6 @@ pub fn kvm_access(dev: &Path) -> Result<Option<u32>, SubstrateError> {
     kvm_group(m.mode(), m.gid()).map_err(SubstrateError::Unsupported)
 }
 
-/// Makes `command` join a cgroup in the child before `exec`: `0` (the calling
-/// process) written to each of `procs`, descriptors of the cgroup's `cgroup.procs`
-/// files opened before the fork. Register it before [`drop_to`] (the dropped uid may
-/// not write them).
-pub fn join_cgroup(command: &mut Command, procs: Vec<std::os::fd::OwnedFd>) {
-    use std::os::fd::AsRawFd as _;
-    // SAFETY: the closure runs in the forked child and calls only write(2) on
-    // descriptors opened before the fork, with a static buffer.
-    unsafe {
-        command.pre_exec(move || {
-            for fd in &procs {
-                if libc::write(fd.as_raw_fd(), b"0".as_ptr().cast(), 1) != 1 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
-}
-
 /// `struct __user_cap_header_struct`.
 #[repr(C)]
 struct CapHeader {
@@ -199,21 +179,11 @@ mod tests {
         let set = h
             .create(&parent, "x.1", &crate::substrate::Limits::default())
             .unwrap();
-        let procs = set
-            .dirs()
-            .iter()
-            .map(|d| {
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(d.join("cgroup.procs"))
-                    .map(std::os::fd::OwnedFd::from)
-                    .unwrap()
-            })
-            .collect();
+        let procs = set.procs_files().unwrap();
         // What the program reads first thing, with nothing written after the spawn.
         let mut cmd = Command::new("cat");
         cmd.arg("/proc/self/cgroup");
-        join_cgroup(&mut cmd, procs);
+        crate::substrate::jail::spawn::join_cgroup(&mut cmd, procs);
         drop_to(&mut cmd, None, None);
         let out = cmd.output().unwrap();
         let cgroup = String::from_utf8_lossy(&out.stdout).into_owned();

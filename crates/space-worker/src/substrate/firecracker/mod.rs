@@ -28,7 +28,6 @@ pub mod requests;
 mod snapshot;
 
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -291,18 +290,7 @@ impl FirecrackerDriver {
         // Its cgroup joined in the child, before `exec` (through descriptors opened
         // here: the dropped uid could not open them): nothing of Firecracker runs
         // outside its limits.
-        let join = match cgroups
-            .dirs()
-            .iter()
-            .map(|d| {
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .custom_flags(libc::O_CLOEXEC)
-                    .open(d.join("cgroup.procs"))
-                    .map(OwnedFd::from)
-            })
-            .collect::<std::io::Result<Vec<OwnedFd>>>()
-        {
+        let join = match cgroups.procs_files() {
             Ok(fds) => fds,
             Err(e) => {
                 let _ = cgroups.remove();
@@ -313,7 +301,7 @@ impl FirecrackerDriver {
         // cgroup, then the VM's uid: in that order (the unshare and the join need the
         // worker's privileges).
         crate::substrate::jail::spawn::qemu_child(&mut cmd, &handed, self.netns);
-        child::join_cgroup(&mut cmd, join);
+        crate::substrate::jail::spawn::join_cgroup(&mut cmd, join);
         child::drop_to(&mut cmd, uid.base(), uid.base().and(self.kvm_group));
         let spawned = cmd.spawn();
         // The log pipe's write end is Firecracker's alone now: its drain ends when

@@ -335,6 +335,23 @@ fn enable_v2_controllers(root: &Path, parent: &Path) -> Result<(), SubstrateErro
 }
 
 impl CgroupSet {
+    /// The `cgroup.procs` of every directory of the set, open for writing: for a child
+    /// to join the set before `exec` ([`super::spawn::join_cgroup`]), through
+    /// descriptors opened while the worker's privileges hold.
+    pub fn procs_files(&self) -> std::io::Result<Vec<std::os::fd::OwnedFd>> {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        self.dirs()
+            .iter()
+            .map(|d| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .custom_flags(libc::O_CLOEXEC)
+                    .open(d.join("cgroup.procs"))
+                    .map(std::os::fd::OwnedFd::from)
+            })
+            .collect()
+    }
+
     /// Every directory of the set.
     pub fn dirs(&self) -> Vec<&Path> {
         match self {

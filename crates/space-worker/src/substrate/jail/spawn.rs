@@ -140,6 +140,26 @@ pub fn qemu_child(command: &mut Command, fds: &[OwnedFd], new_netns: bool) {
     }
 }
 
+/// Makes `command` join a cgroup in the child before `exec`: `0` (the calling
+/// process) written to each of `procs`, descriptors of the cgroup's `cgroup.procs`
+/// files opened before the fork ([`super::cgroup::CgroupSet::procs_files`]). Register
+/// it before any drop of the uid (the dropped uid may not write them).
+pub(crate) fn join_cgroup(command: &mut Command, procs: Vec<OwnedFd>) {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: the closure runs in the forked child and calls only write(2) on
+    // descriptors opened before the fork, with a static buffer.
+    unsafe {
+        command.pre_exec(move || {
+            for fd in &procs {
+                if libc::write(fd.as_raw_fd(), b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
 /// In a child before `exec`: no core dump, ever (`RLIMIT_CORE` 1, kept across `exec`
 /// and inherited): a VMM's memory holds its guest's RAM and what passed through its
 /// devices, which a crash must not hand to the host. 1, not 0: the kernel ignores the

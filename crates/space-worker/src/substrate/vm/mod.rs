@@ -455,6 +455,16 @@ impl QemuDriver {
             }
             None => CgroupSet::None,
         };
+        // Its cgroup joined in the child, before `exec`: nothing of QEMU runs outside
+        // its limits, not even for the moment after its start (and the vhost worker
+        // thread it makes is charged to it, on kernels that attach it at the start).
+        match cgroups.procs_files() {
+            Ok(join) => crate::substrate::jail::spawn::join_cgroup(&mut cmd, join),
+            Err(e) => {
+                let _ = cgroups.remove();
+                return Err(failed(SubstrateError::io("open the VM's cgroup", e)));
+            }
+        }
         let child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {
@@ -481,9 +491,6 @@ impl QemuDriver {
                 cid_taken: cid.is_some() && command::cid_taken(&log),
             }
         };
-        if let Err(e) = cgroups.add_process(pid) {
-            return Err(fail(e));
-        }
         // QEMU creates both sockets before it runs the guest: once QMP answers, the
         // serial socket listens (and the vhost-vsock device holds its CID) — and QEMU
         // has dropped to the VM's uid, which its recorded identity carries.
