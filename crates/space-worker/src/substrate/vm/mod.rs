@@ -8,10 +8,10 @@
 //! the two disks, the agent's transport (served by QEMU: the recorded agent process is
 //! QEMU) and a QMP socket for pause and resume (vCPUs stopped, memory kept). The
 //! transport ([`transport`], chosen once per driver) is a virtio-serial port on a Unix
-//! socket in the worker's run directory, or — where `/dev/vhost-vsock` opens
-//! read-write — a vhost-vsock device on a descriptor of it the worker opened, with a
-//! guest CID of the VM's own ([`cid`]; a CID another process of the host holds fails
-//! the start, which is made again with another). The bridge does the rest
+//! socket in the worker's run directory, or — on `--vm-transport vsock`, where
+//! `/dev/vhost-vsock` opens read-write — a vhost-vsock device on a descriptor of it
+//! the worker opened, with a guest CID of the VM's own ([`cid`]; claimed by the worker
+//! on that descriptor before QEMU starts, a taken one passed over for another). The bridge does the rest
 //! (`spaced_host::serial`, `spaced_host::vhost`): it verifies QEMU as the socket's peer
 //! (or as the live holder of the vhost device) and sends the activation record over
 //! the link before anything is served.
