@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use super::api::Api;
 use super::requests;
-use crate::substrate::vm::shared::copy_plain;
+use crate::substrate::vm::files::copy_plain;
 use crate::substrate::vm::snapshot::{self as vmsnap, Machine, VmSnapshot, Vmm};
 use crate::substrate::{SandboxHandle, SubstrateError, io_err};
 

@@ -21,6 +21,7 @@ mod cid;
 mod command;
 pub mod disk;
 mod drain;
+pub(crate) mod files;
 pub mod initramfs;
 pub mod kernel;
 pub mod qmp;
@@ -42,6 +43,7 @@ use super::{
 };
 use accel::kernel_command_line;
 pub use accel::{Accel, detect_accel};
+pub(crate) use files::open_single;
 pub(crate) use shared::*;
 pub use transport::{AgentTransport, TransportChoice};
 

@@ -243,7 +243,7 @@ impl VmSnapshot {
     /// The state file, opened read-only, without following a link, only as a plain
     /// file of one link.
     pub(super) fn memory(&self) -> Result<std::fs::File, SubstrateError> {
-        super::shared::open_single(&self.dir.join(MEMORY))
+        super::files::open_single(&self.dir.join(MEMORY))
             .map_err(io_err("open the VM memory snapshot"))
     }
 }
@@ -352,7 +352,7 @@ pub(super) fn take(
     // Stopped, its disks flushed by the migration's end: the disk is consistent. The
     // disk is QEMU's, open for writing in it: copied from a descriptor, at most the
     // length it had, within the deadline.
-    super::shared::copy_plain(&handle.upper_dir, &dir.join(DISK), None, deadline)?;
+    super::files::copy_plain(&handle.upper_dir, &dir.join(DISK), None, deadline)?;
     machine.write(&dir.join(MACHINE))?;
     VmSnapshot::open(dir)
 }
