@@ -141,6 +141,15 @@ fn firecracker_bin(root: &Path, script: &str) -> PathBuf {
     path
 }
 
+/// The stand-in as `fake_firecracker.py` in `root`, behind a `firecracker` that
+/// `wrapper` (given the stand-in's path) writes: a shell script that ends by running it.
+fn stand_in_behind(root: &Path, wrapper: impl FnOnce(&Path) -> String) -> PathBuf {
+    let fake = firecracker_bin(root, include_str!("firecracker/fake_firecracker.py"));
+    let real = root.join("fake_firecracker.py");
+    std::fs::rename(&fake, &real).unwrap();
+    firecracker_bin(root, &wrapper(&real))
+}
+
 fn requests(fc_dir: &Path) -> Vec<(String, String, serde_json::Value)> {
     std::fs::read_to_string(fc_dir.join("requests.log"))
         .unwrap_or_default()
@@ -408,16 +417,14 @@ fn a_firecracker_writing_without_end_to_its_log_fills_only_a_bounded_log() {
         return;
     }
     let bins = tempfile::tempdir().unwrap();
-    let fake = firecracker_bin(bins.path(), include_str!("firecracker/fake_firecracker.py"));
-    let real = bins.path().join("fake_firecracker.py");
-    std::fs::rename(&fake, &real).unwrap();
     // Megabytes of warnings (what a guest poking its devices could make Firecracker
     // write), then the stand-in itself.
-    let noisy = format!(
-        "#!/bin/sh\nhead -c 8000000 /dev/zero | tr '\\000' w >&2\nexec {} \"$@\"\n",
-        real.display()
-    );
-    let fake = firecracker_bin(bins.path(), &noisy);
+    let fake = stand_in_behind(bins.path(), |real| {
+        format!(
+            "#!/bin/sh\nhead -c 8000000 /dev/zero | tr '\\000' w >&2\nexec {} \"$@\"\n",
+            real.display()
+        )
+    });
     let env = Env::new(&fake);
     let handle = env.driver.launch(&env.spec("08", None)).unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -463,18 +470,16 @@ fn a_firecracker_that_keeps_writing_to_its_memory_file_cannot_change_the_snapsho
         return;
     }
     let bins = tempfile::tempdir().unwrap();
-    let fake = firecracker_bin(bins.path(), include_str!("firecracker/fake_firecracker.py"));
-    let real = bins.path().join("fake_firecracker.py");
-    std::fs::rename(&fake, &real).unwrap();
     // After writing the memory file it keeps the descriptor and writes through it for
     // two seconds: rewriting and growing what the worker took.
-    let hostile = format!(
-        "#!/bin/sh\nexec {} --keep-writing-memory \"$@\"\n",
-        real.display()
-    );
-    let fake = firecracker_bin(bins.path(), &hostile);
+    let fake = stand_in_behind(bins.path(), |real| {
+        format!(
+            "#!/bin/sh\nexec {} --keep-writing-memory \"$@\"\n",
+            real.display()
+        )
+    });
     let env = Env::new(&fake);
-    let handle = env.driver.launch(&env.spec("09", None)).unwrap();
+    let handle = env.driver.launch(&env.spec("10", None)).unwrap();
     let snap_dir = env.files.path().join("snap");
     env.driver.snapshot(&handle, &snap_dir).unwrap();
     let memory = snap_dir.join("memory");
