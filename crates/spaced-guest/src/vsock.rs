@@ -343,6 +343,24 @@ mod tests {
         }
     }
 
+    /// A host connection handed to the agent (`tx`), as a link of the host's end.
+    fn connected(tx: &std::sync::mpsc::Sender<OwnedFd>) -> space_mux::Link {
+        let (host, guest) = std::os::unix::net::UnixStream::pair().unwrap();
+        tx.send(OwnedFd::from(guest)).unwrap();
+        space_mux::Link::over_unix(host, true, vm::MAX_STREAMS, None).unwrap()
+    }
+
+    /// [`connected`], activated with `activation(seed)` and `ready`.
+    fn activated(tx: &std::sync::mpsc::Sender<OwnedFd>, seed: u8) -> space_mux::Link {
+        let link = connected(tx);
+        link.send_control(&activation(seed).encode()).unwrap();
+        assert_eq!(
+            link.recv_control(Duration::from_secs(10)).unwrap(),
+            vm::READY
+        );
+        link
+    }
+
     #[test]
     fn a_new_host_connection_ends_the_old_link_and_is_served() {
         let (tx, rx) = std::sync::mpsc::channel::<OwnedFd>();
@@ -350,25 +368,11 @@ mod tests {
             serve_connections(rx.into_iter(), 4, false, OnNewConnection::EndTheOld)
         });
         // The first link, activated and up.
-        let (host1, guest1) = std::os::unix::net::UnixStream::pair().unwrap();
-        tx.send(OwnedFd::from(guest1)).unwrap();
-        let link1 = space_mux::Link::over_unix(host1, true, vm::MAX_STREAMS, None).unwrap();
-        link1.send_control(&activation(7).encode()).unwrap();
-        assert_eq!(
-            link1.recv_control(Duration::from_secs(10)).unwrap(),
-            vm::READY
-        );
+        let link1 = activated(&tx, 7);
         // A VMM that reset nothing on the guest's side: the bridge's new connection
         // arrives while the old link is still open. The old one ends, the new one is
         // activated.
-        let (host2, guest2) = std::os::unix::net::UnixStream::pair().unwrap();
-        tx.send(OwnedFd::from(guest2)).unwrap();
-        let link2 = space_mux::Link::over_unix(host2, true, vm::MAX_STREAMS, None).unwrap();
-        link2.send_control(&activation(9).encode()).unwrap();
-        assert_eq!(
-            link2.recv_control(Duration::from_secs(10)).unwrap(),
-            vm::READY
-        );
+        let link2 = activated(&tx, 9);
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while link1.dead().is_none() {
             assert!(
@@ -390,19 +394,10 @@ mod tests {
             serve_connections(rx.into_iter(), 4, false, OnNewConnection::KeepTheOld)
         });
         // The bridge's link, activated and up.
-        let (host1, guest1) = std::os::unix::net::UnixStream::pair().unwrap();
-        tx.send(OwnedFd::from(guest1)).unwrap();
-        let link1 = space_mux::Link::over_unix(host1, true, vm::MAX_STREAMS, None).unwrap();
-        link1.send_control(&activation(7).encode()).unwrap();
-        assert_eq!(
-            link1.recv_control(Duration::from_secs(10)).unwrap(),
-            vm::READY
-        );
+        let link1 = activated(&tx, 7);
         // Another host process (one allowed a reserved port) connects and sends its own
         // activation: refused once the wait is over, the bridge's link untouched.
-        let (host2, guest2) = std::os::unix::net::UnixStream::pair().unwrap();
-        tx.send(OwnedFd::from(guest2)).unwrap();
-        let link2 = space_mux::Link::over_unix(host2, true, vm::MAX_STREAMS, None).unwrap();
+        let link2 = connected(&tx);
         let _ = link2.send_control(&activation(9).encode());
         assert!(
             link2
@@ -414,14 +409,7 @@ mod tests {
         assert!(link1.open().is_ok());
         // Once the bridge's link ends, the next connection is served.
         link1.shut("the bridge went away");
-        let (host3, guest3) = std::os::unix::net::UnixStream::pair().unwrap();
-        tx.send(OwnedFd::from(guest3)).unwrap();
-        let link3 = space_mux::Link::over_unix(host3, true, vm::MAX_STREAMS, None).unwrap();
-        link3.send_control(&activation(11).encode()).unwrap();
-        assert_eq!(
-            link3.recv_control(Duration::from_secs(10)).unwrap(),
-            vm::READY
-        );
+        let link3 = activated(&tx, 11);
         drop(tx);
         served.join().unwrap();
     }
