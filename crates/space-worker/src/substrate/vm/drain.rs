@@ -138,6 +138,22 @@ mod tests {
         rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap()
     }
 
+    /// A writer sending a byte every `every` into `w` until told to stop (or the pipe
+    /// closes): a QEMU that does not end its stream.
+    fn trickle(w: OwnedFd, every: Duration) -> (Arc<AtomicBool>, std::thread::JoinHandle<()>) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let writer = std::thread::spawn(move || {
+            while !s.load(Ordering::Acquire) {
+                if rustix::io::write(w.as_fd(), b"x").is_err() {
+                    break;
+                }
+                std::thread::sleep(every);
+            }
+        });
+        (stop, writer)
+    }
+
     fn later() -> Instant {
         Instant::now() + Duration::from_secs(30)
     }
@@ -200,16 +216,7 @@ mod tests {
         let drain = Drain::start(r, file, 1 << 30, later());
         // The snapshot failed (its descriptor refused); a QEMU that got the pipe all
         // the same goes on sending.
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let writer = std::thread::spawn(move || {
-            while !s.load(Ordering::Acquire) {
-                if rustix::io::write(w.as_fd(), b"x").is_err() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        });
+        let (stop, writer) = trickle(w, Duration::from_millis(5));
         std::thread::sleep(Duration::from_millis(100));
         let dropped = Instant::now();
         drop(drain);
@@ -240,16 +247,7 @@ mod tests {
             Instant::now() + Duration::from_millis(300),
         );
         // One byte at a time, never ending (the migration not ended either).
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let writer = std::thread::spawn(move || {
-            while !s.load(Ordering::Acquire) {
-                if rustix::io::write(w.as_fd(), b"x").is_err() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        });
+        let (stop, writer) = trickle(w, Duration::from_millis(10));
         std::thread::sleep(Duration::from_millis(600));
         let err = drain.finish().unwrap_err();
         stop.store(true, Ordering::Release);
