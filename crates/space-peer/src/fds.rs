@@ -13,14 +13,13 @@ pub const MAX_FDS: usize = 65_536;
 /// Whether process `pid` holds a descriptor whose `/proc/PID/fd` link reads `want`,
 /// looking at most at `max` of them (more: an error).
 fn holds_link(pid: u32, want: &std::ffi::OsStr, max: usize) -> Result<bool, PeerError> {
-    Ok(!fds_linked_to(pid, want, max)?.is_empty())
+    Ok(fd_linked_to(pid, want, max)?.is_some())
 }
 
-/// The descriptors of process `pid` whose `/proc/PID/fd` links read `want`, looking at
-/// most at `max` of them (more: an error).
-fn fds_linked_to(pid: u32, want: &std::ffi::OsStr, max: usize) -> Result<Vec<u32>, PeerError> {
+/// The first descriptor of process `pid` whose `/proc/PID/fd` link reads `want`,
+/// looking at most at `max` of them (more: an error).
+fn fd_linked_to(pid: u32, want: &std::ffi::OsStr, max: usize) -> Result<Option<u32>, PeerError> {
     let dir = fs::read_dir(format!("/proc/{pid}/fd")).map_err(|_| PeerError::NoSuchProcess(pid))?;
-    let mut found = Vec::new();
     for (seen, entry) in dir.enumerate() {
         if seen >= max {
             return Err(PeerError::Proc("fd: too many descriptors"));
@@ -28,29 +27,23 @@ fn fds_linked_to(pid: u32, want: &std::ffi::OsStr, max: usize) -> Result<Vec<u32
         let Ok(entry) = entry else { continue };
         if fs::read_link(entry.path()).is_ok_and(|target| target.as_os_str() == want) {
             if let Some(n) = entry.file_name().to_str().and_then(|n| n.parse().ok()) {
-                found.push(n);
+                return Ok(Some(n));
             }
         }
     }
-    Ok(found)
+    Ok(None)
 }
 
-/// The descriptors of process `pid` whose links read `file` (an absolute path), at
-/// most [`MAX_FDS`] looked at.
-pub fn fds_holding_file(pid: u32, file: &Path) -> Result<Vec<u32>, PeerError> {
-    fds_linked_to(pid, file.as_os_str(), MAX_FDS)
+/// A descriptor of process `pid` whose link reads `file` (an absolute path: a device
+/// such as `/dev/vhost-vsock`; a deleted file's reads `… (deleted)`), at most
+/// [`MAX_FDS`] looked at.
+pub fn fd_holding_file(pid: u32, file: &Path) -> Result<Option<u32>, PeerError> {
+    fd_linked_to(pid, file.as_os_str(), MAX_FDS)
 }
 
 /// Whether process `pid` holds socket `inode` among its open files.
 pub fn process_holds_socket(pid: u32, inode: u64) -> Result<bool, PeerError> {
     holds_link(pid, format!("socket:[{inode}]").as_ref(), MAX_FDS)
-}
-
-/// Whether process `pid` holds `file` open (a device such as `/dev/vhost-vsock`): a
-/// descriptor whose link reads exactly that absolute path (a deleted file's reads
-/// `… (deleted)`, another file's another path).
-pub fn process_holds_file(pid: u32, file: &Path) -> Result<bool, PeerError> {
-    holds_link(pid, file.as_os_str(), MAX_FDS)
 }
 
 #[cfg(test)]
@@ -73,16 +66,20 @@ mod tests {
             .stdin(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        assert!(process_holds_file(holder.id(), &device).unwrap());
-        assert!(!process_holds_file(other.id(), &device).unwrap());
+        assert!(fd_holding_file(holder.id(), &device).unwrap().is_some());
+        assert!(fd_holding_file(other.id(), &device).unwrap().is_none());
         // Another name of the same directory is not it.
-        assert!(!process_holds_file(holder.id(), &t.path().join("vhost-net")).unwrap());
+        assert!(
+            fd_holding_file(holder.id(), &t.path().join("vhost-net"))
+                .unwrap()
+                .is_none()
+        );
         for c in [&mut holder, &mut other] {
             c.kill().unwrap();
             c.wait().unwrap();
         }
         assert_eq!(
-            process_holds_file(holder.id(), &device),
+            fd_holding_file(holder.id(), &device),
             Err(PeerError::NoSuchProcess(holder.id()))
         );
     }

@@ -14,7 +14,7 @@ mod peer;
 mod process;
 mod socktable;
 
-pub use fds::{MAX_FDS, fds_holding_file, process_holds_file, process_holds_socket};
+pub use fds::{MAX_FDS, fd_holding_file, process_holds_socket};
 pub use path::{bind_listener, check_socket_path, check_vmm_socket_path, prepare_socket_dir};
 pub use peer::{PeerCred, peer_process, peer_process_listened_as};
 pub use process::{FileId, LiveProcess, ProcessIdentity};

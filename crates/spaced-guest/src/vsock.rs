@@ -409,7 +409,7 @@ mod tests {
         assert!(link1.open().is_ok());
         // Once the bridge's link ends, the next connection is served.
         link1.shut("the bridge went away");
-        let link3 = activated(&tx, 11);
+        let _link3 = activated(&tx, 11);
         drop(tx);
         served.join().unwrap();
     }

@@ -156,27 +156,18 @@ fn not_listening_yet(e: &io::Error) -> bool {
 
 /// The recorded VMM (`spec.agent`) is the live process it was (PID, start time,
 /// executable, uid, pidfd) and holds a descriptor of `device`; what `/proc` showed
-/// was that process's (its pidfd says it still runs after the reading).
+/// was that process's (its pidfd says it still runs after the reading). [`hold_vmm`]
+/// with the hold let go.
 pub fn verify_vmm(spec: &BridgeSpec, device: &Path) -> Result<(), BridgeError> {
-    let live = LiveProcess::open(spec.agent.pid)?;
-    spec.agent.verify(&live.identity)?;
-    let holds = space_peer::process_holds_file(spec.agent.pid, device)?;
-    if !live.is_alive() {
-        return Err(PeerError::NoSuchProcess(spec.agent.pid).into());
-    }
-    if !holds {
-        return Err(PeerError::NotHeld("the recorded VMM holds no vhost-vsock device").into());
-    }
-    Ok(())
+    hold_vmm(spec, device).map(drop)
 }
 
-/// [`verify_vmm`], and the VMM's device duplicated from it (`pidfd_getfd`), checked to
-/// be `device` by identity.
+/// The recorded VMM verified as [`verify_vmm`] says, and its device duplicated from it
+/// (`pidfd_getfd`), checked to be `device` by identity.
 pub fn hold_vmm(spec: &BridgeSpec, device: &Path) -> Result<VmmHold, BridgeError> {
     let live = LiveProcess::open(spec.agent.pid)?;
     spec.agent.verify(&live.identity)?;
-    let fds = space_peer::fds_holding_file(spec.agent.pid, device)?;
-    let Some(&fd) = fds.first() else {
+    let Some(fd) = space_peer::fd_holding_file(spec.agent.pid, device)? else {
         return Err(PeerError::NotHeld("the recorded VMM holds no vhost-vsock device").into());
     };
     let held = live.take_fd_of(fd, device)?;
